@@ -1,0 +1,1 @@
+"""The Countdown task: generator, solver, reasoning traces, prompts and dataset loaders."""

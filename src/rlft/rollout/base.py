@@ -1,0 +1,69 @@
+"""The generation-engine protocol shared by every rollout backend.
+
+An engine turns B prompt strings into B lists of k :class:`Sample` each. :class:`rlft.rollout.hf.HFEngine`
+(transformers ``generate``) is the default; a vLLM engine will implement the same protocol later, so
+recipes and evaluations only ever depend on :class:`GenerationEngine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample completions. Validate with :meth:`validate` (engines call it)."""
+
+    k: int = 1
+    """Samples per prompt (the inner list length of ``generate``'s result)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0.0 means greedy decoding (top_p/top_k are then ignored)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1.0 is off."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 is off."""
+    max_new_tokens: int = 256
+    """Most tokens generated per completion, EOS included."""
+    seed: int | None = None
+    """Seed for sampling; the same seed, prompts and engine settings give the same samples. None: use
+    the global RNG."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        """Raises ValueError on k < 1, max_new_tokens < 1, temperature < 0, top_p outside (0, 1], top_k < 0."""
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass
+class Sample:
+    """One generated completion."""
+
+    completion_ids: list[int]
+    """Generated token ids (length <= max_new_tokens): no prompt, no padding; ends with the EOS id
+    when ``finish_reason == "stop"``."""
+    text: str
+    """The decoded completion, special tokens skipped."""
+    finish_reason: Literal["stop", "length"]
+    """"stop": an EOS id was generated; "length": max_new_tokens was reached first."""
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """Anything that samples completions for prompt strings."""
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
+        """Return ``result[b][j]``: sample j (of ``params.k``) for ``prompts[b]``; outer length B."""
+        ...

@@ -1,0 +1,156 @@
+"""Rollouts with transformers ``generate``: batched, left-padded, KV-cached, on CPU or CUDA."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from rlft.rollout.base import Sample, SamplingParams
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """The union of ``tokenizer.eos_token_id`` and ``model.generation_config.eos_token_id`` (int or list)."""
+    ids: set[int] = set()
+    gen_config = getattr(model, "generation_config", None)
+    for value in (tokenizer.eos_token_id, getattr(gen_config, "eos_token_id", None)):
+        if value is None:
+            continue
+        ids.update([value] if isinstance(value, int) else value)
+    return ids
+
+
+class HFEngine:
+    """A :class:`~rlft.rollout.base.GenerationEngine` built on ``model.generate``.
+
+    - Prompts are tokenized with the tokenizer's defaults (``add_special_tokens=True``): a tokenizer
+      that adds BOS adds it here too; nothing else is added. Pass already-templated text.
+    - Each prompt is repeated k times; the B*k rows are sorted by prompt length and generated in
+      chunks of ``batch_size`` rows, left-padded by hand (the tokenizer's ``padding_side`` is never
+      touched), then put back in order.
+    - Generation stops at any EOS id (:func:`eos_token_ids`); completions are cut after the first one.
+    - Only :class:`SamplingParams` shape the distribution: the model's own generation defaults (e.g.
+      an Instruct model's ``top_k``/``repetition_penalty``) are ignored, so that samples follow exactly
+      the temperature/top-p/top-k a policy-gradient loss assumes.
+    - ``params.seed`` seeds a forked RNG (the global RNG state is left as it was): the same seed,
+      prompts and ``batch_size`` give the same samples.
+    - The model runs in eval mode under ``torch.no_grad()``; its training mode is restored afterwards.
+    """
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.show_progress = show_progress
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
+        """Sample ``params.k`` completions per prompt; returns B lists of k :class:`Sample`.
+
+        Raises:
+            ValueError: invalid ``params`` (see :meth:`SamplingParams.validate`), a prompt that
+                tokenizes to nothing, or no EOS id anywhere.
+        """
+        params.validate()
+        if not prompts:
+            return []
+        eos_ids = sorted(eos_token_ids(self.model, self.tokenizer))
+        if not eos_ids:
+            raise ValueError("neither the tokenizer nor the model's generation_config has an EOS token id")
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
+        prompt_ids = self.tokenizer(list(prompts))["input_ids"]
+        if empty := [b for b, ids in enumerate(prompt_ids) if not ids]:
+            raise ValueError(f"prompts {empty} tokenize to no tokens")
+        rows = [b for b in range(len(prompts)) for _ in range(params.k)]  # row -> prompt index
+        order = sorted(range(len(rows)), key=lambda r: -len(prompt_ids[rows[r]]))  # longest first
+        chunks = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+
+        results: list[Sample | None] = [None] * len(rows)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._rng(params.seed, self.model.device), torch.no_grad(), self._progress(len(rows)) as advance:
+                for chunk in chunks:
+                    batch = [prompt_ids[rows[r]] for r in chunk]
+                    for r, sample in zip(chunk, self._generate_batch(batch, params, eos_ids, pad_id)):
+                        results[r] = sample
+                    advance(len(chunk))
+        finally:
+            self.model.train(was_training)
+        return [results[b * params.k : (b + 1) * params.k] for b in range(len(prompts))]
+
+    def _generate_batch(
+        self, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int
+    ) -> list[Sample]:
+        """Left-pad ``batch`` (lists of prompt ids), generate, and split off the completions."""
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, ids in enumerate(batch):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[i, width - len(ids) :] = 1
+        if params.greedy:
+            sampling = dict(do_sample=False)
+        else:
+            sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+        device = self.model.device
+        with _clean_generation_config(self.model):
+            output = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),  # pad may equal EOS: the mask, not the id, marks padding
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=eos_ids,
+                pad_token_id=pad_id,
+                use_cache=True,
+                **sampling,
+            )
+        return [self._to_sample(row, set(eos_ids)) for row in output[:, width:].tolist()]
+
+    def _to_sample(self, generated: list[int], eos: set[int]) -> Sample:
+        for t, token in enumerate(generated):
+            if token in eos:
+                ids = generated[: t + 1]
+                return Sample(ids, self.tokenizer.decode(ids, skip_special_tokens=True), "stop")
+        # No EOS: the row ran to max_new_tokens (generate only stops early once every row has an EOS).
+        return Sample(generated, self.tokenizer.decode(generated, skip_special_tokens=True), "length")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _rng(seed: int | None, device: torch.device):
+        if seed is None:
+            yield
+            return
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
+
+    @contextlib.contextmanager
+    def _progress(self, total: int):
+        """Yields ``advance(n)``; draws a rich progress bar when ``show_progress``."""
+        if not self.show_progress:
+            yield lambda n: None
+            return
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            task = progress.add_task("generating", total=total)
+            yield lambda n: progress.advance(task, n)
+
+
+@contextlib.contextmanager
+def _clean_generation_config(model):
+    """Swap in an empty ``GenerationConfig`` so the model's saved sampling defaults cannot leak in.
+
+    transformers merges ``model.generation_config`` into every ``generate`` call (only fields we pass
+    explicitly override it), so e.g. an Instruct model's ``repetition_penalty`` would otherwise apply.
+    """
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved

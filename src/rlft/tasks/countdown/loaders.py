@@ -1,0 +1,184 @@
+"""Load Countdown tasks from local files or the Hugging Face Hub.
+
+Supported layouts, detected from the columns of the first row:
+
+* **tasks** (``Jiayi-Pan/Countdown-Tasks-3to4``): ``target`` and ``nums`` (or ``numbers``).
+  An optional ``solution`` string, or an ``answer`` text whose last ``<answer>...</answer>`` holds
+  the expression (the UFT parquet), fills ``CountdownTask.solution``, as given by the source.
+* **verl** (TinyZero preprocessed parquet): ``reward_model.ground_truth.{numbers, target}``.
+* **cog_behav** (``Asap7772/cog_behav_all_strategies``): ``query`` and ``completion``; numbers and
+  target are parsed from the query ("Using the numbers [..], create an equation that equals N"),
+  and query and completion are kept on the record (its completions are not all correct, so no
+  ``solution`` is taken from them).
+
+Invalid rows raise ValueError naming the file, the 0-based row and the field; with
+``skip_invalid=True`` they are skipped and a warning says how many. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from rlft.tasks.countdown.prompts import parse_query
+from rlft.types import CountdownTask
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+class _RowError(ValueError):
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"field {field!r}: {problem}")
+
+
+def _int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _RowError(field, f"expected an integer, got {value!r}")
+    return value
+
+
+def _int_list(value: Any, field: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise _RowError(field, f"expected a non-empty list of integers, got {value!r}")
+    nums = tuple(_int(x, field) for x in value)
+    if min(nums) < 0:
+        raise _RowError(field, f"expected non-negative integers, got {value!r}")
+    return nums
+
+
+def _get(row: dict, dotted: str) -> Any:
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value or value[part] is None:
+            raise _RowError(dotted, "missing")
+        value = value[part]
+    return value
+
+
+def _detect(columns: set[str]) -> str:
+    if "query" in columns and "completion" in columns:
+        return "cog_behav"
+    if "target" in columns and ({"nums", "numbers"} & columns):
+        return "tasks"
+    if "reward_model" in columns:
+        return "verl"
+    raise ValueError(
+        f"unknown Countdown layout with columns {sorted(columns)}; expected target + nums/numbers, "
+        "reward_model.ground_truth, or query + completion"
+    )
+
+
+def _task(row: Any, layout: str) -> CountdownTask:
+    if not isinstance(row, dict):
+        raise _RowError("<row>", f"expected an object, got {type(row).__name__}")
+    if layout == "tasks":
+        key = "nums" if "nums" in row else "numbers"
+        nums, target = _int_list(_get(row, key), key), _int(_get(row, "target"), "target")
+        solution = row.get("solution")
+        if not isinstance(solution, str) and isinstance(row.get("answer"), str):
+            answers = _ANSWER_RE.findall(row["answer"])
+            solution = answers[-1].strip() if answers else None
+        return CountdownTask(nums, target, solution if isinstance(solution, str) else None)
+    if layout == "verl":
+        nums = _int_list(_get(row, "reward_model.ground_truth.numbers"), "reward_model.ground_truth.numbers")
+        target = _int(_get(row, "reward_model.ground_truth.target"), "reward_model.ground_truth.target")
+        return CountdownTask(nums, target)
+    query, completion = _get(row, "query"), _get(row, "completion")
+    if not isinstance(query, str):
+        raise _RowError("query", f"expected a string, got {query!r}")
+    if not isinstance(completion, str) or not completion.strip():
+        raise _RowError("completion", f"expected a non-empty string, got {completion!r}")
+    parsed = parse_query(query)
+    if parsed is None:
+        raise _RowError("query", "no 'Using the numbers [...], create an equation that equals N' in it")
+    return CountdownTask(parsed[0], parsed[1], query=query, completion=completion)
+
+
+def _read_local(path: Path) -> list[Any]:
+    """All rows of a .jsonl/.json/.parquet file as dicts (a bad JSON line becomes an error row)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        wanted = {"target", "nums", "numbers", "solution", "answer", "reward_model", "query", "completion"}
+        columns = [c for c in pq.read_schema(path).names if c in wanted]
+        return pq.read_table(path, columns=columns).to_pylist()
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # maybe JSON Lines under a .json name (what `Dataset.to_json` writes)
+        if data is not None:
+            return data if isinstance(data, list) else [data]  # a list of rows, or one row
+    rows: list[Any] = []
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            rows.append(_RowError("<json>", f"line {i + 1} is not valid JSON ({e.msg})"))
+    return rows
+
+
+def _read_hub(source: str, split: str, start: int, limit: int | None) -> list[dict]:
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(source, split=split)
+    except Exception as e:  # noqa: BLE001 - any failure here means "not available"
+        raise RuntimeError(
+            f"could not load {source!r} (split {split!r}) from the Hugging Face Hub: "
+            f"{type(e).__name__}: {e}. The Hub may be unreachable (offline?) or the id wrong; "
+            "pass a local .jsonl/.json/.parquet file instead"
+        ) from e
+    stop = len(ds) if limit is None else min(len(ds), start + limit)
+    return list(ds.select(range(min(start, stop), stop)))
+
+
+def load_countdown(
+    source: str | Path,
+    *,
+    split: str = "train",
+    limit: int | None = None,
+    start: int = 0,
+    skip_invalid: bool = False,
+) -> list[CountdownTask]:
+    """Countdown tasks from a local ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id.
+
+    ``start``/``limit`` select source rows ``[start, start + limit)`` before validation (row
+    numbers in errors count from the file's first row). ``split`` applies to Hub datasets only.
+    A bad row raises ValueError naming the file, row and field; with ``skip_invalid=True`` bad
+    rows are skipped and a warning reports how many. Hub loading needs network access; offline it
+    raises RuntimeError suggesting a local file.
+    """
+    path = Path(source)
+    if path.suffix in LOCAL_SUFFIXES or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"no such Countdown file: {path}")
+        if path.suffix not in LOCAL_SUFFIXES:
+            raise ValueError(f"{path}: unsupported file type; expected one of {LOCAL_SUFFIXES}")
+        stop = None if limit is None else start + limit
+        rows = _read_local(path)[start:stop]
+    else:
+        rows = _read_hub(str(source), split, start, limit)
+    first = next((r for r in rows if isinstance(r, dict)), None)
+    layout = _detect(set(first)) if first is not None else ""
+    tasks, bad = [], []
+    for i, row in enumerate(rows, start=start):
+        try:
+            if isinstance(row, _RowError):
+                raise row
+            tasks.append(_task(row, layout))
+        except _RowError as e:
+            message = f"{source}: row {i}: {e}"
+            if not skip_invalid:
+                raise ValueError(message) from None
+            bad.append(message)
+    if bad:
+        warnings.warn(f"skipped {len(bad)} invalid rows of {source} (first: {bad[0]})", stacklevel=2)
+    return tasks

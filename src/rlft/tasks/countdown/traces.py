@@ -1,0 +1,164 @@
+"""Reasoning traces for an SFT warm start on Countdown.
+
+A trace is the completion that follows a prompt ending in ``<think>``::
+
+    <reasoning></think>
+    <answer>EXPR</answer>
+
+with the answer alone on the last line and no trailing newline (the tokenizer pipeline appends
+EOS). Steps are written compactly (``3*5=15``: no spaces, each digit is a token anyway); the
+answer uses the solver's spaced rendering (``3 * 5 + 7``).
+
+Styles:
+
+* ``"direct"`` - the steps of one solution: `` 3*5=15, 15+7=22.</think>...``
+* ``"search"`` - a small search a person (or a 135M model) can imitate. All possible first steps
+  (two numbers and an operation) are ranked by one rule: **the result closest to the target
+  first** (ties: numbers in prompt order, then ``+ - * /``). Candidates are tried in that order.
+  A failed candidate is shown as a *dead end*: its step, then the same rule applied greedily to
+  the remaining numbers until one number is left, then ``no``. The first candidate that can reach
+  the target is continued along a solution (again preferring the best-ranked step that still
+  works), followed by a check line. Example (3 numbers, target 22)::
+
+       3*7=21, 21+5=26, no.
+      3*5=15, 15+7=22. Check: 3*5+7=22.</think>
+      <answer>3 * 5 + 7</answer>
+
+  At most ``max_dead_ends`` dead ends are shown. When more candidates fail before the solution,
+  the best-ranked ones are shown (so the first try is always the closest result: one rule to
+  imitate), then the trace jumps to the solution. With an integer ``seed`` a seeded random subset
+  of the failures is shown instead (still in ranked order), e.g. for different dead ends in each
+  epoch. Either way a trace is reproducible from its arguments.
+
+Every number written in a trace is computed exactly; every trace scores 1.0 under
+:func:`rlft.rewards.countdown.compute_score`. Lengths with the defaults, in SmolLM2 tokens (one
+per digit): "easy3" search ~64 on average (direct ~34); 4-number "standard" search ~111.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from itertools import combinations
+from typing import Literal
+
+from rlft.tasks.countdown.solver import OPS, Step, Tree, apply, is_solvable, render
+from rlft.types import CountdownTask, PromptCompletion
+
+TraceStyle = Literal["direct", "search"]
+
+State = tuple[int, ...]
+
+
+def _candidates(nums: State, target: int) -> list[tuple[Step, State]]:
+    """Every allowed next step at ``nums`` with the numbers left after it, best-ranked first.
+
+    Rank: ``|result - target|``, then the enumeration order (pairs in list order, ops + - * /).
+    ``+`` and ``*`` keep list order (``44+19``); ``-`` and ``/`` put the larger number first. The
+    new value goes to the front of the list. Steps that leave the same numbers as a better-ranked
+    step (``6*1`` after ``6/1``) are dropped.
+    """
+    out = []
+    for i, j in combinations(range(len(nums)), 2):
+        x, y = nums[i], nums[j]
+        rest = tuple(n for k, n in enumerate(nums) if k not in (i, j))
+        for op in OPS:
+            a, b = (x, y) if op in "+*" else (max(x, y), min(x, y))
+            value = apply(a, op, b)
+            if value is not None:
+                out.append(((a, op, b, value), (value,) + rest))
+    out.sort(key=lambda c: abs(c[0][3] - target))  # stable: ties keep enumeration order
+    ranked, seen = [], set()
+    for step, state in out:
+        if tuple(sorted(state)) not in seen:
+            seen.add(tuple(sorted(state)))
+            ranked.append((step, state))
+    return ranked
+
+
+def _solution_path(nums: State, target: int) -> list[Step]:
+    """Steps to the target, taking at each state the best-ranked step that can still reach it."""
+    path = []
+    while len(nums) > 1:
+        step, nums = next((s, rest) for s, rest in _candidates(nums, target) if is_solvable(rest, target))
+        path.append(step)
+    return path
+
+
+def _greedy_path(nums: State, target: int) -> list[Step]:
+    """Steps taking the best-ranked candidate each time, until one number is left."""
+    path = []
+    while len(nums) > 1:
+        step, nums = _candidates(nums, target)[0]
+        path.append(step)
+    return path
+
+
+def _tree(nums: State, path: list[Step]) -> Tree:
+    """The expression tree that ``path`` builds from ``nums``."""
+    pool: list[tuple[int, Tree]] = [(n, n) for n in nums]
+
+    def take(value: int) -> Tree:
+        i = next(k for k, (v, _) in enumerate(pool) if v == value)
+        return pool.pop(i)[1]
+
+    for a, op, b, value in path:
+        ta, tb = take(a), take(b)
+        pool.append((value, (ta, op, tb)))
+    assert len(pool) == 1, "a path must use every number"
+    return pool[0][1]
+
+
+def _steps_text(path: list[Step]) -> str:
+    return ", ".join(f"{a}{op}{b}={v}" for a, op, b, v in path)
+
+
+def write_trace(
+    task: CountdownTask, style: TraceStyle = "search", *, max_dead_ends: int = 2, seed: int | None = None
+) -> str:
+    """The completion for ``task``: ``reasoning</think>\\n<answer>EXPR</answer>``.
+
+    ``style`` is ``"direct"`` (solution steps only) or ``"search"`` (ranked tries with up to
+    ``max_dead_ends`` dead ends, then the solution and a check). When more candidates fail, the
+    best-ranked are shown, or with an integer ``seed`` a seeded random subset of them. The same
+    arguments always give the same text. Raises ValueError for an unsolvable task.
+    """
+    if style not in ("direct", "search"):
+        raise ValueError(f"unknown trace style {style!r}; expected 'direct' or 'search'")
+    nums, target = tuple(task.nums), task.target
+    if not is_solvable(nums, target):
+        raise ValueError(f"task {nums} -> {target} has no solution")
+    if len(nums) == 1:
+        return f" {target}.</think>\n<answer>{target}</answer>"
+    path = _solution_path(nums, target)
+    answer = render(_tree(nums, path))
+    if style == "direct":
+        return f" {_steps_text(path)}.</think>\n<answer>{answer}</answer>"
+
+    # Search: the candidates ranked above the solution's first step all fail; show some of them.
+    candidates = _candidates(nums, target)
+    failed = candidates[: next(i for i, (step, _) in enumerate(candidates) if step == path[0])]
+    if len(failed) > max_dead_ends:
+        keep = range(max_dead_ends)
+        if seed is not None:
+            keep = sorted(random.Random(f"{seed}:{nums}:{target}").sample(range(len(failed)), max_dead_ends))
+        failed = [failed[i] for i in keep]
+    lines = [f"{_steps_text([s] + _greedy_path(r, target))}, no." for s, r in failed]
+    check = answer.replace(" ", "")
+    lines.append(f"{_steps_text(path)}. Check: {check}={target}.")
+    return " " + "\n".join(lines) + f"</think>\n<answer>{answer}</answer>"
+
+
+def sft_examples(
+    tasks: Iterable[CountdownTask],
+    prompt_fn: Callable[[CountdownTask], str],
+    style: TraceStyle = "search",
+    *,
+    max_dead_ends: int = 2,
+    seed: int | None = None,
+) -> list[PromptCompletion]:
+    """``PromptCompletion(prompt_fn(task), write_trace(task, ...))`` for every task."""
+    return [
+        PromptCompletion(prompt_fn(task), write_trace(task, style, max_dead_ends=max_dead_ends, seed=seed))
+        for task in tasks
+    ]

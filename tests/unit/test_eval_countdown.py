@@ -1,0 +1,177 @@
+"""Countdown evaluation with a fake engine (hand-computed metrics) and one tiny-model end-to-end run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlft.eval.countdown import (
+    CountdownEvalResult,
+    EvalCountdownConfig,
+    evaluate_countdown,
+    pass_at_k_sizes,
+    run_eval_countdown,
+)
+from rlft.rollout import GenerationEngine, Sample, SamplingParams
+from rlft.types import CountdownTask
+from tests.conftest import make_tiny_model
+
+TASK = CountdownTask(nums=(3, 5, 2), target=16)
+PROMPT = "User: Using the numbers [3, 5, 2], create an equation that equals 16.\nAssistant: Let me solve this step by step.\n<think>"
+# completion text -> (score, number of tokens, finish reason)
+CORRECT = " 3 + 5 = 8, 8 * 2 = 16 </think>\n<answer>(3 + 5) * 2</answer>"
+WRONG = " 3 + 5 + 2 = 10 </think>\n<answer>3 + 5 + 2</answer>"
+NONE = " I am still thinking"
+KIND = {CORRECT: (1.0, 10, "stop"), WRONG: (0.1, 20, "stop"), NONE: (0.0, 30, "length")}
+
+
+class FakeEngine:
+    """Returns the first ``params.k`` of the fixed completions listed for each prompt."""
+
+    def __init__(self, completions: dict[str, list[str]]):
+        self.completions = completions
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
+        out = []
+        for prompt in prompts:
+            row = []
+            for text in self.completions[prompt][: params.k]:
+                _, n_tokens, reason = KIND[text]
+                row.append(Sample(list(range(n_tokens)), text, reason))
+            out.append(row)
+        return out
+
+
+def three_tasks(samples: list[list[str]]):
+    """Three copies of TASK, told apart by a suffix on the prompt's first line."""
+    prompts = [PROMPT.replace("16.", f"16. (#{i})", 1) for i in range(3)]
+    return [TASK] * 3, prompts, FakeEngine(dict(zip(prompts, samples)))
+
+
+def test_fake_engine_is_an_engine():
+    assert isinstance(FakeEngine({}), GenerationEngine)
+
+
+def test_sampled_metrics():
+    """Scores per task: A [1, .1, 0, 1], B [.1, .1, 0, 0], C [1, 1, 1, 1] (12 samples).
+
+    mean = (2.1 + 0.2 + 4) / 12 = 0.525; accuracy = 6/12; format = 9/12;
+    pass@1 = (2/4 + 0 + 1) / 3 = 0.5; pass@2 = (1 - C(2,2)/C(4,2) + 0 + 1) / 3 = (5/6 + 1) / 3 = 11/18;
+    pass@4 = (1 + 0 + 1) / 3; tokens = (6*10 + 3*20 + 3*30) / 12 = 17.5; truncated = 3/12.
+    """
+    tasks, prompts, engine = three_tasks(
+        [[CORRECT, WRONG, NONE, CORRECT], [WRONG, WRONG, NONE, NONE], [CORRECT] * 4]
+    )
+    r = evaluate_countdown(engine, tasks, prompts, SamplingParams(k=4, temperature=1.0), num_examples=2)
+    assert (r.num_tasks, r.k, r.mode) == (3, 4, "sampled")
+    assert r.mean_score == pytest.approx(0.525, abs=1e-9)
+    assert r.accuracy == pytest.approx(0.5, abs=1e-9)
+    assert r.format_rate == pytest.approx(0.75, abs=1e-9)
+    assert list(r.pass_at_k) == [1, 2, 4]
+    assert r.pass_at_k[1] == pytest.approx(0.5, abs=1e-9)
+    assert r.pass_at_k[2] == pytest.approx(11 / 18, abs=1e-9)
+    assert r.pass_at_k[4] == pytest.approx(2 / 3, abs=1e-9)
+    assert r.mean_completion_tokens == pytest.approx(17.5, abs=1e-9)
+    assert r.truncated_rate == pytest.approx(0.25, abs=1e-9)
+    assert len(r.examples) == 2
+    assert r.examples[0] == {
+        "prompt_tail": prompts[0][-200:],
+        "completion": CORRECT,
+        "score": 1.0,
+        "target": 16,
+        "nums": [3, 5, 2],
+    }
+    assert r.examples[1]["score"] == pytest.approx(0.1)
+
+
+def test_greedy_metrics():
+    """Scores [1, 0.1, 0]: mean 1.1/3, accuracy 1/3, format 2/3, pass@1 = accuracy."""
+    tasks, prompts, engine = three_tasks([[CORRECT], [WRONG], [NONE]])
+    r = evaluate_countdown(engine, tasks, prompts, SamplingParams(k=1, temperature=0.0))
+    assert (r.k, r.mode) == (1, "greedy")
+    assert r.mean_score == pytest.approx(1.1 / 3, abs=1e-9)
+    assert r.accuracy == pytest.approx(1 / 3, abs=1e-9)
+    assert r.format_rate == pytest.approx(2 / 3, abs=1e-9)
+    assert r.pass_at_k == {1: r.accuracy}
+    assert r.mean_completion_tokens == pytest.approx(20.0, abs=1e-9)
+    assert r.truncated_rate == pytest.approx(1 / 3, abs=1e-9)
+    assert len(r.examples) == 3
+
+
+def test_pass_at_k_sizes():
+    assert pass_at_k_sizes(1) == [1]
+    assert pass_at_k_sizes(6) == [1, 2, 4, 6]
+    assert pass_at_k_sizes(8) == [1, 2, 4, 8]
+
+
+def test_errors():
+    tasks, prompts, engine = three_tasks([[CORRECT], [WRONG], [NONE]])
+    with pytest.raises(ValueError):
+        evaluate_countdown(engine, tasks[:2], prompts, SamplingParams(temperature=0.0))
+    with pytest.raises(ValueError):
+        evaluate_countdown(engine, [], [], SamplingParams(temperature=0.0))
+    with pytest.raises(ValueError):  # the engine returns 1 sample where 2 were asked for
+        evaluate_countdown(engine, tasks, prompts, SamplingParams(k=2))
+
+
+def test_json_round_trip(tmp_path):
+    tasks, prompts, engine = three_tasks([[CORRECT, WRONG], [WRONG, NONE], [NONE, CORRECT]])
+    r = evaluate_countdown(engine, tasks, prompts, SamplingParams(k=2, temperature=1.0))
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(r.to_dict()))
+    assert CountdownEvalResult.from_dict(json.loads(path.read_text())) == r
+
+
+@pytest.mark.parametrize("template", ["base", "chat"])
+def test_run_eval_countdown_tiny_model(tmp_path, smol_tokenizer, template):
+    """End to end on a tiny random model saved to disk: generated held-out tasks, JSON output."""
+    pytest.importorskip("rlft.tasks.countdown.generator")
+    pytest.importorskip("rlft.tasks.countdown.prompts")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model: threads only add contention on a shared box
+    try:
+        model_dir = tmp_path / "tiny"
+        make_tiny_model(len(smol_tokenizer)).save_pretrained(model_dir)
+        smol_tokenizer.save_pretrained(model_dir)
+        out = tmp_path / "out" / "eval.json"
+        cfg = EvalCountdownConfig(
+            model=str(model_dir), limit=3, mode="sampled", k=2, max_new_tokens=4, batch_size=4,
+            device="cpu", output=str(out), prompt_template=template,
+        )
+        result = run_eval_countdown(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert (result.num_tasks, result.k, result.mode) == (3, 2, "sampled")
+    from rlft.tasks.countdown.generator import PRESETS, make_splits
+
+    held_out = make_splits(PRESETS["easy3"], n_train=10, n_test=3, seed=1234)[1]
+    assert [(e["nums"], e["target"]) for e in result.examples] == [(list(t.nums), t.target) for t in held_out]
+    assert set(result.pass_at_k) == {1, 2}
+    assert result.mean_completion_tokens <= 4
+    saved = json.loads(out.read_text())
+    assert saved["config"]["model"] == str(model_dir)
+    assert CountdownEvalResult.from_dict(saved) == result
+
+
+def test_run_eval_countdown_from_file(tmp_path, smol_tokenizer):
+    """``data`` names a local JSONL file of target + nums rows; greedy mode."""
+    pytest.importorskip("rlft.tasks.countdown.loaders")
+    pytest.importorskip("rlft.tasks.countdown.prompts")
+    model_dir = tmp_path / "tiny"
+    make_tiny_model(len(smol_tokenizer)).save_pretrained(model_dir)
+    smol_tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "tasks.jsonl"
+    rows = [{"target": 16, "nums": [3, 5, 2]}, {"target": 24, "nums": [4, 6, 1]}, {"target": 7, "nums": [1, 2, 4]}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = EvalCountdownConfig(model=str(model_dir), data=str(data), limit=2, max_new_tokens=3, device="cpu")
+        result = run_eval_countdown(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert (result.num_tasks, result.k, result.mode) == (2, 1, "greedy")
+    assert [e["target"] for e in result.examples] == [16, 24]
+    assert result.pass_at_k == {1: result.accuracy}

@@ -14,8 +14,11 @@ AggregationMode = Literal["token_mean", "seq_mean", "sum"]
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``values * mask`` over ``dim`` (all dims when None). Shapes must broadcast."""
-    masked = values * mask
+    """Sum of ``values * mask`` over ``dim`` (all dims when None). Shapes must broadcast.
+
+    Positions where ``mask == 0`` are ignored even when ``values`` is inf or nan there.
+    """
+    masked = torch.where(mask != 0, values * mask, 0.0)
     return masked.sum() if dim is None else masked.sum(dim)
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 from rlft.eval.passk import mean_pass_at_k
 from rlft.rewards.countdown import score_completions
+from rlft.tasks.countdown.prompts import render_prompt
 from rlft.rollout.base import GenerationEngine, SamplingParams
 from rlft.types import CountdownTask
 
@@ -123,19 +124,6 @@ def evaluate_countdown(
         truncated_rate=sum(s.finish_reason == "length" for s in flat_samples) / len(flat_samples),
         examples=examples,
     )
-
-
-def render_prompt(name: str, task: CountdownTask, tokenizer=None) -> str:
-    """Render ``task`` with ``PROMPT_TEMPLATES[name]`` (the chat template uses ``tokenizer``).
-
-    Raises:
-        ValueError: unknown template name, or "chat" with a tokenizer that has no chat template.
-    """
-    from rlft.tasks.countdown.prompts import PROMPT_TEMPLATES
-
-    if name not in PROMPT_TEMPLATES:
-        raise ValueError(f"unknown prompt template {name!r}; choose from {sorted(PROMPT_TEMPLATES)}")
-    return PROMPT_TEMPLATES[name](task, tokenizer)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,9 @@ class SFTConfig:
     """Number of generated Countdown training tasks (--data countdown)."""
     split_seed: int = 1234
     """Seed of the generated train/test split; evaluation uses the same seed for its held-out tasks."""
+    heldout_size: int = 200
+    """Generated tasks reserved for evaluation: training never sees the first N held-out tasks of
+    `rlft eval countdown --split-seed` (evaluate with --limit <= N)."""
     trace_style: Literal["direct", "search"] = "search"
     """Solver trace style: 'direct' (just the solution steps) or 'search' (dead ends, backtracking, check)."""
     max_dead_ends: int = 2
@@ -106,7 +109,7 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
 
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
-    train, _ = make_splits(PRESETS[cfg.preset], cfg.num_train, 0, cfg.split_seed)
+    train, _ = make_splits(PRESETS[cfg.preset], cfg.num_train, cfg.heldout_size, cfg.split_seed)
     return [
         PromptCompletion(
             render_prompt(cfg.prompt_template, task, tokenizer),
@@ -119,7 +122,9 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
 def _detect_format(row: dict, cfg: SFTConfig) -> str:
     if cfg.data_format != "auto":
         return cfg.data_format
-    if "query" in row and "completion" in row:
+    # A row with `query` and no prompt column is cog_behav even if it lacks its completion (a
+    # malformed first row must not switch the whole file to the other layout).
+    if "query" in row and ("completion" in row or cfg.prompt_field not in row):
         return "cog_behav"
     return "prompt_completion"
 

@@ -88,3 +88,14 @@ def parse_query(text: str) -> tuple[tuple[int, ...], int] | None:
         return None
     nums = tuple(int(x) for x in match.group(1).split(",") if x.strip())
     return (nums, int(match.group(2))) if nums else None
+
+
+def render_prompt(name: str, task: CountdownTask, tokenizer=None) -> str:
+    """Render ``task`` with ``PROMPT_TEMPLATES[name]`` (the chat template uses ``tokenizer``).
+
+    Raises:
+        ValueError: unknown template name, or "chat" with a tokenizer that has no chat template.
+    """
+    if name not in PROMPT_TEMPLATES:
+        raise ValueError(f"unknown prompt template {name!r}; choose from {sorted(PROMPT_TEMPLATES)}")
+    return PROMPT_TEMPLATES[name](task, tokenizer)

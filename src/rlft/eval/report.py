@@ -1,0 +1,62 @@
+"""Run reports: PNG plots (matplotlib) and a Markdown summary of evaluation results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_curve(records: list[dict], key: str, path: Path, *, title: str, smooth: int = 5) -> Path:
+    """Plot ``key`` against ``step`` from metrics records (raw and a moving average); returns ``path``."""
+    points = [(r["step"], r[key]) for r in records if key in r]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if points:
+        steps, values = zip(*points)
+        ax.plot(steps, values, alpha=0.35, label=key)
+        if len(values) >= smooth:
+            avg = [sum(values[max(0, i - smooth + 1) : i + 1]) / len(values[max(0, i - smooth + 1) : i + 1]) for i in range(len(values))]
+            ax.plot(steps, avg, label=f"{key} (moving avg {smooth})")
+        ax.legend()
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_grouped_bars(values: dict[str, dict[str, float]], path: Path, *, title: str, ylabel: str) -> Path:
+    """Grouped bars: ``values[group][series]``, e.g. ``values["easy3"]["sft"] = 0.41``."""
+    groups = list(values)
+    series = list(dict.fromkeys(s for g in groups for s in values[g]))
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(5, 1.8 * len(groups) + 2), 3.5))
+    for i, name in enumerate(series):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ys = [values[group].get(name, 0.0) for group in groups]
+        bars = ax.bar(xs, ys, width, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, max(1.0, max((v for g in values.values() for v in g.values()), default=1.0)) * 1.1)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def markdown_table(header: list[str], rows: list[list[object]]) -> str:
+    """A GitHub-flavoured Markdown table; floats are printed with 3 decimals."""
+    def cell(v: object) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,358 @@
+"""The SFT recipe end to end on a tiny random Llama with the SmolLM2 tokenizer (pad == eos):
+loss falls, parameters change, the saved folder reloads exactly, an interrupted run resumes to the
+same weights and metrics, malformed rows are reported or skipped, truncation is counted."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import rlft.recipes.sft as sft_recipe
+from rlft.checkpoint import latest_checkpoint, read_metrics
+from rlft.data.files import DataError
+from rlft.recipes.sft import SFTConfig, batch_indices, load_sft_pairs, tokenize_pairs, train_sft
+from rlft.types import PromptCompletion
+
+from tests.conftest import make_tiny_model
+
+torch.set_num_threads(1)
+
+STEPS = 8
+
+
+# --------------------------------------------------------------------------- helpers and fixtures
+
+
+@pytest.fixture(scope="module")
+def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
+    """A tiny random Llama with SmolLM2's vocabulary, saved as a HF folder with the tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-init")
+    model = make_tiny_model(len(smol_tokenizer), seed=0)
+    model.save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def make_cfg(init_folder: Path, output_dir: Path, **overrides) -> SFTConfig:
+    cfg = SFTConfig(
+        model=str(init_folder),
+        data="countdown",
+        preset="tiny",
+        num_train=32,
+        prompt_template="short",
+        output_dir=str(output_dir),
+        max_length=96,
+        batch_size=8,
+        micro_batch_size=4,
+        max_steps=STEPS,
+        lr=3e-3,
+        warmup_ratio=0.0,
+        save_every=2,
+        device="cpu",
+        dtype="float32",
+    )
+    return replace(cfg, **overrides)
+
+
+def load_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    assert files, f"no safetensors in {folder}"
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+def probe_ids(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(99))
+
+
+@pytest.fixture
+def rlft_log(caplog):
+    """caplog that also sees the ``rlft`` logger when setup_logging() turned its propagation off."""
+    logger = logging.getLogger("rlft")
+    attach = not logger.propagate
+    if attach:
+        logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="rlft")
+    yield caplog
+    if attach:
+        logger.removeHandler(caplog.handler)
+
+
+@pytest.fixture(scope="module")
+def run_a(init_folder, tmp_path_factory, smol_tokenizer):
+    """An uninterrupted run; captures the in-memory model's weights and logits when it is saved."""
+    out = tmp_path_factory.mktemp("run-a")
+    captured: dict = {}
+    real_save = sft_recipe.save_model_folder
+
+    def capture(folder, model, tokenizer, extra=None):
+        with torch.no_grad():
+            captured["logits"] = model(input_ids=probe_ids(len(smol_tokenizer))).logits.detach().clone()
+        captured["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return real_save(folder, model, tokenizer, extra)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sft_recipe, "save_model_folder", capture)
+        final = train_sft(make_cfg(init_folder, out))
+    return {"dir": out, "final": final, **captured}
+
+
+# --------------------------------------------------------------------------- a full run
+
+
+def test_run_writes_expected_layout(run_a):
+    out = run_a["dir"]
+    assert run_a["final"] == out / "model"
+    assert (out / "model" / "config.json").is_file()
+    assert (out / "model" / "tokenizer_config.json").is_file()
+    assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == STEPS
+    # save_every=2 over 8 steps: checkpoints at 2, 4, 6 (the end is the final model), 2 kept.
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-00000004", "step-00000006"]
+    assert latest_checkpoint(out).name == "step-00000006"
+
+
+def test_loss_falls(run_a):
+    records = read_metrics(run_a["dir"] / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    losses = [r["loss/sft"] for r in records]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    last3 = sum(losses[-3:]) / 3
+    assert last3 < losses[0] - 0.3, losses
+
+
+def test_every_parameter_changes(run_a, init_folder):
+    before, after = load_weights(init_folder), load_weights(run_a["final"])
+    assert before.keys() == after.keys()
+    for name in before:
+        assert after[name].dtype == torch.float32
+        assert not torch.equal(before[name], after[name]), f"{name} did not change"
+
+
+def test_saved_model_reloads_to_identical_logits(run_a, smol_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(run_a["final"], dtype=torch.float32)
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, run_a["state"][name]), name
+    with torch.no_grad():
+        logits = reloaded(input_ids=probe_ids(len(smol_tokenizer))).logits
+    assert torch.allclose(logits, run_a["logits"], atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def _interrupt_after_second_checkpoint(monkeypatch):
+    """KeyboardInterrupt right after the 2nd checkpoint (step 4) has been written."""
+    real = sft_recipe.save_checkpoint
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        calls.append(folder)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return folder
+
+    monkeypatch.setattr(sft_recipe, "save_checkpoint", wrapper)
+    return 4, 4  # last checkpoint step, last logged step at the interruption
+
+
+def _interrupt_mid_step_6(monkeypatch):
+    """KeyboardInterrupt in step 6's first forward: step 5 is logged but not checkpointed."""
+    real = sft_recipe.sequence_logprobs
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5 * 2 + 1:  # 2 micro-batches per step
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft_recipe, "sequence_logprobs", wrapper)
+    return 4, 5
+
+
+@pytest.mark.parametrize("interrupt", [_interrupt_after_second_checkpoint, _interrupt_mid_step_6])
+def test_resume_reproduces_uninterrupted_run(run_a, init_folder, tmp_path, interrupt):
+    cfg = make_cfg(init_folder, tmp_path / "run-b")
+    with pytest.MonkeyPatch.context() as mp:
+        ckpt_step, logged_step = interrupt(mp)
+        with pytest.raises(KeyboardInterrupt):
+            train_sft(cfg)
+    assert latest_checkpoint(cfg.output_dir).name == f"step-{ckpt_step:08d}"
+    assert [r["step"] for r in read_metrics(tmp_path / "run-b" / "metrics.jsonl")] == list(range(1, logged_step + 1))
+    assert not (tmp_path / "run-b" / "model").exists()
+
+    train_sft(replace(cfg, resume=True))
+
+    a_weights, b_weights = load_weights(run_a["final"]), load_weights(tmp_path / "run-b" / "model")
+    assert a_weights.keys() == b_weights.keys()
+    for name in a_weights:
+        assert torch.allclose(a_weights[name], b_weights[name], atol=1e-6, rtol=0), name
+    a_metrics = read_metrics(run_a["dir"] / "metrics.jsonl")
+    b_metrics = read_metrics(tmp_path / "run-b" / "metrics.jsonl")
+    assert [r["step"] for r in b_metrics] == list(range(1, STEPS + 1))
+    for ra, rb in zip(a_metrics, b_metrics):
+        for key in ("loss/sft", "lr", "grad_norm", "tokens", "epoch"):
+            assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
+
+
+def test_resume_without_checkpoint_starts_from_scratch(init_folder, tmp_path, rlft_log):
+    cfg = make_cfg(init_folder, tmp_path / "fresh", max_steps=1, save_every=0, resume=True)
+    train_sft(cfg)
+    assert "no checkpoint" in rlft_log.text
+    assert [r["step"] for r in read_metrics(tmp_path / "fresh" / "metrics.jsonl")] == [1]
+
+
+# --------------------------------------------------------------------------- data files
+
+
+def _write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+GOOD = {"prompt": "Q: 1+1?\nA:", "completion": " 2"}
+
+
+@pytest.mark.parametrize(
+    "bad_row, field, problem",
+    [
+        ({"prompt": "Q: 2+2?\nA:"}, "completion", "missing"),
+        ({"completion": " 4"}, "prompt", "missing"),
+        ({"prompt": "Q: 2+2?\nA:", "completion": 4}, "completion", "expected a string, got int"),
+        ({"prompt": ["Q"], "completion": " 4"}, "prompt", "expected a string, got list"),
+        ({"prompt": "Q: 2+2?\nA:", "completion": "  \n"}, "completion", "empty completion"),
+    ],
+)
+def test_malformed_row_raises_data_error_naming_file_row_and_field(tmp_path, smol_tokenizer, bad_row, field, problem):
+    path = _write_jsonl(tmp_path / "pairs.jsonl", [GOOD, GOOD, bad_row, GOOD])
+    cfg = SFTConfig(data=str(path))
+    with pytest.raises(DataError) as info:
+        load_sft_pairs(cfg, smol_tokenizer)
+    err = info.value
+    assert (err.source, err.row, err.field) == (str(path), 2, field)
+    assert str(path) in str(err) and "row 2" in str(err) and repr(field) in str(err) and problem in str(err)
+
+
+def test_train_sft_stops_on_malformed_row(tmp_path, init_folder):
+    path = _write_jsonl(tmp_path / "pairs.jsonl", [GOOD, {"prompt": "x", "completion": None}])
+    with pytest.raises(DataError, match="row 1"):
+        train_sft(make_cfg(init_folder, tmp_path / "run", data=str(path)))
+
+
+def test_skip_invalid_skips_and_reports_count(tmp_path, smol_tokenizer, rlft_log):
+    rows = [GOOD, {"prompt": "a"}, {"prompt": "b", "completion": 3}, {"prompt": "c", "completion": ""}, {"prompt": "d", "completion": " e"}]
+    path = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    pairs = load_sft_pairs(SFTConfig(data=str(path), skip_invalid=True), smol_tokenizer)
+    assert pairs == [PromptCompletion(GOOD["prompt"], GOOD["completion"]), PromptCompletion("d", " e")]
+    warnings = [r for r in rlft_log.records if r.levelno == logging.WARNING and r.name == "rlft"]
+    assert len(warnings) == 1
+    assert "skipped 3 invalid rows" in warnings[0].getMessage() and str(path) in warnings[0].getMessage()
+
+
+def test_all_rows_invalid_is_an_error_even_when_skipping(tmp_path, smol_tokenizer):
+    path = _write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "a"}])
+    with pytest.raises(ValueError, match="no training examples"):
+        load_sft_pairs(SFTConfig(data=str(path), skip_invalid=True), smol_tokenizer)
+
+
+def test_custom_field_names(tmp_path, smol_tokenizer):
+    path = _write_jsonl(tmp_path / "pairs.jsonl", [{"question": "Q?", "answer": " A"}])
+    cfg = SFTConfig(data=str(path), prompt_field="question", completion_field="answer")
+    assert load_sft_pairs(cfg, smol_tokenizer) == [PromptCompletion("Q?", " A")]
+
+
+QUERY = "A conversation ... User: Using the numbers [1, 2, 3], ...\nAssistant: Let me solve this step by step."
+
+
+def test_cog_behav_layout_detected_and_joined_with_newline(tmp_path, smol_tokenizer):
+    rows = [
+        {"query": QUERY, "completion": "<think> 1+2=3, 3*3=9.</think>\n<answer>(1 + 2) * 3</answer>", "extra": 1},
+        {"query": QUERY + "\n", "completion": "<think>x</think>"},  # already separated: unchanged
+        {"query": QUERY, "completion": " <think>y</think>"},  # already separated: unchanged
+    ]
+    path = _write_jsonl(tmp_path / "cog.jsonl", rows)
+    pairs = load_sft_pairs(SFTConfig(data=str(path)), smol_tokenizer)
+    assert pairs == [
+        PromptCompletion(QUERY + "\n", rows[0]["completion"]),
+        PromptCompletion(QUERY + "\n", "<think>x</think>"),
+        PromptCompletion(QUERY, " <think>y</think>"),
+    ]
+
+
+def test_cog_behav_detected_when_first_row_is_invalid(tmp_path, smol_tokenizer, rlft_log):
+    rows = [{"query": QUERY}, {"query": QUERY, "completion": "<think>x</think>"}]
+    path = _write_jsonl(tmp_path / "cog.jsonl", rows)
+    pairs = load_sft_pairs(SFTConfig(data=str(path), skip_invalid=True), smol_tokenizer)
+    assert pairs == [PromptCompletion(QUERY + "\n", "<think>x</think>")]
+    assert "skipped 1 invalid rows" in rlft_log.text
+    with pytest.raises(DataError) as info:
+        load_sft_pairs(SFTConfig(data=str(path)), smol_tokenizer)
+    assert (info.value.row, info.value.field) == (0, "completion")
+
+
+def test_limit_caps_examples(tmp_path, smol_tokenizer):
+    path = _write_jsonl(tmp_path / "pairs.jsonl", [GOOD] * 5)
+    assert len(load_sft_pairs(SFTConfig(data=str(path), limit=3), smol_tokenizer)) == 3
+
+
+# --------------------------------------------------------------------------- tokenization report
+
+
+def test_truncation_and_drops_are_counted_and_logged(smol_tokenizer, rlft_log):
+    tok = smol_tokenizer
+    max_length = 16
+    pairs = [
+        PromptCompletion("Q: 1+1?\nA:", " 2"),  # fits
+        PromptCompletion("Q: count\nA:", " one two three four five six seven eight nine ten eleven"),  # cut
+        PromptCompletion("Q: spell\nA:", " a b c d e f g h i j k l m n o p"),  # cut
+        PromptCompletion("word " * 30, " x"),  # prompt alone too long: dropped
+    ]
+    expected_truncated = sum(
+        len(tok(p.prompt).input_ids) < max_length
+        and len(tok(p.prompt).input_ids) + len(tok(p.completion, add_special_tokens=False).input_ids) + 1 > max_length
+        for p in pairs
+    )
+    assert expected_truncated == 2
+    examples = tokenize_pairs(pairs, tok, max_length)
+    assert len(examples) == 3 and sum(e.truncated for e in examples) == 2
+    assert all(len(e.input_ids) <= max_length for e in examples)
+    assert "3 examples; 2 truncated to 16 tokens; 1 dropped" in rlft_log.text
+
+
+def test_train_sft_reports_truncation_with_small_max_length(init_folder, tmp_path, rlft_log):
+    train_sft(make_cfg(init_folder, tmp_path / "short", max_length=40, max_steps=1, save_every=0))
+    line = next(r.getMessage() for r in rlft_log.records if "truncated to 40 tokens" in r.getMessage())
+    truncated = int(line.split("; ")[1].split()[0])
+    assert truncated > 0, line
+
+
+# --------------------------------------------------------------------------- data order
+
+
+def test_batch_indices_cover_each_epoch_once_and_are_pure():
+    n, bs = 21, 4  # 6 steps per epoch, the last one a partial batch of 1
+    for epoch in range(3):
+        batches = [batch_indices(epoch * 6 + s, n, bs, seed=3) for s in range(6)]
+        assert [len(b) for b in batches] == [4, 4, 4, 4, 4, 1]
+        assert sorted(i for b in batches for i in b) == list(range(n))
+    assert batch_indices(7, n, bs, seed=3) == batch_indices(7, n, bs, seed=3)
+    assert batch_indices(0, n, bs, seed=3) != batch_indices(6, n, bs, seed=3)  # reshuffled per epoch
+    assert batch_indices(0, n, bs, seed=3) != batch_indices(0, n, bs, seed=4)
+
+
+def test_batch_size_must_be_multiple_of_micro_batch(init_folder, tmp_path):
+    with pytest.raises(ValueError, match="multiple"):
+        train_sft(make_cfg(init_folder, tmp_path / "x", batch_size=6, micro_batch_size=4))

@@ -243,6 +243,7 @@ def train_sft(cfg: SFTConfig) -> Path:
                 loss_total += loss.item()
                 seen += int(batch.attention_mask.sum())
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+            lr = scheduler.get_last_lr()[0]  # the rate this step applies
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -251,7 +252,7 @@ def train_sft(cfg: SFTConfig) -> Path:
                 "step": step + 1,
                 "epoch": (step + 1) / steps_per_epoch,
                 "loss/sft": loss_total,
-                "lr": scheduler.get_last_lr()[0],
+                "lr": lr,
                 "grad_norm": float(grad_norm),
                 "tokens": seen,
                 "tokens_per_s": seen / elapsed,

@@ -16,7 +16,8 @@ import yaml
 import rlft.recipes.sft as sft_recipe
 from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.data.files import DataError
-from rlft.recipes.sft import SFTConfig, batch_indices, load_sft_pairs, tokenize_pairs, train_sft
+from rlft.recipes.common import batch_indices
+from rlft.recipes.sft import SFTConfig, load_sft_pairs, tokenize_pairs, train_sft
 from rlft.types import PromptCompletion
 
 from tests.conftest import make_tiny_model

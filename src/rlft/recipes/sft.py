@@ -12,19 +12,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
-import yaml
 
-from rlft.checkpoint import MetricsLog, latest_checkpoint, load_trainer_state, save_checkpoint, save_model_folder
+from rlft.checkpoint import save_checkpoint, save_model_folder
 from rlft.console import console, training_progress
 from rlft.data.files import DataError, read_rows
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
-from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
+from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
+from rlft.recipes.common import batch_indices, optimizer_step, prepare_training, start_run_dir
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
 
@@ -182,31 +182,11 @@ def tokenize_pairs(pairs: list[PromptCompletion], tokenizer, max_length: int) ->
     return examples
 
 
-def make_scheduler(name: str, optimizer, warmup_steps: int, total_steps: int):
-    from transformers import get_scheduler
-
-    hf_name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[name]
-    return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
-
-
-def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> list[int]:
-    """Example indices of optimizer step ``step``: a fresh seeded permutation each epoch.
-
-    A pure function of its arguments, so a resumed run sees exactly the batches it would have seen.
-    """
-    per_epoch = math.ceil(num_examples / batch_size)
-    epoch, pos = divmod(step, per_epoch)
-    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return perm[pos * batch_size : (pos + 1) * batch_size].tolist()
-
-
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``)."""
     if cfg.batch_size % cfg.micro_batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
-    run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    run_dir = start_run_dir(cfg.output_dir, cfg)
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
@@ -214,18 +194,9 @@ def train_sft(cfg: SFTConfig) -> Path:
 
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    ckpt = latest_checkpoint(run_dir) if cfg.resume else None
-    model = load_model(str(ckpt) if ckpt else cfg.model, spec)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = make_scheduler(cfg.schedule, optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
-    start_step = 0
-    if ckpt is not None:
-        start_step = load_trainer_state(ckpt, optimizer, scheduler)["step"]
-        log.info("resuming from %s at step %d", ckpt, start_step)
-    elif cfg.resume:
-        log.info("--resume: no checkpoint in %s, starting from scratch", run_dir)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
+    setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps)
+    model, start_step = setup.model, setup.start_step
     log.info("SFT: %d examples, %d steps of %d (micro-batch %d) on %s/%s", len(examples), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
 
     with training_progress("sft") as progress:
@@ -242,25 +213,20 @@ def train_sft(cfg: SFTConfig) -> Path:
                 loss.backward()
                 loss_total += loss.item()
                 seen += int(batch.attention_mask.sum())
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
-            lr = scheduler.get_last_lr()[0]  # the rate this step applies
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            step_info = optimizer_step(setup, cfg.max_grad_norm)
             elapsed = time.perf_counter() - t0
             record = {
                 "step": step + 1,
                 "epoch": (step + 1) / steps_per_epoch,
                 "loss/sft": loss_total,
-                "lr": lr,
-                "grad_norm": float(grad_norm),
+                **step_info,
                 "tokens": seen,
                 "tokens_per_s": seen / elapsed,
             }
-            metrics.log(record)
+            setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, optimizer, scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
     final = run_dir / "model"
     save_model_folder(final, model, tokenizer)
     console.print(f"[green]SFT done[/]: model saved to {final}")

@@ -1,0 +1,99 @@
+"""Pieces every training recipe shares: run folder, model + optimizer + scheduler with resume,
+seeded batch order, and the optimizer step. Recipes keep their own loops."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from rlft.checkpoint import MetricsLog, latest_checkpoint, load_trainer_state
+from rlft.models import DeviceSpec, load_model
+
+log = logging.getLogger("rlft")
+
+
+def start_run_dir(output_dir: str, cfg) -> Path:
+    """Create the run folder and record the config there as ``config.yaml``."""
+    run_dir = Path(output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    return run_dir
+
+
+def make_scheduler(name: str, optimizer, warmup_steps: int, total_steps: int):
+    """``cosine`` / ``linear`` decay or ``constant`` after linear warmup (transformers' schedulers)."""
+    from transformers import get_scheduler
+
+    hf_name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[name]
+    return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+
+
+def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> list[int]:
+    """Example indices of optimizer step ``step``: a fresh seeded permutation each epoch.
+
+    A pure function of its arguments, so a resumed run sees exactly the batches it would have seen.
+    """
+    per_epoch = math.ceil(num_examples / batch_size)
+    epoch, pos = divmod(step, per_epoch)
+    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return perm[pos * batch_size : (pos + 1) * batch_size].tolist()
+
+
+@dataclass
+class TrainingSetup:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    start_step: int
+    """Optimizer steps already done (0 for a fresh run)."""
+    metrics: MetricsLog
+    checkpoint: Path | None
+    """The checkpoint resumed from, if any."""
+
+
+def prepare_training(
+    model_name: str,
+    run_dir: Path,
+    spec: DeviceSpec,
+    *,
+    resume: bool,
+    lr: float,
+    weight_decay: float,
+    schedule: str,
+    warmup_steps: int,
+    total_steps: int,
+) -> TrainingSetup:
+    """Load the model (from the latest checkpoint when resuming), AdamW, scheduler, metrics log.
+
+    Resuming restores weights, optimizer, scheduler, RNG and the step count; metrics logged after
+    that checkpoint are dropped so the curve continues without a jump.
+    """
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    model = load_model(str(ckpt) if ckpt else model_name, spec)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    scheduler = make_scheduler(schedule, optimizer, warmup_steps, total_steps)
+    start_step = 0
+    if ckpt is not None:
+        start_step = load_trainer_state(ckpt, optimizer, scheduler)["step"]
+        log.info("resuming from %s at step %d", ckpt, start_step)
+    elif resume:
+        log.info("--resume: no checkpoint in %s, starting from scratch", run_dir)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
+    return TrainingSetup(model, optimizer, scheduler, start_step, metrics, ckpt)
+
+
+def optimizer_step(setup: TrainingSetup, max_grad_norm: float) -> dict[str, float]:
+    """Clip gradients, step optimizer and scheduler, zero gradients; returns lr used and grad norm."""
+    params = [p for p in setup.model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    lr = setup.scheduler.get_last_lr()[0]  # the rate this step applies
+    setup.optimizer.step()
+    setup.scheduler.step()
+    setup.optimizer.zero_grad(set_to_none=True)
+    return {"lr": lr, "grad_norm": float(grad_norm)}

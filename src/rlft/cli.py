@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(cfg)
     except ModelNotFoundError as e:
-        console.print(f"rlft {name}: {e}", style="red", markup=False)
+        print(f"rlft {name}: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         console.print(f"[yellow]rlft {name}: interrupted; rerun with --resume to continue from the last checkpoint[/]")

@@ -10,7 +10,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-AggregationMode = Literal["token_mean", "seq_mean", "sum"]
+AggregationMode = Literal["token_mean", "seq_mean", "seq_sum", "sum"]
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -44,6 +44,9 @@ def aggregate(
       micro-batches, so that summing micro-batch losses gives exactly the full-batch loss.
     - ``seq_mean``: mean over tokens within each sequence, then sum over sequences divided by
       ``num_sequences`` (default: this micro-batch's B).
+    - ``seq_sum``: sum over tokens within each sequence, then sum over sequences divided by
+      ``num_sequences`` (default: this micro-batch's B). The sequence-level REINFORCE/RLOO
+      estimator: the mean over sequences of sum_t values_t.
     - ``sum``: plain masked sum.
     """
     if mode == "token_mean":
@@ -53,9 +56,12 @@ def aggregate(
         per_seq = masked_mean(values, loss_mask, dim=-1)
         denom = per_seq.shape[0] if num_sequences is None else num_sequences
         return per_seq.sum() / max(denom, 1)
+    if mode == "seq_sum":
+        denom = loss_mask.shape[0] if num_sequences is None else num_sequences
+        return masked_sum(values, loss_mask) / max(denom, 1)
     if mode == "sum":
         return masked_sum(values, loss_mask)
-    raise ValueError(f"unknown aggregation mode {mode!r}; expected token_mean, seq_mean or sum")
+    raise ValueError(f"unknown aggregation mode {mode!r}; expected token_mean, seq_mean, seq_sum or sum")
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

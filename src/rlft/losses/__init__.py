@@ -3,3 +3,11 @@
 from rlft.losses.sft import sft_loss
 
 __all__ = ["sft_loss"]
+
+from rlft.losses.dpo import PREFERENCE_LOSSES, dpo_loss, ipo_loss, rpo_loss
+
+__all__ += ["PREFERENCE_LOSSES", "dpo_loss", "ipo_loss", "rpo_loss"]
+
+from rlft.losses.pg import kl_loss, kl_penalty, policy_gradient_loss, rloo_advantages
+
+__all__ += ["kl_loss", "kl_penalty", "policy_gradient_loss", "rloo_advantages"]

@@ -1,0 +1,405 @@
+"""Direct preference optimisation (DPO, IPO, RPO) on prompt/chosen/rejected text triples.
+
+One linear loop, like :mod:`rlft.recipes.sft`:
+
+1. read the pairs (``--data``: a ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id with
+   text fields ``prompt``, ``chosen``, ``rejected``; e.g. the output of ``rlft pairs countdown``);
+2. tokenize each pair (:func:`tokenize_preference_pair`: prompt + response + EOS, loss on the response
+   and its EOS; too-long responses are cut at the end, pairs whose prompt alone does not fit are
+   dropped; both counted and logged);
+3. compute the reference model's log-probs of every response ONCE (``--ref-model``, default: the
+   initial ``--model``), cache them in ``output_dir/ref_logps.pt`` (a resumed run reads them back) and
+   free the reference model: only the policy is in memory during training (DESIGN.md pitfall 7);
+4. train: each micro-batch puts its B chosen and B rejected sequences through ONE forward pass
+   (a right-padded batch of 2B rows), the loss picked once by ``--loss-type`` is scaled so that
+   micro-batches add up to exactly the full-batch mean; checkpoints and ``--resume`` as in SFT.
+
+``--loss-type``: ``dpo`` (summed response log-probs, optional ``--label-smoothing``), ``ipo``
+(per-token-mean log-probs, the usual length normalisation), ``rpo`` (DPO + ``--rpo-alpha`` x token-mean
+NLL of the chosen responses).
+
+Prompts and responses are plain text here; :func:`tokenize_preference_pair` is the one place to
+change for chat-template rendering.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+import torch
+
+from rlft.checkpoint import save_checkpoint, save_model_folder
+from rlft.console import console, training_progress
+from rlft.data.files import DataError, read_rows
+from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
+from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
+from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
+from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
+from rlft.recipes.common import batch_indices, optimizer_step, prepare_training, start_run_dir
+
+log = logging.getLogger("rlft")
+
+REF_CACHE = "ref_logps.pt"
+
+
+@dataclass(frozen=True)
+class DPOConfig:
+    """Preference optimisation (DPO / IPO / RPO) of a model, usually an SFT model, on chosen/rejected pairs."""
+
+    model: str = "runs/sft/model"
+    """Policy to train (usually the SFT model folder): built-in name, local HF folder, or Hub id."""
+    ref_model: str | None = None
+    """Reference model of the implicit reward; None: the initial --model. Must share its tokenizer."""
+    data: str = "runs/pairs/countdown.jsonl"
+    """Preference pairs: a .jsonl/.json/.parquet file or Hub dataset id with prompt/chosen/rejected text
+    (e.g. written by `rlft pairs countdown`)."""
+    data_split: str = "train"
+    """Split to read when --data is a Hub dataset id."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text."""
+    chosen_field: str = "chosen"
+    """Column holding the preferred response text."""
+    rejected_field: str = "rejected"
+    """Column holding the dispreferred response text."""
+    skip_invalid: bool = False
+    """Skip malformed rows (counted and reported) instead of stopping with an error."""
+    limit: int | None = None
+    """Use at most this many pairs (after reading)."""
+    loss_type: Literal["dpo", "ipo", "rpo"] = "dpo"
+    """'dpo' (summed log-probs), 'ipo' (per-token-mean log-probs) or 'rpo' (DPO + NLL on chosen)."""
+    beta: float = 0.1
+    """Inverse temperature of the implicit reward beta*(log pi - log ref); larger keeps closer to the reference."""
+    label_smoothing: float = 0.0
+    """Conservative DPO: assumed probability in [0, 0.5] that a preference label is flipped (dpo, rpo)."""
+    rpo_alpha: float = 1.0
+    """Weight of the chosen-response NLL term (loss_type rpo)."""
+    output_dir: str = "runs/dpo"
+    """Run directory: checkpoints/, model/, metrics.jsonl, config.yaml, ref_logps.pt."""
+    max_length: int = 512
+    """Longest prompt + response in tokens; longer responses are cut at the end (counted), pairs whose
+    prompt alone does not fit are dropped (counted)."""
+    batch_size: int = 16
+    """Pairs per optimizer step."""
+    micro_batch_size: int = 4
+    """Pairs per forward/backward pass (2x as many sequences: chosen and rejected go through together)."""
+    epochs: float = 1.0
+    """Passes over the pairs (fractions allowed); ignored when --max-steps is set."""
+    max_steps: int | None = None
+    """Total optimizer steps (overrides --epochs)."""
+    lr: float = 1e-6
+    """Peak learning rate (AdamW). DPO wants small rates: 5e-7 to 1e-6 is typical for a 0.5B model;
+    small CPU demo models tolerate more (e.g. 1e-5)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_ratio: float = 0.1
+    """Fraction of steps spent warming the learning rate up linearly from 0."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Learning-rate decay after warmup."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
+    seed: int = 0
+    """Seed for data order."""
+    save_every: int = 50
+    """Write a resumable checkpoint every this many steps (0: only the final model)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    resume: bool = False
+    """Continue from the latest checkpoint in --output-dir (reference log-probs are read from its cache)."""
+    device: str = "auto"
+    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    dtype: str = "auto"
+    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One preference: ``chosen`` is preferred over ``rejected`` as a continuation of ``prompt``."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """A pair tokenized as two prompt+response sequences sharing the same prompt tokens."""
+
+    chosen: TokenizedExample
+    rejected: TokenizedExample
+
+
+def load_preference_pairs(cfg: DPOConfig) -> list[PreferencePair]:
+    """The pairs of ``cfg.data``, limited to ``cfg.limit``.
+
+    Raises:
+        DataError: a row whose prompt/chosen/rejected field is missing, not a string, or empty, or
+            whose responses are identical (unless ``skip_invalid``: then such rows are counted,
+            skipped and reported in one warning).
+        ValueError: no valid pairs at all.
+    """
+    fields = (cfg.prompt_field, cfg.chosen_field, cfg.rejected_field)
+    pairs, skipped = [], 0
+    for i, row in read_rows(cfg.data, split=cfg.data_split):
+        try:
+            for field in fields:
+                if field not in row:
+                    raise DataError(cfg.data, i, field, "missing")
+                value = row[field]
+                if not isinstance(value, str):
+                    hint = " (chat message lists are not supported yet: pass plain text)" if isinstance(value, list) else ""
+                    raise DataError(cfg.data, i, field, f"expected a string, got {type(value).__name__}{hint}")
+                if not value.strip():
+                    raise DataError(cfg.data, i, field, "empty")
+            prompt, chosen, rejected = (row[f] for f in fields)
+            if chosen == rejected:
+                raise DataError(cfg.data, i, cfg.rejected_field, "identical to the chosen response")
+        except DataError:
+            if not cfg.skip_invalid:
+                raise
+            skipped += 1
+            continue
+        pairs.append(PreferencePair(prompt, chosen, rejected))
+    if skipped:
+        log.warning("skipped %d invalid rows of %s (--skip-invalid)", skipped, cfg.data)
+    if cfg.limit is not None:
+        pairs = pairs[: cfg.limit]
+    if not pairs:
+        raise ValueError(f"no preference pairs in {cfg.data}")
+    return pairs
+
+
+def tokenize_preference_pair(tokenizer, pair: PreferencePair, max_length: int) -> TokenizedPair | None:
+    """Plain-text tokenization: ``prompt + response + EOS`` for each response, loss on response + EOS.
+
+    Returns None when the prompt alone leaves no room for a response token. This is the one function
+    to swap for chat-template rendering.
+    """
+    chosen = tokenize_prompt_completion(tokenizer, pair.prompt, pair.chosen, max_length=max_length)
+    rejected = tokenize_prompt_completion(tokenizer, pair.prompt, pair.rejected, max_length=max_length)
+    if chosen is None or rejected is None:
+        return None
+    return TokenizedPair(chosen, rejected)
+
+
+def tokenize_preference_pairs(pairs: list[PreferencePair], tokenizer, max_length: int) -> list[TokenizedPair]:
+    """Tokenize all pairs; log how many responses were truncated and how many pairs dropped."""
+    out, dropped = [], 0
+    for pair in pairs:
+        tokenized = tokenize_preference_pair(tokenizer, pair, max_length)
+        if tokenized is None:
+            dropped += 1
+        else:
+            out.append(tokenized)
+    chosen_cut = sum(p.chosen.truncated for p in out)
+    rejected_cut = sum(p.rejected.truncated for p in out)
+    log.info(
+        "%d pairs; %d chosen and %d rejected responses truncated to %d tokens; %d dropped (prompt alone too long)",
+        len(out), chosen_cut, rejected_cut, max_length, dropped,
+    )
+    if not out:
+        raise ValueError(f"every pair's prompt is longer than max_length={max_length}")
+    return out
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+@dataclass
+class PairLogprobs:
+    """Per-pair response log-probs of a batch of B pairs (all float32)."""
+
+    chosen_sum: torch.Tensor  # (B,) summed log-probs of the chosen response tokens (+ EOS)
+    rejected_sum: torch.Tensor  # (B,)
+    chosen_mean: torch.Tensor  # (B,) per-token mean of the same
+    rejected_mean: torch.Tensor  # (B,)
+    chosen_token_logps: torch.Tensor  # (B, T) per-token log-probs of the chosen rows, 0 off-mask
+    chosen_mask: torch.Tensor  # (B, T) 1 on chosen response tokens
+
+
+def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device) -> PairLogprobs:
+    """Log-probs of each pair's chosen and rejected response from ONE forward pass.
+
+    The B chosen and B rejected sequences are collated into one right-padded ``(2B, T)`` batch (rows
+    ``0..B-1`` chosen, ``B..2B-1`` rejected). Causal attention with right padding means neither the
+    amount of padding nor the other rows change a pair's values (up to float rounding).
+    """
+    batch = collate([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_token_id).to(device)
+    token_logps = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
+    sums = masked_sum(token_logps, batch.loss_mask, dim=-1)  # (2B,)
+    means = masked_mean(token_logps, batch.loss_mask, dim=-1)  # (2B,)
+    n = len(pairs)
+    return PairLogprobs(
+        chosen_sum=sums[:n],
+        rejected_sum=sums[n:],
+        chosen_mean=means[:n],
+        rejected_mean=means[n:],
+        chosen_token_logps=token_logps[:n],
+        chosen_mask=batch.loss_mask[:n],
+    )
+
+
+def _fingerprint(ref_name: str, pairs: list[TokenizedPair], dtype: torch.dtype) -> str:
+    """Identifies the reference computation: reference model name, dtype and every token id and mask."""
+    h = hashlib.sha256(f"{ref_name}|{dtype}|{len(pairs)}".encode())
+    for p in pairs:
+        for e in (p.chosen, p.rejected):
+            h.update(str((e.input_ids, e.loss_mask)).encode())
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def compute_reference_logprobs(
+    model, pairs: list[TokenizedPair], pad_token_id: int, device, batch_size: int
+) -> dict[str, torch.Tensor]:
+    """Reference log-probs of every pair: ``{"chosen_sum", "rejected_sum", "chosen_mean",
+    "rejected_mean"}``, each ``(N,)`` float32 on the CPU, in the order of ``pairs``."""
+    was_training = model.training
+    model.eval()
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}
+    try:
+        with training_progress("reference") as progress:
+            bar = progress.add_task("reference log-probs", total=len(pairs), info="")
+            for start in range(0, len(pairs), batch_size):
+                chunk = pairs[start : start + batch_size]
+                lp = pair_logprobs(model, chunk, pad_token_id, device)
+                for key in parts:
+                    parts[key].append(getattr(lp, key).float().cpu())
+                progress.update(bar, advance=len(chunk))
+    finally:
+        model.train(was_training)
+    return {key: torch.cat(values) for key, values in parts.items()}
+
+
+def reference_logprobs(
+    cfg: DPOConfig, pairs: list[TokenizedPair], pad_token_id: int, spec: DeviceSpec, run_dir: Path
+) -> dict[str, torch.Tensor]:
+    """Reference log-probs of all pairs, from ``run_dir/ref_logps.pt`` when resuming and it matches,
+    else computed with the reference model, which is loaded here and freed before returning."""
+    ref_name = cfg.ref_model or cfg.model
+    path = run_dir / REF_CACHE
+    fingerprint = _fingerprint(ref_name, pairs, spec.dtype)
+    if cfg.resume and path.is_file():
+        cached = torch.load(path, weights_only=True)
+        if cached.get("fingerprint") == fingerprint:
+            log.info("reference log-probs read from %s", path)
+            return {k: v for k, v in cached.items() if k != "fingerprint"}
+        log.warning("%s was computed for other pairs or another reference model: recomputing", path)
+    log.info("computing reference log-probs of %d pairs with %s", len(pairs), ref_name)
+    model = load_model(ref_name, spec)
+    ref = compute_reference_logprobs(model, pairs, pad_token_id, spec.device, cfg.micro_batch_size)
+    del model  # the only reference: training never holds the reference model
+    gc.collect()
+    if spec.device.type == "cuda":
+        torch.cuda.empty_cache()
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save({**ref, "fingerprint": fingerprint}, tmp)
+    os.replace(tmp, path)
+    return ref
+
+
+# --------------------------------------------------------------------------- loss choice
+
+
+PreferenceLossFn = Callable[[PairLogprobs, dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+
+
+def build_preference_loss(cfg: DPOConfig) -> PreferenceLossFn:
+    """Pick the loss once: returns ``fn(policy, ref, chosen_nll) -> (loss, metrics)``.
+
+    ``policy`` is the micro-batch's :class:`PairLogprobs`, ``ref`` the matching slices of the
+    reference log-probs, ``chosen_nll`` the token-mean NLL of the chosen responses (used by rpo only).
+    dpo and rpo see summed log-probs, ipo per-token means.
+    """
+    beta, eps, alpha = cfg.beta, cfg.label_smoothing, cfg.rpo_alpha
+
+    def dpo(p: PairLogprobs, r, nll):
+        return dpo_loss(p.chosen_sum, p.rejected_sum, r["chosen_sum"], r["rejected_sum"], beta=beta, label_smoothing=eps)
+
+    def ipo(p: PairLogprobs, r, nll):
+        return ipo_loss(p.chosen_mean, p.rejected_mean, r["chosen_mean"], r["rejected_mean"], beta=beta)
+
+    def rpo(p: PairLogprobs, r, nll):
+        return rpo_loss(p.chosen_sum, p.rejected_sum, r["chosen_sum"], r["rejected_sum"],
+                        chosen_nll=nll, beta=beta, alpha=alpha, label_smoothing=eps)
+
+    losses = {"dpo": dpo, "ipo": ipo, "rpo": rpo}
+    if cfg.loss_type not in losses:
+        raise ValueError(f"unknown loss_type {cfg.loss_type!r}; choose from {sorted(losses)}")
+    return losses[cfg.loss_type]
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _validate(cfg: DPOConfig) -> None:
+    if cfg.batch_size < 1 or cfg.micro_batch_size < 1:
+        raise ValueError("batch_size and micro_batch_size must be >= 1")
+    if cfg.batch_size % cfg.micro_batch_size:
+        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
+    if not cfg.beta > 0:
+        raise ValueError(f"beta must be > 0, got {cfg.beta}")
+    if not 0.0 <= cfg.label_smoothing <= 0.5:
+        raise ValueError(f"label_smoothing must lie in [0, 0.5], got {cfg.label_smoothing}")
+
+
+def train_dpo(cfg: DPOConfig) -> Path:
+    """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``)."""
+    _validate(cfg)
+    loss_fn = build_preference_loss(cfg)
+    run_dir = start_run_dir(cfg.output_dir, cfg)
+    torch.manual_seed(cfg.seed)
+    spec = pick_device(cfg.device, cfg.dtype)
+    tokenizer = load_tokenizer(cfg.model)
+    pairs = tokenize_preference_pairs(load_preference_pairs(cfg), tokenizer, cfg.max_length)
+    ref = reference_logprobs(cfg, pairs, tokenizer.pad_token_id, spec, run_dir)
+
+    steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
+    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps)
+    model, start_step = setup.model, setup.start_step
+    log.info("%s: %d pairs, %d steps of %d pairs (micro-batch %d) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
+
+    with training_progress(cfg.loss_type) as progress:
+        bar = progress.add_task(cfg.loss_type, total=total_steps, completed=start_step, info="")
+        for step in range(start_step, total_steps):
+            t0 = time.perf_counter()
+            indices = batch_indices(step, len(pairs), cfg.batch_size, cfg.seed)
+            num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)
+            sums: dict[str, float] = {}
+            seen = 0
+            for start in range(0, len(indices), cfg.micro_batch_size):
+                idx = indices[start : start + cfg.micro_batch_size]
+                weight = len(idx) / len(indices)  # micro-batch means, weighted, add up to the batch mean
+                policy = pair_logprobs(model, [pairs[i] for i in idx], tokenizer.pad_token_id, spec.device)
+                ref_mb = {k: v[idx].to(spec.device) for k, v in ref.items()}
+                # Token-mean over the whole batch's chosen tokens, divided by the weight that scales the loss.
+                chosen_nll = -aggregate(policy.chosen_token_logps, policy.chosen_mask, num_tokens=num_chosen_tokens) / weight
+                loss, metrics = loss_fn(policy, ref_mb, chosen_nll)
+                (loss * weight).backward()
+                for key, value in {"loss": loss.item(), **metrics}.items():
+                    sums[key] = sums.get(key, 0.0) + weight * value
+                seen += sum(len(pairs[i].chosen.input_ids) + len(pairs[i].rejected.input_ids) for i in idx)
+            step_info = optimizer_step(setup, cfg.max_grad_norm)
+            elapsed = time.perf_counter() - t0
+            record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,
+                      "tokens": seen, "tokens_per_s": seen / elapsed}
+            setup.metrics.log(record)
+            progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
+            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+    final = run_dir / "model"
+    save_model_folder(final, model, tokenizer)
+    console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
+    return final

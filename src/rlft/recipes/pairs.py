@@ -1,0 +1,222 @@
+"""On-policy Countdown preference pairs for DPO: sample n responses per prompt, score, keep best vs worst.
+
+For every prompt (Countdown training tasks, generated or from a file), sample ``num_samples``
+responses from the model at a non-zero temperature, score each with the TinyZero-exact scorer
+(:func:`rlft.rewards.countdown.score_completions`: 1.0 correct, 0.1 answer but wrong, 0.0 no answer),
+and keep ``chosen`` = the highest-scoring response and ``rejected`` = the lowest-scoring one. When the
+best and the worst score are equal (all responses tie: very common with scores 0 / 0.1 / 1), the prompt
+is dropped and counted (DESIGN.md pitfall 4). Among equal best (or worst) responses the first sampled
+one is taken.
+
+Output: a JSONL file (written atomically) with one row per kept prompt::
+
+    {"prompt": str, "chosen": str, "rejected": str, "score_chosen": float, "score_rejected": float,
+     "nums": [int, ...], "target": int, "chosen_finish_reason": "stop"|"length",
+     "rejected_finish_reason": "stop"|"length"}
+
+and next to it ``<output stem>.stats.json`` with the counts (prompts tried, kept, dropped as ties).
+Responses are the generated text with special tokens skipped, so they hold no EOS; the DPO recipe's
+tokenization appends one. A response that hit ``max_new_tokens`` (finish reason ``length``) gets that
+EOS too, so the counts of such responses among kept pairs are reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rlft.data.files import write_jsonl
+from rlft.rewards.countdown import score_completions
+from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
+from rlft.types import CountdownTask
+
+log = logging.getLogger("rlft")
+
+
+@dataclass(frozen=True)
+class PairsConfig:
+    """Sample responses to Countdown training prompts, score them, and write best-vs-worst preference pairs."""
+
+    model: str = "runs/sft/model"
+    """Model to sample from (usually the SFT model folder): built-in name, local HF folder, or Hub id."""
+    data: str | None = None
+    """None: the generated training split of --preset (make_splits(preset, num_prompts, heldout_size,
+    split_seed), the SFT convention, so evaluation tasks stay held out); else a Countdown
+    .jsonl/.json/.parquet file or Hub dataset with target + nums/numbers."""
+    data_split: str = "train"
+    """Split to read when --data is a Hub dataset id."""
+    preset: str = "easy3"
+    """Countdown difficulty preset of the generated tasks (easy3, cog_behav, standard, tiny)."""
+    num_prompts: int = 512
+    """Prompts to sample for: generated training tasks, or rows of --data."""
+    start: int = 0
+    """Skip this many tasks first (generated training tasks or rows of --data); set it to SFT's
+    --num-train to sample on prompts the SFT model was not trained on."""
+    split_seed: int = 1234
+    """Seed of the generated train/test split; keep it equal to SFT's and evaluation's."""
+    heldout_size: int = 200
+    """Generated tasks reserved for evaluation (as in SFT): never used as prompts here."""
+    prompt_template: str = "base"
+    """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template), 'short'."""
+    num_samples: int = 2
+    """Responses sampled per prompt (>= 2); chosen = best score, rejected = worst."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0: identical greedy samples would always tie)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 is off."""
+    max_new_tokens: int | None = None
+    """Most tokens per response; None: 1024 on CUDA, 256 on CPU."""
+    batch_size: int = 32
+    """Sequences generated together."""
+    output: str = "runs/pairs/countdown.jsonl"
+    """Where to write the pairs (JSONL); stats go to the same name with suffix .stats.json."""
+    seed: int = 0
+    """Sampling seed."""
+    device: str = "auto"
+    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    dtype: str = "auto"
+    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+
+def stats_path(output: str | Path) -> Path:
+    """``runs/pairs/countdown.jsonl`` -> ``runs/pairs/countdown.stats.json``."""
+    return Path(output).with_suffix(".stats.json")
+
+
+def _validate(cfg: PairsConfig) -> None:
+    if not cfg.temperature > 0:
+        raise ValueError(
+            f"temperature must be > 0 to sample different responses, got {cfg.temperature} "
+            "(greedy samples of one prompt are identical and always tie)"
+        )
+    if cfg.num_samples < 2:
+        raise ValueError(f"num_samples must be >= 2 to form a pair, got {cfg.num_samples}")
+    if cfg.num_prompts < 1 or cfg.start < 0:
+        raise ValueError(f"num_prompts must be >= 1 and start >= 0, got {cfg.num_prompts} and {cfg.start}")
+
+
+def load_pair_tasks(cfg: PairsConfig) -> list[CountdownTask]:
+    """Tasks ``start .. start + num_prompts`` of the generated training split or of ``cfg.data``."""
+    if cfg.data is not None:
+        from rlft.tasks.countdown.loaders import load_countdown
+
+        tasks = load_countdown(cfg.data, split=cfg.data_split, start=cfg.start, limit=cfg.num_prompts)
+    else:
+        from rlft.tasks.countdown.generator import PRESETS, make_splits
+
+        if cfg.preset not in PRESETS:
+            raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
+        train, _ = make_splits(PRESETS[cfg.preset], cfg.start + cfg.num_prompts, cfg.heldout_size, cfg.split_seed)
+        tasks = train[cfg.start :]
+    if not tasks:
+        raise ValueError(f"no Countdown tasks in {cfg.data or cfg.preset}")
+    return tasks
+
+
+def best_and_worst(scores: list[float]) -> tuple[int, int] | None:
+    """Indices of the first highest and the first lowest score; None when they are equal (a tie)."""
+    best = max(range(len(scores)), key=lambda j: scores[j])
+    worst = min(range(len(scores)), key=lambda j: scores[j])
+    return None if scores[best] == scores[worst] else (best, worst)
+
+
+def select_pairs(
+    tasks: list[CountdownTask], prompts: list[str], samples: list[list[Sample]], scores: list[list[float]]
+) -> tuple[list[dict], dict[str, int]]:
+    """One JSONL row per prompt whose scores are not all equal; and the tie counts by tied score."""
+    rows, ties = [], {}
+    for task, prompt, row_samples, row_scores in zip(tasks, prompts, samples, scores):
+        picked = best_and_worst(row_scores)
+        if picked is None:
+            key = f"{row_scores[0]:g}"
+            ties[key] = ties.get(key, 0) + 1
+            continue
+        best, worst = picked
+        rows.append({
+            "prompt": prompt,
+            "chosen": row_samples[best].text,
+            "rejected": row_samples[worst].text,
+            "score_chosen": float(row_scores[best]),
+            "score_rejected": float(row_scores[worst]),
+            "nums": list(task.nums),
+            "target": task.target,
+            "chosen_finish_reason": row_samples[best].finish_reason,
+            "rejected_finish_reason": row_samples[worst].finish_reason,
+        })
+    return rows, ties
+
+
+def make_pairs(
+    engine: GenerationEngine, tasks: list[CountdownTask], prompts: list[str], params: SamplingParams
+) -> tuple[list[dict], dict]:
+    """Sample ``params.k`` responses per prompt, score them, keep best vs worst; returns (rows, stats)."""
+    samples = engine.generate(prompts, params)
+    if len(samples) != len(prompts) or any(len(s) != params.k for s in samples):
+        raise ValueError(f"the engine must return {len(prompts)} lists of {params.k} samples")
+    scores = [
+        score_completions([prompt] * params.k, [s.text for s in row], [task.ground_truth()] * params.k)
+        for task, prompt, row in zip(tasks, prompts, samples)
+    ]
+    rows, ties = select_pairs(tasks, prompts, samples, scores)
+    flat = [x for row in scores for x in row]
+    stats = {
+        "prompts": len(prompts),
+        "kept": len(rows),
+        "dropped_ties": len(prompts) - len(rows),
+        "ties_by_score": dict(sorted(ties.items())),
+        "samples_per_prompt": params.k,
+        "mean_score": sum(flat) / len(flat),
+        "accuracy": sum(x == 1.0 for x in flat) / len(flat),
+        "kept_chosen_truncated": sum(r["chosen_finish_reason"] == "length" for r in rows),
+        "kept_rejected_truncated": sum(r["rejected_finish_reason"] == "length" for r in rows),
+    }
+    return rows, stats
+
+
+def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = None) -> dict:
+    """Build the pairs file ``cfg.output`` and its stats file; returns the stats.
+
+    ``engine`` replaces the model named by ``cfg.model`` (tests, or an engine already loaded).
+
+    Raises:
+        ValueError: temperature <= 0, num_samples < 2, unknown preset or template, no tasks.
+        rlft.models.ModelNotFoundError: the model cannot be loaded.
+    """
+    _validate(cfg)
+    from rlft.models import pick_device
+    from rlft.tasks.countdown.prompts import render_prompt
+
+    t0 = time.perf_counter()
+    spec = pick_device(cfg.device, cfg.dtype)
+    tasks = load_pair_tasks(cfg)
+    if engine is None:
+        from rlft.models import load_model, load_tokenizer
+        from rlft.rollout.hf import HFEngine
+
+        tokenizer = load_tokenizer(cfg.model)
+        engine = HFEngine(load_model(cfg.model, spec), tokenizer, batch_size=cfg.batch_size, show_progress=True)
+    tokenizer = getattr(engine, "tokenizer", None)
+    prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
+    max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
+    params = SamplingParams(k=cfg.num_samples, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                            max_new_tokens=max_new_tokens, seed=cfg.seed)
+    log.info("sampling %d responses for each of %d prompts from %s", cfg.num_samples, len(prompts), cfg.model)
+    rows, stats = make_pairs(engine, tasks, prompts, params)
+
+    write_jsonl(cfg.output, rows)
+    stats = {**stats, "output": str(cfg.output), "seconds": time.perf_counter() - t0, "config": asdict(cfg)}
+    path = stats_path(cfg.output)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(stats, indent=2))
+    tmp.replace(path)
+    ties = ", ".join(f"all {score}: {n}" for score, n in stats["ties_by_score"].items()) or "none"
+    log.info("pairs: %d prompts tried, %d kept, %d dropped as ties (%s); written to %s",
+             stats["prompts"], stats["kept"], stats["dropped_ties"], ties, cfg.output)
+    if not rows:
+        log.warning("no pairs kept: every prompt's responses tied; sample more (--num-samples) or at a higher temperature")
+    return stats

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 
@@ -44,24 +45,23 @@ def test_json_that_is_not_a_list_raises_data_error(tmp_path):
         list(read_rows(str(path)))
 
 
-def test_bad_jsonl_line_raises_data_error_naming_file_and_row(tmp_path):
+def test_bad_jsonl_line_is_yielded_as_data_error_naming_file_and_row(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1]) + "\n" + '{"prompt": "x", "completion": \n')
-    rows = read_rows(str(path))
-    assert next(rows) == (0, ROWS[0])
-    assert next(rows) == (1, ROWS[1])
-    with pytest.raises(DataError) as info:
-        next(rows)
-    err = info.value
+    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1]) + "\n" + '{"prompt": "x", "completion": \n' + json.dumps(ROWS[0]) + "\n")
+    rows = list(read_rows(str(path)))
+    assert rows[0] == (0, ROWS[0]) and rows[1] == (1, ROWS[1]) and rows[3] == (3, ROWS[0])
+    index, err = rows[2]
+    assert index == 2 and isinstance(err, DataError)
     assert err.source == str(path) and err.row == 2
     assert str(path) in str(err) and "row 2" in str(err) and "not valid JSON" in str(err)
 
 
-def test_jsonl_line_that_is_not_an_object_raises_data_error(tmp_path):
+def test_jsonl_line_that_is_not_an_object_is_yielded_as_data_error(tmp_path):
     path = tmp_path / "list.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n[1, 2]\n")
-    with pytest.raises(DataError, match=r"row 1: .*expected a JSON object, got list"):
-        list(read_rows(str(path)))
+    (_, first), (_, second) = read_rows(str(path))
+    assert first == ROWS[0]
+    assert isinstance(second, DataError) and re.search(r"row 1: .*expected a JSON object, got list", str(second))
 
 
 @pytest.mark.parametrize("name", ["missing.jsonl", "missing.parquet", "missing.json"])

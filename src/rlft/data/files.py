@@ -1,6 +1,8 @@
 """Reading rows from local JSONL / JSON / Parquet files or Hugging Face Hub datasets.
 
-Every row comes with its 0-based index so that errors can name the file, row and field.
+Every row comes with its 0-based index so that errors can name the file, row and field. A JSONL
+line that is not a JSON object is not raised on the spot: it is yielded as a :class:`DataError` in
+place of the row, so a caller can raise it or count it as a skipped row (never lose it silently).
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 class DataError(ValueError):
@@ -18,64 +22,82 @@ class DataError(ValueError):
         self.source, self.row, self.field, self.problem = source, row, field, problem
 
 
-def read_rows(source: str, *, split: str = "train") -> Iterator[tuple[int, dict]]:
-    """Yield ``(row_index, row_dict)`` from a local file or a Hub dataset.
+class HubUnavailableError(ConnectionError):
+    """A Hub dataset could not be loaded (offline, unknown id or split)."""
 
-    Local files: ``.jsonl`` (one JSON object per line; blank lines are an error), ``.json`` (a list
-    of objects), ``.parquet``. Anything else is treated as a Hub dataset id loaded with
-    ``datasets.load_dataset(source, split=split)``.
+
+def read_rows(
+    source: str | Path, *, split: str = "train", start: int = 0, limit: int | None = None, columns: list[str] | None = None
+) -> Iterator[tuple[int, dict | DataError]]:
+    """Yield ``(row_index, row)`` for rows ``[start, start + limit)`` of a local file or Hub dataset.
+
+    Local files: ``.jsonl`` (one JSON object per line; blank lines are skipped), ``.json`` (a list of
+    objects, or JSON Lines under a .json name), ``.parquet`` (only ``columns`` that exist are read,
+    when given). Anything else is a Hub dataset id, loaded with ``datasets.load_dataset(source,
+    split=split)``. A row that is not a JSON object is yielded as a :class:`DataError`.
 
     Raises:
         FileNotFoundError: a local-looking path that does not exist.
-        DataError: a JSONL line that is not a JSON object.
-        ConnectionError: the Hub dataset could not be loaded (e.g. offline); the message says to
-            pass a local file instead.
+        DataError: a ``.json`` file that holds neither a list nor JSON Lines.
+        HubUnavailableError: the Hub dataset could not be loaded; the message says to pass a local file.
     """
     path = Path(source).expanduser()
-    if path.suffix in (".jsonl", ".json", ".parquet") or path.exists():
+    stop = None if limit is None else start + limit
+    if path.suffix in LOCAL_SUFFIXES or path.exists():
         if not path.is_file():
-            raise FileNotFoundError(f"data file {source} does not exist")
-        yield from _read_local(path)
+            raise FileNotFoundError(f"data file {source} is missing")
+        if path.suffix not in LOCAL_SUFFIXES:
+            raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(LOCAL_SUFFIXES)}")
+        rows = _read_local(path, columns)
+        for i, row in enumerate(rows[start:stop], start=start):
+            if isinstance(row, str):  # a line that did not parse: _read_local kept the reason
+                yield i, DataError(str(source), i, "<line>", row)
+            elif not isinstance(row, dict):
+                yield i, DataError(str(source), i, "<line>", f"expected a JSON object, got {type(row).__name__}")
+            else:
+                yield i, row
         return
     try:
         import datasets
 
-        dataset = datasets.load_dataset(source, split=split)
+        dataset = datasets.load_dataset(str(source), split=split)
     except Exception as e:  # offline, unknown id, missing split: all end here
-        raise ConnectionError(
-            f"could not load Hub dataset {source!r} (split {split!r}): {type(e).__name__}: {e}. "
-            "If the Hub is unreachable, download it elsewhere and pass a local .jsonl/.parquet file."
+        raise HubUnavailableError(
+            f"could not load Hub dataset {str(source)!r} (split {split!r}): {type(e).__name__}: {e}. "
+            "The Hub may be unreachable (offline?) or the id wrong; pass a local .jsonl/.json/.parquet file instead."
         ) from None
-    for i, row in enumerate(dataset):
-        yield i, dict(row)
+    end = len(dataset) if stop is None else min(len(dataset), stop)
+    for i in range(min(start, end), end):
+        yield i, dict(dataset[i])
 
 
-def _read_local(path: Path) -> Iterator[tuple[int, dict]]:
+def _read_local(path: Path, columns: list[str] | None) -> list:
+    """All rows of a file: dicts, other JSON values, or a string saying why a line did not parse."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
-        for i, row in enumerate(table.to_pylist()):
-            yield i, row
-        return
+        names = pq.read_schema(path).names
+        wanted = [c for c in names if c in columns] if columns else None
+        return pq.read_table(path, columns=wanted).to_pylist()
+    text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        rows = json.loads(path.read_text())
-        if not isinstance(rows, list):
-            raise DataError(str(path), 0, "<file>", "a .json file must hold a list of objects")
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict):
-                raise DataError(str(path), i, "<row>", f"expected a JSON object, got {type(row).__name__}")
-            yield i, row
-        return
-    with path.open() as f:
-        for i, line in enumerate(f):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(str(path), i, "<line>", f"not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(str(path), i, "<line>", f"expected a JSON object, got {type(row).__name__}")
-            yield i, row
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # maybe JSON Lines under a .json name (what `Dataset.to_json` writes)
+        if isinstance(data, list):
+            return data
+        if data is not None:
+            raise DataError(str(path), 0, "<file>", "a .json file must hold a list of objects (or JSON Lines)")
+    rows: list = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            rows.append(f"not valid JSON ({e.msg})")
+    return rows
 
 
 def write_jsonl(path: str | Path, rows) -> None:

@@ -132,9 +132,11 @@ def _detect_format(row: dict, cfg: SFTConfig) -> str:
 def _file_pairs(cfg: SFTConfig) -> list[PromptCompletion]:
     pairs, skipped, fmt = [], 0, None
     for i, row in read_rows(cfg.data, split=cfg.data_split):
-        fmt = fmt or _detect_format(row, cfg)
-        fields = ("query", "completion") if fmt == "cog_behav" else (cfg.prompt_field, cfg.completion_field)
         try:
+            if isinstance(row, DataError):
+                raise row
+            fmt = fmt or _detect_format(row, cfg)
+            fields = ("query", "completion") if fmt == "cog_behav" else (cfg.prompt_field, cfg.completion_field)
             for field in fields:
                 if field not in row:
                     raise DataError(cfg.data, i, field, "missing")

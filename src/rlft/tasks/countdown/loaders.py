@@ -17,22 +17,24 @@ Invalid rows raise ValueError naming the file, the 0-based row and the field; wi
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from pathlib import Path
 from typing import Any
 
+from rlft.data.files import DataError, read_rows
 from rlft.tasks.countdown.prompts import parse_query
 from rlft.types import CountdownTask
 
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+COLUMNS = ["target", "nums", "numbers", "solution", "answer", "reward_model", "query", "completion"]
+"""The only columns read from Parquet files (the UFT parquet has large unrelated ones)."""
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 class _RowError(ValueError):
     def __init__(self, field: str, problem: str):
         super().__init__(f"field {field!r}: {problem}")
+        self.field, self.problem = field, problem
 
 
 def _int(value: Any, field: str) -> int:
@@ -98,48 +100,6 @@ def _task(row: Any, layout: str) -> CountdownTask:
     return CountdownTask(parsed[0], parsed[1], query=query, completion=completion)
 
 
-def _read_local(path: Path) -> list[Any]:
-    """All rows of a .jsonl/.json/.parquet file as dicts (a bad JSON line becomes an error row)."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        wanted = {"target", "nums", "numbers", "solution", "answer", "reward_model", "query", "completion"}
-        columns = [c for c in pq.read_schema(path).names if c in wanted]
-        return pq.read_table(path, columns=columns).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None  # maybe JSON Lines under a .json name (what `Dataset.to_json` writes)
-        if data is not None:
-            return data if isinstance(data, list) else [data]  # a list of rows, or one row
-    rows: list[Any] = []
-    for i, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            rows.append(_RowError("<json>", f"line {i + 1} is not valid JSON ({e.msg})"))
-    return rows
-
-
-def _read_hub(source: str, split: str, start: int, limit: int | None) -> list[dict]:
-    try:
-        import datasets
-
-        ds = datasets.load_dataset(source, split=split)
-    except Exception as e:  # noqa: BLE001 - any failure here means "not available"
-        raise RuntimeError(
-            f"could not load {source!r} (split {split!r}) from the Hugging Face Hub: "
-            f"{type(e).__name__}: {e}. The Hub may be unreachable (offline?) or the id wrong; "
-            "pass a local .jsonl/.json/.parquet file instead"
-        ) from e
-    stop = len(ds) if limit is None else min(len(ds), start + limit)
-    return list(ds.select(range(min(start, stop), stop)))
-
-
 def load_countdown(
     source: str | Path,
     *,
@@ -152,33 +112,25 @@ def load_countdown(
 
     ``start``/``limit`` select source rows ``[start, start + limit)`` before validation (row
     numbers in errors count from the file's first row). ``split`` applies to Hub datasets only.
-    A bad row raises ValueError naming the file, row and field; with ``skip_invalid=True`` bad
-    rows are skipped and a warning reports how many. Hub loading needs network access; offline it
-    raises RuntimeError suggesting a local file.
+    A bad row raises :class:`rlft.data.files.DataError` (a ValueError) naming the file, row and
+    field; with ``skip_invalid=True`` bad rows are skipped and a warning reports how many. Hub loading
+    needs network access; offline it raises ``HubUnavailableError`` (a ConnectionError) suggesting
+    a local file.
     """
-    path = Path(source)
-    if path.suffix in LOCAL_SUFFIXES or path.exists():
-        if not path.is_file():
-            raise FileNotFoundError(f"no such Countdown file: {path}")
-        if path.suffix not in LOCAL_SUFFIXES:
-            raise ValueError(f"{path}: unsupported file type; expected one of {LOCAL_SUFFIXES}")
-        stop = None if limit is None else start + limit
-        rows = _read_local(path)[start:stop]
-    else:
-        rows = _read_hub(str(source), split, start, limit)
-    first = next((r for r in rows if isinstance(r, dict)), None)
+    rows = list(read_rows(source, split=split, start=start, limit=limit, columns=COLUMNS))
+    first = next((r for _, r in rows if isinstance(r, dict)), None)
     layout = _detect(set(first)) if first is not None else ""
     tasks, bad = [], []
-    for i, row in enumerate(rows, start=start):
+    for i, row in rows:
         try:
-            if isinstance(row, _RowError):
+            if isinstance(row, DataError):
                 raise row
             tasks.append(_task(row, layout))
-        except _RowError as e:
-            message = f"{source}: row {i}: {e}"
+        except (_RowError, DataError) as e:
+            error = e if isinstance(e, DataError) else DataError(str(source), i, e.field, e.problem)
             if not skip_invalid:
-                raise ValueError(message) from None
-            bad.append(message)
+                raise error from None
+            bad.append(str(error))
     if bad:
         warnings.warn(f"skipped {len(bad)} invalid rows of {source} (first: {bad[0]})", stacklevel=2)
     return tasks

@@ -19,11 +19,15 @@ from rlft.console import console, setup_logging
 def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from rlft.eval.countdown import EvalCountdownConfig, run_eval_countdown
     from rlft.recipes.demo import DemoConfig, run_demo
+    from rlft.recipes.dpo import DPOConfig, train_dpo
+    from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
         "demo": (DemoConfig, run_demo, "Countdown end to end: evaluate base model, SFT on solver traces, evaluate, report."),
         "sft": (SFTConfig, train_sft, "Supervised fine-tuning on prompt/completion pairs (Countdown traces, cog_behav, JSONL)."),
+        "pairs countdown": (PairsConfig, make_countdown_pairs, "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."),
+        "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, conservative DPO, RPO) on prompt/chosen/rejected pairs."),
         "eval countdown": (EvalCountdownConfig, run_eval_countdown, "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
     }
 

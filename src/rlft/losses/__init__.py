@@ -11,3 +11,7 @@ __all__ += ["PREFERENCE_LOSSES", "dpo_loss", "ipo_loss", "rpo_loss"]
 from rlft.losses.pg import kl_loss, kl_penalty, policy_gradient_loss, rloo_advantages
 
 __all__ += ["kl_loss", "kl_penalty", "policy_gradient_loss", "rloo_advantages"]
+
+from rlft.losses.reward import bradley_terry_loss
+
+__all__ += ["bradley_terry_loss"]

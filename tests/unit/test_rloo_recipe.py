@@ -1,0 +1,316 @@
+"""The RLOO recipe on a tiny random Llama with the SmolLM2 tokenizer (pad == eos):
+
+- the teacher-forcing batch of sampled sequences (EOS in the loss mask, prompt ids as the sampler's);
+- the recipe's loss on fixed samples: zero gradient for a group of equal rewards, and exactly the
+  hand-built REINFORCE gradient with the leave-one-out baseline (naive per-sample forwards);
+- a toy reward is learned; KL bookkeeping in both placements; k < 2 is refused; an interrupted run
+  resumes to the same weights and metrics; training never sees the held-out tasks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import rlft.recipes.rloo as rloo_recipe
+from rlft.checkpoint import latest_checkpoint, read_metrics
+from rlft.losses.pg import rloo_advantages
+from rlft.recipes.rloo import RLOOConfig, load_rloo_tasks, policy_loss_backward, rollout_batch, train_rloo
+from rlft.rewards.registry import REWARD_FUNCTIONS
+from rlft.rollout.base import Sample
+from rlft.tasks.countdown.generator import task_key
+
+from tests.conftest import make_tiny_model
+
+torch.set_num_threads(1)
+
+
+# --------------------------------------------------------------------------- fixtures and helpers
+
+
+@pytest.fixture(scope="module")
+def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
+    """A tiny random Llama with SmolLM2's vocabulary, saved as a HF folder with the tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-init")
+    model = make_tiny_model(len(smol_tokenizer), seed=0)
+    model.save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def make_cfg(init_folder: Path, output_dir: Path, **overrides) -> RLOOConfig:
+    cfg = RLOOConfig(
+        model=str(init_folder),
+        reward="uppercase_start",
+        preset="tiny",
+        num_train=32,
+        heldout_size=8,
+        prompt_template="short",
+        output_dir=str(output_dir),
+        k=4,
+        prompts_per_step=8,
+        max_steps=6,
+        lr=1e-2,
+        beta=0.0,
+        max_new_tokens=3,
+        micro_batch_size=8,
+        save_every=0,
+        device="cpu",
+        dtype="float32",
+    )
+    return replace(cfg, **overrides)
+
+
+def load_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        out.update(load_file(f))
+    assert out, f"no safetensors in {folder}"
+    return out
+
+
+PROMPTS = ["User: Using the numbers [3, 5], make 8.\nAssistant: <think>", "Hi"]
+
+
+def fixed_samples(tok) -> list[list[Sample]]:
+    """B=2 prompts x k=3 samples of different lengths; some end with EOS (finish "stop"), some do not."""
+    eos = tok.eos_token_id
+    ids = [[[510, 77, 3021, eos], [12, 999], [4000, 41, 7, 8, 9]], [[6, eos], [3021, 3021, 3021], [88]]]
+    return [[Sample(c, tok.decode(c), "stop" if c[-1] == eos else "length") for c in row] for row in ids]
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+
+
+# --------------------------------------------------------------------------- the batch of samples
+
+
+def test_rollout_batch_ids_and_mask_include_eos_when_pad_is_eos(smol_tokenizer):
+    tok = smol_tokenizer
+    assert tok.pad_token_id == tok.eos_token_id  # the pitfall this guards against
+    samples = fixed_samples(tok)
+    batch = rollout_batch(tok, PROMPTS, samples)
+    prompt_ids = [tok(p)["input_ids"] for p in PROMPTS]  # the tokenizer defaults, as HFEngine uses them
+    assert batch.input_ids.shape == (6, max(len(prompt_ids[b]) + len(s.completion_ids) for b in range(2) for s in samples[b]))
+    for b in range(2):
+        for j, sample in enumerate(samples[b]):
+            row, p, c = b * 3 + j, len(prompt_ids[b]), len(sample.completion_ids)
+            assert batch.input_ids[row, : p + c].tolist() == prompt_ids[b] + sample.completion_ids
+            assert batch.loss_mask[row].tolist() == [0.0] * p + [1.0] * c + [0.0] * (batch.input_ids.shape[1] - p - c)
+            assert batch.attention_mask[row].sum() == p + c
+    # the EOS of a "stop" sample is a target, although it equals the pad id
+    assert batch.loss_mask[0, len(prompt_ids[0]) + 3] == 1 and batch.input_ids[0, len(prompt_ids[0]) + 3] == tok.eos_token_id
+
+
+# --------------------------------------------------------------------------- the loss on fixed samples
+
+
+def test_equal_rewards_give_zero_advantages_and_exactly_zero_gradient(smol_tokenizer):
+    model = make_tiny_model(len(smol_tokenizer), seed=3)
+    batch = rollout_batch(smol_tokenizer, PROMPTS, fixed_samples(smol_tokenizer))
+    rewards = torch.tensor([[0.1, 0.1, 0.1], [1.0, 1.0, 1.0]])
+    advantages = rloo_advantages(rewards)
+    assert torch.equal(advantages, torch.zeros(2, 3))
+    metrics, _ = policy_loss_backward(model, batch, advantages.flatten(), temperature=0.8, micro_batch_size=4)
+    assert metrics["loss/policy"] == 0.0
+    for name, g in grads(model).items():
+        assert torch.count_nonzero(g) == 0, name
+    # ... while one different reward in a group gives a nonzero gradient (the check above can fail)
+    model.zero_grad()
+    policy_loss_backward(model, batch, rloo_advantages(torch.tensor([[0.1, 0.1, 1.0], [1.0, 1.0, 1.0]])).flatten(),
+                         temperature=0.8, micro_batch_size=4)
+    assert any(torch.count_nonzero(g) > 0 for g in grads(model).values())
+
+
+def naive_reinforce_grads(model, tok, prompts, samples, rewards, temperature, mode) -> dict[str, torch.Tensor]:
+    """grad of -(1/D) sum_i A_i * sum_t log p(token_t) with A_i = R_i - mean_{j != i} R_j, one forward per sample.
+
+    D = number of samples (seq_sum) or number of completion tokens (token_mean).
+    """
+    k = len(samples[0])
+    flat = [(b, s) for b in range(len(prompts)) for s in samples[b]]
+    adv = [float(rewards[b][i]) - sum(float(rewards[b][j]) for j in range(k) if j != i) / (k - 1)
+           for b in range(len(prompts)) for i in range(k)]
+    denom = len(flat) if mode == "seq_sum" else sum(len(s.completion_ids) for _, s in flat)
+    model.zero_grad()
+    for (b, sample), a in zip(flat, adv):
+        prompt_ids = tok(prompts[b])["input_ids"]
+        ids = torch.tensor([prompt_ids + sample.completion_ids])
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float() / temperature, dim=-1)
+        seq_logp = sum(logp[t - 1, ids[0, t]] for t in range(len(prompt_ids), ids.shape[1]))
+        (-a * seq_logp / denom).backward()
+    return grads(model)
+
+
+@pytest.mark.parametrize("mode", ["seq_sum", "token_mean"])
+def test_recipe_gradient_equals_hand_built_reinforce_with_loo_baseline(smol_tokenizer, mode):
+    tok = smol_tokenizer
+    model = make_tiny_model(len(tok), seed=4)
+    samples = fixed_samples(tok)
+    rewards = torch.tensor([[1.0, 0.0, 0.1], [0.0, 0.5, 0.1]])
+    temperature = 0.7
+    expected = naive_reinforce_grads(model, tok, PROMPTS, samples, rewards, temperature, mode)
+
+    model.zero_grad()
+    batch = rollout_batch(tok, PROMPTS, samples)
+    # micro-batches of 4 rows split the first prompt's group from part of the second: accumulation must be exact
+    policy_loss_backward(model, batch, rloo_advantages(rewards).flatten(), temperature=temperature,
+                         micro_batch_size=4, loss_mode=mode)
+    actual = grads(model)
+    for name in expected:
+        scale = expected[name].abs().max()
+        assert scale > 0, name
+        assert torch.allclose(actual[name], expected[name], atol=1e-6 * max(1.0, float(scale)), rtol=0), name
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_k_below_two_is_a_clear_config_error():
+    with pytest.raises(ValueError, match=r"k >= 2 samples per prompt.*got k=1"):
+        RLOOConfig(k=1)
+
+
+def test_eval_limit_must_stay_within_heldout_tasks():
+    with pytest.raises(ValueError, match="eval_limit"):
+        RLOOConfig(eval_every=5, eval_limit=300, heldout_size=200)
+
+
+def test_unknown_reward_is_reported(init_folder, tmp_path):
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        train_rloo(make_cfg(init_folder, tmp_path / "x", reward="nope"))
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_training_tasks_never_include_heldout_tasks(tmp_path):
+    cfg = RLOOConfig(preset="tiny", num_train=300, heldout_size=40, split_seed=7)
+    train, heldout = load_rloo_tasks(cfg)
+    assert len(train) == 300 and len(heldout) == 40
+    assert not {task_key(t) for t in train} & {task_key(t) for t in heldout}
+    # a file that contains a held-out task: it is dropped
+    rows = [{"target": t.target, "nums": list(t.nums)} for t in [heldout[0], train[0], train[1]]]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    file_train, _ = load_rloo_tasks(replace(cfg, data=str(path)))
+    assert [task_key(t) for t in file_train] == [task_key(train[0]), task_key(train[1])]
+
+
+# --------------------------------------------------------------------------- training runs
+
+
+def test_toy_reward_is_learned(init_folder, tmp_path):
+    """Reward 1 if the completion starts with an uppercase letter (~25% of a random model's first tokens)."""
+    cfg = make_cfg(init_folder, tmp_path / "toy", max_steps=20, max_new_tokens=1, lr=5e-2)
+    final = train_rloo(cfg)
+    assert (final / "config.json").is_file()
+    records = read_metrics(tmp_path / "toy" / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 21))
+    rewards = [r["reward/mean"] for r in records]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    assert last > first + 0.3, rewards
+    for key in ("reward/std", "reward/accuracy", "reward/format_rate", "adv/mean", "adv/std", "entropy",
+                "completion/mean_tokens", "completion/truncated_frac", "loss/policy", "pg/clipfrac", "lr", "grad_norm",
+                "time/generate_s", "time/update_s", "tokens_per_s/generate", "tokens_per_s/update"):
+        assert key in records[-1], key
+    assert all(abs(r["adv/mean"]) < 1e-6 for r in records)  # LOO advantages sum to zero per group
+    assert records[0]["completion/mean_tokens"] == 1.0
+
+
+def test_custom_reward_fn_override_and_registry(init_folder, tmp_path, monkeypatch):
+    seen = []
+
+    def reward(prompts, completions, truths):
+        seen.append((len(prompts), len(completions), len(truths), truths[0].keys()))
+        return [float(len(c) % 2) for c in completions]
+
+    train_rloo(make_cfg(init_folder, tmp_path / "a", max_steps=1), reward_fn=reward)
+    assert seen == [(32, 32, 32, {"target", "numbers"})]
+    monkeypatch.setitem(REWARD_FUNCTIONS, "parity", reward)
+    train_rloo(make_cfg(init_folder, tmp_path / "b", max_steps=1, reward="parity"))
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize("kl_mode, estimator", [("reward", "k1"), ("loss", "k3")])
+def test_kl_is_zero_at_the_start_and_grows(init_folder, tmp_path, kl_mode, estimator):
+    cfg = make_cfg(init_folder, tmp_path / kl_mode, max_steps=3, beta=0.1, kl_mode=kl_mode, kl_estimator=estimator,
+                   prompts_per_step=4, lr=3e-2)
+    train_rloo(cfg)
+    records = read_metrics(tmp_path / kl_mode / "metrics.jsonl")
+    # step 1: the policy is the reference, so every per-token estimate is exactly 0
+    assert records[0]["kl/mean"] == 0.0
+    assert records[-1]["kl/mean"] != 0.0
+    if kl_mode == "loss":
+        assert records[0]["loss/kl"] == 0.0 and records[-1]["loss/kl"] > 0  # k3 >= 0
+        assert records[0]["reward/shaped_mean"] == pytest.approx(records[0]["reward/mean"])
+    else:
+        assert "loss/kl" not in records[-1]
+        # R - beta * KL: the shaped mean differs from the raw one once the policy moved
+        assert records[-1]["reward/shaped_mean"] == pytest.approx(records[-1]["reward/mean"] - 0.1 * records[-1]["kl/mean"], abs=1e-5)
+
+
+def test_ppo_epochs_clip_and_log(init_folder, tmp_path):
+    cfg = make_cfg(init_folder, tmp_path / "ppo", max_steps=2, ppo_epochs=3, lr=5e-2, clip_eps=0.1, prompts_per_step=4)
+    train_rloo(cfg)
+    records = read_metrics(tmp_path / "ppo" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    # epochs 2 and 3 see a moved policy: the mean ratio over the 3 epochs is not 1, and some tokens are clipped
+    assert any(r["pg/ratio_mean"] != pytest.approx(1.0, abs=1e-6) for r in records)
+    assert any(r["pg/clipfrac"] > 0 for r in records)
+
+
+# --------------------------------------------------------------------------- resume
+
+
+RESUME_STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(init_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rloo-a")
+    cfg = make_cfg(init_folder, out, max_steps=RESUME_STEPS, save_every=2, beta=0.05, eval_every=3, eval_limit=2,
+                   eval_max_new_tokens=4)
+    train_rloo(cfg)
+    return cfg, out
+
+
+def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatch):
+    cfg_a, out_a = uninterrupted
+    cfg = replace(cfg_a, output_dir=str(tmp_path / "b"))
+    real = rloo_recipe.save_checkpoint
+    calls = []
+
+    def interrupt_after_second(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        calls.append(folder)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return folder
+
+    with monkeypatch.context() as mp:
+        mp.setattr(rloo_recipe, "save_checkpoint", interrupt_after_second)
+        with pytest.raises(KeyboardInterrupt):
+            train_rloo(cfg)
+    assert latest_checkpoint(tmp_path / "b").name == "step-00000004"
+    train_rloo(replace(cfg, resume=True))
+
+    a, b = read_metrics(out_a / "metrics.jsonl"), read_metrics(tmp_path / "b" / "metrics.jsonl")
+    # step 0 (the baseline evaluation), then 1..N, no duplicates; evaluations at 3 and at the end (6)
+    assert [r["step"] for r in b] == list(range(0, RESUME_STEPS + 1))
+    assert [r["step"] for r in b if "eval/score" in r] == [0, 3, 6]
+    assert a[-1]["kl/mean"] != 0.0  # the policy moved away from the reference (a wrong reference would show)
+    for ra, rb in zip(a, b):
+        for key in ("reward/mean", "kl/mean", "loss/policy", "grad_norm", "lr", "completion/mean_tokens", "eval/score"):
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
+    wa, wb = load_weights(out_a / "model"), load_weights(tmp_path / "b" / "model")
+    for name in wa:
+        assert torch.allclose(wa[name], wb[name], atol=1e-6, rtol=0), name

@@ -21,11 +21,13 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from rlft.recipes.demo import DemoConfig, run_demo
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
+    from rlft.recipes.rloo import RLOOConfig, train_rloo
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
         "demo": (DemoConfig, run_demo, "Countdown end to end: evaluate base model, SFT on solver traces, evaluate, report."),
         "sft": (SFTConfig, train_sft, "Supervised fine-tuning on prompt/completion pairs (Countdown traces, cog_behav, JSONL)."),
+        "rloo": (RLOOConfig, train_rloo, "RLOO (REINFORCE with leave-one-out baseline) on Countdown prompts with a rule or named reward."),
         "pairs countdown": (PairsConfig, make_countdown_pairs, "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."),
         "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, conservative DPO, RPO) on prompt/chosen/rejected pairs."),
         "eval countdown": (EvalCountdownConfig, run_eval_countdown, "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),

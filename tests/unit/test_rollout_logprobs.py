@@ -94,3 +94,21 @@ def test_logprobs_at_temperature_one_differ_from_sampler(sampled, smol_tokenizer
     wrong = _teacher_forced(sampled, smol_tokenizer, 1.0)
     valid = sampled["valid"]
     assert (wrong[valid] - sampled["sampler_lp"][valid]).abs().max() > 1e-2
+
+
+# --------------------------------------------------------------------------- the optional vLLM engine
+
+
+def test_vllm_engine_module_imports_without_vllm_and_explains_how_to_install(monkeypatch):
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed")
+    import rlft.rollout.vllm as vllm_engine
+
+    assert "vllm" not in sys.modules
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # restored afterwards; the constructor must not override it
+    with pytest.raises(ImportError, match=r"pip install rlft\[vllm\]"):
+        vllm_engine.VLLMEngine("no-such-model")
+    assert "vllm" not in sys.modules

@@ -7,11 +7,14 @@ place of the row, so a caller can raise it or count it as a skipped row (never l
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+GZIP_SUFFIXES = (".jsonl", ".json")
+"""Formats also read gzip-compressed (``.jsonl.gz``, ``.json.gz``)."""
 
 
 class DataError(ValueError):
@@ -32,8 +35,8 @@ def read_rows(
     """Yield ``(row_index, row)`` for rows ``[start, start + limit)`` of a local file or Hub dataset.
 
     Local files: ``.jsonl`` (one JSON object per line; blank lines are skipped), ``.json`` (a list of
-    objects, or JSON Lines under a .json name), ``.parquet`` (only ``columns`` that exist are read,
-    when given). Anything else is a Hub dataset id, loaded with ``datasets.load_dataset(source,
+    objects, or JSON Lines under a .json name), both also gzip-compressed (``.jsonl.gz``, ``.json.gz``),
+    ``.parquet`` (only ``columns`` that exist are read, when given). Anything else is a Hub dataset id, loaded with ``datasets.load_dataset(source,
     split=split)``. A row that is not a JSON object is yielded as a :class:`DataError`.
 
     Raises:
@@ -43,11 +46,15 @@ def read_rows(
     """
     path = Path(source).expanduser()
     stop = None if limit is None else start + limit
-    if path.suffix in LOCAL_SUFFIXES or path.exists():
+    kind = _kind(path)
+    if kind in LOCAL_SUFFIXES or path.exists():
         if not path.is_file():
             raise FileNotFoundError(f"data file {source} is missing")
-        if path.suffix not in LOCAL_SUFFIXES:
-            raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(LOCAL_SUFFIXES)}")
+        if kind not in LOCAL_SUFFIXES:
+            raise ValueError(
+                f"{path}: unsupported file type; expected one of {', '.join(LOCAL_SUFFIXES)} "
+                f"(or {', '.join(s + '.gz' for s in GZIP_SUFFIXES)})"
+            )
         rows = _read_local(path, columns)
         for i, row in enumerate(rows[start:stop], start=start):
             if isinstance(row, str):  # a line that did not parse: _read_local kept the reason
@@ -71,6 +78,13 @@ def read_rows(
         yield i, dict(dataset[i])
 
 
+def _kind(path: Path) -> str:
+    """The format suffix: ``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz`` (other ``.gz`` files: ``.gz``)."""
+    if path.suffix == ".gz" and len(path.suffixes) >= 2 and path.suffixes[-2] in GZIP_SUFFIXES:
+        return path.suffixes[-2]
+    return path.suffix
+
+
 def _read_local(path: Path, columns: list[str] | None) -> list:
     """All rows of a file: dicts, other JSON values, or a string saying why a line did not parse."""
     if path.suffix == ".parquet":
@@ -79,8 +93,12 @@ def _read_local(path: Path, columns: list[str] | None) -> list:
         names = pq.read_schema(path).names
         wanted = [c for c in names if c in columns] if columns else None
         return pq.read_table(path, columns=wanted).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    else:
+        text = path.read_text(encoding="utf-8")
+    if _kind(path) == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError:

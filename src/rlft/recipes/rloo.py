@@ -20,7 +20,31 @@ Each step:
 Log-probs are always computed at the sampling temperature (``logits / T``), so they are the
 log-probs of the distribution the tokens were drawn from (with ``top_p < 1`` the sampler also
 truncates the distribution; the loss uses the untruncated tempered distribution, as TRL and OpenRLHF
-do).
+do). Cost per step: generation, one no-grad reference forward (beta > 0), one no-grad policy forward
+(only for kl_mode=reward with beta > 0, or ppo_epochs > 1), and ppo_epochs forward/backward passes.
+
+Metrics (one ``metrics.jsonl`` line per step; ``step`` counts steps, not optimizer steps):
+
+- ``reward/mean``, ``reward/std``: the reward function's raw scores of the step's B*k samples (before the
+  truncation penalty and the KL); ``reward/accuracy``: fraction with raw score == 1.0 (Countdown:
+  correct); ``reward/format_rate``: fraction >= 0.1 (Countdown: an answer tag on the last line);
+  ``reward/shaped_mean``: mean of the reward the advantages are computed from (after the truncation
+  penalty and, with kl_mode=reward, minus beta * KL).
+- ``kl/mean`` (beta > 0 only): mean over samples of sum_t kl_t (the chosen estimator) between the
+  pre-update policy and the reference, on the sampled tokens.
+- ``entropy``: -mean log-prob of the sampled completion tokens under the pre-update policy at the
+  sampling temperature: a Monte-Carlo estimate of the per-token entropy of the sampling
+  distribution (exact in expectation when top_p = 1).
+- ``completion/mean_tokens`` (EOS included), ``completion/truncated_frac`` (hit max_new_tokens).
+- ``adv/mean`` (always ~0: LOO advantages sum to 0 per group), ``adv/std``.
+- ``loss/policy``, ``loss/kl`` (kl_mode=loss only, before beta), ``pg/clipfrac`` (fraction of tokens
+  where PPO clipping is active; 0 when ppo_epochs == 1), ``pg/ratio_mean``, ``grad_norm`` (before
+  clipping): means over the step's ppo_epochs optimizer steps; ``lr``: the rate of the first.
+- ``time/generate_s`` (sampling), ``time/update_s`` (log-prob passes, loss, backward, optimizer),
+  ``tokens_per_s/generate`` (completion tokens / generate time), ``tokens_per_s/update`` (prompt +
+  completion tokens of the batch / update time), ``time/eval_s``.
+- ``eval/score``, ``eval/accuracy``, ``eval/format_rate``: greedy Countdown evaluation on the first
+  eval_limit held-out tasks (every eval_every steps, at step 0 and at the last step).
 """
 
 from __future__ import annotations
@@ -367,6 +391,8 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
             # 2. Rewards (B, k).
             B, k = len(step_prompts), cfg.k
             scores = reward_fn([p for p in step_prompts for _ in range(k)], [s.text for s in flat], [g for g in step_truths for _ in range(k)])
+            if len(scores) != B * k:
+                raise ValueError(f"the reward function returned {len(scores)} scores for {B * k} completions")
             raw = torch.tensor(scores, dtype=torch.float32).view(B, k)
             truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(B, k)
             rewards = raw + cfg.truncation_penalty * truncated if cfg.truncation_penalty is not None else raw.clone()
@@ -383,7 +409,7 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
             # 4. KL in the reward (the paper): R_i - beta * sum_t kl_t, before the advantages.
             if kl_in_reward:
                 kl_seq = masked_sum(kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator), mask, dim=-1)  # (B*k,)
-                pass
+                rewards = rewards - cfg.beta * kl_seq.view(B, k).cpu()
 
             # 5. Leave-one-out advantages within each prompt's group.
             advantages = rloo_advantages(rewards)  # (B, k)

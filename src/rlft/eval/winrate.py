@@ -1,0 +1,362 @@
+"""Win-rate of a policy against a reference model, judged by a reward model (``rlft eval winrate``).
+
+For every evaluation prompt: one response from the policy and one from the reference (generated with
+:class:`rlft.rollout.HFEngine` from the chat generation prompt, greedy by default, or read from a JSONL
+of precomputed ``{"prompt", "response"}`` rows), both scored by the judge, a local reward-model folder
+(:class:`rlft.rewards.reward_model.RewardModelScorer`) or a remote OpenAI-compatible reward API
+(:class:`rlft.rewards.remote.RemoteRewardJudge`, e.g. Llama-3.1-Nemotron-70B-Reward). Each prompt is
+labelled 1 when the policy's reward is higher, 0.5 on an exact tie, 0 otherwise; the win-rate is the
+mean label (ties count as half a win), reported with a 95% Wilson score interval
+(:func:`winrate_summary`).
+
+Outputs in ``output_dir``:
+
+- ``winrate.jsonl``: one row per prompt: ``prompt`` (messages), ``policy_response``,
+  ``reference_response``, ``policy_reward``, ``reference_reward``, ``label``;
+- ``winrate.json``: the summary (win_rate, ci_low, ci_high, n, wins, ties, losses, mean rewards, what
+  was compared);
+- ``report.md``: the summary and the first few examples;
+- ``policy_responses.jsonl`` / ``reference_responses.jsonl``: generated responses as ``{"prompt",
+  "response"}`` rows (pass them back as --policy / --reference to re-judge without generating);
+- ``judge_cache.jsonl`` (remote judge): scored pairs, so an interrupted run resumes without re-scoring.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlft.console import console
+from rlft.data.files import DataError, read_rows, write_jsonl
+from rlft.eval.report import markdown_table
+from rlft.rewards.reward_model import Messages, as_messages
+
+log = logging.getLogger("rlft")
+
+Z_95 = 1.959963984540054
+"""Two-sided 95% standard-normal quantile."""
+
+
+@dataclass(frozen=True)
+class WinrateConfig:
+    """Win-rate of a policy against a reference model, judged by a (local or remote) reward model."""
+
+    policy: str = "runs/dpo/model"
+    """The policy: a model (built-in name, local HF folder, Hub id) to generate with, or a .jsonl/.json file
+    of precomputed {"prompt", "response"} rows."""
+    reference: str = "Qwen/Qwen2.5-0.5B-Instruct"
+    """The reference: a model or a precomputed .jsonl/.json file, as for --policy."""
+    judge: str = "remote"
+    """'remote' (an OpenAI-compatible reward API, see --base-url/--judge-model) or a local reward-model
+    folder (e.g. runs/rm/model, written by `rlft rm`)."""
+    base_url: str = "https://integrate.api.nvidia.com/v1"
+    """API root of the remote judge."""
+    judge_model: str = "nvidia/llama-3.1-nemotron-70b-reward"
+    """Model name of the remote judge."""
+    api_key_env: str = "NVIDIA_API_KEY"
+    """Environment variable holding the remote judge's API key (never logged or written)."""
+    max_concurrency: int = 4
+    """Most requests in flight to the remote judge."""
+    max_retries: int = 5
+    """Retries per request to the remote judge on HTTP 429 / 5xx / connection errors (exponential backoff)."""
+    data: str | None = "HuggingFaceH4/ultrafeedback_binarized"
+    """Evaluation prompts: a preference file or Hub id (its prompts are used), or a .jsonl/.json/.parquet file
+    of {"prompt": text or message list} rows. None: the prompts of the precomputed --policy file (or --reference)."""
+    data_split: str = "test_prefs"
+    """Split to read when --data is a Hub dataset id."""
+    limit: int | None = 200
+    """Evaluate at most this many prompts (the first ones, after removing duplicates). None: all."""
+    max_new_tokens: int = 512
+    """Most tokens generated per response."""
+    temperature: float = 0.0
+    """Sampling temperature for generated responses; 0 is greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (temperature > 0 only)."""
+    batch_size: int = 8
+    """Prompts per generation batch, and pairs per forward pass of a local judge."""
+    chat_template: str | None = None
+    """Chat template (name or Jinja text) for the generation prompts of both models; None: each tokenizer's own."""
+    output_dir: str = "runs/winrate"
+    """Where winrate.jsonl, winrate.json, report.md and generated responses go."""
+    report_examples: int = 3
+    """How many example prompts report.md shows."""
+    seed: int = 0
+    """Sampling seed (temperature > 0)."""
+    device: str = "auto"
+    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    dtype: str = "auto"
+    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def winrate_label(policy_reward: float, reference_reward: float) -> float:
+    """1.0 if the policy's reward is higher, 0.5 on an exact tie, 0.0 otherwise."""
+    if policy_reward > reference_reward:
+        return 1.0
+    if policy_reward == reference_reward:
+        return 0.5
+    return 0.0
+
+
+def winrate_summary(labels: list[float], *, z: float = Z_95) -> dict:
+    """Win-rate and its Wilson score interval from per-prompt labels in {0, 0.5, 1}.
+
+    ``win_rate = (wins + ties / 2) / n``. The interval is Wilson's (1927) for a binomial proportion
+    ``p`` over ``n`` trials::
+
+        center = (p + z^2 / (2n)) / (1 + z^2 / n)
+        half   = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / (4 n^2))
+
+    applied to the mean label. With ties a label's variance, ``(wins + ties/4)/n - p^2``, is at most
+    the Bernoulli ``p (1 - p)``, so the interval is then slightly conservative (too wide), never too
+    narrow. Unlike the normal approximation it stays inside [0, 1] and does not collapse to a point at
+    0% or 100%.
+
+    Returns:
+        ``{"win_rate", "ci_low", "ci_high", "n", "wins", "ties", "losses"}``.
+    Raises:
+        ValueError: no labels, or a label outside {0, 0.5, 1}.
+    """
+    labels = [float(x) for x in labels]
+    if not labels:
+        raise ValueError("no labels: the win-rate of zero prompts is undefined")
+    if bad := [x for x in labels if x not in (0.0, 0.5, 1.0)]:
+        raise ValueError(f"labels must be 0, 0.5 or 1, got {bad[:5]}")
+    n = len(labels)
+    wins, ties = labels.count(1.0), labels.count(0.5)
+    p = (wins + 0.5 * ties) / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1.0 - p) / n + z * z / (4 * n * n))
+    return {
+        "win_rate": p,
+        "ci_low": max(0.0, center - half),
+        "ci_high": min(1.0, center + half),
+        "n": n,
+        "wins": wins,
+        "ties": ties,
+        "losses": n - wins - ties,
+    }
+
+
+# --------------------------------------------------------------------------- prompts and responses
+
+
+def prompt_key(messages: Messages) -> str:
+    """A canonical string identifying a prompt (its messages as compact JSON)."""
+    return json.dumps([{"role": m["role"], "content": m["content"]} for m in messages], ensure_ascii=False, separators=(",", ":"))
+
+
+def is_precomputed(name: str) -> bool:
+    """True when ``name`` names a precomputed-responses file rather than a model."""
+    return Path(name).suffix in (".jsonl", ".json") and not Path(name).is_dir()
+
+
+def _row_prompt(row: dict, source: str, i: int) -> Messages:
+    if "prompt" not in row:
+        raise DataError(source, i, "prompt", "missing")
+    try:
+        messages = as_messages(row["prompt"])
+    except ValueError as e:
+        raise DataError(source, i, "prompt", str(e)) from None
+    if not messages:
+        raise DataError(source, i, "prompt", "empty")
+    return messages
+
+
+def load_prompts(source: str, split: str = "train", limit: int | None = None) -> list[Messages]:
+    """Evaluation prompts as message lists, duplicates removed, the first ``limit`` kept.
+
+    A source whose rows have ``chosen`` and ``rejected`` is read as preference pairs
+    (:func:`rlft.data.preferences.load_preference_pairs`, ties kept: only the prompts matter);
+    otherwise every row needs a ``prompt`` (text or message list).
+    """
+    first = next(iter(read_rows(source, split=split, limit=1)), None)
+    if first is None:
+        raise ValueError(f"no rows in {source}")
+    if isinstance(first[1], dict) and "chosen" in first[1] and "rejected" in first[1]:
+        from rlft.data.preferences import load_preference_pairs
+
+        pairs, _ = load_preference_pairs(source, split=split, skip_invalid=True, drop_ties=False)
+        prompts = [as_messages(p.prompt) for p in pairs]
+    else:
+        prompts = []
+        for i, row in read_rows(source, split=split):
+            if isinstance(row, DataError):
+                raise row
+            prompts.append(_row_prompt(row, source, i))
+    unique: dict[str, Messages] = {}
+    for m in prompts:
+        unique.setdefault(prompt_key(m), m)
+    out = list(unique.values())
+    return out[:limit] if limit is not None else out
+
+
+def load_responses(path: str) -> dict[str, tuple[Messages, str]]:
+    """Precomputed responses ``{prompt_key: (messages, response)}`` from ``{"prompt", "response"}`` rows
+    (file order kept; a repeated prompt keeps its first response)."""
+    out: dict[str, tuple[Messages, str]] = {}
+    for i, row in read_rows(path):
+        if isinstance(row, DataError):
+            raise row
+        messages = _row_prompt(row, path, i)
+        if not isinstance(row.get("response"), str):
+            raise DataError(path, i, "response", "missing" if "response" not in row else "expected a string")
+        out.setdefault(prompt_key(messages), (messages, row["response"]))
+    if not out:
+        raise ValueError(f"no responses in {path}")
+    return out
+
+
+def generate_responses(model_name: str, prompts: list[Messages], cfg: WinrateConfig) -> list[str]:
+    """One response per prompt from ``model_name`` (chat generation prompt; greedy unless temperature > 0).
+    The model is freed before returning."""
+    from rlft.data.chat import ensure_chat_template, render_generation_prompt
+    from rlft.models import load_model, load_tokenizer, pick_device
+    from rlft.rollout import HFEngine, SamplingParams
+
+    spec = pick_device(cfg.device, cfg.dtype)
+    tokenizer = load_tokenizer(model_name)
+    if cfg.chat_template is not None:
+        ensure_chat_template(tokenizer, cfg.chat_template)
+    model = load_model(model_name, spec)
+    texts = [render_generation_prompt(tokenizer, m) for m in prompts]
+    params = SamplingParams(k=1, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    log.info("generating %d responses with %s", len(texts), model_name)
+    samples = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True).generate(texts, params)
+    del model
+    gc.collect()
+    if spec.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return [s[0].text for s in samples]
+
+
+def _responses(side: str, name: str, prompts: list[Messages], cfg: WinrateConfig, run_dir: Path) -> list[str]:
+    if is_precomputed(name):
+        table = load_responses(name)
+        missing = [m for m in prompts if prompt_key(m) not in table]
+        if missing:
+            raise ValueError(f"{name} has no {side} response for {len(missing)} of {len(prompts)} prompts, e.g. {missing[0]!r:.200}")
+        return [table[prompt_key(m)][1] for m in prompts]
+    responses = generate_responses(name, prompts, cfg)
+    write_jsonl(run_dir / f"{side}_responses.jsonl", ({"prompt": m, "response": r} for m, r in zip(prompts, responses)))
+    return responses
+
+
+def eval_prompts(cfg: WinrateConfig) -> list[Messages]:
+    """The prompts to evaluate: from --data, else from the precomputed --policy (or --reference) file."""
+    if cfg.data is not None:
+        return load_prompts(cfg.data, cfg.data_split, cfg.limit)
+    for name in (cfg.policy, cfg.reference):
+        if is_precomputed(name):
+            prompts = [m for m, _ in load_responses(name).values()]
+            return prompts[: cfg.limit] if cfg.limit is not None else prompts
+    raise ValueError("--data is None but neither --policy nor --reference is a precomputed .jsonl/.json file")
+
+
+def make_judge(cfg: WinrateConfig, run_dir: Path):
+    """The judge named by ``cfg.judge``: anything with ``score(prompts, responses) -> list[float]``."""
+    if cfg.judge == "remote":
+        from rlft.rewards.remote import RemoteRewardJudge
+
+        return RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env, max_concurrency=cfg.max_concurrency,
+                                 max_retries=cfg.max_retries, cache_path=run_dir / "judge_cache.jsonl")
+    from rlft.rewards.reward_model import RewardModelScorer
+
+    return RewardModelScorer(cfg.judge, batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _clip(text: str, n: int = 1500) -> str:
+    return text if len(text) <= n else text[:n] + " [...]"
+
+
+def write_report(path: Path, summary: dict, rows: list[dict], examples: int) -> None:
+    """``report.md``: the summary table and the first ``examples`` prompts with both responses."""
+    lines = [
+        "# Win-rate",
+        "",
+        f"Policy `{summary['policy']}` vs reference `{summary['reference']}`, judged by `{summary['judge']}`.",
+        "",
+        markdown_table(
+            ["win-rate", "95% CI (Wilson)", "n", "wins", "ties", "losses", "mean reward policy", "mean reward reference"],
+            [[summary["win_rate"], f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]", summary["n"], summary["wins"],
+              summary["ties"], summary["losses"], summary["mean_policy_reward"], summary["mean_reference_reward"]]],
+        ),
+        "",
+        "Label 1 when the policy's reward is higher, 0.5 on an exact tie, 0 otherwise; the win-rate is the mean label.",
+    ]
+    for i, row in enumerate(rows[:examples]):
+        prompt = "\n\n".join(f"**{m['role']}**: {m['content']}" for m in row["prompt"])
+        lines += [
+            "",
+            f"## Example {i + 1} (label {row['label']})",
+            "",
+            _clip(prompt),
+            "",
+            f"**Policy** (reward {row['policy_reward']:.3f}):",
+            "",
+            "```text\n" + _clip(row["policy_response"]).replace("```", "'''") + "\n```",
+            "",
+            f"**Reference** (reward {row['reference_reward']:.3f}):",
+            "",
+            "```text\n" + _clip(row["reference_response"]).replace("```", "'''") + "\n```",
+        ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def run_winrate(cfg: WinrateConfig) -> dict:
+    """Generate (or read), judge, label and summarise; returns the summary written to ``winrate.json``."""
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    prompts = eval_prompts(cfg)
+    if not prompts:
+        raise ValueError("no evaluation prompts")
+    log.info("win-rate on %d prompts: policy %s vs reference %s", len(prompts), cfg.policy, cfg.reference)
+    policy = _responses("policy", cfg.policy, prompts, cfg, run_dir)
+    reference = _responses("reference", cfg.reference, prompts, cfg, run_dir)
+
+    judge = make_judge(cfg, run_dir)
+    rewards = judge.score(prompts + prompts, policy + reference)
+    n = len(prompts)
+    policy_rewards, reference_rewards = rewards[:n], rewards[n:]
+    labels = [winrate_label(p, r) for p, r in zip(policy_rewards, reference_rewards)]
+    rows = [
+        {"prompt": m, "policy_response": pr, "reference_response": rr, "policy_reward": pw, "reference_reward": rw, "label": lab}
+        for m, pr, rr, pw, rw, lab in zip(prompts, policy, reference, policy_rewards, reference_rewards, labels)
+    ]
+    write_jsonl(run_dir / "winrate.jsonl", rows)
+
+    judge_name = f"remote:{cfg.judge_model}" if cfg.judge == "remote" else cfg.judge
+    summary = {
+        **winrate_summary(labels),
+        "confidence": 0.95,
+        "ci_method": "wilson",
+        "mean_policy_reward": sum(policy_rewards) / n,
+        "mean_reference_reward": sum(reference_rewards) / n,
+        "policy": cfg.policy,
+        "reference": cfg.reference,
+        "judge": judge_name,
+        "data": cfg.data,
+        "data_split": cfg.data_split,
+        "temperature": cfg.temperature,
+        "max_new_tokens": cfg.max_new_tokens,
+    }
+    (run_dir / "winrate.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_report(run_dir / "report.md", summary, rows, cfg.report_examples)
+    console.print(
+        f"[green]win-rate[/] {summary['win_rate']:.3f} (95% CI {summary['ci_low']:.3f}-{summary['ci_high']:.3f}; "
+        f"{summary['wins']} wins, {summary['ties']} ties, {summary['losses']} losses of {n}); written to {run_dir}"
+    )
+    return summary

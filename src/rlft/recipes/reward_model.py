@@ -1,0 +1,340 @@
+"""Reward-model training (``rlft rm``): a Bradley-Terry loss on chosen/rejected pairs, one linear loop.
+
+1. Read preference pairs with :func:`rlft.data.preferences.load_preference_pairs` (a local
+   ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id such as
+   ``HuggingFaceH4/ultrafeedback_binarized``, split ``train_prefs``; prompts are message lists).
+   Ties (``score_chosen == score_rejected``) are dropped by default: a tied pair carries no
+   preference, and a Bradley-Terry loss would still push one response above the other.
+2. Hold out evaluation pairs: ``--eval-data`` (another file / Hub id), or ``--eval-split`` (another
+   split of ``--data``, e.g. ``test_prefs``), or else a seeded ``--eval-fraction`` of ``--data``.
+3. Tokenize each side as ``[*prompt, {"role": "assistant", "content": response}]`` with the chat
+   template (:func:`rlft.data.chat.tokenize_preference_pair`; too-long responses cut at the end,
+   pairs whose prompt alone does not fit dropped; both counted). The scorer
+   (:class:`rlft.rewards.reward_model.RewardModelScorer`) renders conversations the same way.
+4. The model is ``AutoModelForSequenceClassification(num_labels=1)`` loaded from a causal LM (or an
+   existing reward model); a new score head is initialised N(0, 1/(d+1))
+   (:func:`rlft.rewards.reward_model.init_score_head`). The reward is read at each sequence's last
+   real token from the attention mask (:func:`rlft.rewards.reward_model.sequence_rewards`), never
+   via ``pad_token_id`` (which breaks when pad == EOS).
+5. Train: every micro-batch puts its B chosen and B rejected sequences through ONE forward pass
+   (a ``(2B, T)`` batch) and :func:`rlft.losses.reward.bradley_terry_loss` (optional margin
+   ``--margin-scale * (score_chosen - score_rejected)``, optional ``--center-coef``); micro-batch losses
+   are weighted to add up to the full-batch mean. Checkpoints and ``--resume`` as in SFT.
+6. Evaluate pairwise accuracy (fraction of held-out pairs with ``r_chosen > r_rejected``, strictly)
+   every ``--eval-every`` steps and at the end: logged in ``metrics.jsonl`` as ``eval/accuracy``,
+   ``eval/loss``, ``eval/margin``; the final numbers go to ``eval.json`` (``step``, ``accuracy``,
+   ``loss``, ``margin``, ``chosen``, ``rejected``, ``n``: null without held-out pairs; ``data``: counts).
+
+Output: ``output_dir/model`` is a standard HF folder: ``AutoModelForSequenceClassification.from_pretrained``
+loads it (config ``num_labels=1`` and ``pad_token_id`` set; the tokenizer, with the chat template used,
+saved alongside).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from rlft.checkpoint import MetricsLog, latest_checkpoint, load_trainer_state, save_checkpoint, save_model_folder
+from rlft.console import console, training_progress
+from rlft.data.tokenize import TokenizedExample, collate
+from rlft.losses.reward import bradley_terry_loss
+from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
+from rlft.recipes.common import TrainingSetup, batch_indices, make_scheduler, optimizer_step, start_run_dir
+from rlft.rewards.reward_model import load_reward_model, sequence_rewards
+
+log = logging.getLogger("rlft")
+
+
+@dataclass(frozen=True)
+class RMConfig:
+    """Train a scalar reward model on preference pairs with a Bradley-Terry loss."""
+
+    model: str = DEFAULT_MODEL
+    """Base model: a causal LM (built-in name, local HF folder, or Hub id; usually the SFT model) whose
+    LM head is replaced by a new scalar score head, or an existing reward-model folder to continue."""
+    data: str = "HuggingFaceH4/ultrafeedback_binarized"
+    """Preference pairs: a .jsonl/.json/.parquet file or Hub dataset id with prompt (text or message list),
+    chosen, rejected (text or message lists) and optionally score_chosen/score_rejected."""
+    data_split: str = "train_prefs"
+    """Split to read when --data is a Hub dataset id."""
+    limit: int | None = None
+    """Use at most this many pairs of --data (before holding out evaluation pairs)."""
+    skip_invalid: bool = False
+    """Skip malformed rows (counted and reported) instead of stopping with an error."""
+    drop_ties: bool = True
+    """Drop pairs whose score_chosen equals score_rejected (counted): a tie states no preference, yet the
+    Bradley-Terry loss would still push one response above the other. On by default for reward models."""
+    eval_data: str | None = None
+    """Held-out pairs from another file or Hub id. None: --eval-split of --data if set, else
+    --eval-fraction of --data."""
+    eval_split: str | None = None
+    """Split of the evaluation pairs (e.g. test_prefs): of --eval-data, or of --data when --eval-data is None."""
+    eval_fraction: float = 0.05
+    """Fraction of --data held out for evaluation (seeded by --seed) when neither --eval-data nor
+    --eval-split is given; 0 disables evaluation."""
+    eval_limit: int | None = 500
+    """Evaluate on at most this many held-out pairs (None: all)."""
+    chat_template: str | None = None
+    """Chat template for rendering conversations (a template name or Jinja text); None: the tokenizer's own.
+    Saved with the model, so the scorer renders exactly as training did."""
+    output_dir: str = "runs/rm"
+    """Run directory: checkpoints/, model/, metrics.jsonl, eval.json, config.yaml."""
+    max_length: int = 1024
+    """Longest prompt + response in tokens; longer responses are cut at the end (counted), pairs whose
+    prompt alone does not fit are dropped (counted)."""
+    margin_scale: float = 0.0
+    """Llama-2 style margin: require r_chosen - r_rejected >= margin_scale * (score_chosen - score_rejected).
+    0 turns it off; pairs without scores get margin 0."""
+    center_coef: float = 0.0
+    """Reward centering: add center_coef * mean((r_chosen + r_rejected)^2) to keep rewards near 0 (e.g. 0.01)."""
+    batch_size: int = 16
+    """Pairs per optimizer step."""
+    micro_batch_size: int = 4
+    """Pairs per forward/backward pass (2x as many sequences: chosen and rejected go through together)."""
+    eval_batch_size: int = 8
+    """Pairs per forward pass during evaluation."""
+    epochs: float = 1.0
+    """Passes over the training pairs (fractions allowed); ignored when --max-steps is set."""
+    max_steps: int | None = None
+    """Total optimizer steps (overrides --epochs)."""
+    lr: float = 1e-5
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_ratio: float = 0.03
+    """Fraction of steps spent warming the learning rate up linearly from 0."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Learning-rate decay after warmup."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
+    eval_every: int = 50
+    """Evaluate held-out pairwise accuracy every this many steps (0: only at the end)."""
+    seed: int = 0
+    """Seed for the score-head init, the held-out split and data order."""
+    save_every: int = 50
+    """Write a resumable checkpoint every this many steps (0: only the final model)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    resume: bool = False
+    """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, data position)."""
+    device: str = "auto"
+    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    dtype: str = "auto"
+    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+
+@dataclass(frozen=True)
+class RMExample:
+    """One tokenized preference pair."""
+
+    chosen: TokenizedExample
+    rejected: TokenizedExample
+    margin: float
+    """margin_scale * (score_chosen - score_rejected), 0 without scores."""
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _validate(cfg: RMConfig) -> None:
+    if cfg.batch_size < 1 or cfg.micro_batch_size < 1 or cfg.eval_batch_size < 1:
+        raise ValueError("batch_size, micro_batch_size and eval_batch_size must be >= 1")
+    if cfg.batch_size % cfg.micro_batch_size:
+        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
+    if not 0.0 <= cfg.eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must lie in [0, 1), got {cfg.eval_fraction}")
+    if cfg.center_coef < 0:
+        raise ValueError(f"center_coef must be >= 0, got {cfg.center_coef}")
+
+
+def _load(source: str, split: str, cfg: RMConfig, limit: int | None) -> list:
+    from rlft.data.preferences import load_preference_pairs
+
+    pairs, counts = load_preference_pairs(source, split=split, limit=limit, skip_invalid=cfg.skip_invalid, drop_ties=cfg.drop_ties)
+    log.info("%s (%s): %d pairs; %s", source, split, len(pairs), counts)
+    return list(pairs)
+
+
+def split_pairs(cfg: RMConfig) -> tuple[list, list]:
+    """``(train_pairs, eval_pairs)`` as configured (see the --eval-* options)."""
+    train = _load(cfg.data, cfg.data_split, cfg, cfg.limit)
+    if cfg.eval_data is not None or cfg.eval_split is not None:
+        heldout = _load(cfg.eval_data or cfg.data, cfg.eval_split or cfg.data_split, cfg, cfg.eval_limit)
+    elif cfg.eval_fraction > 0 and len(train) >= 2:
+        n_eval = min(len(train) - 1, max(1, round(cfg.eval_fraction * len(train))))
+        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        eval_idx = set(perm[:n_eval])
+        heldout = [train[i] for i in sorted(eval_idx)]
+        train = [p for i, p in enumerate(train) if i not in eval_idx]
+    else:
+        heldout = []
+    if cfg.eval_limit is not None:
+        heldout = heldout[: cfg.eval_limit]
+    if not train:
+        raise ValueError(f"no training pairs in {cfg.data}")
+    return train, heldout
+
+
+def _margin(pair, scale: float) -> float:
+    sc, sr = getattr(pair, "score_chosen", None), getattr(pair, "score_rejected", None)
+    if not scale or sc is None or sr is None:
+        return 0.0
+    return scale * (float(sc) - float(sr))
+
+
+def tokenize_pairs(pairs: list, tokenizer, max_length: int, margin_scale: float = 0.0, what: str = "train") -> tuple[list[RMExample], dict]:
+    """Tokenize preference pairs; returns the examples and counts (kept, dropped, truncated)."""
+    from rlft.data.chat import tokenize_preference_pair
+
+    examples, dropped = [], 0
+    for pair in pairs:
+        tokenized = tokenize_preference_pair(tokenizer, pair.prompt, pair.chosen, pair.rejected, max_length=max_length)
+        if tokenized is None:
+            dropped += 1
+            continue
+        examples.append(RMExample(tokenized[0], tokenized[1], _margin(pair, margin_scale)))
+    counts = {
+        "pairs": len(examples),
+        "dropped_prompt_too_long": dropped,
+        "chosen_truncated": sum(e.chosen.truncated for e in examples),
+        "rejected_truncated": sum(e.rejected.truncated for e in examples),
+    }
+    log.info("%s: %d pairs; %d chosen and %d rejected responses truncated to %d tokens; %d dropped (prompt alone too long)",
+             what, counts["pairs"], counts["chosen_truncated"], counts["rejected_truncated"], max_length, dropped)
+    return examples, counts
+
+
+# --------------------------------------------------------------------------- forward
+
+
+def pair_rewards(model, examples: list[RMExample], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen_rewards, rejected_rewards)``, each ``(B,)``, from ONE forward pass over a right-padded
+    ``(2B, T)`` batch (rows ``0..B-1`` chosen, ``B..2B-1`` rejected)."""
+    batch = collate([e.chosen for e in examples] + [e.rejected for e in examples], pad_token_id)
+    rewards = sequence_rewards(model, batch.input_ids.to(device), batch.attention_mask.to(device))
+    n = len(examples)
+    return rewards[:n], rewards[n:]
+
+
+@torch.no_grad()
+def evaluate(model, examples: list[RMExample], pad_token_id: int, device, batch_size: int) -> dict[str, float]:
+    """Held-out metrics: ``accuracy`` (fraction with r_chosen > r_rejected, strictly), ``loss`` (mean
+    Bradley-Terry loss, no margin), ``margin`` (mean r_chosen - r_rejected), ``chosen``, ``rejected``, ``n``."""
+    was_training = model.training
+    model.eval()
+    chosen, rejected = [], []
+    try:
+        for start in range(0, len(examples), batch_size):
+            c, r = pair_rewards(model, examples[start : start + batch_size], pad_token_id, device)
+            chosen.append(c.cpu())
+            rejected.append(r.cpu())
+    finally:
+        model.train(was_training)
+    c, r = torch.cat(chosen), torch.cat(rejected)
+    loss, m = bradley_terry_loss(c, r)
+    return {"accuracy": m["rm/accuracy"], "loss": loss.item(), "margin": m["rm/margin"],
+            "chosen": m["rm/chosen"], "rejected": m["rm/rejected"], "n": len(examples)}
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) -> TrainingSetup:
+    """Like :func:`rlft.recipes.common.prepare_training`, but the model is a reward model."""
+    ckpt = latest_checkpoint(run_dir) if cfg.resume else None
+    model = load_reward_model(str(ckpt) if ckpt else cfg.model, spec, pad_token_id=tokenizer.pad_token_id)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = make_scheduler(cfg.schedule, optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
+    start_step = 0
+    if ckpt is not None:
+        start_step = load_trainer_state(ckpt, optimizer, scheduler)["step"]
+        log.info("resuming from %s at step %d", ckpt, start_step)
+    elif cfg.resume:
+        log.info("--resume: no checkpoint in %s, starting from scratch", run_dir)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
+    return TrainingSetup(model, optimizer, scheduler, start_step, metrics, ckpt)
+
+
+def train_rm(cfg: RMConfig) -> Path:
+    """Train a reward model as configured; returns the folder of the final model (``output_dir/model``)."""
+    _validate(cfg)
+    run_dir = start_run_dir(cfg.output_dir, cfg)
+    torch.manual_seed(cfg.seed)
+    spec = pick_device(cfg.device, cfg.dtype)
+    tokenizer = load_tokenizer(cfg.model)
+    if cfg.chat_template is not None:
+        from rlft.data.chat import ensure_chat_template
+
+        ensure_chat_template(tokenizer, cfg.chat_template)
+    train_pairs, eval_pairs = split_pairs(cfg)
+    train, train_counts = tokenize_pairs(train_pairs, tokenizer, cfg.max_length, cfg.margin_scale, "train")
+    heldout, eval_counts = tokenize_pairs(eval_pairs, tokenizer, cfg.max_length, 0.0, "eval") if eval_pairs else ([], {"pairs": 0})
+    if not train:
+        raise ValueError(f"every training pair's prompt is longer than max_length={cfg.max_length}")
+    if not heldout:
+        log.warning("no held-out pairs: pairwise accuracy is not evaluated (set --eval-fraction, --eval-split or --eval-data)")
+    pad_id = tokenizer.pad_token_id
+
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    setup = _prepare(cfg, run_dir, spec, tokenizer, total_steps)
+    model, start_step = setup.model, setup.start_step
+    log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (micro-batch %d) on %s/%s",
+             len(train), len(heldout), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
+
+    def run_eval() -> dict[str, float] | None:
+        return evaluate(model, heldout, pad_id, spec.device, cfg.eval_batch_size) if heldout else None
+
+    last_eval: dict[str, float] | None = None
+    with training_progress("rm") as progress:
+        bar = progress.add_task("rm", total=total_steps, completed=start_step, info="")
+        for step in range(start_step, total_steps):
+            t0 = time.perf_counter()
+            indices = batch_indices(step, len(train), cfg.batch_size, cfg.seed)
+            sums: dict[str, float] = {}
+            seen = 0
+            for start in range(0, len(indices), cfg.micro_batch_size):
+                chunk = [train[i] for i in indices[start : start + cfg.micro_batch_size]]
+                weight = len(chunk) / len(indices)  # weighted micro-batch means add up to the batch mean
+                chosen, rejected = pair_rewards(model, chunk, pad_id, spec.device)
+                margin = torch.tensor([e.margin for e in chunk], device=chosen.device) if cfg.margin_scale else None
+                loss, metrics = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
+                (loss * weight).backward()
+                for key, value in {"loss": loss.item(), **metrics}.items():
+                    sums[key] = sums.get(key, 0.0) + weight * value
+                seen += sum(len(e.chosen.input_ids) + len(e.rejected.input_ids) for e in chunk)
+            step_info = optimizer_step(setup, cfg.max_grad_norm)
+            elapsed = time.perf_counter() - t0
+            record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,
+                      "tokens": seen, "tokens_per_s": seen / elapsed}
+            info = f"loss {sums['loss']:.4f}  acc {sums['rm/accuracy']:.2f}"
+            is_last = step + 1 == total_steps
+            if heldout and (is_last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)):
+                last_eval = run_eval()
+                record.update({f"eval/{k}": v for k, v in last_eval.items() if k != "n"})
+                info += f"  eval acc {last_eval['accuracy']:.3f}"
+            setup.metrics.log(record)
+            progress.update(bar, advance=1, info=info)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0 and not is_last:
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+    if heldout and last_eval is None:  # resumed a run that had already finished its steps
+        last_eval = run_eval()
+    final = run_dir / "model"
+    save_model_folder(final, model, tokenizer)
+    keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
+    summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"train": train_counts, "eval": eval_counts}}
+    (run_dir / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if last_eval is not None:
+        console.print(f"[green]RM done[/]: held-out pairwise accuracy {last_eval['accuracy']:.3f} on {last_eval['n']} pairs; model saved to {final}")
+    else:
+        console.print(f"[green]RM done[/]: model saved to {final} (no held-out pairs)")
+    return final

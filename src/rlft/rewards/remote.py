@@ -1,0 +1,236 @@
+"""A reward model behind an OpenAI-compatible chat-completions API (e.g. NVIDIA's
+``nvidia/llama-3.1-nemotron-70b-reward`` at ``https://integrate.api.nvidia.com/v1``).
+
+Such an endpoint takes the conversation to judge, ending with the assistant's response, and replies
+with a message whose content is ``name:value`` pairs separated by commas, e.g. ``"reward:-7.5"``.
+:class:`RemoteRewardJudge` has the same ``score(prompts, responses) -> list[float]`` interface as the
+local :class:`rlft.rewards.reward_model.RewardModelScorer`.
+
+- Retries: HTTP 429, 5xx, timeouts and connection errors are retried with exponential backoff
+  (``backoff_s * 2**attempt``, at most 60 s, or the server's ``Retry-After`` when longer), up to
+  ``max_retries`` times; other errors (400, 401, 404, a reply without the reward field) fail at once.
+- Concurrency: at most ``max_concurrency`` requests in flight (a thread pool).
+- Cache: with ``cache_path``, every scored pair is appended to a JSONL file (and flushed) as soon as
+  it is scored, keyed by a SHA-256 of (judge model, prompt messages, response); a later call with the
+  same file, e.g. after an interrupted evaluation, only sends the pairs that are not in it. Cache
+  lines hold the key, the model name and the reward: no prompt text, no credentials.
+- The API key is read from the environment variable ``api_key_env`` and kept only inside the client:
+  it is never logged, written to the cache or put in an error message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from rlft.rewards.reward_model import Messages, Prompt, as_messages
+
+log = logging.getLogger("rlft")
+
+MAX_BACKOFF_S = 60.0
+
+
+class JudgeError(RuntimeError):
+    """The judge could not score a pair (bad reply, non-retryable HTTP error, retries exhausted)."""
+
+
+def parse_reward(content: str | None, key: str = "reward") -> float:
+    """The value of ``key`` in a reply such as ``"reward:-7.5"`` or ``"helpfulness:1.6,correctness:2"``.
+
+    Raises:
+        JudgeError: the content is empty, malformed, lacks ``key`` or its value is not a number.
+    """
+    if not content or not content.strip():
+        raise JudgeError("the judge's reply is empty; expected 'name:value' pairs such as 'reward:-7.5'")
+    fields: dict[str, str] = {}
+    for part in content.split(","):
+        name, sep, value = part.partition(":")
+        if sep:
+            fields[name.strip().lower()] = value.strip()
+    if key.lower() not in fields:
+        raise JudgeError(f"the judge's reply has no {key!r} field: {content[:200]!r} (fields: {sorted(fields)})")
+    try:
+        return float(fields[key.lower()])
+    except ValueError:
+        raise JudgeError(f"the judge's {key!r} value is not a number: {fields[key.lower()]!r}") from None
+
+
+def cache_key(model: str, messages: Messages, response: str) -> str:
+    """SHA-256 hex digest identifying one judgement: the judge model, the prompt messages and the response."""
+    blob = json.dumps([model, messages, response], ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class RemoteRewardJudge:
+    """Scores (prompt, response) pairs with a reward model served behind an OpenAI-compatible API.
+
+    Args:
+        base_url: the API root, e.g. ``https://integrate.api.nvidia.com/v1``.
+        model: the judge model name sent with every request.
+        api_key_env: environment variable holding the API key (read once, here).
+        max_concurrency: most requests in flight at once.
+        max_retries: retries per pair after the first attempt (429 / 5xx / connection errors).
+        backoff_s: first retry delay in seconds; doubles on each retry (capped at 60 s).
+        timeout_s: per-request timeout in seconds.
+        cache_path: JSONL cache file (created if missing); None: no cache.
+        reward_key: the field of the reply holding the reward.
+    Raises:
+        ValueError: the API key variable is unset or empty.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str = "NVIDIA_API_KEY",
+        max_concurrency: int = 4,
+        max_retries: int = 5,
+        backoff_s: float = 1.0,
+        timeout_s: float = 60,
+        cache_path: str | Path | None = None,
+        reward_key: str = "reward",
+    ):
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if max_retries < 0 or backoff_s < 0 or timeout_s <= 0:
+            raise ValueError("max_retries and backoff_s must be >= 0 and timeout_s > 0")
+        api_key = os.environ.get(api_key_env, "")
+        if not api_key:
+            raise ValueError(f"the remote judge needs an API key in the environment variable {api_key_env} (unset or empty)")
+        try:
+            import openai
+        except ImportError:
+            raise ImportError("the remote judge needs the openai client: pip install 'rlft[remote]' (or `pip install openai`)") from None
+        self._openai = openai
+        # The client's own retries are off: ours are explicit, bounded and logged.
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
+        self.base_url, self.model = base_url, model
+        self.max_concurrency, self.max_retries, self.backoff_s, self.timeout_s = max_concurrency, max_retries, backoff_s, timeout_s
+        self.reward_key = reward_key
+        self.cache_path = Path(cache_path) if cache_path is not None else None
+        self._cache: dict[str, float] = self._read_cache()
+        self._lock = threading.Lock()
+        self.requests_sent = 0
+        """HTTP requests sent by this judge (retries included)."""
+
+    def __repr__(self) -> str:  # never show the client (it holds the key)
+        return f"RemoteRewardJudge(base_url={self.base_url!r}, model={self.model!r})"
+
+    # ------------------------------------------------------------------ cache
+
+    def _read_cache(self) -> dict[str, float]:
+        cache: dict[str, float] = {}
+        if self.cache_path is None or not self.cache_path.is_file():
+            return cache
+        bad = 0
+        for line in self.cache_path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                cache[row["key"]] = float(row["reward"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                bad += 1  # e.g. a line cut short by a kill: that pair is scored again
+        if bad:
+            log.warning("%s: ignored %d unreadable cache lines", self.cache_path, bad)
+        log.info("judge cache %s: %d scored pairs", self.cache_path, len(cache))
+        return cache
+
+    def _remember(self, key: str, reward: float) -> None:
+        with self._lock:
+            self._cache[key] = reward
+            if self.cache_path is not None:
+                self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.cache_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps({"key": key, "model": self.model, "reward": reward}) + "\n")
+                    f.flush()
+
+    def cached(self, prompt: Prompt, response: str) -> float | None:
+        """The cached reward of a pair, or None."""
+        return self._cache.get(cache_key(self.model, as_messages(prompt), response))
+
+    # ------------------------------------------------------------------ requests
+
+    def _retryable(self, error: Exception) -> bool:
+        o = self._openai
+        if isinstance(error, (o.RateLimitError, o.InternalServerError, o.APIConnectionError)):  # timeouts included
+            return True
+        return isinstance(error, o.APIStatusError) and (error.status_code == 429 or error.status_code >= 500)
+
+    def _delay(self, attempt: int, error: Exception) -> float:
+        delay = min(MAX_BACKOFF_S, self.backoff_s * 2**attempt)
+        response = getattr(error, "response", None)
+        retry_after = response.headers.get("retry-after") if response is not None else None
+        if retry_after:
+            try:
+                delay = max(delay, min(MAX_BACKOFF_S, float(retry_after)))
+            except ValueError:
+                pass
+        return delay * (1.0 + 0.1 * random.random())  # jitter: concurrent retries do not stay in lockstep
+
+    def _score_one(self, messages: Messages, response: str) -> float:
+        conversation = [*messages, {"role": "assistant", "content": response}]
+        for attempt in range(self.max_retries + 1):
+            try:
+                with self._lock:
+                    self.requests_sent += 1
+                completion = self._client.chat.completions.create(model=self.model, messages=conversation)
+            except self._openai.OpenAIError as e:
+                status = getattr(e, "status_code", None)
+                what = f"HTTP {status}" if status else type(e).__name__
+                if not self._retryable(e):
+                    raise JudgeError(f"the judge at {self.base_url} refused a request ({what}): {e}") from None
+                if attempt == self.max_retries:
+                    raise JudgeError(f"the judge at {self.base_url} still failed after {self.max_retries} retries ({what})") from None
+                delay = self._delay(attempt, e)
+                log.warning("judge request failed (%s); retry %d/%d in %.2fs", what, attempt + 1, self.max_retries, delay)
+                time.sleep(delay)
+                continue
+            if not completion.choices:
+                raise JudgeError(f"the judge at {self.base_url} returned no choices")
+            return parse_reward(completion.choices[0].message.content, self.reward_key)
+        raise AssertionError("unreachable")
+
+    def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:
+        """One reward per pair; cached pairs are not sent again and every new score is cached at once.
+
+        ``prompts[i]`` is a message list (sent as is, then the response as the assistant turn) or a
+        plain string (sent as one user message).
+
+        Raises:
+            JudgeError: a pair could not be scored; pairs scored before the failure stay cached.
+        """
+        if len(prompts) != len(responses):
+            raise ValueError(f"got {len(prompts)} prompts and {len(responses)} responses")
+        items = [(as_messages(p), r) for p, r in zip(prompts, responses)]
+        keys = [cache_key(self.model, m, r) for m, r in items]
+        todo: dict[str, tuple[Messages, str]] = {}
+        for key, item in zip(keys, items):
+            if key not in self._cache and key not in todo:
+                todo[key] = item
+        if todo:
+            log.info("judging %d pairs with %s (%d cached)", len(todo), self.model, len(set(keys)) - len(todo))
+            self._run(todo)
+        return [self._cache[k] for k in keys]
+
+    def _run(self, todo: dict[str, tuple[Messages, str]]) -> None:
+        def task(key: str, messages: Messages, response: str) -> None:
+            self._remember(key, self._score_one(messages, response))
+
+        pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="judge")
+        try:
+            futures = [pool.submit(task, k, m, r) for k, (m, r) in todo.items()]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            for future in done:
+                if future.exception() is not None:
+                    raise future.exception()
+        finally:
+            # On failure, queued pairs are dropped; requests already in flight finish (and are cached).
+            pool.shutdown(wait=True, cancel_futures=True)

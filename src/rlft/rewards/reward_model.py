@@ -1,0 +1,253 @@
+"""Scalar reward models: reading the reward at the last real token, and a batched scorer.
+
+A reward model here is a ``*ForSequenceClassification`` transformer with ``num_labels=1`` (a causal
+LM body plus a linear ``score`` head). Its reward for a conversation is the head's output at the
+**last real token** of the rendered conversation.
+
+Why not ``model(...).logits``: transformers pools at "the rightmost token that is not
+``pad_token_id``", which is wrong when ``pad_token_id == eos_token_id`` (Qwen, SmolLM2): the real EOS
+that ends every response counts as padding, so the reward is read one token early, and differently
+for a response that was cut before its EOS (DESIGN.md pitfalls 1 and 3). :func:`sequence_rewards`
+runs the body itself and takes the position from the attention mask, whatever the padding side, with
+position ids counted from the first real token, so a score does not depend on the batch size, the
+amount of padding or the padding side (up to float rounding).
+
+Conversations are rendered exactly as :mod:`rlft.recipes.reward_model` renders training pairs: the
+prompt messages followed by ``{"role": "assistant", "content": response}`` through the tokenizer's
+chat template, giving the same tokens as :func:`rlft.data.chat.tokenize_preference_pair` (see
+:func:`tokenize_scored`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from rlft.models import DeviceSpec, ModelNotFoundError, load_tokenizer, pick_device, resolve_model
+
+log = logging.getLogger("rlft")
+
+Messages = list[dict]
+Prompt = str | Sequence[dict]
+
+NO_LIMIT = 1 << 30
+"""``max_length`` passed on when a caller sets no limit."""
+
+
+def as_messages(prompt: Prompt) -> Messages:
+    """A prompt as a list of chat messages: a plain string becomes one user message."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    messages = list(prompt)
+    if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        raise ValueError(f"a prompt must be a string or a list of {{'role', 'content'}} dicts, got {prompt!r:.200}")
+    return messages
+
+
+def tokenize_scored(tokenizer, prompt: Prompt, response: str, *, max_length: int | None = None) -> list[int] | None:
+    """Token ids of ``[*prompt, {"role": "assistant", "content": response}]``: the prompt rendered with
+    the generation prompt, the response and its end-of-turn token, exactly the tokens the reward-model
+    recipe trains on for each side of a pair (:func:`rlft.data.chat.tokenize_preference_pair`), so the
+    reward is read at the response's end-of-turn token. An empty response is scored too (just its
+    end-of-turn token).
+
+    Returns None when the prompt alone does not fit in ``max_length`` tokens; a response that does
+    not fit is cut at the end.
+    """
+    from rlft.data.chat import render_chat
+
+    conversation = [*as_messages(prompt), {"role": "assistant", "content": response}]
+    example = render_chat(tokenizer, conversation, train_on="last_assistant", max_length=max_length or NO_LIMIT)
+    return None if example is None else list(example.input_ids)
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` index of the last position whose mask is 1 in each row of a ``(B, T)`` mask (left,
+    right or no padding alike; 0 for an all-zero row)."""
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    return (positions * (attention_mask != 0)).argmax(-1)
+
+
+def score_head(model) -> torch.nn.Module:
+    """The linear reward head of a ``*ForSequenceClassification`` model (``score`` in Llama, Qwen2,
+    Mistral, Gemma, GPT-2, ...)."""
+    head = getattr(model, "score", None)
+    if not isinstance(head, torch.nn.Module):
+        raise TypeError(f"{type(model).__name__} has no `score` head: pass a decoder-only *ForSequenceClassification model")
+    return head
+
+
+def sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Reward of each row, read at its last real token.
+
+    Args:
+        model: a ``*ForSequenceClassification`` model with ``num_labels == 1``.
+        input_ids, attention_mask: ``(B, T)``; padding on either side (or both) is fine, the mask
+            alone marks real tokens (pad ids are never looked at).
+    Returns:
+        ``(B,)`` float32 rewards (differentiable when grad is enabled).
+    """
+    mask = attention_mask.long()
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # 0 at each row's first real token
+    hidden = model.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).last_hidden_state  # (B, T, H)
+    last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_token_index(mask)]  # (B, H)
+    rewards = score_head(model)(last)  # (B, num_labels)
+    if rewards.shape[-1] != 1:
+        raise ValueError(f"a reward model has num_labels=1, this one has {rewards.shape[-1]}")
+    return rewards.squeeze(-1).float()
+
+
+def pad_sequences(sequences: Sequence[Sequence[int]], pad_token_id: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)``, each ``(B, max_len)`` long, padded on ``side`` ("left"/"right")."""
+    if side not in ("left", "right"):
+        raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        n = len(seq)
+        cols = slice(width - n, width) if side == "left" else slice(0, n)
+        input_ids[i, cols] = torch.tensor(list(seq), dtype=torch.long)
+        attention_mask[i, cols] = 1
+    return input_ids, attention_mask
+
+
+def is_reward_model_checkpoint(path: str) -> bool:
+    """True when the folder's config says it already is a 1-label sequence classifier (its score head
+    is trained), False for a causal LM (whose head :func:`load_reward_model` must create)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    archs = getattr(config, "architectures", None) or []
+    return any(a.endswith("ForSequenceClassification") for a in archs) and getattr(config, "num_labels", None) == 1
+
+
+def init_score_head(model) -> None:
+    """Initialise a new reward head with N(0, 1/(d+1)) (Stiennon et al. 2020 / OpenAI
+    lm-human-preferences): with unit-scale final hidden states the initial rewards have std ~1, not
+    the ~0.02*sqrt(d) of the default init, so early gradients reach the body."""
+    head = score_head(model)
+    d = head.weight.shape[-1]
+    with torch.no_grad():
+        head.weight.normal_(0.0, 1.0 / math.sqrt(d + 1))
+        if getattr(head, "bias", None) is not None:
+            head.bias.zero_()
+
+
+def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_token_id: int | None = None, init_head: bool | None = None):
+    """Load ``AutoModelForSequenceClassification(num_labels=1)`` from a reward-model folder or a causal
+    LM (built-in name, local folder or Hub id).
+
+    Args:
+        pad_token_id: written to ``config.pad_token_id`` when given (transformers refuses batches
+            without one; :func:`sequence_rewards` itself never uses it).
+        init_head: re-initialise the score head with :func:`init_score_head`; None (default): only
+            when the checkpoint is not already a reward model (the head is new).
+    Raises:
+        ModelNotFoundError: nothing loadable under that name.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    spec = spec or pick_device()
+    path = resolve_model(name_or_path)
+    try:
+        new_head = not is_reward_model_checkpoint(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=spec.dtype)
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"could not load reward model {name_or_path!r}: {e}") from None
+    if init_head or (init_head is None and new_head):
+        init_score_head(model)
+    if pad_token_id is not None:
+        model.config.pad_token_id = pad_token_id
+    return model.to(spec.device)
+
+
+class RewardModelScorer:
+    """Scores (prompt, response) pairs with a local reward model: ``score(prompts, responses) -> list[float]``.
+
+    The same interface as :class:`rlft.rewards.remote.RemoteRewardJudge`, so either can judge a
+    win-rate. Scoring is batched (pairs sorted by length, put back in order), runs under
+    ``torch.no_grad()`` in eval mode, pads on ``tokenizer.padding_side`` and reads each reward at the
+    last real token (:func:`sequence_rewards`): the result does not depend on ``batch_size``, the
+    padding side or the other pairs in a batch.
+
+    Args:
+        model_or_path: a reward-model folder (or any name :func:`load_reward_model` accepts), or an
+            already loaded ``*ForSequenceClassification`` model (then ``tokenizer`` is required and
+            ``device``/``dtype`` are ignored: the model stays where it is).
+        tokenizer: defaults to the folder's tokenizer.
+        batch_size: pairs per forward pass.
+        chat_template: passed to :func:`rlft.data.chat.ensure_chat_template` (a template name or
+            Jinja text) when the tokenizer should use another template than its own; None keeps the
+            folder's template (the one the reward model was trained with).
+        max_length: longest scored sequence; longer responses are cut at the end as in training.
+            None: no limit. A prompt alone longer than that raises ValueError.
+    """
+
+    def __init__(
+        self,
+        model_or_path,
+        tokenizer=None,
+        *,
+        batch_size: int = 16,
+        device: str = "auto",
+        dtype: str = "auto",
+        chat_template: str | None = None,
+        max_length: int | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(model_or_path, (str, Path)):
+            self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(model_or_path))
+            self.model = load_reward_model(str(model_or_path), pick_device(device, dtype), pad_token_id=self.tokenizer.pad_token_id)
+        else:
+            if tokenizer is None:
+                raise ValueError("pass the tokenizer along with an already loaded model")
+            self.model, self.tokenizer = model_or_path, tokenizer
+            if self.model.config.pad_token_id is None:
+                self.model.config.pad_token_id = tokenizer.pad_token_id
+        if chat_template is not None:
+            from rlft.data.chat import ensure_chat_template
+
+            ensure_chat_template(self.tokenizer, chat_template)
+        self.batch_size = batch_size
+        self.max_length = max_length
+
+    def tokenize(self, prompt: Prompt, response: str) -> list[int]:
+        """Token ids the model scores for one pair (see :func:`tokenize_scored`)."""
+        ids = tokenize_scored(self.tokenizer, prompt, response, max_length=self.max_length)
+        if ids is None:
+            raise ValueError(f"a prompt is longer than max_length={self.max_length} tokens: {as_messages(prompt)!r:.200}")
+        return ids
+
+    def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:
+        """One reward per pair; ``prompts[i]`` is a message list or a plain string (one user message)."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"got {len(prompts)} prompts and {len(responses)} responses")
+        if not prompts:
+            return []
+        sequences = [self.tokenize(p, r) for p, r in zip(prompts, responses)]
+        order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        side = getattr(self.tokenizer, "padding_side", "right") or "right"
+        device = next(self.model.parameters()).device
+        out = [0.0] * len(sequences)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(order), self.batch_size):
+                    chunk = order[start : start + self.batch_size]
+                    input_ids, attention_mask = pad_sequences([sequences[i] for i in chunk], pad_id, side)
+                    rewards = sequence_rewards(self.model, input_ids.to(device), attention_mask.to(device))
+                    for i, r in zip(chunk, rewards.tolist()):
+                        out[i] = float(r)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    __call__ = score

@@ -1,0 +1,323 @@
+"""Reward models: the reward is read at the last real token whatever the padding (side, amount, batch
+size; pad == eos with SmolLM2), scoring renders exactly like training, and `rlft rm` learns a
+synthetic preference on a tiny model and saves a folder that reloads to identical scores."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlft.checkpoint import latest_checkpoint, read_metrics
+from rlft.data.chat import tokenize_preference_pair
+from rlft.rewards.reward_model import (
+    RewardModelScorer,
+    init_score_head,
+    is_reward_model_checkpoint,
+    last_token_index,
+    load_reward_model,
+    pad_sequences,
+    sequence_rewards,
+    tokenize_scored,
+)
+
+from tests.conftest import make_tiny_model
+
+torch.set_num_threads(1)
+
+PROMPTS = [
+    "Hi",
+    [{"role": "user", "content": "What is the capital of France? Answer in one word, please."}],
+    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"}],
+    "Write a haiku about the sea, with a title and no rhymes at all.",
+    "ok",
+]
+RESPONSES = ["Hello! How can I help?", "Paris.", "6", "Waves / fold on / grey stones, and the gulls cry over them", ""]
+
+
+def make_tiny_rm(tokenizer, seed: int = 0):
+    """A random 2-layer Llama reward model, layers scaled so rewards depend on the whole context."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        num_labels=1, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForSequenceClassification(config)
+    with torch.no_grad():
+        for p in model.model.layers.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.5)
+    init_score_head(model)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_rm(smol_tokenizer):
+    return make_tiny_rm(smol_tokenizer)
+
+
+@pytest.fixture
+def padding_side(smol_tokenizer):
+    """Set the (session-wide) tokenizer's padding side for one test, then restore it."""
+    saved = smol_tokenizer.padding_side
+
+    def set_side(side: str):
+        smol_tokenizer.padding_side = side
+
+    yield set_side
+    smol_tokenizer.padding_side = saved
+
+
+def unpadded_rewards(model, sequences) -> list[float]:
+    """Each sequence alone (batch of 1, no padding), read at its final position."""
+    out = []
+    with torch.no_grad():
+        for seq in sequences:
+            ids = torch.tensor([seq])
+            out.append(float(sequence_rewards(model, ids, torch.ones_like(ids))[0]))
+    return out
+
+
+# --------------------------------------------------------------------------- reading position
+
+
+def test_last_token_index():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 0, 0, 0]])
+    assert last_token_index(mask).tolist() == [2, 4, 4, 2, 0]
+
+
+def test_pad_sequences_sides():
+    ids, mask = pad_sequences([[5, 6, 7], [8]], pad_token_id=0, side="left")
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    ids, mask = pad_sequences([[5, 6, 7], [8]], pad_token_id=0, side="right")
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    with pytest.raises(ValueError, match="padding side"):
+        pad_sequences([[1]], 0, side="middle")
+
+
+def test_left_and_right_padding_give_identical_rewards(tiny_rm, smol_tokenizer):
+    sequences = [tokenize_scored(smol_tokenizer, p, r) for p, r in zip(PROMPTS, RESPONSES)]
+    assert len({len(s) for s in sequences}) > 2  # really different lengths, so really padded
+    pad = smol_tokenizer.pad_token_id
+    with torch.no_grad():
+        left = sequence_rewards(tiny_rm, *pad_sequences(sequences, pad, "left"))
+        right = sequence_rewards(tiny_rm, *pad_sequences(sequences, pad, "right"))
+    alone = torch.tensor(unpadded_rewards(tiny_rm, sequences))
+    torch.testing.assert_close(left, right, atol=1e-5, rtol=0)
+    torch.testing.assert_close(right, alone, atol=1e-5, rtol=0)
+    assert alone.std() > 1e-2  # the rewards differ between pairs: the test can tell positions apart
+
+
+def test_scorer_invariant_to_batch_size_and_padding_side(tiny_rm, smol_tokenizer, padding_side):
+    results = {}
+    for side in ("left", "right"):
+        padding_side(side)
+        for batch_size in (1, 4):
+            results[side, batch_size] = RewardModelScorer(tiny_rm, smol_tokenizer, batch_size=batch_size).score(PROMPTS, RESPONSES)
+    reference = results["right", 1]
+    assert len(reference) == len(PROMPTS)
+    for key, scores in results.items():
+        assert scores == pytest.approx(reference, abs=1e-5), key
+
+
+def test_scores_invariant_to_padding_amount(tiny_rm, smol_tokenizer):
+    scorer = RewardModelScorer(tiny_rm, smol_tokenizer, batch_size=8)
+    alone = scorer.score(PROMPTS[:1], RESPONSES[:1])
+    long_neighbour = scorer.score([PROMPTS[0], "x " * 200], [RESPONSES[0], "y " * 200])
+    assert long_neighbour[0] == pytest.approx(alone[0], abs=1e-5)
+    # and the same as reading the unpadded sequence's final position
+    assert alone[0] == pytest.approx(unpadded_rewards(tiny_rm, [scorer.tokenize(PROMPTS[0], RESPONSES[0])])[0], abs=1e-5)
+
+
+def test_pad_equal_to_eos_reads_the_end_of_turn_token(tiny_rm, smol_tokenizer):
+    """SmolLM2: pad == eos == <|im_end|>, which also ends every response. transformers' own pooling
+    ("rightmost token that is not pad") then reads the token *before* <|im_end|>; ours reads <|im_end|>."""
+    tok = smol_tokenizer
+    assert tok.pad_token_id == tok.eos_token_id
+    seq = tokenize_scored(tok, PROMPTS[1], RESPONSES[1])
+    assert seq[-1] == tok.eos_token_id  # the scored sequence ends with the end-of-turn token
+    ours = RewardModelScorer(tiny_rm, tok).score([PROMPTS[1]], [RESPONSES[1]])[0]
+    at_end, before_end = unpadded_rewards(tiny_rm, [seq, seq[:-1]])
+    assert ours == pytest.approx(at_end, abs=1e-5)
+    with torch.no_grad():
+        hf_pooled = float(tiny_rm(input_ids=torch.tensor([seq])).logits[0, 0])
+    assert hf_pooled == pytest.approx(before_end, abs=1e-5)
+    assert abs(hf_pooled - ours) > 1e-3
+
+
+def test_scoring_renders_like_training(smol_tokenizer):
+    """The scorer's tokens for (prompt, response) are the training tokens of that side of a pair."""
+    for prompt, response in zip(PROMPTS, RESPONSES):
+        if not response:
+            continue  # training pairs never have empty responses
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        chosen, rejected = tokenize_preference_pair(smol_tokenizer, messages, response, "something else entirely", max_length=4096)
+        assert tokenize_scored(smol_tokenizer, prompt, response) == chosen.input_ids
+        assert tokenize_scored(smol_tokenizer, messages, response) == chosen.input_ids
+
+
+def test_scorer_edge_cases(tiny_rm, smol_tokenizer):
+    scorer = RewardModelScorer(tiny_rm, smol_tokenizer)
+    assert scorer.score([], []) == []
+    with pytest.raises(ValueError, match="prompts"):
+        scorer.score(["a"], [])
+    with pytest.raises(ValueError, match="tokenizer"):
+        RewardModelScorer(tiny_rm)
+    short = RewardModelScorer(tiny_rm, smol_tokenizer, max_length=8)
+    with pytest.raises(ValueError, match="max_length"):
+        short.score(["a long prompt " * 20], ["x"])
+    assert tiny_rm.training is False
+
+
+def test_load_reward_model_from_causal_lm_and_reward_model(tmp_path, smol_tokenizer):
+    lm_dir = tmp_path / "lm"
+    make_tiny_model(len(smol_tokenizer), seed=3).save_pretrained(lm_dir)
+    assert not is_reward_model_checkpoint(str(lm_dir))
+    torch.manual_seed(0)
+    rm = load_reward_model(str(lm_dir), pad_token_id=smol_tokenizer.pad_token_id)
+    weight = rm.score.weight
+    assert weight.shape == (1, 32)
+    assert 0.05 < float(weight.detach().std()) < 0.4  # N(0, 1/(d+1)): std ~0.17, not the default 0.02
+    assert rm.config.pad_token_id == smol_tokenizer.pad_token_id and rm.config.num_labels == 1
+    rm_dir = tmp_path / "rm"
+    rm.save_pretrained(rm_dir)
+    assert is_reward_model_checkpoint(str(rm_dir))
+    again = load_reward_model(str(rm_dir))
+    torch.testing.assert_close(again.score.weight, weight)  # a trained head is kept, not re-initialised
+
+
+# --------------------------------------------------------------------------- the `rlft rm` recipe
+
+MARKER = "banana"
+WORDS = "the a cat dog sun rain tree house blue green runs sleeps quickly under over happy small big river stone".split()
+
+
+def synthetic_rows(n: int, seed: int) -> list[dict]:
+    """UltraFeedback-shaped rows: chosen contains the marker word somewhere, rejected does not."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        prompt = f"Tell me something about {rng.choice(WORDS)} number {i}."
+        chosen_words = [rng.choice(WORDS) for _ in range(rng.randint(3, 7))]
+        chosen_words.insert(rng.randint(0, len(chosen_words)), MARKER)
+        rejected_words = [rng.choice(WORDS) for _ in range(rng.randint(3, 8))]
+        rows.append({
+            "prompt": prompt,
+            "chosen": [{"role": "user", "content": prompt}, {"role": "assistant", "content": " ".join(chosen_words)}],
+            "rejected": [{"role": "user", "content": prompt}, {"role": "assistant", "content": " ".join(rejected_words)}],
+            "score_chosen": 8.0,
+            "score_rejected": float(rng.choice([2, 4, 6])),
+        })
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-lm")
+    make_tiny_model(len(smol_tokenizer), seed=0).save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("rm-data")
+    return write_jsonl(folder / "train.jsonl", synthetic_rows(64, seed=1)), write_jsonl(folder / "test.jsonl", synthetic_rows(32, seed=2))
+
+
+def rm_config(init_folder: Path, train: Path, output_dir: Path, **overrides):
+    from rlft.recipes.reward_model import RMConfig
+
+    cfg = RMConfig(
+        model=str(init_folder), data=str(train), output_dir=str(output_dir), max_length=128,
+        batch_size=8, micro_batch_size=4, eval_batch_size=16, max_steps=40, lr=3e-3, warmup_ratio=0.0,
+        schedule="constant", eval_every=20, save_every=20, device="cpu", dtype="float32", seed=0,
+    )
+    return replace(cfg, **overrides)
+
+
+def test_rm_recipe_learns_marker_and_reloads(init_folder, data_files, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlft.recipes.reward_model import train_rm
+
+    train, test = data_files
+    cfg = rm_config(init_folder, train, tmp_path / "run", eval_data=str(test), center_coef=0.01, margin_scale=0.1)
+    final = train_rm(cfg)
+
+    summary = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert summary["n"] == 32 and summary["step"] == 40
+    assert summary["accuracy"] >= 0.8, summary  # chance is 0.5
+    assert summary["data"]["train"]["pairs"] == 64
+    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == list(range(1, 41))
+    evals = [r for r in metrics if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [20, 40]
+    assert evals[-1]["eval/accuracy"] == pytest.approx(summary["accuracy"])
+    assert {"loss", "loss/bt", "loss/center", "rm/accuracy", "rm/margin", "lr", "grad_norm"} <= metrics[0].keys()
+    assert sum(r["loss/bt"] for r in metrics[-5:]) < sum(r["loss/bt"] for r in metrics[:5])
+
+    # The folder is a standard HF reward model; reloaded, it reproduces the recipe's held-out numbers.
+    model = AutoModelForSequenceClassification.from_pretrained(final)
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert model.config.num_labels == 1 and model.config.pad_token_id == tokenizer.pad_token_id
+    assert any(a.endswith("ForSequenceClassification") for a in model.config.architectures)
+    rows = [json.loads(line) for line in test.read_text().splitlines()]
+    scorer = RewardModelScorer(model, tokenizer, batch_size=8)
+    prompts = [[{"role": "user", "content": r["prompt"]}] for r in rows]
+    chosen = scorer.score(prompts, [r["chosen"][-1]["content"] for r in rows])
+    rejected = scorer.score(prompts, [r["rejected"][-1]["content"] for r in rows])
+    assert sum(c > r for c, r in zip(chosen, rejected)) / len(rows) == pytest.approx(summary["accuracy"])
+    assert sum(c - r for c, r in zip(chosen, rejected)) / len(rows) == pytest.approx(summary["margin"], abs=1e-4)
+    from_folder = RewardModelScorer(str(final), device="cpu", dtype="float32").score(prompts[:4], [r["chosen"][-1]["content"] for r in rows[:4]])
+    assert from_folder == pytest.approx(chosen[:4], abs=1e-5)
+
+
+def test_rm_recipe_resume_matches_uninterrupted_run(init_folder, data_files, tmp_path):
+    import rlft.recipes.reward_model as rm_recipe
+    from rlft.recipes.reward_model import train_rm
+
+    train, _ = data_files
+    short = dict(max_steps=6, save_every=2, eval_every=3, eval_fraction=0.25, limit=32)
+    final_a = train_rm(rm_config(init_folder, train, tmp_path / "a", **short))
+
+    cfg_b = rm_config(init_folder, train, tmp_path / "b", **short)
+    real, calls = rm_recipe.save_checkpoint, []
+
+    def interrupting(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rm_recipe, "save_checkpoint", interrupting)
+        with pytest.raises(KeyboardInterrupt):
+            train_rm(cfg_b)
+    assert latest_checkpoint(tmp_path / "b").name == "step-00000004"
+    final_b = train_rm(replace(cfg_b, resume=True))
+
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(final_a / "model.safetensors"), load_file(final_b / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=0)
+    ma, mb = read_metrics(tmp_path / "a" / "metrics.jsonl"), read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in mb] == list(range(1, 7))
+    for ra, rb in zip(ma, mb):
+        assert rb["loss"] == pytest.approx(ra["loss"], abs=1e-6)
+        assert rb.get("eval/accuracy") == ra.get("eval/accuracy")
+    assert json.loads((tmp_path / "a" / "eval.json").read_text())["n"] == 8  # 25% of 32 held out

@@ -30,18 +30,34 @@ def test_quick_demo_writes_report(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "runs" / "q"
     assert report == run_dir / "report.md"
     text = report.read_text()
-    assert "| base | easy3 held-out | 8 |" in text and "| sft | easy3 held-out | 8 |" in text
+    for model in ("base", "sft", "rloo"):
+        assert f"\n| {model} | " in text, f"no {model} row in the results table"
+    assert "pass@2 (T=1)" in text
     assert "standard (generated)" in text
+    # A random model's samples all score 0, so every pair ties: DPO is skipped, and the report says why.
+    assert "on-policy pairs: 8 prompts tried, 0 kept, 8 dropped as ties" in text
+    assert "DPO skipped" in text and "\n| dpo | " not in text
     if real.is_file():
         assert "Countdown-Tasks-3to4 (real)" in text
-    for png in ("scores.png", "sft_loss.png"):
+    for png in ("scores.png", "loss_sft.png", "reward_mean.png"):
         assert (run_dir / png).stat().st_size > 1000
     steps = [json.loads(line)["step"] for line in (run_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
     evals = sorted(p.name for p in (run_dir / "eval").glob("*.json"))
-    assert "base--easy3.json" in evals and "sft--easy3.json" in evals
+    for model in ("base", "sft", "rloo"):
+        assert f"{model}--easy3.json" in evals and f"{model}--passatk.json" in evals
+    assert (run_dir / "rloo" / "model" / "config.json").is_file()
 
-    # --resume reuses finished evaluations and the trained model instead of redoing them.
+    # --resume reuses finished evaluations, models and the pairs file instead of redoing them; given
+    # non-tied pairs (written here by hand), it trains and evaluates DPO.
     mtimes = {p: p.stat().st_mtime_ns for p in (run_dir / "eval").glob("*.json")}
+    pairs = run_dir / "pairs" / "countdown.jsonl"
+    rows = [{"prompt": f"User: Using the numbers [1, 2, {i}], make {i + 3}.\nAssistant: <think>", "chosen": f" 1+2=3, 3+{i}={i + 3}.</think>\n<answer>1 + 2 + {i}</answer>",
+             "rejected": " no idea</think>\n<answer>1</answer>", "score_chosen": 1.0, "score_rejected": 0.1} for i in range(4)]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs.with_suffix(".stats.json").write_text(json.dumps({"prompts": 4, "kept": 4, "dropped_ties": 0}))
     run_demo(DemoConfig(**{**cfg.__dict__, "resume": True}))
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    text = report.read_text()
+    assert "\n| dpo | " in text and "on-policy pairs: 4 prompts tried, 4 kept" in text
+    assert (run_dir / "loss_dpo.png").is_file()

@@ -192,6 +192,11 @@ def test_load_reward_model_from_causal_lm_and_reward_model(tmp_path, smol_tokeni
     assert is_reward_model_checkpoint(str(rm_dir))
     again = load_reward_model(str(rm_dir))
     torch.testing.assert_close(again.score.weight, weight)  # a trained head is kept, not re-initialised
+    # The saved config carries pad_token_id (== eos here); its embedding row must still be trainable.
+    assert again.get_input_embeddings().padding_idx is None
+    ids = torch.tensor([[5, smol_tokenizer.pad_token_id]])
+    sequence_rewards(again, ids, torch.ones_like(ids)).sum().backward()
+    assert again.get_input_embeddings().weight.grad[smol_tokenizer.pad_token_id].abs().sum() > 0
 
 
 # --------------------------------------------------------------------------- the `rlft rm` recipe
@@ -235,7 +240,8 @@ def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
 @pytest.fixture(scope="module")
 def data_files(tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("rm-data")
-    return write_jsonl(folder / "train.jsonl", synthetic_rows(64, seed=1)), write_jsonl(folder / "test.jsonl", synthetic_rows(32, seed=2))
+    ties = [{**row, "score_chosen": 5.0, "score_rejected": 5.0} for row in synthetic_rows(4, seed=3)]
+    return write_jsonl(folder / "train.jsonl", synthetic_rows(64, seed=1) + ties), write_jsonl(folder / "test.jsonl", synthetic_rows(32, seed=2))
 
 
 def rm_config(init_folder: Path, train: Path, output_dir: Path, **overrides):
@@ -261,7 +267,8 @@ def test_rm_recipe_learns_marker_and_reloads(init_folder, data_files, tmp_path):
     summary = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert summary["n"] == 32 and summary["step"] == 40
     assert summary["accuracy"] >= 0.8, summary  # chance is 0.5
-    assert summary["data"]["train"]["pairs"] == 64
+    assert summary["data"]["train"]["pairs"] == 64  # the 4 score ties are dropped (drop_ties defaults to True)
+    assert summary["data"]["loaded"][f"{train}:train_prefs"]["dropped_ties"] == 4
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, 41))
     evals = [r for r in metrics if "eval/accuracy" in r]

@@ -1,7 +1,8 @@
-"""`rlft demo`: the Countdown story on one CPU in under 30 minutes.
+"""`rlft demo`: the Countdown story on one CPU.
 
-Evaluate the base model, fine-tune it on solver-written reasoning traces (SFT), evaluate again,
-and write ``runs/<name>/report.md`` with a table and plots. Evaluation sets:
+base -> SFT on solver-written reasoning traces -> RLOO, and SFT -> on-policy pairs -> DPO; every
+model is evaluated on the same held-out tasks and ``runs/<name>/report.md`` gets one table and plots.
+Evaluation sets:
 
 - ``<preset> held-out``: generated tasks of the training preset that SFT never saw;
 - ``standard (generated)``: the Countdown-Tasks-3to4 distribution (3-4 numbers in 1-99), generated;
@@ -26,6 +27,9 @@ from rlft.console import console
 from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, print_result
 from rlft.eval.report import markdown_table, plot_curve, plot_grouped_bars
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
+from rlft.recipes.dpo import DPOConfig, train_dpo
+from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
+from rlft.recipes.rloo import RLOOConfig, train_rloo
 from rlft.recipes.sft import SFTConfig, train_sft
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import HFEngine
@@ -69,6 +73,34 @@ class DemoConfig:
     """SFT examples per forward/backward pass."""
     lr: float = 3e-4
     """SFT peak learning rate (cosine decay, 5% warmup)."""
+    rloo_steps: int = 30
+    """RLOO optimizer steps on the SFT model (0 skips RLOO)."""
+    rloo_k: int = 4
+    """RLOO samples per prompt."""
+    rloo_prompts_per_step: int = 8
+    """RLOO prompts per step."""
+    rloo_lr: float = 2e-5
+    """RLOO learning rate (constant)."""
+    rloo_beta: float = 0.001
+    """RLOO KL coefficient (sequence-level k1 KL folded into the reward, reference = SFT model)."""
+    rloo_eval_every: int = 0
+    """Held-out evaluation every N RLOO steps during training (0: only the final evaluation)."""
+    pairs_prompts: int = 256
+    """Training prompts sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
+    pairs_samples: int = 4
+    """Samples per prompt; the pair is best vs worst score, ties dropped."""
+    dpo_steps: int = 30
+    """DPO optimizer steps."""
+    dpo_batch_size: int = 8
+    """DPO pairs per step."""
+    dpo_lr: float = 5e-6
+    """DPO peak learning rate."""
+    dpo_beta: float = 0.1
+    """DPO beta."""
+    passk: int = 4
+    """Samples per task for the sampled pass@k evaluation on the held-out set (0 skips it)."""
+    passk_limit: int = 50
+    """Held-out tasks in the sampled pass@k evaluation."""
     eval_limit: int = 100
     """Held-out tasks of the training preset to evaluate (at most SFT's heldout_size, 200)."""
     standard_limit: int = 50
@@ -97,7 +129,8 @@ class DemoConfig:
         if not self.quick:
             return self
         return replace(self, num_train=64, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8,
-                       standard_limit=4, real_limit=4, max_new_tokens=32)
+                       standard_limit=4, real_limit=4, max_new_tokens=32, rloo_steps=2, rloo_prompts_per_step=2,
+                       pairs_prompts=8, pairs_samples=2, dpo_steps=2, dpo_batch_size=2, passk=2, passk_limit=4)
 
 
 def _real_data_path(cfg: DemoConfig) -> Path | None:
@@ -122,11 +155,25 @@ def eval_sets(cfg: DemoConfig) -> dict[str, list[CountdownTask]]:
     return sets
 
 
+PASSK_SET = "pass@k"
+
+
+def _eval_jobs(cfg: DemoConfig, sets: dict[str, list[CountdownTask]]) -> dict[str, tuple[list[CountdownTask], SamplingParams]]:
+    """Every evaluation of one model: greedy on each set, plus sampled pass@k on the held-out set."""
+    greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    jobs = {name: (tasks, greedy) for name, tasks in sets.items()}
+    if cfg.passk:
+        held_out = next(iter(sets.values()))[: cfg.passk_limit]
+        jobs[PASSK_SET] = (held_out, SamplingParams(k=cfg.passk, temperature=1.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
+    return jobs
+
+
 def evaluate_model(model_name: str, label: str, sets: dict[str, list[CountdownTask]], cfg: DemoConfig, out_dir: Path) -> dict[str, CountdownEvalResult]:
-    """Greedy evaluation of one model on every set; results cached as JSON in ``out_dir``."""
+    """Evaluate one model on every job of :func:`_eval_jobs`; results cached as JSON in ``out_dir``."""
+    jobs = _eval_jobs(cfg, sets)
     results, todo = {}, {}
-    for set_name in sets:
-        path = out_dir / f"{label}--{set_name.split()[0]}.json"
+    for set_name in jobs:
+        path = out_dir / f"{label}--{set_name.split()[0].replace('@', 'at')}.json"
         if cfg.resume and path.is_file():
             results[set_name] = CountdownEvalResult.from_dict(json.loads(path.read_text()))
             log.info("reusing %s", path)
@@ -136,56 +183,90 @@ def evaluate_model(model_name: str, label: str, sets: dict[str, list[CountdownTa
         spec = pick_device(cfg.device, cfg.dtype)
         tokenizer = load_tokenizer(model_name)
         engine = HFEngine(load_model(model_name, spec), tokenizer, batch_size=cfg.eval_batch_size, show_progress=True)
-        params = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
         for set_name, path in todo.items():
-            tasks = sets[set_name]
+            tasks, params = jobs[set_name]
             prompts = [render_prompt(cfg.prompt_template, t, tokenizer) for t in tasks]
             result = evaluate_countdown(engine, tasks, prompts, params)
             print_result(result, title=f"{label} on {set_name}")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result.to_dict(), indent=2))
             results[set_name] = result
-    return {name: results[name] for name in sets}
+    return {name: results[name] for name in jobs}
 
 
-def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]], sets: dict[str, list[CountdownTask]], timings: dict[str, float]) -> Path:
-    """``report.md`` with the results table, plots and example completions; returns its path."""
-    metrics = read_metrics(run_dir / "sft" / "metrics.jsonl")
-    plot_curve(metrics, "loss/sft", run_dir / "sft_loss.png", title="SFT training loss")
-    plot_grouped_bars({s: {m: results[m][s].mean_score for m in results} for s in sets}, run_dir / "scores.png", title="Countdown mean score by model", ylabel="mean score")
-    rows = [[model, s, len(sets[s]), r.mean_score, r.accuracy, r.format_rate, r.truncated_rate]
-            for model in results for s, r in results[model].items()]
-    first_set = next(iter(sets))
+def _curve_section(title: str, metrics_path: Path, keys: list[tuple[str, str]], png_dir: Path) -> str:
+    records = read_metrics(metrics_path)
+    if not records:
+        return ""
+    lines = [f"### {title}", ""]
+    for key, label in keys:
+        if any(key in r for r in records):
+            png = plot_curve(records, key, png_dir / f"{key.replace('/', '_')}.png", title=f"{title}: {label}")
+            last = [r[key] for r in records if key in r][-1]
+            lines += [f"{label}: last {last:.3f}.", "", f"![{label}]({png.name})", ""]
+    return "\n".join(lines)
+
+
+def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]], sets: dict[str, list[CountdownTask]], timings: dict[str, float], notes: list[str]) -> Path:
+    """``report.md`` with the results tables, plots and example completions; returns its path."""
+    held_out = next(iter(sets))
+    plot_grouped_bars({s: {m: results[m][s].mean_score for m in results} for s in sets}, run_dir / "scores.png", title="Countdown mean score by model (greedy)", ylabel="mean score")
+    header = ["model", "mean score", "accuracy", "format rate", "truncated"]
+    if cfg.passk:
+        header += [f"pass@1 (T=1)", f"pass@{cfg.passk} (T=1)"]
+    main_rows = []
+    for model, by_set in results.items():
+        r = by_set[held_out]
+        row = [model, r.mean_score, r.accuracy, r.format_rate, r.truncated_rate]
+        if cfg.passk:
+            sampled = by_set[PASSK_SET]
+            row += [sampled.pass_at_k[1], sampled.pass_at_k[cfg.passk]]
+        main_rows.append(row)
+    other_rows = [[model, s, len(sets[s]), r.mean_score, r.accuracy, r.format_rate]
+                  for model in results for s, r in results[model].items() if s not in (held_out, PASSK_SET)]
     examples = []
     for model in results:
-        for ex in results[model][first_set].examples[:2]:
+        for ex in results[model][held_out].examples[:2]:
             examples.append(f"**{model}**, nums {ex['nums']} target {ex['target']}, score {ex['score']}:\n\n```\n{ex['completion'].strip()}\n```")
-    tokens_per_s = [r["tokens_per_s"] for r in metrics[1:]] or [0.0]
+    curves = [
+        _curve_section("SFT", run_dir / "sft" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
+        _curve_section("RLOO", run_dir / "rloo" / "metrics.jsonl", [("reward/mean", "mean reward per step"), ("reward/accuracy", "accuracy per step"), ("kl/mean", "KL to SFT")], run_dir),
+        _curve_section("DPO", run_dir / "dpo" / "metrics.jsonl", [("loss/dpo", "loss"), ("rewards/accuracy", "implicit reward accuracy")], run_dir),
+    ]
     text = f"""# rlft Countdown demo: {cfg.name}
 
-Base model `{cfg.model}`; SFT on {cfg.num_train} generated `{cfg.preset}` tasks with `{cfg.trace_style}`
-solver traces, {cfg.sft_steps} steps of {cfg.batch_size} (lr {cfg.lr}); prompt template `{cfg.prompt_template}`;
-greedy decoding, at most {cfg.max_new_tokens} new tokens. Scores use the TinyZero-exact
+Base model `{cfg.model}`. SFT on {cfg.num_train} generated `{cfg.preset}` tasks with `{cfg.trace_style}`
+solver traces ({cfg.sft_steps} steps of {cfg.batch_size}, lr {cfg.lr}); RLOO from SFT ({cfg.rloo_steps} steps,
+{cfg.rloo_prompts_per_step} prompts x k={cfg.rloo_k}, lr {cfg.rloo_lr}, beta {cfg.rloo_beta}); DPO from SFT on
+on-policy pairs ({cfg.pairs_prompts} prompts x {cfg.pairs_samples} samples, {cfg.dpo_steps} steps of {cfg.dpo_batch_size},
+lr {cfg.dpo_lr}, beta {cfg.dpo_beta}). Prompt template `{cfg.prompt_template}`. Scores use the TinyZero-exact
 `compute_score` (1.0 correct, 0.1 answer present but wrong, 0 no answer).
 
-## Results
+## Held-out tasks: {held_out} ({len(sets[held_out])} tasks, greedy, at most {cfg.max_new_tokens} new tokens)
 
-{markdown_table(["model", "eval set", "tasks", "mean score", "accuracy", "format rate", "truncated"], rows)}
+{markdown_table(header, main_rows)}
+
+{f"pass@k: {cfg.passk} samples at temperature 1.0 on the first {min(cfg.passk_limit, len(sets[held_out]))} held-out tasks (unbiased estimator)." if cfg.passk else ""}
 
 ![scores](scores.png)
 
-## Training
+## Other evaluation sets (greedy)
 
-Final SFT loss {metrics[-1]['loss/sft'] if metrics else float('nan'):.3f} after {len(metrics)} steps;
-median throughput {sorted(tokens_per_s)[len(tokens_per_s) // 2]:.0f} tokens/s.
+{markdown_table(["model", "eval set", "tasks", "mean score", "accuracy", "format rate"], other_rows) if other_rows else "none"}
 
-![SFT loss](sft_loss.png)
+## Training curves
+
+{chr(10).join(c for c in curves if c)}
+
+## Notes
+
+{chr(10).join(f"- {n}" for n in notes) if notes else "none"}
 
 ## Timings
 
 {markdown_table(["stage", "seconds"], [[k, round(v, 1)] for k, v in timings.items()])}
 
-## Example completions ({first_set})
+## Example completions ({held_out})
 
 {chr(10).join(examples)}
 """
@@ -194,36 +275,85 @@ median throughput {sorted(tokens_per_s)[len(tokens_per_s) // 2]:.0f} tokens/s.
     return path
 
 
+class _Timer:
+    def __init__(self, timings: dict[str, float], name: str):
+        self.timings, self.name = timings, name
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timings[self.name] = time.perf_counter() - self.t0
+
+
+def _done(folder: Path, cfg: DemoConfig) -> bool:
+    return cfg.resume and (folder / "config.json").is_file()
+
+
 def run_demo(cfg: DemoConfig) -> Path:
-    """Run the demo; returns the report path."""
+    """Run the demo; returns the report path. Stages whose output exists are skipped with --resume."""
     cfg = cfg.effective()
     run_dir = Path(cfg.runs_dir) / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
     sets = eval_sets(cfg)
     timings: dict[str, float] = {}
+    notes: list[str] = []
+    common = dict(split_seed=cfg.split_seed, heldout_size=max(cfg.eval_limit, SFTConfig.heldout_size), prompt_template=cfg.prompt_template,
+                  seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype)
 
-    t0 = time.perf_counter()
-    results = {"base": evaluate_model(cfg.model, "base", sets, cfg, run_dir / "eval")}
-    timings["evaluate base"] = time.perf_counter() - t0
+    with _Timer(timings, "evaluate base"):
+        results = {"base": evaluate_model(cfg.model, "base", sets, cfg, run_dir / "eval")}
 
-    t0 = time.perf_counter()
-    sft_cfg = SFTConfig(
-        model=cfg.model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, split_seed=cfg.split_seed,
-        heldout_size=max(cfg.eval_limit, SFTConfig.heldout_size), trace_style=cfg.trace_style,
-        max_dead_ends=cfg.max_dead_ends, prompt_template=cfg.prompt_template, output_dir=str(run_dir / "sft"),
-        max_length=256, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size, max_steps=cfg.sft_steps,
-        lr=cfg.lr, save_every=max(cfg.sft_steps // 4, 1), seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype,
-    )
-    final = run_dir / "sft" / "model"
-    if not (cfg.resume and (final / "config.json").is_file()):
-        final = train_sft(sft_cfg)
-    timings["SFT"] = time.perf_counter() - t0
+    sft = run_dir / "sft" / "model"
+    with _Timer(timings, "SFT"):
+        if not _done(sft, cfg):
+            sft = train_sft(SFTConfig(
+                model=cfg.model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, trace_style=cfg.trace_style,
+                max_dead_ends=cfg.max_dead_ends, output_dir=str(run_dir / "sft"), max_length=256, batch_size=cfg.batch_size,
+                micro_batch_size=cfg.micro_batch_size, max_steps=cfg.sft_steps, lr=cfg.lr, save_every=max(cfg.sft_steps // 4, 1), **common))
+    with _Timer(timings, "evaluate SFT"):
+        results["sft"] = evaluate_model(str(sft), "sft", sets, cfg, run_dir / "eval")
 
-    t0 = time.perf_counter()
-    results["sft"] = evaluate_model(str(final), "sft", sets, cfg, run_dir / "eval")
-    timings["evaluate SFT"] = time.perf_counter() - t0
+    if cfg.rloo_steps:
+        rloo = run_dir / "rloo" / "model"
+        with _Timer(timings, "RLOO"):
+            if not _done(rloo, cfg):
+                rloo = train_rloo(RLOOConfig(
+                    model=str(sft), preset=cfg.preset, num_train=cfg.num_train, output_dir=str(run_dir / "rloo"), k=cfg.rloo_k,
+                    prompts_per_step=cfg.rloo_prompts_per_step, max_steps=cfg.rloo_steps, lr=cfg.rloo_lr, beta=cfg.rloo_beta,
+                    max_new_tokens=cfg.max_new_tokens, micro_batch_size=16, gen_batch_size=cfg.eval_batch_size,
+                    eval_every=cfg.rloo_eval_every, eval_limit=min(50, cfg.eval_limit), eval_max_new_tokens=cfg.max_new_tokens,
+                    save_every=max(cfg.rloo_steps // 3, 1), **common))
+        with _Timer(timings, "evaluate RLOO"):
+            results["rloo"] = evaluate_model(str(rloo), "rloo", sets, cfg, run_dir / "eval")
 
-    report = write_report(cfg, run_dir, results, sets, timings)
+    if cfg.pairs_prompts and cfg.dpo_steps:
+        pairs_path = run_dir / "pairs" / "countdown.jsonl"
+        with _Timer(timings, "on-policy pairs"):
+            if not (cfg.resume and pairs_path.is_file()):
+                make_countdown_pairs(PairsConfig(
+                    model=str(sft), preset=cfg.preset, num_prompts=cfg.pairs_prompts, start=cfg.num_train,
+                    split_seed=cfg.split_seed, heldout_size=common["heldout_size"], prompt_template=cfg.prompt_template,
+                    num_samples=cfg.pairs_samples, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+                    output=str(pairs_path), seed=cfg.seed, device=cfg.device, dtype=cfg.dtype))
+        stats = json.loads(pairs_path.with_suffix(".stats.json").read_text())
+        notes.append(f"on-policy pairs: {stats['prompts']} prompts tried, {stats['kept']} kept, {stats['dropped_ties']} dropped as ties")
+        dpo = run_dir / "dpo" / "model"
+        with _Timer(timings, "DPO"):
+            if stats["kept"] == 0:
+                notes.append("DPO skipped: every sampled pair was a tie")
+                dpo = None
+            elif not _done(dpo, cfg):
+                dpo = train_dpo(DPOConfig(
+                    model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, max_length=256,
+                    batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_batch_size, max_steps=cfg.dpo_steps, lr=cfg.dpo_lr,
+                    save_every=max(cfg.dpo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype))
+        if dpo is not None:
+            with _Timer(timings, "evaluate DPO"):
+                results["dpo"] = evaluate_model(str(dpo), "dpo", sets, cfg, run_dir / "eval")
+
+    timings["total"] = sum(timings.values())
+    report = write_report(cfg, run_dir, results, sets, timings, notes)
     console.print(f"[bold green]Report written to {report}[/]")
     return report

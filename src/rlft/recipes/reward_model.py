@@ -23,7 +23,8 @@
 6. Evaluate pairwise accuracy (fraction of held-out pairs with ``r_chosen > r_rejected``, strictly)
    every ``--eval-every`` steps and at the end: logged in ``metrics.jsonl`` as ``eval/accuracy``,
    ``eval/loss``, ``eval/margin``; the final numbers go to ``eval.json`` (``step``, ``accuracy``,
-   ``loss``, ``margin``, ``chosen``, ``rejected``, ``n``: null without held-out pairs; ``data``: counts).
+   ``loss``, ``margin``, ``chosen``, ``rejected``, ``n``: null without held-out pairs; ``data``: the
+   loaders' counts (rows, kept, skipped_invalid, ties, dropped_ties) and tokenization counts).
 
 Output: ``output_dir/model`` is a standard HF folder: ``AutoModelForSequenceClassification.from_pretrained``
 loads it (config ``num_labels=1`` and ``pad_token_id`` set; the tokenizer, with the chat template used,
@@ -155,19 +156,22 @@ def _validate(cfg: RMConfig) -> None:
         raise ValueError(f"center_coef must be >= 0, got {cfg.center_coef}")
 
 
-def _load(source: str, split: str, cfg: RMConfig, limit: int | None) -> list:
+def _load(source: str, split: str, cfg: RMConfig, limit: int | None, loaded: dict) -> list:
     from rlft.data.preferences import load_preference_pairs
 
     pairs, counts = load_preference_pairs(source, split=split, limit=limit, skip_invalid=cfg.skip_invalid, drop_ties=cfg.drop_ties)
     log.info("%s (%s): %d pairs; %s", source, split, len(pairs), counts)
+    loaded[f"{source}:{split}"] = counts
     return list(pairs)
 
 
-def split_pairs(cfg: RMConfig) -> tuple[list, list]:
-    """``(train_pairs, eval_pairs)`` as configured (see the --eval-* options)."""
-    train = _load(cfg.data, cfg.data_split, cfg, cfg.limit)
+def split_pairs(cfg: RMConfig, loaded: dict | None = None) -> tuple[list, list]:
+    """``(train_pairs, eval_pairs)`` as configured (see the --eval-* options). The loaders' counts
+    (rows, kept, skipped_invalid, ties, dropped_ties) are stored in ``loaded`` by ``"source:split"``."""
+    loaded = {} if loaded is None else loaded
+    train = _load(cfg.data, cfg.data_split, cfg, cfg.limit, loaded)
     if cfg.eval_data is not None or cfg.eval_split is not None:
-        heldout = _load(cfg.eval_data or cfg.data, cfg.eval_split or cfg.data_split, cfg, cfg.eval_limit)
+        heldout = _load(cfg.eval_data or cfg.data, cfg.eval_split or cfg.data_split, cfg, cfg.eval_limit, loaded)
     elif cfg.eval_fraction > 0 and len(train) >= 2:
         n_eval = min(len(train) - 1, max(1, round(cfg.eval_fraction * len(train))))
         perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
@@ -275,7 +279,8 @@ def train_rm(cfg: RMConfig) -> Path:
         from rlft.data.chat import ensure_chat_template
 
         ensure_chat_template(tokenizer, cfg.chat_template)
-    train_pairs, eval_pairs = split_pairs(cfg)
+    loaded: dict[str, dict] = {}
+    train_pairs, eval_pairs = split_pairs(cfg, loaded)
     train, train_counts = tokenize_pairs(train_pairs, tokenizer, cfg.max_length, cfg.margin_scale, "train")
     heldout, eval_counts = tokenize_pairs(eval_pairs, tokenizer, cfg.max_length, 0.0, "eval") if eval_pairs else ([], {"pairs": 0})
     if not train:
@@ -331,7 +336,7 @@ def train_rm(cfg: RMConfig) -> Path:
     final = run_dir / "model"
     save_model_folder(final, model, tokenizer)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
-    summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"train": train_counts, "eval": eval_counts}}
+    summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"loaded": loaded, "train": train_counts, "eval": eval_counts}}
     (run_dir / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
     if last_eval is not None:
         console.print(f"[green]RM done[/]: held-out pairwise accuracy {last_eval['accuracy']:.3f} on {last_eval['n']} pairs; model saved to {final}")

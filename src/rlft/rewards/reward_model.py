@@ -147,6 +147,9 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
             without one; :func:`sequence_rewards` itself never uses it).
         init_head: re-initialise the score head with :func:`init_score_head`; None (default): only
             when the checkpoint is not already a reward model (the head is new).
+
+    The input embedding's ``padding_idx`` is cleared (see the comment in the code): the pad token's
+    embedding row gets gradients like any other, which matters when pad == eos.
     Raises:
         ModelNotFoundError: nothing loadable under that name.
     """
@@ -163,6 +166,14 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
         init_score_head(model)
     if pad_token_id is not None:
         model.config.pad_token_id = pad_token_id
+    # transformers builds the input embedding with padding_idx=config.pad_token_id, which zeroes that
+    # row's gradient. With pad == eos (SmolLM2, pad_token_id 2 = <|im_end|>) that freezes the embedding
+    # of the very token the reward is read at, and only in a model whose saved config carried the pad
+    # id (a resumed run would train differently from a fresh one). Padding is handled by the attention
+    # mask alone, so the row is trained like any other.
+    embeddings = model.get_input_embeddings()
+    if getattr(embeddings, "padding_idx", None) is not None:
+        embeddings.padding_idx = None
     return model.to(spec.device)
 
 

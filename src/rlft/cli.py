@@ -18,7 +18,9 @@ from rlft.console import console, setup_logging
 
 def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from rlft.eval.countdown import EvalCountdownConfig, run_eval_countdown
+    from rlft.eval.winrate import WinrateConfig, run_winrate
     from rlft.recipes.demo import DemoConfig, run_demo
+    from rlft.recipes.reward_model import RMConfig, train_rm
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
     from rlft.recipes.rloo import RLOOConfig, train_rloo
@@ -30,7 +32,9 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "rloo": (RLOOConfig, train_rloo, "RLOO (REINFORCE with leave-one-out baseline) on Countdown prompts with a rule or named reward."),
         "pairs countdown": (PairsConfig, make_countdown_pairs, "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."),
         "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, conservative DPO, RPO) on prompt/chosen/rejected pairs."),
+        "rm": (RMConfig, train_rm, "Bradley-Terry reward model (scalar head on a causal LM) on preference pairs."),
         "eval countdown": (EvalCountdownConfig, run_eval_countdown, "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
+        "eval winrate": (WinrateConfig, run_winrate, "Win-rate of a policy vs a reference, judged by a local reward model or a remote reward API."),
     }
 
 

@@ -164,4 +164,7 @@ def load_model(name_or_path: str, spec: DeviceSpec | None = None):
             f"could not load model {name_or_path!r}: {e}. Pass a local Hugging Face folder, "
             f"a reachable Hub id, or the built-in {DEFAULT_MODEL!r}."
         ) from None
+    # transformers builds the input embedding with padding_idx = config.pad_token_id, which freezes that
+    # row; when pad == eos (SmolLM2, Qwen) the EOS embedding would never train.
+    model.get_input_embeddings().padding_idx = None
     return model.to(spec.device)

@@ -2,8 +2,9 @@
 
 Templates: ChatML with the SmolLM2 tokenizer (pad == eos == <|im_end|>, injects a default system
 prompt), ChatML with the Qwen2.5 tokenizer (injects "You are Qwen..."), our named "chatml" template
-(no default system prompt) and our "llama3" template on a SmolLM2 tokenizer with the Llama-3 markers
-added as special tokens (no Llama-3 tokenizer offline; the point is a non-ChatML layout).
+(no default system prompt) and our "llama3" template on the Qwen tokenizer with the Llama-3 markers
+added as special tokens (no Llama-3 tokenizer offline; the point is a non-ChatML layout; Qwen's
+pre-tokenizer, like Llama-3's, keeps "\n\n" one token whether or not text follows it).
 
 The reference mask in these tests is derived independently of the implementation: it scans the
 token ids for the assistant header (``<|im_start|>assistant\\n`` / ``<|start_header_id|>assistant
@@ -59,14 +60,20 @@ def chatml_tokenizer(smol_tokenizer):
     return ensure_chat_template(copy.deepcopy(smol_tokenizer), "chatml")
 
 
-@pytest.fixture(scope="module")
-def llama3_tokenizer(smol_tokenizer):
-    """SmolLM2's vocabulary plus the Llama-3 markers as special tokens, our llama3 template, pad == eos == <|eot_id|>."""
-    tok = copy.deepcopy(smol_tokenizer)
+def with_llama3_markers(tokenizer):
+    """A copy with the Llama-3 markers as special tokens and our llama3 template; like Llama-3,
+    bos = <|begin_of_text|> and (as our recipes set it) pad == eos == <|eot_id|>."""
+    tok = copy.deepcopy(tokenizer)
     tok.add_special_tokens({"additional_special_tokens": LLAMA3_MARKERS})
+    tok.bos_token = "<|begin_of_text|>"
     tok.eos_token = "<|eot_id|>"
     tok.pad_token = "<|eot_id|>"
     return ensure_chat_template(tok, "llama3")
+
+
+@pytest.fixture(scope="module")
+def llama3_tokenizer(qwen_tokenizer):
+    return with_llama3_markers(qwen_tokenizer)
 
 
 @pytest.fixture
@@ -184,7 +191,7 @@ def test_final_eos_is_trained_when_pad_equals_eos(smol_tokenizer):
     # Every <|im_end|> closing an assistant turn is trained; those closing system/user turns are not.
     ids, mask = long.input_ids, long.loss_mask
     closing = [mask[i] for i, t in enumerate(ids) if t == tok.eos_token_id]
-    assert closing == [0, 0, 1, 0, 1, 0, 1]  # default-less: system, user, A, user, A, user, A
+    assert closing == [0, 0, 1, 0, 1, 0, 1]  # system, user, assistant, user, assistant, user, assistant
 
 
 def test_reply_starting_with_newline_is_tokenized_as_generated(qwen_tokenizer):
@@ -230,6 +237,8 @@ def test_bad_inputs(smol_tokenizer):
         render_chat(smol_tokenizer, SINGLE[:1], max_length=64)
     with pytest.raises(ValueError, match="role"):
         render_chat(smol_tokenizer, [{"role": "bot", "content": "x"}], max_length=64)
+    with pytest.raises(ValueError, match="starts with an assistant turn"):
+        render_chat(smol_tokenizer, [SINGLE[1], SINGLE[0]], max_length=64)
     with pytest.raises(ValueError, match="train_on"):
         render_chat(smol_tokenizer, SINGLE, train_on="everything", max_length=64)
 
@@ -346,3 +355,27 @@ def test_prompt_cut_keeps_a_single_llama3_bos(llama3_tokenizer):
     prompt_ids = encode(tok, render_generation_prompt(tok, PROMPT))
     c, _ = tokenize_preference_pair(tok, PROMPT, CHOSEN, REJECTED, max_length=4096, max_prompt_length=16)
     assert c.input_ids[:16] == [bos] + prompt_ids[-15:]
+
+
+def test_tokenizer_unstable_at_turn_boundaries(smol_tokenizer):
+    """SmolLM2's GPT-2-style pre-tokenizer writes "\n\n" as one token alone but as two before a word, so
+    the Llama-3 header's "\n\n" tokenizes differently in a generation prompt and inside a conversation.
+    Each reply then follows its generation prompt's own tokens (what generation sees); masks stay exact."""
+    tok = with_llama3_markers(smol_tokenizer)
+    header = "<|end_header_id|>\n\n"
+    assert encode(tok, header)[-1:] != encode(tok, header + "Morning")[-3:-2]
+    every = render_chat(tok, MULTI, max_length=4096)
+    last = render_chat(tok, MULTI, train_on="last_assistant", max_length=4096)
+    replies = [m["content"] + "<|eot_id|>" for m in MULTI if m["role"] == "assistant"]
+    assert [decode(tok, r) for r in masked_runs(every)] == replies
+    assert [decode(tok, r) for r in masked_runs(last)] == replies[-1:]
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    # last_assistant (and preference pairs): the whole generation prompt, then the reply.
+    prompt_ids = encode(tok, render_generation_prompt(tok, MULTI[:-1]))
+    assert last.input_ids == prompt_ids + encode(tok, MULTI[-1]["content"]) + [eot]
+    assert tokenize_preference_pair(tok, MULTI[:-1], MULTI[-1]["content"], "No.", max_length=4096)[0] == last
+    # all_assistant: the first reply follows its own generation prompt's tokens; later turns are appended
+    # incrementally (the token stream of a chat that generated every reply), so here they differ from `last`.
+    first = encode(tok, render_generation_prompt(tok, MULTI[:2]))
+    assert every.input_ids[: len(first)] == first and every.loss_mask.index(1) == len(first)
+    assert every.input_ids != last.input_ids

@@ -27,9 +27,16 @@ when ``pad_token_id == eos_token_id`` (DESIGN.md pitfall 1).
 ``tokenizer(text, add_special_tokens=False)``: the template writes any BOS itself, so the tokenizer
 must not add a second one (Llama-3 templates start with ``<|begin_of_text|>``; ``tokenizer(text)``
 would prepend another). Prompts from :func:`render_generation_prompt` must be encoded the same way.
-Where BPE would merge tokens across the prompt/reply boundary (e.g. a reply starting with a newline
-after ChatML's ``assistant\\n``: Qwen merges ``"\\n\\n"``), the reply is encoded on its own after
-the prompt tokens: exactly the tokens a model generating from that prompt would produce.
+The token ids of a render are kept whenever they extend the ids built so far; where BPE tokenizes
+across a prompt/reply boundary differently (a reply starting with a newline after ChatML's
+``assistant\\n``: Qwen merges ``"\\n\\n"``; SmolLM2's GPT-2-style pre-tokenizer writes a trailing
+``"\\n\\n"`` as one token alone but as two before a word), the reply is encoded on its own after the
+prompt's tokens: exactly the tokens a model generating from that prompt produces. Consequences:
+the final (``last_assistant``) turn and preference pairs always start with exactly
+``encode(render_generation_prompt(messages[:i]))``; with ``all_assistant`` every later turn is
+appended to the tokens of the earlier ones (the token stream of a chat that generated each reply),
+which equals the whole-prompt encoding whenever the tokenizer is stable at turn boundaries (ChatML
+and Llama-3 templates with their markers as special tokens, replies not starting with a newline).
 """
 
 from __future__ import annotations
@@ -200,7 +207,7 @@ def render_chat(
 
     Raises:
         ValueError: no chat template (names ``--chat-template``), malformed messages, no assistant
-            turn, or a template without the prefix property.
+            turn, an assistant turn first, or a template without the prefix property.
     """
     _require_template(tokenizer)
     _check_messages(messages)
@@ -209,6 +216,8 @@ def render_chat(
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise ValueError("the conversation has no assistant turn to train on")
+    if turns[0] == 0:
+        raise ValueError("the conversation starts with an assistant turn: there is no prompt to generate it from")
     if train_on == "last_assistant":
         turns = turns[-1:]
     ids, spans = _assistant_spans(tokenizer, messages, turns)

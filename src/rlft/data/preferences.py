@@ -22,8 +22,9 @@ blank line into one turn (a handful of HH rows split one reply over two ``Assist
 Validation: a missing field, wrong type, message without role/content, role other than
 system/user/assistant, empty or whitespace-only reply, a prompt that is empty or does not end with a
 user turn, chosen/rejected conversations that differ before their final reply, a reply conversation
-not ending with an assistant turn, and (for chat examples) no assistant turn or an empty assistant
-turn, each raise :class:`~rlft.data.files.DataError` naming the file, the 0-based row and the field.
+not ending with an assistant turn, and (for chat examples) no assistant turn, an empty assistant
+turn, or an assistant turn first, each raise :class:`~rlft.data.files.DataError` naming the file, the
+0-based row and the field.
 With ``skip_invalid=True`` they are counted (``skipped_invalid``) and a warning is logged on the
 ``"rlft"`` logger; never dropped silently. Score ties (``score_chosen == score_rejected``) are kept
 and counted (``ties``); ``drop_ties=True`` drops them (``dropped_ties``).
@@ -237,6 +238,8 @@ def _chat(row: dict, layout: str) -> ChatExample:
     turns = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise _RowError("messages", "no assistant turn to train on")
+    if turns[0] == 0:
+        raise _RowError("messages[0].role", "the conversation starts with an assistant turn (no prompt before it)")
     for j in turns:
         _text(messages[j]["content"], f"messages[{j}].content")
     return ChatExample(messages)

@@ -81,7 +81,8 @@ class WinrateConfig:
     batch_size: int = 8
     """Prompts per generation batch, and pairs per forward pass of a local judge."""
     chat_template: str | None = None
-    """Chat template (name or Jinja text) for the generation prompts of both models; None: each tokenizer's own."""
+    """Chat template for the generation prompts of both models: a name (chatml, llama3) or a path to a .jinja
+    file; None: each tokenizer's own."""
     output_dir: str = "runs/winrate"
     """Where winrate.jsonl, winrate.json, report.md and generated responses go."""
     report_examples: int = 3
@@ -138,8 +139,8 @@ def winrate_summary(labels: list[float], *, z: float = Z_95) -> dict:
     half = z / denom * math.sqrt(p * (1.0 - p) / n + z * z / (4 * n * n))
     return {
         "win_rate": p,
-        "ci_low": max(0.0, center - half),
-        "ci_high": min(1.0, center + half),
+        "ci_low": 0.0 if p == 0.0 else max(0.0, center - half),  # exact ends (no 1 - 1e-16)
+        "ci_high": 1.0 if p == 1.0 else min(1.0, center + half),
         "n": n,
         "wins": wins,
         "ties": ties,

@@ -73,7 +73,7 @@ class DemoConfig:
     """SFT examples per forward/backward pass."""
     lr: float = 3e-4
     """SFT peak learning rate (cosine decay, 5% warmup)."""
-    rloo_steps: int = 30
+    rloo_steps: int = 20
     """RLOO optimizer steps on the SFT model (0 skips RLOO)."""
     rloo_k: int = 4
     """RLOO samples per prompt."""
@@ -109,7 +109,7 @@ class DemoConfig:
     """Countdown-Tasks-3to4 file for the real-data evaluation; 'auto' looks for ../shared/data/countdown/train.parquet; None skips."""
     real_limit: int = 50
     """Real tasks to evaluate (the last N rows of the file)."""
-    max_new_tokens: int = 96
+    max_new_tokens: int = 64
     """Most generated tokens per completion (traces are 30-70 tokens; the reference uses >= 1024 on GPU)."""
     eval_batch_size: int = 50
     """Sequences generated together during evaluation."""

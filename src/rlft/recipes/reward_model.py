@@ -84,7 +84,8 @@ class RMConfig:
     eval_limit: int | None = 500
     """Evaluate on at most this many held-out pairs (None: all)."""
     chat_template: str | None = None
-    """Chat template for rendering conversations (a template name or Jinja text); None: the tokenizer's own.
+    """Chat template for rendering conversations: a name (chatml, llama3) or a path to a .jinja file; None: the
+    tokenizer's own.
     Saved with the model, so the scorer renders exactly as training did."""
     output_dir: str = "runs/rm"
     """Run directory: checkpoints/, model/, metrics.jsonl, eval.json, config.yaml."""

@@ -150,6 +150,7 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
 
     The input embedding's ``padding_idx`` is cleared (see the comment in the code): the pad token's
     embedding row gets gradients like any other, which matters when pad == eos.
+
     Raises:
         ModelNotFoundError: nothing loadable under that name.
     """
@@ -164,6 +165,7 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
         raise ModelNotFoundError(f"could not load reward model {name_or_path!r}: {e}") from None
     if init_head or (init_head is None and new_head):
         init_score_head(model)
+        log.info("%s: new reward head initialised N(0, 1/(d+1))", name_or_path)
     if pad_token_id is not None:
         model.config.pad_token_id = pad_token_id
     # transformers builds the input embedding with padding_idx=config.pad_token_id, which zeroes that
@@ -181,7 +183,8 @@ class RewardModelScorer:
     """Scores (prompt, response) pairs with a local reward model: ``score(prompts, responses) -> list[float]``.
 
     The same interface as :class:`rlft.rewards.remote.RemoteRewardJudge`, so either can judge a
-    win-rate. Scoring is batched (pairs sorted by length, put back in order), runs under
+    win-rate. Scoring is batched (identical pairs scored once, so they get identical rewards; pairs
+    sorted by length, put back in order), runs under
     ``torch.no_grad()`` in eval mode, pads on ``tokenizer.padding_side`` and reads each reward at the
     last real token (:func:`sequence_rewards`): the result does not depend on ``batch_size``, the
     padding side or the other pairs in a batch.
@@ -192,8 +195,8 @@ class RewardModelScorer:
             ``device``/``dtype`` are ignored: the model stays where it is).
         tokenizer: defaults to the folder's tokenizer.
         batch_size: pairs per forward pass.
-        chat_template: passed to :func:`rlft.data.chat.ensure_chat_template` (a template name or
-            Jinja text) when the tokenizer should use another template than its own; None keeps the
+        chat_template: passed to :func:`rlft.data.chat.ensure_chat_template` (a name such as
+            ``"chatml"`` or a path to a ``.jinja`` file) when the tokenizer should use another template than its own; None keeps the
             folder's template (the one the reward model was trained with).
         max_length: longest scored sequence; longer responses are cut at the end as in training.
             None: no limit. A prompt alone longer than that raises ValueError.
@@ -241,7 +244,11 @@ class RewardModelScorer:
             raise ValueError(f"got {len(prompts)} prompts and {len(responses)} responses")
         if not prompts:
             return []
-        sequences = [self.tokenize(p, r) for p, r in zip(prompts, responses)]
+        all_sequences = [tuple(self.tokenize(p, r)) for p, r in zip(prompts, responses)]
+        index: dict[tuple[int, ...], int] = {}  # identical inputs are scored once: identical rewards
+        for seq in all_sequences:
+            index.setdefault(seq, len(index))
+        sequences = list(index)
         order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         side = getattr(self.tokenizer, "padding_side", "right") or "right"
@@ -259,6 +266,6 @@ class RewardModelScorer:
                         out[i] = float(r)
         finally:
             self.model.train(was_training)
-        return out
+        return [out[index[seq]] for seq in all_sequences]
 
     __call__ = score

@@ -22,12 +22,12 @@ from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.data.files import DataError
 from rlft.recipes.dpo import (
     DPOConfig,
-    PreferencePair,
-    load_preference_pairs,
+    TextPair,
+    load_text_pairs,
     pair_logprobs,
     reference_logprobs,
-    tokenize_preference_pair,
     tokenize_preference_pairs,
+    tokenize_text_pair,
     train_dpo,
 )
 
@@ -69,6 +69,7 @@ def make_cfg(init_folder: Path, data: Path, output_dir: Path, **overrides) -> DP
     cfg = DPOConfig(
         model=str(init_folder),
         data=str(data),
+        data_format="text",  # the synthetic "Q: ...\nA:" prompts would auto-detect as chat
         output_dir=str(output_dir),
         max_length=64,
         batch_size=4,
@@ -123,7 +124,7 @@ def scaled_tiny_model(tokenizer, seed: int = 0):
 def test_pair_tokenization_trains_the_eos_even_when_pad_is_eos(smol_tokenizer):
     tok = smol_tokenizer
     assert tok.pad_token_id == tok.eos_token_id
-    pair = tokenize_preference_pair(tok, PreferencePair("Q: 1+1?\nA:", " 2", " 3, I think"), max_length=64)
+    pair = tokenize_text_pair(tok, TextPair("Q: 1+1?\nA:", " 2", " 3, I think"), max_length=64)
     prompt_len = len(tok("Q: 1+1?\nA:").input_ids)
     for example, text in ((pair.chosen, " 2"), (pair.rejected, " 3, I think")):
         assert example.input_ids[:prompt_len] == tok("Q: 1+1?\nA:").input_ids
@@ -134,10 +135,10 @@ def test_pair_tokenization_trains_the_eos_even_when_pad_is_eos(smol_tokenizer):
 
 def test_truncation_and_drops_are_counted(smol_tokenizer, rlft_log):
     pairs = [
-        PreferencePair("Q: a?\nA:", " fine", " also fine"),  # fits
-        PreferencePair("Q: b?\nA:", " one two three four five six seven eight nine ten", " short"),  # chosen cut
-        PreferencePair("Q: c?\nA:", " ok", " a b c d e f g h i j k l m n o p q"),  # rejected cut
-        PreferencePair("word " * 30, " x", " y"),  # prompt alone too long: dropped
+        TextPair("Q: a?\nA:", " fine", " also fine"),  # fits
+        TextPair("Q: b?\nA:", " one two three four five six seven eight nine ten", " short"),  # chosen cut
+        TextPair("Q: c?\nA:", " ok", " a b c d e f g h i j k l m n o p q"),  # rejected cut
+        TextPair("word " * 30, " x", " y"),  # prompt alone too long: dropped
     ]
     out = tokenize_preference_pairs(pairs, smol_tokenizer, max_length=12)
     assert len(out) == 3
@@ -154,10 +155,10 @@ def test_truncation_and_drops_are_counted(smol_tokenizer, rlft_log):
 def test_pair_logprobs_independent_of_padding_and_order(smol_tokenizer):
     tok = smol_tokenizer
     model = scaled_tiny_model(tok)
-    short = PreferencePair("Hi", " a", " b")
-    target = PreferencePair("Q: what is two plus two?\nA:", " four, since 2 + 2 = 4.", " five")
-    long = PreferencePair("A much longer prompt " * 6 + "\nA:", " and a long answer " * 5, " and a different long one " * 4)
-    tokenized = {name: tokenize_preference_pair(tok, p, max_length=256) for name, p in
+    short = TextPair("Hi", " a", " b")
+    target = TextPair("Q: what is two plus two?\nA:", " four, since 2 + 2 = 4.", " five")
+    long = TextPair("A much longer prompt " * 6 + "\nA:", " and a long answer " * 5, " and a different long one " * 4)
+    tokenized = {name: tokenize_text_pair(tok, p, max_length=256) for name, p in
                  {"short": short, "target": target, "long": long}.items()}
 
     def values(batch: list[str], name: str = "target"):
@@ -193,7 +194,7 @@ def test_one_forward_pass_per_micro_batch(monkeypatch, smol_tokenizer):
         return real(model, input_ids, *args, **kwargs)
 
     monkeypatch.setattr(dpo_recipe, "sequence_logprobs", spy)
-    pairs = [tokenize_preference_pair(tok, PreferencePair(f"Q{i}", " yes", " no no no"), max_length=32) for i in range(3)]
+    pairs = [tokenize_text_pair(tok, TextPair(f"Q{i}", " yes", " no no no"), max_length=32) for i in range(3)]
     pair_logprobs(make_tiny_model(len(tok)), pairs, tok.pad_token_id, "cpu")
     assert len(calls) == 1 and calls[0][0] == 6
 
@@ -281,7 +282,7 @@ def test_first_step_starts_at_log_2_and_preference_is_learned(run_a):
 
 def test_cached_reference_logprobs_equal_a_fresh_computation(run_a, init_folder, pairs_file, smol_tokenizer):
     cached = torch.load(run_a["dir"] / "ref_logps.pt", weights_only=True)
-    pairs = tokenize_preference_pairs(load_preference_pairs(DPOConfig(data=str(pairs_file))), smol_tokenizer, 64)
+    pairs = tokenize_preference_pairs(load_text_pairs(DPOConfig(data=str(pairs_file))), smol_tokenizer, 64)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(init_folder, dtype=torch.float32).eval()
@@ -297,7 +298,7 @@ def test_separate_reference_model_is_used(init_folder, pairs_file, smol_tokenize
     other = tmp_path / "other-ref"
     scaled_tiny_model(smol_tokenizer, seed=5).save_pretrained(other)
     cfg = make_cfg(init_folder, pairs_file, tmp_path / "run", ref_model=str(other))
-    pairs = tokenize_preference_pairs(load_preference_pairs(cfg), smol_tokenizer, cfg.max_length)
+    pairs = tokenize_preference_pairs(load_text_pairs(cfg), smol_tokenizer, cfg.max_length)
     from rlft.models import pick_device
 
     (tmp_path / "run").mkdir()
@@ -425,7 +426,7 @@ GOOD = {"prompt": "Q: 1+1?\nA:", "chosen": " 2", "rejected": " 3"}
 def test_malformed_row_raises_data_error_naming_file_row_and_field(tmp_path, bad_row, field, problem):
     path = _write_jsonl(tmp_path / "prefs.jsonl", [GOOD, GOOD, bad_row, GOOD])
     with pytest.raises(DataError) as info:
-        load_preference_pairs(DPOConfig(data=str(path)))
+        load_text_pairs(DPOConfig(data=str(path)))
     err = info.value
     assert (err.source, err.row, err.field) == (str(path), 2, field)
     assert str(path) in str(err) and "row 2" in str(err) and problem in str(err)
@@ -441,10 +442,10 @@ def test_skip_invalid_counts_and_custom_fields(tmp_path, rlft_log):
     rows = [{"q": "a", "good": " b", "bad": " c"}, {"q": "a"}, {"q": "d", "good": " e", "bad": " e"}, {"q": "f", "good": " g", "bad": " h"}]
     path = _write_jsonl(tmp_path / "prefs.jsonl", rows)
     cfg = DPOConfig(data=str(path), prompt_field="q", chosen_field="good", rejected_field="bad", skip_invalid=True)
-    assert load_preference_pairs(cfg) == [PreferencePair("a", " b", " c"), PreferencePair("f", " g", " h")]
+    assert load_text_pairs(cfg) == [TextPair("a", " b", " c"), TextPair("f", " g", " h")]
     assert "skipped 2 invalid rows" in rlft_log.text
     with pytest.raises(ValueError, match="no preference pairs"):
-        load_preference_pairs(replace(cfg, data=str(_write_jsonl(tmp_path / "bad.jsonl", [{"q": "a"}]))))
+        load_text_pairs(replace(cfg, data=str(_write_jsonl(tmp_path / "bad.jsonl", [{"q": "a"}]))))
 
 
 def test_parquet_and_limit(tmp_path):
@@ -453,7 +454,7 @@ def test_parquet_and_limit(tmp_path):
 
     path = tmp_path / "prefs.parquet"
     pq.write_table(pa.Table.from_pylist(synthetic_rows(5)), path)
-    assert len(load_preference_pairs(DPOConfig(data=str(path), limit=3))) == 3
+    assert len(load_text_pairs(DPOConfig(data=str(path), limit=3))) == 3
 
 
 @pytest.mark.parametrize("overrides, match", [

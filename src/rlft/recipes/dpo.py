@@ -1,14 +1,39 @@
-"""Direct preference optimisation (DPO, IPO, RPO) on prompt/chosen/rejected text triples.
+"""Direct preference optimisation (DPO, IPO, RPO) on chosen/rejected pairs, text or chat.
 
 One linear loop, like :mod:`rlft.recipes.sft`:
 
-1. read the pairs (``--data``: a ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id with
-   text fields ``prompt``, ``chosen``, ``rejected``; e.g. the output of ``rlft pairs countdown``);
-2. tokenize each pair (:func:`tokenize_preference_pair`: prompt + response + EOS, loss on the response
-   and its EOS; too-long responses are cut at the end, pairs whose prompt alone does not fit are
-   dropped; both counted and logged);
+1. read the pairs (``--data``: a ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id,
+   ``--data-split``), in one of two formats chosen once (``--data-format``):
+
+   * ``text``: plain-text ``prompt``/``chosen``/``rejected`` strings (``--prompt-field`` etc.), the
+     prompt already rendered as the model will see it, e.g. ``rlft pairs countdown`` output whose
+     prompts end in ``<think>`` (:func:`load_text_pairs`);
+   * ``chat``: conversations read by :func:`rlft.data.preferences.load_preference_pairs` (H4
+     UltraFeedback message lists, e.g. ``HuggingFaceH4/ultrafeedback_binarized`` split
+     ``train_prefs``; flattened ``prompt``/``chosen``/``rejected`` strings, the prompt taken as one user
+     turn; HH-RLHF transcripts), rendered with the model's chat template (``--chat-template`` sets or
+     replaces it). Score ties are dropped by default (``--drop-ties``) and pairs with identical
+     replies always; both counted.
+   * ``auto`` (default) looks at the first row that parses: ``nums``/``target`` columns (Countdown
+     pairs), a custom ``--prompt-field``/``--chosen-field``/``--rejected-field``, or a prompt string
+     that is already rendered (contains ``<|im_start|>``, or ``Assistant:`` without being an HH
+     ``Human:`` transcript) -> ``text``; anything else -> ``chat``.
+
+2. tokenize each pair as two sequences sharing the prompt tokens, loss on the response only:
+
+   * text (:func:`tokenize_text_pair`): ``prompt + response + EOS``, loss on the response and its EOS;
+     too-long responses are cut at the end, pairs whose prompt alone does not fit are dropped;
+   * chat (:func:`tokenize_chat_pair`, i.e. :func:`rlft.data.chat.tokenize_preference_pair`): the
+     prompt rendered with the generation prompt, then the final assistant reply and its end-of-turn
+     token (the only trained tokens). Truncation keeps the prompt's **end** (``--max-prompt-length``
+     cuts it from the left) and each response's **start** (cut to ``--max-length``); a pair whose
+     responses would keep fewer than ``min(8, their length)`` tokens is dropped.
+
+   Counts (rows, invalid rows skipped, ties, drops, truncations) are logged and written to
+   ``output_dir/data_stats.json``;
 3. compute the reference model's log-probs of every response ONCE (``--ref-model``, default: the
-   initial ``--model``), cache them in ``output_dir/ref_logps.pt`` (a resumed run reads them back) and
+   initial ``--model``), cache them in ``output_dir/ref_logps.pt`` under a fingerprint of the
+   reference model and every token id and mask (a resumed run reads them back when it matches) and
    free the reference model: only the policy is in memory during training (DESIGN.md pitfall 7);
 4. train: each micro-batch puts its B chosen and B rejected sequences through ONE forward pass
    (a right-padded batch of 2B rows), the loss picked once by ``--loss-type`` is scaled so that
@@ -17,16 +42,15 @@ One linear loop, like :mod:`rlft.recipes.sft`:
 ``--loss-type``: ``dpo`` (summed response log-probs, optional ``--label-smoothing``), ``ipo``
 (per-token-mean log-probs, the usual length normalisation), ``rpo`` (DPO + ``--rpo-alpha`` x token-mean
 NLL of the chosen responses).
-
-Prompts and responses are plain text here; :func:`tokenize_preference_pair` is the one place to
-change for chat-template rendering.
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import logging
+import warnings
 import math
 import os
 import time
@@ -38,6 +62,9 @@ import torch
 
 from rlft.checkpoint import save_checkpoint, save_model_folder
 from rlft.console import console, training_progress
+from rlft.data import preferences
+from rlft.data.chat import ensure_chat_template
+from rlft.data.chat import tokenize_preference_pair as tokenize_chat_sequences
 from rlft.data.files import DataError, read_rows
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
@@ -59,18 +86,29 @@ class DPOConfig:
     ref_model: str | None = None
     """Reference model of the implicit reward; None: the initial --model. Must share its tokenizer."""
     data: str = "runs/pairs/countdown.jsonl"
-    """Preference pairs: a .jsonl/.json/.parquet file or Hub dataset id with prompt/chosen/rejected text
-    (e.g. written by `rlft pairs countdown`)."""
+    """Preference pairs: a .jsonl/.json/.parquet file or Hub dataset id: prompt/chosen/rejected text
+    (e.g. written by `rlft pairs countdown`), or chat pairs (H4 UltraFeedback, flattened UF, HH-RLHF)."""
     data_split: str = "train"
-    """Split to read when --data is a Hub dataset id."""
+    """Split to read when --data is a Hub dataset id (e.g. train_prefs for HuggingFaceH4/ultrafeedback_binarized)."""
+    data_format: Literal["auto", "text", "chat"] = "auto"
+    """'text': prompts already rendered (Countdown pairs), trained as prompt + response + EOS; 'chat':
+    conversations rendered with the chat template, loss on the final reply + end-of-turn. auto: rows with
+    nums/target, custom --*-field names, or a prompt containing '<|im_start|>' or 'Assistant:' (not an HH
+    'Human:' transcript) -> text; else chat."""
+    chat_template: str | None = None
+    """Chat template for chat data (and the saved model): a name (chatml, llama3) or a path to a .jinja
+    file; None: the tokenizer's own (an error for chat data when it has none)."""
     prompt_field: str = "prompt"
-    """Column holding the prompt text."""
+    """Column holding the prompt text (text format)."""
     chosen_field: str = "chosen"
-    """Column holding the preferred response text."""
+    """Column holding the preferred response text (text format)."""
     rejected_field: str = "rejected"
-    """Column holding the dispreferred response text."""
+    """Column holding the dispreferred response text (text format)."""
     skip_invalid: bool = False
     """Skip malformed rows (counted and reported) instead of stopping with an error."""
+    drop_ties: bool = True
+    """Chat format: drop pairs whose score_chosen equals score_rejected (counted): a tie states no preference.
+    (Text pairs from `rlft pairs countdown` have their ties dropped already.)"""
     limit: int | None = None
     """Use at most this many pairs (after reading)."""
     loss_type: Literal["dpo", "ipo", "rpo"] = "dpo"
@@ -84,8 +122,11 @@ class DPOConfig:
     output_dir: str = "runs/dpo"
     """Run directory: checkpoints/, model/, metrics.jsonl, config.yaml, ref_logps.pt."""
     max_length: int = 512
-    """Longest prompt + response in tokens; longer responses are cut at the end (counted), pairs whose
-    prompt alone does not fit are dropped (counted)."""
+    """Longest prompt + response in tokens; longer responses are cut at the end (counted), pairs that
+    cannot fit are dropped (counted)."""
+    max_prompt_length: int | None = None
+    """Chat format: cut longer prompts to this many tokens, keeping their end (counted); None: keep whole
+    prompts. Must be < --max-length."""
     batch_size: int = 16
     """Pairs per optimizer step."""
     micro_batch_size: int = 4
@@ -123,12 +164,16 @@ class DPOConfig:
 
 
 @dataclass(frozen=True)
-class PreferencePair:
-    """One preference: ``chosen`` is preferred over ``rejected`` as a continuation of ``prompt``."""
+class TextPair:
+    """One plain-text preference: ``chosen`` is preferred over ``rejected`` as a continuation of ``prompt``."""
 
     prompt: str
     chosen: str
     rejected: str
+
+
+ChatPair = preferences.PreferencePair
+"""A chat preference: prompt messages and the chosen/rejected final assistant replies."""
 
 
 @dataclass(frozen=True)
@@ -139,25 +184,53 @@ class TokenizedPair:
     rejected: TokenizedExample
 
 
-def load_preference_pairs(cfg: DPOConfig) -> list[PreferencePair]:
-    """The pairs of ``cfg.data``, limited to ``cfg.limit``.
+def _first_row(cfg: DPOConfig) -> dict | None:
+    return next((row for _, row in read_rows(cfg.data, split=cfg.data_split) if isinstance(row, dict)), None)
+
+
+def detect_pair_format(row: dict, prompt_field: str = "prompt") -> str:
+    """``"text"`` or ``"chat"`` for a row (the ``--data-format auto`` rule; see the module docstring)."""
+    if "nums" in row or "target" in row:
+        return "text"
+    prompt = row.get(prompt_field)
+    if isinstance(prompt, str):
+        is_hh = prompt.lstrip().startswith("Human:")
+        if "<|im_start|>" in prompt or ("Assistant:" in prompt and not is_hh):
+            return "text"
+    return "chat"
+
+
+def data_format(cfg: DPOConfig) -> str:
+    """The format of ``cfg.data``: ``cfg.data_format``, or with ``auto`` detected once from the first row."""
+    if cfg.data_format != "auto":
+        return cfg.data_format
+    if (cfg.prompt_field, cfg.chosen_field, cfg.rejected_field) != ("prompt", "chosen", "rejected"):
+        return "text"  # custom column names exist for text pairs only
+    row = _first_row(cfg)
+    return "text" if row is None else detect_pair_format(row, cfg.prompt_field)
+
+
+def read_text_pairs(cfg: DPOConfig) -> tuple[list[TextPair], dict]:
+    """The plain-text pairs of ``cfg.data`` (all rows; no limit) and counts {rows, kept, skipped_invalid}.
 
     Raises:
         DataError: a row whose prompt/chosen/rejected field is missing, not a string, or empty, or
             whose responses are identical (unless ``skip_invalid``: then such rows are counted,
             skipped and reported in one warning).
-        ValueError: no valid pairs at all.
     """
     fields = (cfg.prompt_field, cfg.chosen_field, cfg.rejected_field)
-    pairs, skipped = [], 0
+    pairs, counts = [], {"rows": 0, "kept": 0, "skipped_invalid": 0}
     for i, row in read_rows(cfg.data, split=cfg.data_split):
+        counts["rows"] += 1
         try:
+            if isinstance(row, DataError):
+                raise row
             for field in fields:
                 if field not in row:
                     raise DataError(cfg.data, i, field, "missing")
                 value = row[field]
                 if not isinstance(value, str):
-                    hint = " (chat message lists are not supported yet: pass plain text)" if isinstance(value, list) else ""
+                    hint = " (chat message lists: use --data-format chat)" if isinstance(value, list) else ""
                     raise DataError(cfg.data, i, field, f"expected a string, got {type(value).__name__}{hint}")
                 if not value.strip():
                     raise DataError(cfg.data, i, field, "empty")
@@ -167,11 +240,38 @@ def load_preference_pairs(cfg: DPOConfig) -> list[PreferencePair]:
         except DataError:
             if not cfg.skip_invalid:
                 raise
-            skipped += 1
+            counts["skipped_invalid"] += 1
             continue
-        pairs.append(PreferencePair(prompt, chosen, rejected))
-    if skipped:
-        log.warning("skipped %d invalid rows of %s (--skip-invalid)", skipped, cfg.data)
+        pairs.append(TextPair(prompt, chosen, rejected))
+    if counts["skipped_invalid"]:
+        log.warning("skipped %d invalid rows of %s (--skip-invalid)", counts["skipped_invalid"], cfg.data)
+    counts["kept"] = len(pairs)
+    return pairs, counts
+
+
+def read_chat_pairs(cfg: DPOConfig) -> tuple[list[ChatPair], dict]:
+    """Chat pairs of ``cfg.data`` via :func:`rlft.data.preferences.load_preference_pairs` (layout
+    detected there; ties dropped with ``cfg.drop_ties``) and its counts, plus ``dropped_identical``:
+    pairs whose two replies are equal (they carry no preference and no gradient)."""
+    pairs, counts = preferences.load_preference_pairs(
+        cfg.data, split=cfg.data_split, skip_invalid=cfg.skip_invalid, drop_ties=cfg.drop_ties
+    )
+    distinct = [p for p in pairs if p.chosen != p.rejected]
+    counts = {**counts, "dropped_identical": len(pairs) - len(distinct), "kept": len(distinct)}
+    return distinct, counts
+
+
+def load_text_pairs(cfg: DPOConfig) -> list[TextPair]:
+    """The plain-text pairs of ``cfg.data``, limited to ``cfg.limit`` (see :func:`read_text_pairs`).
+
+    Raises:
+        DataError: an invalid row (unless ``skip_invalid``).
+        ValueError: no valid pairs at all.
+    """
+    return _limited(read_text_pairs(cfg)[0], cfg)
+
+
+def _limited(pairs: list, cfg: DPOConfig) -> list:
     if cfg.limit is not None:
         pairs = pairs[: cfg.limit]
     if not pairs:
@@ -179,11 +279,10 @@ def load_preference_pairs(cfg: DPOConfig) -> list[PreferencePair]:
     return pairs
 
 
-def tokenize_preference_pair(tokenizer, pair: PreferencePair, max_length: int) -> TokenizedPair | None:
+def tokenize_text_pair(tokenizer, pair: TextPair, max_length: int) -> TokenizedPair | None:
     """Plain-text tokenization: ``prompt + response + EOS`` for each response, loss on response + EOS.
 
-    Returns None when the prompt alone leaves no room for a response token. This is the one function
-    to swap for chat-template rendering.
+    Returns None when the prompt alone leaves no room for a response token.
     """
     chosen = tokenize_prompt_completion(tokenizer, pair.prompt, pair.chosen, max_length=max_length)
     rejected = tokenize_prompt_completion(tokenizer, pair.prompt, pair.rejected, max_length=max_length)
@@ -192,24 +291,80 @@ def tokenize_preference_pair(tokenizer, pair: PreferencePair, max_length: int) -
     return TokenizedPair(chosen, rejected)
 
 
-def tokenize_preference_pairs(pairs: list[PreferencePair], tokenizer, max_length: int) -> list[TokenizedPair]:
-    """Tokenize all pairs; log how many responses were truncated and how many pairs dropped."""
-    out, dropped = [], 0
-    for pair in pairs:
-        tokenized = tokenize_preference_pair(tokenizer, pair, max_length)
-        if tokenized is None:
-            dropped += 1
-        else:
-            out.append(tokenized)
+def tokenize_chat_pair(tokenizer, pair: ChatPair, max_length: int, max_prompt_length: int | None = None) -> TokenizedPair | None:
+    """Chat-template tokenization (:func:`rlft.data.chat.tokenize_preference_pair`): the prompt with the
+    generation prompt, then the reply and its end-of-turn token, loss on the reply + end-of-turn only.
+
+    Returns None when the pair cannot fit (see the module docstring for the truncation policy).
+    """
+    out = tokenize_chat_sequences(tokenizer, pair.prompt, pair.chosen, pair.rejected,
+                                  max_length=max_length, max_prompt_length=max_prompt_length)
+    return None if out is None else TokenizedPair(*out)
+
+
+def tokenize_preference_pairs(
+    pairs: list, tokenizer, max_length: int, *, data_format: str = "text", max_prompt_length: int | None = None
+) -> list[TokenizedPair]:
+    """Tokenize all pairs of one format (``"text"``: :class:`TextPair`, ``"chat"``: :class:`ChatPair`);
+    log how many responses were truncated and how many pairs dropped."""
+    if data_format == "chat":
+        why = "prompt + response start do not fit"
+        tokenized = [tokenize_chat_pair(tokenizer, p, max_length, max_prompt_length) for p in pairs]
+    else:
+        why = "prompt alone too long"
+        tokenized = [tokenize_text_pair(tokenizer, p, max_length) for p in pairs]
+    out = [t for t in tokenized if t is not None]
     chosen_cut = sum(p.chosen.truncated for p in out)
     rejected_cut = sum(p.rejected.truncated for p in out)
     log.info(
-        "%d pairs; %d chosen and %d rejected responses truncated to %d tokens; %d dropped (prompt alone too long)",
-        len(out), chosen_cut, rejected_cut, max_length, dropped,
+        "%d pairs; %d chosen and %d rejected responses truncated to %d tokens; %d dropped (%s)",
+        len(out), chosen_cut, rejected_cut, max_length, len(pairs) - len(out), why,
     )
     if not out:
-        raise ValueError(f"every pair's prompt is longer than max_length={max_length}")
+        raise ValueError(f"every pair is dropped at max_length={max_length}: {why}")
     return out
+
+
+PAIR_READERS = {"text": read_text_pairs, "chat": read_chat_pairs}
+"""One reader per data format: ``cfg -> (pairs, counts)``."""
+
+
+def load_tokenized_pairs(cfg: DPOConfig, tokenizer) -> tuple[list[TokenizedPair], dict]:
+    """Read and tokenize ``cfg.data`` in the format picked once by :func:`data_format`; returns the
+    pairs and data counts (rows, skipped_invalid, ties, drops, truncations), also logged.
+
+    Chat data gets ``cfg.chat_template`` or the tokenizer's own (else a ValueError naming
+    --chat-template); a set ``cfg.chat_template`` replaces the tokenizer's in either format, so the
+    saved model carries it.
+    """
+    fmt = data_format(cfg)
+    if fmt == "text" and cfg.max_prompt_length is not None:
+        raise ValueError("--max-prompt-length applies to chat data (--data-format chat); text prompts are kept whole")
+    if fmt == "chat" or cfg.chat_template is not None:
+        ensure_chat_template(tokenizer, cfg.chat_template)
+    pairs, counts = PAIR_READERS[fmt](cfg)
+    log.info("%s (%s format): %s", cfg.data, fmt, ", ".join(f"{k} {v}" for k, v in counts.items()))
+    pairs = _limited(pairs, cfg)
+    tokenized = tokenize_preference_pairs(pairs, tokenizer, cfg.max_length, data_format=fmt, max_prompt_length=cfg.max_prompt_length)
+    stats = {
+        "data_format": fmt, **counts, "used": len(pairs), "pairs": len(tokenized),
+        "dropped_too_long": len(pairs) - len(tokenized),
+        "chosen_truncated": sum(p.chosen.truncated for p in tokenized),
+        "rejected_truncated": sum(p.rejected.truncated for p in tokenized),
+        "max_length": cfg.max_length, "max_prompt_length": cfg.max_prompt_length,
+    }
+    return tokenized, stats
+
+
+_RENAMED = {"PreferencePair": "TextPair", "load_preference_pairs": "load_text_pairs"}
+
+
+def __getattr__(name: str):
+    """Old names of the text-pair API (they clashed with :mod:`rlft.data.preferences`), with a warning."""
+    if name in _RENAMED:
+        warnings.warn(f"rlft.recipes.dpo.{name} is renamed {_RENAMED[name]}", DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- log-probs
@@ -351,6 +506,8 @@ def _validate(cfg: DPOConfig) -> None:
         raise ValueError(f"beta must be > 0, got {cfg.beta}")
     if not 0.0 <= cfg.label_smoothing <= 0.5:
         raise ValueError(f"label_smoothing must lie in [0, 0.5], got {cfg.label_smoothing}")
+    if cfg.max_prompt_length is not None and not 0 < cfg.max_prompt_length < cfg.max_length:
+        raise ValueError(f"max_prompt_length must lie in [1, max_length={cfg.max_length}), got {cfg.max_prompt_length}")
 
 
 def train_dpo(cfg: DPOConfig) -> Path:
@@ -361,7 +518,8 @@ def train_dpo(cfg: DPOConfig) -> Path:
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
-    pairs = tokenize_preference_pairs(load_preference_pairs(cfg), tokenizer, cfg.max_length)
+    pairs, stats = load_tokenized_pairs(cfg, tokenizer)
+    (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     ref = reference_logprobs(cfg, pairs, tokenizer.pad_token_id, spec, run_dir)
 
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)

@@ -1,13 +1,30 @@
 """RLOO: REINFORCE with a leave-one-out baseline (Ahmadian et al. 2024), one linear loop.
 
+Two tracks share the loop; only the prompts and the reward differ (both chosen once, before it):
+
+- **Countdown** (default): generated or file Countdown tasks rendered with ``prompt_template``,
+  scored by a rule function (``--reward``, see :mod:`rlft.rewards.registry`).
+- **Chat** (``--prompts-data``, e.g. UltraFeedback): the prompts of a preference/chat dataset (the
+  conversation before each row's final assistant turn), rendered with the policy's chat template
+  (:func:`rlft.data.chat.render_generation_prompt`; ``--chat-template``), scored by a local reward
+  model (``--reward-model``, a folder written by ``rlft rm``; :class:`~rlft.rewards.reward_model.RewardModelScorer`)
+  or a remote judge (``--reward remote``; :class:`~rlft.rewards.remote.RemoteRewardJudge`). The
+  Countdown fields are then ignored. Memory: the reward model is one more model in memory (with the
+  reference, three: policy + reference + reward model) and it scores every step's B*k samples
+  (``micro_batch_size`` pairs per forward): fine for 135M-0.5B models, plan for it above that.
+
 Each step:
 
-1. take ``prompts_per_step`` Countdown training prompts (a seeded order, so a resumed run sees the
+1. take ``prompts_per_step`` training prompts (a seeded order, so a resumed run sees the
    same prompts) and sample ``k`` completions for each at ``temperature`` (seeded from seed + step);
-2. score them with the reward function (``--reward``, see :mod:`rlft.rewards.registry`): ``(B, k)``;
-   optionally add ``truncation_penalty`` to samples that hit ``max_new_tokens``;
-3. teacher-force the sampled sequences (prompt ids exactly as the sampler tokenized them + the
-   generated ids, EOS included in the loss mask) to get log-probs at the sampling temperature under
+2. score them with the reward chosen before the loop (:func:`make_reward`): ``(B, k)`` raw rewards;
+   with ``truncation_penalty`` set, samples that hit ``max_new_tokens`` without an EOS get it added
+   to their raw reward (before the KL and the leave-one-out baseline; there is no other EOS/length
+   penalty);
+3. teacher-force the sampled sequences (prompt ids exactly as the sampler tokenized them, by the
+   same :func:`rlft.rollout.hf.encode_prompts` call with the engine's ``add_special_tokens`` (False
+   for chat-template prompts, which carry their own BOS), + the generated ids, EOS included in the
+   loss mask) to get log-probs at the sampling temperature under
    the reference model (when ``beta > 0``) and, when needed, the pre-update policy;
 4. KL: with ``kl_mode=reward`` (the paper's placement) each sample's reward becomes
    ``R_i - beta * sum_t kl_t`` *before* the advantages; with ``kl_mode=loss`` (OpenRLHF/verl)
@@ -25,10 +42,10 @@ do). Cost per step: generation, one no-grad reference forward (beta > 0), one no
 
 Metrics (one ``metrics.jsonl`` line per step; ``step`` counts steps, not optimizer steps):
 
-- ``reward/mean``, ``reward/std``: the reward function's raw scores of the step's B*k samples (before the
-  truncation penalty and the KL); ``reward/accuracy``: fraction with raw score == 1.0 (Countdown:
-  correct); ``reward/format_rate``: fraction >= 0.1 (Countdown: an answer tag on the last line);
-  ``reward/shaped_mean``: mean of the reward the advantages are computed from (after the truncation
+- ``reward/mean``, ``reward/std``: the reward's raw scores of the step's B*k samples (before the
+  truncation penalty and the KL); rule rewards only (meaningless for a reward model's scores):
+  ``reward/accuracy``: fraction with raw score == 1.0 (Countdown: correct); ``reward/format_rate``:
+  fraction >= 0.1 (Countdown: an answer tag on the last line); ``reward/shaped_mean``: mean of the reward the advantages are computed from (after the truncation
   penalty and, with kl_mode=reward, minus beta * KL).
 - ``kl/mean`` (beta > 0 only): mean over samples of sum_t kl_t (the chosen estimator) between the
   pre-update policy and the reference, on the sampled tokens.
@@ -45,15 +62,19 @@ Metrics (one ``metrics.jsonl`` line per step; ``step`` counts steps, not optimiz
   completion tokens of the batch / update time), ``time/eval_s``.
 - ``eval/score``, ``eval/accuracy``, ``eval/format_rate``: greedy Countdown evaluation on the first
   eval_limit held-out tasks (every eval_every steps, at step 0 and at the last step).
+- Chat track instead: ``eval/reward`` (mean raw reward, e.g. the reward model's score, of greedy
+  responses to eval_prompts held-out prompts; no truncation penalty) and ``eval/truncated_frac``,
+  on the same schedule.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Callable, Iterator, Literal
 
 import torch
 
@@ -64,9 +85,9 @@ from rlft.losses.pg import kl_loss, kl_penalty, policy_gradient_loss, rloo_advan
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
 from rlft.ops import masked_mean, masked_sum, sequence_logprobs
 from rlft.recipes.common import batch_indices, optimizer_step, prepare_training, start_run_dir
-from rlft.rewards.registry import REWARD_FUNCTIONS, RewardFunction
+from rlft.rewards.registry import RewardFunction, get_reward_function
 from rlft.rollout.base import Sample, SamplingParams
-from rlft.rollout.hf import HFEngine
+from rlft.rollout.hf import HFEngine, encode_prompts
 from rlft.types import CountdownTask, TokenBatch
 
 log = logging.getLogger("rlft")
@@ -74,14 +95,16 @@ log = logging.getLogger("rlft")
 
 @dataclass(frozen=True)
 class RLOOConfig:
-    """RLOO (REINFORCE with a leave-one-out baseline) on Countdown prompts."""
+    """RLOO (REINFORCE with a leave-one-out baseline) on Countdown prompts, or on chat prompts with a learned reward."""
 
     model: str = DEFAULT_MODEL
     """Initial policy: built-in name, local HF folder (e.g. an SFT run's model/), or Hub id."""
     ref_model: str | None = None
     """Reference model of the KL penalty; None: the same as --model (loaded fresh, never from a checkpoint)."""
     reward: str = "countdown"
-    """Reward function name: 'countdown' (TinyZero's exact score: 0 / 0.1 / 1) or 'uppercase_start' (toy)."""
+    """Reward function name: 'countdown' (TinyZero's exact score: 0 / 0.1 / 1) or 'uppercase_start' (toy); or
+    'remote' (chat track): an OpenAI-compatible reward API (--base-url, --judge-model, --api-key-env).
+    Ignored when --reward-model is set."""
     data: str | None = None
     """None: generated Countdown tasks (--preset); else a Countdown .jsonl/.json/.parquet file or Hub dataset."""
     data_split: str = "train"
@@ -150,7 +173,39 @@ class RLOOConfig:
     eval_limit: int = 50
     """Held-out tasks per evaluation (at most heldout_size)."""
     eval_max_new_tokens: int = 256
-    """Most tokens per evaluation completion (the reference evaluates with >= 1024)."""
+    """Most tokens per evaluation completion (the reference evaluates with >= 1024); chat track too."""
+    prompts_data: str | None = None
+    """Chat track: a preference or chat dataset (.jsonl/.json/.parquet file or Hub id, e.g.
+    HuggingFaceH4/ultrafeedback_binarized or the flattened UltraFeedback file) whose prompts, the conversation
+    before each row's final assistant turn (duplicates removed), are the RL prompts, rendered with the chat
+    template. When set, the Countdown fields (data, data_split, preset, num_train, split_seed, heldout_size,
+    prompt_template, eval_limit) are ignored and Countdown evaluation is off; needs --reward-model or
+    --reward remote (or a toy rule reward such as uppercase_start)."""
+    prompts_split: str = "train_prefs"
+    """Split of --prompts-data when it is a Hub id (H4 UltraFeedback: train_prefs or train_gen)."""
+    prompts_limit: int | None = None
+    """Read at most the first N rows of --prompts-data (None: all); eval prompts held out from the tail come from these."""
+    max_prompt_tokens: int | None = 512
+    """Chat prompts longer than this many tokens (rendered) are dropped, counted in the log; None: keep all."""
+    chat_template: str | None = None
+    """Chat template of the policy: a name (chatml, llama3) or a .jinja path; None: the tokenizer's own (required on
+    the chat track). Saved with the model. The reward model keeps the template of its own folder."""
+    reward_model: str | None = None
+    """Chat track: a local reward-model folder (written by `rlft rm`): rewards are its scores of
+    (prompt messages, completion). Loaded once, on --device/--dtype: one more model in memory."""
+    base_url: str = "https://integrate.api.nvidia.com/v1"
+    """API root of the remote judge (--reward remote)."""
+    judge_model: str = "nvidia/llama-3.1-nemotron-70b-reward"
+    """Model name of the remote judge (--reward remote)."""
+    api_key_env: str = "NVIDIA_API_KEY"
+    """Environment variable holding the remote judge's API key (never logged or written)."""
+    eval_split: str | None = None
+    """Chat track: split of --prompts-data (Hub id) holding the eval prompts, e.g. test_prefs or test_gen. None: the
+    last eval_prompts prompts read from --prompts-data are held out from training. Either way training prompts
+    equal to an eval prompt are dropped."""
+    eval_prompts: int = 50
+    """Chat track: held-out prompts of each evaluation (mean reward of greedy responses, eval/reward; every
+    eval_every steps, at step 0 and at the end; 0: off)."""
     save_every: int = 25
     """Write a resumable checkpoint every this many steps (0: only the final model)."""
     keep_checkpoints: int = 2
@@ -170,6 +225,15 @@ class RLOOConfig:
         for name in ("prompts_per_step", "max_steps", "ppo_epochs", "micro_batch_size", "gen_batch_size", "max_new_tokens", "eval_limit", "eval_max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_prompts < 0:
+            raise ValueError(f"eval_prompts must be >= 0, got {self.eval_prompts}")
+        for name in ("prompts_limit", "max_prompt_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+        if self.reward_model is not None and self.reward != "countdown":
+            raise ValueError(f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
+        if self.prompts_data is None and (self.reward_model is not None or self.reward == "remote"):
+            raise ValueError("a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 (RLOO samples; log-probs at temperature 0 are undefined), got {self.temperature}")
         if self.beta < 0:
@@ -178,11 +242,24 @@ class RLOOConfig:
             raise ValueError(f"clip_eps must be > 0, got {self.clip_eps}")
         if self.eval_every < 0 or self.save_every < 0:
             raise ValueError("eval_every and save_every must be >= 0")
-        if self.eval_every and self.eval_limit > self.heldout_size:
+        if self.eval_every and self.prompts_data is None and self.eval_limit > self.heldout_size:
             raise ValueError(f"eval_limit ({self.eval_limit}) must be <= heldout_size ({self.heldout_size}) so evaluation tasks are never trained on")
 
 
 # --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class RLPrompt:
+    """One RL prompt: the text the policy continues, and what its reward needs."""
+
+    text: str
+    """The prompt string given to the sampler (a rendered Countdown prompt or chat generation prompt)."""
+    messages: list[dict] | None = None
+    """Chat track: the conversation before the reply (what a reward model scores the reply against)."""
+    ground_truth: dict | None = None
+    """What a rule reward gets as its ground truth: ``CountdownTask.ground_truth()``; on the chat track
+    ``{"messages": messages}``."""
 
 
 def load_rloo_tasks(cfg: RLOOConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
@@ -212,19 +289,94 @@ def load_rloo_tasks(cfg: RLOOConfig) -> tuple[list[CountdownTask], list[Countdow
     return train, heldout
 
 
+def read_chat_prompts(source: str, split: str, limit: int | None = None) -> list[list[dict]]:
+    """Prompt conversations of a preference or chat dataset, file order, duplicates removed.
+
+    Rows are read with :func:`rlft.data.preferences.load_chat_examples` (H4 ``messages``/``chosen``
+    lists, flattened ``prompt``/``chosen`` strings, HH-RLHF, smol-smoltalk ``messages``); each row's
+    prompt is its conversation before the final assistant turn. Invalid rows are skipped, counted and
+    logged by the loader (e.g. the empty ``chosen`` of a flattened UltraFeedback row).
+    """
+    from rlft.data.preferences import load_chat_examples
+
+    examples, counts = load_chat_examples(source, split=split, limit=limit, skip_invalid=True)
+    unique: dict[str, list[dict]] = {}
+    for ex in examples:
+        last = max(i for i, m in enumerate(ex.messages) if m["role"] == "assistant")
+        prompt = ex.messages[:last]
+        unique.setdefault(json.dumps(prompt, sort_keys=True, ensure_ascii=False), prompt)
+    log.info("%s (%s): %d prompts from %d rows (%d invalid skipped, %d duplicates)", source, split, len(unique),
+             counts["rows"], counts["skipped_invalid"], counts["kept"] - len(unique))
+    return list(unique.values())
+
+
+def load_chat_prompts(cfg: RLOOConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPrompt]]:
+    """``(train, eval)`` chat prompts of ``cfg.prompts_data``, rendered with ``tokenizer``'s chat template.
+
+    Eval prompts (only when ``eval_every`` and ``eval_prompts`` are set): the first ``eval_prompts`` of
+    ``eval_split``, or else the last ``eval_prompts`` prompts read for training, which are then not
+    trained on. Training prompts equal to an eval prompt are dropped in both cases, as are prompts
+    longer than ``max_prompt_tokens`` (counted in the log).
+    """
+    from rlft.data.chat import render_generation_prompt
+
+    train = read_chat_prompts(cfg.prompts_data, cfg.prompts_split, cfg.prompts_limit)
+    heldout: list[list[dict]] = []
+    if cfg.eval_every and cfg.eval_prompts:
+        if cfg.eval_split is not None:
+            heldout = read_chat_prompts(cfg.prompts_data, cfg.eval_split)
+        else:
+            if len(train) <= cfg.eval_prompts:
+                raise ValueError(f"{cfg.prompts_data} has {len(train)} prompts: too few to hold out eval_prompts={cfg.eval_prompts} and train on the rest")
+            train, heldout = train[: -cfg.eval_prompts], train[-cfg.eval_prompts :]
+
+    def render(conversations: list[list[dict]], what: str) -> list[RLPrompt]:
+        prompts = [RLPrompt(render_generation_prompt(tokenizer, m), m, {"messages": m}) for m in conversations]
+        if cfg.max_prompt_tokens is not None:
+            lengths = [len(ids) for ids in encode_prompts(tokenizer, [p.text for p in prompts], add_special_tokens=False)]
+            kept = [p for p, n in zip(prompts, lengths) if n <= cfg.max_prompt_tokens]
+            if len(kept) < len(prompts):
+                log.info("%s prompts: dropped %d of %d longer than max_prompt_tokens=%d", what, len(prompts) - len(kept), len(prompts), cfg.max_prompt_tokens)
+            prompts = kept
+        return prompts
+
+    eval_prompts = render(heldout, "eval")[: cfg.eval_prompts]
+    held = {p.text for p in eval_prompts}
+    train_prompts = [p for p in render(train, "training") if p.text not in held]
+    if not train_prompts:
+        raise ValueError(f"no training prompts in {cfg.prompts_data}")
+    if cfg.eval_every and cfg.eval_prompts and not eval_prompts:
+        raise ValueError(f"no eval prompts in {cfg.prompts_data} ({cfg.eval_split or 'held-out tail'})")
+    return train_prompts, eval_prompts
+
+
+def load_prompts(cfg: RLOOConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPrompt], list[CountdownTask] | None]:
+    """``(train, eval, eval_tasks)``: chat prompts (``eval_tasks`` None), or Countdown prompts rendered with
+    ``prompt_template`` (``eval_tasks``: the first ``eval_limit`` held-out tasks)."""
+    if cfg.prompts_data is not None:
+        return *load_chat_prompts(cfg, tokenizer), None
+    from rlft.tasks.countdown.prompts import render_prompt
+
+    tasks, heldout = load_rloo_tasks(cfg)
+    train = [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in tasks]
+    eval_tasks = heldout[: cfg.eval_limit]
+    return train, [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in eval_tasks], eval_tasks
+
+
 def generation_seed(seed: int, step: int) -> int:
     """The sampling seed of a step: distinct per step, the same after a resume."""
     return seed * 1_000_003 + step
 
 
-def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]]) -> TokenBatch:
+def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *, add_special_tokens: bool = True) -> TokenBatch:
     """The right-padded teacher-forcing batch of all sampled sequences: row ``b * k + j`` is ``samples[b][j]``.
 
-    Prompt ids come from ``tokenizer(prompts)`` with its defaults, exactly as :class:`HFEngine` tokenizes
-    them, so the ids are those the sampler conditioned on. ``loss_mask`` is 1 on every generated id,
-    the EOS included (masks come from lengths, never from token values, so pad == EOS is harmless).
+    Prompt ids come from :func:`rlft.rollout.hf.encode_prompts`, the function :class:`HFEngine` tokenizes
+    with; pass the engine's ``add_special_tokens`` (the recipe does), so the ids are those the sampler
+    conditioned on. ``loss_mask`` is 1 on every generated id, the EOS included (masks come from lengths,
+    never from token values, so pad == EOS is harmless).
     """
-    prompt_ids = tokenizer(list(prompts))["input_ids"]
+    prompt_ids = encode_prompts(tokenizer, prompts, add_special_tokens=add_special_tokens)
     examples = [
         TokenizedExample(
             input_ids=list(prompt_ids[b]) + list(sample.completion_ids),
@@ -321,7 +473,58 @@ def policy_loss_backward(
     return metrics, logprobs_out
 
 
+# --------------------------------------------------------------------------- reward
+
+
+RolloutReward = Callable[[list[RLPrompt], list[str]], list[float]]
+"""``reward(prompts, completions) -> one raw reward per (prompt, completion)``."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    fn: RolloutReward
+    kind: Literal["rule", "reward_model", "remote"]
+    """'rule': a function of :data:`~rlft.rewards.registry.REWARD_FUNCTIONS` or an override (accuracy and
+    format-rate metrics make sense); else a learned judge's scores."""
+
+
+def make_reward(cfg: RLOOConfig, reward_fn: RewardFunction | None = None) -> Reward:
+    """The reward of the run, picked once: ``reward_fn`` (an override) if given, else the reward model
+    (``cfg.reward_model``: a :class:`~rlft.rewards.reward_model.RewardModelScorer`, loaded here), else the
+    remote judge (``cfg.reward == "remote"``), else the rule function ``cfg.reward``.
+
+    Rule functions get ``(prompt texts, completions, ground truths)``; judges ``(prompt messages,
+    completions)``.
+    """
+    if reward_fn is None and cfg.reward_model is not None:
+        from rlft.rewards.reward_model import RewardModelScorer
+
+        scorer = RewardModelScorer(cfg.reward_model, batch_size=cfg.micro_batch_size, device=cfg.device, dtype=cfg.dtype)
+        log.info("reward: reward model %s", cfg.reward_model)
+        return Reward(lambda prompts, completions: scorer.score([p.messages for p in prompts], completions), "reward_model")
+    if reward_fn is None and cfg.reward == "remote":
+        from rlft.rewards.remote import RemoteRewardJudge
+
+        judge = RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env)
+        log.info("reward: remote judge %s at %s", cfg.judge_model, cfg.base_url)
+        return Reward(lambda prompts, completions: judge.score([p.messages for p in prompts], completions), "remote")
+    if reward_fn is None:
+        reward_fn = get_reward_function(cfg.reward, also=("remote",))
+        if cfg.prompts_data is not None and cfg.reward == "countdown":
+            raise ValueError("chat prompts (--prompts-data) have no Countdown answer: pass --reward-model, --reward remote or a toy rule reward")
+    fn = reward_fn
+    return Reward(lambda prompts, completions: fn([p.text for p in prompts], completions, [p.ground_truth for p in prompts]), "rule")
+
+
 # --------------------------------------------------------------------------- evaluation
+
+
+def evaluate_chat(engine, prompts: list[RLPrompt], reward: Reward, max_new_tokens: int) -> dict[str, float]:
+    """Greedy responses to held-out chat prompts: ``eval/reward`` (mean raw reward, no truncation
+    penalty) and ``eval/truncated_frac``."""
+    samples = [row[0] for row in engine.generate([p.text for p in prompts], SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))]
+    scores = reward.fn(prompts, [s.text for s in samples])
+    return {"eval/reward": sum(scores) / len(scores), "eval/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
 
 
 def evaluate_heldout(engine, tasks: list[CountdownTask], prompts: list[str], max_new_tokens: int) -> dict[str, float]:
@@ -338,24 +541,28 @@ def evaluate_heldout(engine, tasks: list[CountdownTask], prompts: list[str], max
 def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     """Run RLOO as configured; returns the folder of the final model (``output_dir/model``).
 
-    ``reward_fn`` overrides ``REWARD_FUNCTIONS[cfg.reward]`` (for programmatic use and tests).
+    ``reward_fn`` overrides the configured reward (a rule function ``(prompts, completions,
+    ground_truths)``, for programmatic use and tests; see :func:`make_reward`).
     """
-    if reward_fn is None:
-        if cfg.reward not in REWARD_FUNCTIONS:
-            raise ValueError(f"unknown reward {cfg.reward!r}; choose from {sorted(REWARD_FUNCTIONS)}")
-        reward_fn = REWARD_FUNCTIONS[cfg.reward]
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
+    chat = cfg.prompts_data is not None
+    tokenizer = load_tokenizer(cfg.model)
+    if cfg.chat_template is not None or chat:
+        from rlft.data.chat import ensure_chat_template
+
+        ensure_chat_template(tokenizer, cfg.chat_template)  # None: the tokenizer's own, required on the chat track
+    reward = make_reward(cfg, reward_fn)  # once: the loop calls reward.fn
     run_dir = start_run_dir(cfg.output_dir, cfg)
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
-    tokenizer = load_tokenizer(cfg.model)
-    from rlft.tasks.countdown.prompts import render_prompt
+    prompts, eval_prompts, eval_tasks = load_prompts(cfg, tokenizer)
+    evaluate_on = bool(cfg.eval_every and eval_prompts)
 
-    tasks, heldout = load_rloo_tasks(cfg)
-    prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
-    eval_tasks = heldout[: cfg.eval_limit]
-    eval_prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in eval_tasks]
+    def evaluate() -> dict[str, float]:
+        if chat:
+            return evaluate_chat(engine, eval_prompts, reward, cfg.eval_max_new_tokens)
+        return evaluate_heldout(engine, eval_tasks, [p.text for p in eval_prompts], cfg.eval_max_new_tokens)
 
     total_steps = cfg.max_steps
     optimizer_steps = total_steps * cfg.ppo_epochs
@@ -365,41 +572,44 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
     ref_model = None
     if cfg.beta > 0:  # the reference is the initial policy, never a checkpoint of this run
         ref_model = load_model(cfg.ref_model or cfg.model, spec).eval().requires_grad_(False)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size)
+    # Chat-template text carries its own BOS: the tokenizer must not add another (generation and training alike).
+    templated = chat or cfg.prompt_template == "chat"
+    engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size, add_special_tokens=not templated)
     sampling = SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
     clip_eps = cfg.clip_eps if cfg.ppo_epochs > 1 else None
     kl_in_reward = ref_model is not None and cfg.kl_mode == "reward"
     kl_coef = cfg.beta if ref_model is not None and cfg.kl_mode == "loss" else 0.0
-    log.info("RLOO: %d training tasks, %d steps of %d prompts x %d samples on %s/%s (KL %s, beta %g)", len(tasks), total_steps,
-             cfg.prompts_per_step, cfg.k, spec.device, str(spec.dtype).removeprefix("torch."), cfg.kl_mode, cfg.beta)
+    log.info("RLOO: %d training %s, %d steps of %d prompts x %d samples on %s/%s (KL %s, beta %g; %s reward)", len(prompts),
+             "chat prompts" if chat else "tasks", total_steps, cfg.prompts_per_step, cfg.k, spec.device,
+             str(spec.dtype).removeprefix("torch."), cfg.kl_mode, cfg.beta, reward.kind)
 
-    if cfg.eval_every and start_step == 0:
-        setup.metrics.log({"step": 0, **evaluate_heldout(engine, eval_tasks, eval_prompts, cfg.eval_max_new_tokens)})
+    if evaluate_on and start_step == 0:
+        setup.metrics.log({"step": 0, **evaluate()})
 
     with training_progress("rloo") as progress:
         bar = progress.add_task("rloo", total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             # 1. This step's prompts, k samples each.
-            chosen = batch_indices(step, len(tasks), cfg.prompts_per_step, cfg.seed)
+            chosen = batch_indices(step, len(prompts), cfg.prompts_per_step, cfg.seed)
             step_prompts = [prompts[i] for i in chosen]
-            step_truths = [tasks[i].ground_truth() for i in chosen]
+            step_texts = [p.text for p in step_prompts]
             t0 = time.perf_counter()
-            samples = engine.generate(step_prompts, replace(sampling, seed=generation_seed(cfg.seed, step)))
+            samples = engine.generate(step_texts, replace(sampling, seed=generation_seed(cfg.seed, step)))
             generate_s = time.perf_counter() - t0
             flat = [s for row in samples for s in row]  # row b * k + j
 
-            # 2. Rewards (B, k).
+            # 2. Raw rewards (B, k); the truncation penalty goes on samples that hit max_new_tokens without EOS.
             B, k = len(step_prompts), cfg.k
-            scores = reward_fn([p for p in step_prompts for _ in range(k)], [s.text for s in flat], [g for g in step_truths for _ in range(k)])
+            scores = reward.fn([p for p in step_prompts for _ in range(k)], [s.text for s in flat])
             if len(scores) != B * k:
-                raise ValueError(f"the reward function returned {len(scores)} scores for {B * k} completions")
+                raise ValueError(f"the reward returned {len(scores)} scores for {B * k} completions")
             raw = torch.tensor(scores, dtype=torch.float32).view(B, k)
             truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(B, k)
             rewards = raw + cfg.truncation_penalty * truncated if cfg.truncation_penalty is not None else raw.clone()
 
             # 3. Log-probs before the update: reference, and the sampling policy when needed.
             t1 = time.perf_counter()
-            batch = rollout_batch(tokenizer, step_prompts, samples).to(spec.device)
+            batch = rollout_batch(tokenizer, step_texts, samples, add_special_tokens=engine.add_special_tokens).to(spec.device)
             mask = batch.loss_mask
             ref_logprobs = batch_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size) if ref_model is not None else None
             old_logprobs = None
@@ -434,8 +644,8 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
                 "step": step + 1,
                 "reward/mean": raw.mean().item(),
                 "reward/std": raw.std(unbiased=False).item(),
-                "reward/accuracy": (raw == 1.0).float().mean().item(),
-                "reward/format_rate": (raw >= 0.1).float().mean().item(),
+                **({"reward/accuracy": (raw == 1.0).float().mean().item(), "reward/format_rate": (raw >= 0.1).float().mean().item()}
+                   if reward.kind == "rule" else {}),
                 "reward/shaped_mean": rewards.mean().item(),
                 "adv/mean": advantages.mean().item(),
                 "adv/std": advantages.std(unbiased=False).item(),
@@ -456,9 +666,9 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
                 "tokens_per_s/generate": completion_tokens / generate_s,
                 "tokens_per_s/update": float(batch.attention_mask.sum()) / update_s,
             })  # fmt: skip
-            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
+            if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
                 t2 = time.perf_counter()
-                record.update(evaluate_heldout(engine, eval_tasks, eval_prompts, cfg.eval_max_new_tokens))
+                record.update(evaluate())
                 record["time/eval_s"] = time.perf_counter() - t2
             setup.metrics.log(record)
             info = f"reward {record['reward/mean']:.3f}" + (f"  kl {record['kl/mean']:.4f}" if "kl/mean" in record else "")

@@ -1,14 +1,34 @@
 """Supervised fine-tuning: next-token NLL on completion tokens, one linear loop.
 
-Data sources (``--data``):
+Data sources (``--data``), one kind chosen once, before any row is read for training
+(:func:`data_kind`), each read by one small function:
+
 - ``countdown``: tasks from the local generator (``--preset``) with solver-written reasoning traces;
-- a local ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id, in one of two layouts,
-  detected from the columns or forced with ``--data-format``: ``prompt``/``completion`` text pairs, or
-  cog_behav's ``query``/``completion``.
+- a local ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id (``--data-split``), in one of three
+  layouts, forced with ``--data-format`` or detected from the first row:
+
+  * ``chat``: conversations, rendered with the model's chat template (``--chat-template`` to set or
+    replace it) by :func:`rlft.data.chat.render_chat`; the loss is on every assistant turn and its
+    end-of-turn token. Rows are read by :func:`rlft.data.preferences.load_chat_examples`:
+    ``{"messages": [...]}`` (``HuggingFaceTB/smol-smoltalk`` ``train``, H4 ultrafeedback
+    ``train_sft``), or, with ``--data-format chat``, preference rows (H4 ``train_prefs``, flattened
+    ``prompt``/``chosen``/``rejected`` strings, HH-RLHF): prompt + chosen reply ("Pref-FT");
+  * ``cog_behav``: ``query``/``completion`` text (``Asap7772/cog_behav_all_strategies``);
+  * ``prompt_completion``: ``--prompt-field``/``--completion-field`` text pairs.
+
+  Auto-detection (``--data-format auto``), from the first row that parses: a ``messages`` list ->
+  ``chat``; a ``query`` column with a ``completion`` column or without the prompt column ->
+  ``cog_behav``; anything else -> ``prompt_completion``. Preference rows are never auto-detected as
+  Pref-FT: ask for it with ``--data-format chat``.
+
+Malformed rows stop the run with a :class:`~rlft.data.files.DataError` (file, row, field), or with
+``--skip-invalid`` are counted and reported. Truncation (``--max-length``) is counted and logged; the
+counts also go to ``output_dir/data_stats.json``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -20,7 +40,9 @@ import torch
 
 from rlft.checkpoint import save_checkpoint, save_model_folder
 from rlft.console import console, training_progress
+from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
+from rlft.data.preferences import ChatExample, load_chat_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
@@ -39,10 +61,16 @@ class SFTConfig:
     """Model to fine-tune: built-in name, local HF folder, or Hub id (e.g. Qwen/Qwen2.5-0.5B)."""
     data: str = "countdown"
     """'countdown' (generated tasks + solver traces), or a .jsonl/.json/.parquet file or Hub dataset id."""
-    data_format: Literal["auto", "prompt_completion", "cog_behav"] = "auto"
-    """Layout of --data files: prompt/completion pairs or cog_behav query/completion; auto detects."""
+    data_format: Literal["auto", "prompt_completion", "cog_behav", "chat"] = "auto"
+    """Layout of --data files: prompt/completion text pairs, cog_behav query/completion, or chat
+    conversations (a messages list; with 'chat' also preference rows: prompt + chosen reply, Pref-FT).
+    auto: messages -> chat, query -> cog_behav, else prompt_completion."""
     data_split: str = "train"
-    """Split to read when --data is a Hub dataset id."""
+    """Split to read when --data is a Hub dataset id (e.g. train for smol-smoltalk; train_sft or, for
+    Pref-FT, train_prefs for HuggingFaceH4/ultrafeedback_binarized)."""
+    chat_template: str | None = None
+    """Chat template for chat data (and the saved model): a name (chatml, llama3) or a path to a .jinja
+    file; None: the tokenizer's own (an error for chat data when it has none)."""
     prompt_field: str = "prompt"
     """Column holding the prompt text (prompt_completion layout)."""
     completion_field: str = "completion"
@@ -120,8 +148,9 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
 
 
 def _detect_format(row: dict, cfg: SFTConfig) -> str:
-    if cfg.data_format != "auto":
-        return cfg.data_format
+    """The layout of a file from its first row (see the module docstring)."""
+    if isinstance(row.get("messages"), list):
+        return "chat"
     # A row with `query` and no prompt column is cog_behav even if it lacks its completion (a
     # malformed first row must not switch the whole file to the other layout).
     if "query" in row and ("completion" in row or cfg.prompt_field not in row):
@@ -129,59 +158,145 @@ def _detect_format(row: dict, cfg: SFTConfig) -> str:
     return "prompt_completion"
 
 
-def _file_pairs(cfg: SFTConfig) -> list[PromptCompletion]:
-    pairs, skipped, fmt = [], 0, None
+def data_kind(cfg: SFTConfig) -> str:
+    """``"countdown"``, ``"prompt_completion"``, ``"cog_behav"`` or ``"chat"``: decided once, from the
+    config, or (``--data-format auto``) from the first row of ``--data`` that parses."""
+    if cfg.data == "countdown":
+        return "countdown"
+    if cfg.data_format != "auto":
+        return cfg.data_format
+    first = next((row for _, row in read_rows(cfg.data, split=cfg.data_split) if isinstance(row, dict)), None)
+    return "prompt_completion" if first is None else _detect_format(first, cfg)
+
+
+def _string_field(cfg: SFTConfig, i: int, row: dict, field: str) -> str:
+    if field not in row:
+        hint = " (a preference row? --data-format chat trains on prompt + chosen reply: Pref-FT)" if "chosen" in row else ""
+        raise DataError(cfg.data, i, field, f"missing{hint}")
+    if not isinstance(row[field], str):
+        raise DataError(cfg.data, i, field, f"expected a string, got {type(row[field]).__name__}")
+    return row[field]
+
+
+def _text_rows(cfg: SFTConfig, prompt_field: str, completion_field: str) -> tuple[list[tuple[str, str]], dict]:
+    """Valid (prompt, completion) strings of ``cfg.data`` and counts {rows, kept, skipped_invalid}."""
+    rows, counts = [], {"rows": 0, "kept": 0, "skipped_invalid": 0}
     for i, row in read_rows(cfg.data, split=cfg.data_split):
+        counts["rows"] += 1
         try:
             if isinstance(row, DataError):
                 raise row
-            fmt = fmt or _detect_format(row, cfg)
-            fields = ("query", "completion") if fmt == "cog_behav" else (cfg.prompt_field, cfg.completion_field)
-            for field in fields:
-                if field not in row:
-                    raise DataError(cfg.data, i, field, "missing")
-                if not isinstance(row[field], str):
-                    raise DataError(cfg.data, i, field, f"expected a string, got {type(row[field]).__name__}")
-            prompt, completion = row[fields[0]], row[fields[1]]
+            prompt, completion = (_string_field(cfg, i, row, f) for f in (prompt_field, completion_field))
             if not completion.strip():
-                raise DataError(cfg.data, i, fields[1], "empty completion")
+                raise DataError(cfg.data, i, completion_field, "empty completion")
         except DataError:
             if not cfg.skip_invalid:
                 raise
-            skipped += 1
+            counts["skipped_invalid"] += 1
             continue
-        if fmt == "cog_behav" and not (prompt[-1:].isspace() or completion[:1].isspace()):
-            prompt += "\n"  # cog_behav queries end at "step by step." and completions start at "<think>"
-        pairs.append(PromptCompletion(prompt, completion))
-    if skipped:
-        log.warning("skipped %d invalid rows of %s (--skip-invalid)", skipped, cfg.data)
-    return pairs
+        rows.append((prompt, completion))
+    if counts["skipped_invalid"]:
+        log.warning("skipped %d invalid rows of %s (--skip-invalid)", counts["skipped_invalid"], cfg.data)
+    counts["kept"] = len(rows)
+    return rows, counts
 
 
-def load_sft_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
-    """The training pairs named by ``cfg.data`` (see the module docstring), limited to ``cfg.limit``."""
-    pairs = _countdown_pairs(cfg, tokenizer) if cfg.data == "countdown" else _file_pairs(cfg)
+def _prompt_completion_pairs(cfg: SFTConfig, tokenizer) -> tuple[list[PromptCompletion], dict]:
+    rows, counts = _text_rows(cfg, cfg.prompt_field, cfg.completion_field)
+    return [PromptCompletion(p, c) for p, c in rows], counts
+
+
+def _cog_behav_pairs(cfg: SFTConfig, tokenizer) -> tuple[list[PromptCompletion], dict]:
+    rows, counts = _text_rows(cfg, "query", "completion")
+    # cog_behav queries end at "step by step." and completions start at "<think>": join with a newline.
+    joined = [(q if q[-1:].isspace() or c[:1].isspace() else q + "\n", c) for q, c in rows]
+    return [PromptCompletion(q, c) for q, c in joined], counts
+
+
+def _chat_examples(cfg: SFTConfig, tokenizer) -> tuple[list[ChatExample], dict]:
+    examples, counts = load_chat_examples(cfg.data, split=cfg.data_split, skip_invalid=cfg.skip_invalid)
+    log.info("%s: %d conversations from %d rows (%d invalid rows skipped)", cfg.data, counts["kept"], counts["rows"], counts["skipped_invalid"])
+    return examples, counts
+
+
+def _countdown_source(cfg: SFTConfig, tokenizer) -> tuple[list[PromptCompletion], dict]:
+    pairs = _countdown_pairs(cfg, tokenizer)
+    return pairs, {"rows": len(pairs), "kept": len(pairs), "skipped_invalid": 0}
+
+
+SOURCES = {
+    "countdown": _countdown_source,
+    "prompt_completion": _prompt_completion_pairs,
+    "cog_behav": _cog_behav_pairs,
+    "chat": _chat_examples,
+}
+"""One reader per data kind: ``(cfg, tokenizer) -> (records, counts {rows, kept, skipped_invalid})``."""
+
+
+def read_sft_data(cfg: SFTConfig, tokenizer, kind: str | None = None) -> tuple[list[PromptCompletion] | list[ChatExample], dict]:
+    """The training records of ``cfg.data`` (:class:`PromptCompletion` pairs, or :class:`ChatExample`
+    conversations for ``kind == "chat"``), limited to ``cfg.limit``, and the reader's counts.
+
+    ``kind``: from :func:`data_kind` when None.
+    """
+    records, counts = SOURCES[kind or data_kind(cfg)](cfg, tokenizer)
     if cfg.limit is not None:
-        pairs = pairs[: cfg.limit]
-    if not pairs:
+        records = records[: cfg.limit]
+    if not records:
         raise ValueError(f"no training examples in {cfg.data}")
-    return pairs
+    return records, counts
+
+
+def load_sft_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion] | list[ChatExample]:
+    """The training records named by ``cfg.data`` (see the module docstring), limited to ``cfg.limit``."""
+    return read_sft_data(cfg, tokenizer)[0]
+
+
+def _report(examples: list[TokenizedExample], dropped: int, max_length: int, why: str) -> list[TokenizedExample]:
+    truncated = sum(e.truncated for e in examples)
+    log.info("%d examples; %d truncated to %d tokens; %d dropped (%s)", len(examples), truncated, max_length, dropped, why)
+    if not examples:
+        raise ValueError(f"every example is dropped at max_length={max_length}: {why}")
+    return examples
 
 
 def tokenize_pairs(pairs: list[PromptCompletion], tokenizer, max_length: int) -> list[TokenizedExample]:
-    """Tokenize all pairs; report how many were truncated and how many dropped (prompt too long)."""
-    examples, dropped = [], 0
-    for pair in pairs:
-        example = tokenize_prompt_completion(tokenizer, pair.prompt, pair.completion, max_length=max_length)
-        if example is None:
-            dropped += 1
-        else:
-            examples.append(example)
-    truncated = sum(e.truncated for e in examples)
-    log.info("%d examples; %d truncated to %d tokens; %d dropped (prompt alone too long)", len(examples), truncated, max_length, dropped)
-    if not examples:
-        raise ValueError(f"every example's prompt is longer than max_length={max_length}")
-    return examples
+    """Tokenize prompt/completion pairs; report how many were truncated and how many dropped (prompt too long)."""
+    examples = [tokenize_prompt_completion(tokenizer, p.prompt, p.completion, max_length=max_length) for p in pairs]
+    kept = [e for e in examples if e is not None]
+    return _report(kept, len(examples) - len(kept), max_length, "prompt alone too long")
+
+
+def tokenize_chats(chats: list[ChatExample], tokenizer, max_length: int) -> list[TokenizedExample]:
+    """Render conversations with the chat template, loss on every assistant turn (content + end-of-turn
+    token, :func:`rlft.data.chat.render_chat`); report truncated and dropped ones."""
+    examples = [render_chat(tokenizer, c.messages, train_on="all_assistant", max_length=max_length) for c in chats]
+    kept = [e for e in examples if e is not None]
+    return _report(kept, len(examples) - len(kept), max_length, "no assistant token within max_length")
+
+
+TOKENIZERS = {"countdown": tokenize_pairs, "prompt_completion": tokenize_pairs, "cog_behav": tokenize_pairs, "chat": tokenize_chats}
+"""The tokenization of each data kind: ``(records, tokenizer, max_length) -> examples``."""
+
+
+def load_sft_examples(cfg: SFTConfig, tokenizer) -> tuple[list[TokenizedExample], dict]:
+    """Read and tokenize the training data; returns the examples and data counts (also logged).
+
+    Chat data needs a chat template: ``cfg.chat_template`` or the tokenizer's own (else a ValueError
+    naming --chat-template). A set ``cfg.chat_template`` replaces the tokenizer's for every kind, so the
+    saved model carries it.
+    """
+    kind = data_kind(cfg)
+    if kind == "chat" or cfg.chat_template is not None:
+        ensure_chat_template(tokenizer, cfg.chat_template)
+    records, counts = read_sft_data(cfg, tokenizer, kind)
+    examples = TOKENIZERS[kind](records, tokenizer, cfg.max_length)
+    stats = {
+        "data_kind": kind, **counts, "used": len(records), "examples": len(examples),
+        "truncated": sum(e.truncated for e in examples), "dropped_too_long": len(records) - len(examples),
+        "max_length": cfg.max_length,
+    }
+    return examples, stats
 
 
 def train_sft(cfg: SFTConfig) -> Path:
@@ -192,7 +307,8 @@ def train_sft(cfg: SFTConfig) -> Path:
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
-    examples = tokenize_pairs(load_sft_pairs(cfg, tokenizer), tokenizer, cfg.max_length)
+    examples, stats = load_sft_examples(cfg, tokenizer)
+    (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
 
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))

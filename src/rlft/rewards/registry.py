@@ -28,4 +28,17 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "uppercase_start": uppercase_start,
 }
 """``countdown``: TinyZero's exact Countdown score (0 no answer / 0.1 wrong answer / 1 correct), see
-:mod:`rlft.rewards.countdown`. ``uppercase_start``: the toy reward above."""
+:mod:`rlft.rewards.countdown`. ``uppercase_start``: the toy reward above.
+
+Learned rewards are not functions of this registry: a local reward model
+(:class:`rlft.rewards.reward_model.RewardModelScorer`) and a remote judge
+(:class:`rlft.rewards.remote.RemoteRewardJudge`) score ``(prompt messages, response)`` pairs with
+``score(prompts, responses) -> list[float]``; recipes wrap them (e.g. ``rlft.recipes.rloo.make_reward``)."""
+
+
+def get_reward_function(name: str, *, also: tuple[str, ...] = ()) -> RewardFunction:
+    """``REWARD_FUNCTIONS[name]``; ValueError naming the choices (plus ``also``, the names a caller
+    handles itself, such as ``"remote"``) for an unknown name."""
+    if name not in REWARD_FUNCTIONS:
+        raise ValueError(f"unknown reward {name!r}; choose from {sorted(REWARD_FUNCTIONS) + list(also)}")
+    return REWARD_FUNCTIONS[name]

@@ -20,11 +20,28 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
+def encode_prompts(tokenizer, prompts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+    """Token ids of each prompt string: ``tokenizer(prompts, add_special_tokens=...)["input_ids"]``.
+
+    The one place prompts become ids, for generation (:meth:`HFEngine.generate`) and for the
+    training batches built from its samples (e.g. :func:`rlft.recipes.rloo.rollout_batch`), so the
+    ids a policy is trained on are exactly those the sampler conditioned on.
+
+    ``add_special_tokens=True`` (the tokenizer's default) lets a tokenizer that adds BOS add it: right
+    for plain-text prompts. Use False for text rendered by a chat template
+    (:func:`rlft.data.chat.render_generation_prompt`): the template already wrote any BOS, and a
+    Llama-3-style tokenizer would otherwise prepend a second one.
+    """
+    return [list(ids) for ids in tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]]
+
+
 class HFEngine:
     """A :class:`~rlft.rollout.base.GenerationEngine` built on ``model.generate``.
 
-    - Prompts are tokenized with the tokenizer's defaults (``add_special_tokens=True``): a tokenizer
-      that adds BOS adds it here too; nothing else is added. Pass already-templated text.
+    - Prompts are tokenized by :meth:`encode_prompts` (:func:`encode_prompts` with the engine's
+      ``add_special_tokens``). Default True, the tokenizer's default: a tokenizer that adds BOS adds
+      it; nothing else is added. Pass ``add_special_tokens=False`` for prompts rendered by a chat
+      template (:func:`rlft.data.chat.render_generation_prompt`), which already carry their BOS.
     - Each prompt is repeated k times; the B*k rows are sorted by prompt length and generated in
       chunks of ``batch_size`` rows, left-padded by hand (the tokenizer's ``padding_side`` is never
       touched), then put back in order.
@@ -37,13 +54,20 @@ class HFEngine:
     - The model runs in eval mode under ``torch.no_grad()``; its training mode is restored afterwards.
     """
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False):
+    def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False, add_special_tokens: bool = True):
+        """``add_special_tokens``: passed to the tokenizer for every prompt (see :func:`encode_prompts`);
+        False for chat-template-rendered prompts (they already carry BOS), True for plain text."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.show_progress = show_progress
+        self.add_special_tokens = add_special_tokens
+
+    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+        """The prompt ids :meth:`generate` conditions on (:func:`encode_prompts` with this engine's setting)."""
+        return encode_prompts(self.tokenizer, prompts, add_special_tokens=self.add_special_tokens)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
         """Sample ``params.k`` completions per prompt; returns B lists of k :class:`Sample`.
@@ -59,7 +83,7 @@ class HFEngine:
         if not eos_ids:
             raise ValueError("neither the tokenizer nor the model's generation_config has an EOS token id")
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
-        prompt_ids = self.tokenizer(list(prompts))["input_ids"]
+        prompt_ids = self.encode_prompts(prompts)
         if empty := [b for b, ids in enumerate(prompt_ids) if not ids]:
             raise ValueError(f"prompts {empty} tokenize to no tokens")
         rows = [b for b in range(len(prompts)) for _ in range(params.k)]  # row -> prompt index

@@ -28,10 +28,10 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
 
     return {
         "demo": (DemoConfig, run_demo, "Countdown end to end: evaluate base model, SFT on solver traces, evaluate, report."),
-        "sft": (SFTConfig, train_sft, "Supervised fine-tuning on prompt/completion pairs (Countdown traces, cog_behav, JSONL)."),
-        "rloo": (RLOOConfig, train_rloo, "RLOO (REINFORCE with leave-one-out baseline) on Countdown prompts with a rule or named reward."),
+        "sft": (SFTConfig, train_sft, "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."),
+        "rloo": (RLOOConfig, train_rloo, "RLOO (REINFORCE, leave-one-out baseline): Countdown with the rule reward, or chat prompts with a reward model."),
         "pairs countdown": (PairsConfig, make_countdown_pairs, "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."),
-        "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, conservative DPO, RPO) on prompt/chosen/rejected pairs."),
+        "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data (UltraFeedback, HH)."),
         "rm": (RMConfig, train_rm, "Bradley-Terry reward model (scalar head on a causal LM) on preference pairs."),
         "eval countdown": (EvalCountdownConfig, run_eval_countdown, "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
         "eval winrate": (WinrateConfig, run_winrate, "Win-rate of a policy vs a reference, judged by a local reward model or a remote reward API."),

@@ -13,7 +13,7 @@ from typing import Literal
 
 from rlft.eval.passk import mean_pass_at_k
 from rlft.rewards.countdown import score_completions
-from rlft.tasks.countdown.prompts import render_prompt
+from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.rollout.base import GenerationEngine, SamplingParams
 from rlft.types import CountdownTask
 
@@ -213,7 +213,8 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
         params = SamplingParams(
             k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens, seed=cfg.seed
         )
-    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True,
+                      add_special_tokens=adds_special_tokens(cfg.prompt_template))
     result = evaluate_countdown(engine, tasks, prompts, params)
     print_result(result, title=f"Countdown eval: {cfg.model}")
     if cfg.output:

@@ -232,7 +232,7 @@ def generate_responses(model_name: str, prompts: list[Messages], cfg: WinrateCon
     texts = [render_generation_prompt(tokenizer, m) for m in prompts]
     params = SamplingParams(k=1, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     log.info("generating %d responses with %s", len(texts), model_name)
-    samples = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True).generate(texts, params)
+    samples = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True, add_special_tokens=False).generate(texts, params)
     del model
     gc.collect()
     if spec.device.type == "cuda":

@@ -35,7 +35,7 @@ from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.generator import PRESETS, generate_tasks, make_splits
 from rlft.tasks.countdown.loaders import load_countdown
-from rlft.tasks.countdown.prompts import render_prompt
+from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.types import CountdownTask
 
 log = logging.getLogger("rlft")
@@ -182,7 +182,8 @@ def evaluate_model(model_name: str, label: str, sets: dict[str, list[CountdownTa
     if todo:
         spec = pick_device(cfg.device, cfg.dtype)
         tokenizer = load_tokenizer(model_name)
-        engine = HFEngine(load_model(model_name, spec), tokenizer, batch_size=cfg.eval_batch_size, show_progress=True)
+        engine = HFEngine(load_model(model_name, spec), tokenizer, batch_size=cfg.eval_batch_size, show_progress=True,
+                        add_special_tokens=adds_special_tokens(cfg.prompt_template))
         for set_name, path in todo.items():
             tasks, params = jobs[set_name]
             prompts = [render_prompt(cfg.prompt_template, t, tokenizer) for t in tasks]

@@ -189,7 +189,7 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     """
     _validate(cfg)
     from rlft.models import pick_device
-    from rlft.tasks.countdown.prompts import render_prompt
+    from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
     t0 = time.perf_counter()
     spec = pick_device(cfg.device, cfg.dtype)
@@ -199,7 +199,8 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
         from rlft.rollout.hf import HFEngine
 
         tokenizer = load_tokenizer(cfg.model)
-        engine = HFEngine(load_model(cfg.model, spec), tokenizer, batch_size=cfg.batch_size, show_progress=True)
+        engine = HFEngine(load_model(cfg.model, spec), tokenizer, batch_size=cfg.batch_size, show_progress=True,
+                          add_special_tokens=adds_special_tokens(cfg.prompt_template))
     tokenizer = getattr(engine, "tokenizer", None)
     prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
     max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)

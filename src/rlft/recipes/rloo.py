@@ -88,6 +88,7 @@ from rlft.recipes.common import batch_indices, optimizer_step, prepare_training,
 from rlft.rewards.registry import RewardFunction, get_reward_function
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import HFEngine, encode_prompts
+from rlft.tasks.countdown.prompts import adds_special_tokens
 from rlft.types import CountdownTask, TokenBatch
 
 log = logging.getLogger("rlft")
@@ -166,8 +167,9 @@ class RLOOConfig:
     gen_batch_size: int = 32
     """Sequences generated together by the sampler."""
     truncation_penalty: float | None = None
-    """Added to the reward of samples that hit max_new_tokens without EOS (e.g. -0.5); None: off. Discourages
-    rambling, but also punishes long correct reasoning cut by a small max_new_tokens."""
+    """Added to the raw reward of samples that hit max_new_tokens without EOS (e.g. -0.5), before the KL and the
+    leave-one-out baseline; None: off. There is no separate EOS penalty. Discourages rambling (with a reward model:
+    replies cut mid-sentence), but also punishes long correct reasoning cut by a small max_new_tokens."""
     eval_every: int = 0
     """Greedy evaluation on held-out Countdown tasks every N steps (and at step 0 and the end); 0: off."""
     eval_limit: int = 50
@@ -201,7 +203,7 @@ class RLOOConfig:
     """Environment variable holding the remote judge's API key (never logged or written)."""
     eval_split: str | None = None
     """Chat track: split of --prompts-data (Hub id) holding the eval prompts, e.g. test_prefs or test_gen. None: the
-    last eval_prompts prompts read from --prompts-data are held out from training. Either way training prompts
+    last eval_prompts prompts read from --prompts-data (after the max_prompt_tokens filter) are held out from training. Either way training prompts
     equal to an eval prompt are dropped."""
     eval_prompts: int = 50
     """Chat track: held-out prompts of each evaluation (mean reward of greedy responses, eval/reward; every
@@ -313,24 +315,14 @@ def read_chat_prompts(source: str, split: str, limit: int | None = None) -> list
 def load_chat_prompts(cfg: RLOOConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPrompt]]:
     """``(train, eval)`` chat prompts of ``cfg.prompts_data``, rendered with ``tokenizer``'s chat template.
 
-    Eval prompts (only when ``eval_every`` and ``eval_prompts`` are set): the first ``eval_prompts`` of
-    ``eval_split``, or else the last ``eval_prompts`` prompts read for training, which are then not
-    trained on. Training prompts equal to an eval prompt are dropped in both cases, as are prompts
-    longer than ``max_prompt_tokens`` (counted in the log).
+    Prompts longer than ``max_prompt_tokens`` are dropped first (counted in the log). Eval prompts (only
+    when ``eval_every`` and ``eval_prompts`` are set): the first ``eval_prompts`` of ``eval_split``, or
+    else the last ``eval_prompts`` of the training prompts, which are then not trained on. Training
+    prompts equal to an eval prompt are dropped in both cases.
     """
     from rlft.data.chat import render_generation_prompt
 
-    train = read_chat_prompts(cfg.prompts_data, cfg.prompts_split, cfg.prompts_limit)
-    heldout: list[list[dict]] = []
-    if cfg.eval_every and cfg.eval_prompts:
-        if cfg.eval_split is not None:
-            heldout = read_chat_prompts(cfg.prompts_data, cfg.eval_split)
-        else:
-            if len(train) <= cfg.eval_prompts:
-                raise ValueError(f"{cfg.prompts_data} has {len(train)} prompts: too few to hold out eval_prompts={cfg.eval_prompts} and train on the rest")
-            train, heldout = train[: -cfg.eval_prompts], train[-cfg.eval_prompts :]
-
-    def render(conversations: list[list[dict]], what: str) -> list[RLPrompt]:
+    def rendered(conversations: list[list[dict]], what: str) -> list[RLPrompt]:
         prompts = [RLPrompt(render_generation_prompt(tokenizer, m), m, {"messages": m}) for m in conversations]
         if cfg.max_prompt_tokens is not None:
             lengths = [len(ids) for ids in encode_prompts(tokenizer, [p.text for p in prompts], add_special_tokens=False)]
@@ -340,14 +332,24 @@ def load_chat_prompts(cfg: RLOOConfig, tokenizer) -> tuple[list[RLPrompt], list[
             prompts = kept
         return prompts
 
-    eval_prompts = render(heldout, "eval")[: cfg.eval_prompts]
-    held = {p.text for p in eval_prompts}
-    train_prompts = [p for p in render(train, "training") if p.text not in held]
-    if not train_prompts:
+    train = rendered(read_chat_prompts(cfg.prompts_data, cfg.prompts_split, cfg.prompts_limit), "training")
+    heldout: list[RLPrompt] = []
+    if cfg.eval_every and cfg.eval_prompts:
+        if cfg.eval_split is not None:
+            heldout = rendered(read_chat_prompts(cfg.prompts_data, cfg.eval_split), "eval")[: cfg.eval_prompts]
+            if not heldout:
+                raise ValueError(f"no eval prompts in {cfg.prompts_data} (split {cfg.eval_split})")
+        else:
+            if len(train) <= cfg.eval_prompts:
+                raise ValueError(f"{cfg.prompts_data} has {len(train)} usable prompts: too few to hold out eval_prompts={cfg.eval_prompts} and train on the rest")
+            train, heldout = train[: -cfg.eval_prompts], train[-cfg.eval_prompts :]
+    held = {p.text for p in heldout}
+    if dropped := sum(p.text in held for p in train):
+        log.info("dropped %d training prompts equal to eval prompts", dropped)
+        train = [p for p in train if p.text not in held]
+    if not train:
         raise ValueError(f"no training prompts in {cfg.prompts_data}")
-    if cfg.eval_every and cfg.eval_prompts and not eval_prompts:
-        raise ValueError(f"no eval prompts in {cfg.prompts_data} ({cfg.eval_split or 'held-out tail'})")
-    return train_prompts, eval_prompts
+    return train, heldout
 
 
 def load_prompts(cfg: RLOOConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPrompt], list[CountdownTask] | None]:
@@ -573,7 +575,7 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
     if cfg.beta > 0:  # the reference is the initial policy, never a checkpoint of this run
         ref_model = load_model(cfg.ref_model or cfg.model, spec).eval().requires_grad_(False)
     # Chat-template text carries its own BOS: the tokenizer must not add another (generation and training alike).
-    templated = chat or cfg.prompt_template == "chat"
+    templated = chat or not adds_special_tokens(cfg.prompt_template)
     engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size, add_special_tokens=not templated)
     sampling = SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
     clip_eps = cfg.clip_eps if cfg.ppo_epochs > 1 else None

@@ -99,3 +99,12 @@ def render_prompt(name: str, task: CountdownTask, tokenizer=None) -> str:
     if name not in PROMPT_TEMPLATES:
         raise ValueError(f"unknown prompt template {name!r}; choose from {sorted(PROMPT_TEMPLATES)}")
     return PROMPT_TEMPLATES[name](task, tokenizer)
+
+
+def adds_special_tokens(name: str) -> bool:
+    """Whether prompts of template ``name`` should be tokenized with the tokenizer's special tokens.
+
+    Chat-template text already carries its BOS (if any), so it is encoded without adding one; plain
+    templates get the tokenizer's defaults, exactly as at training time.
+    """
+    return name != "chat"

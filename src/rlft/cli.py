@@ -27,7 +27,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
-        "demo": (DemoConfig, run_demo, "Countdown end to end: evaluate base model, SFT on solver traces, evaluate, report."),
+        "demo": (DemoConfig, run_demo, "End-to-end demo with report: Countdown (base -> SFT -> RLOO / DPO) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."),
         "sft": (SFTConfig, train_sft, "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."),
         "rloo": (RLOOConfig, train_rloo, "RLOO (REINFORCE, leave-one-out baseline): Countdown with the rule reward, or chat prompts with a reward model."),
         "pairs countdown": (PairsConfig, make_countdown_pairs, "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."),

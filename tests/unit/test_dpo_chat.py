@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +30,7 @@ from rlft.recipes.dpo import (
 from rlft.tasks.countdown.prompts import render_prompt
 from rlft.types import CountdownTask
 
-from tests.conftest import ASSETS, SHARED_DATA, make_tiny_model
+from tests.conftest import ASSETS, SHARED_DATA, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -39,11 +38,6 @@ CHAT = ASSETS / "chat"
 H4 = CHAT / "h4_train_prefs.jsonl"
 UF_FILE = SHARED_DATA / "ultrafeedback" / "train_clean.jsonl"
 needs_uf = pytest.mark.skipif(not UF_FILE.is_file(), reason="../shared/data/ultrafeedback/train_clean.jsonl is missing")
-
-
-def _write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _rows(path: Path) -> list[dict]:
@@ -54,18 +48,6 @@ def _rows(path: Path) -> list[dict]:
 def tok(smol_tokenizer):
     """A private copy: the recipe sets chat templates on the tokenizer it is given."""
     return copy.deepcopy(smol_tokenizer)
-
-
-@pytest.fixture
-def rlft_log(caplog):
-    logger = logging.getLogger("rlft")
-    attach = not logger.propagate
-    if attach:
-        logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="rlft")
-    yield caplog
-    if attach:
-        logger.removeHandler(caplog.handler)
 
 
 def assert_final_reply_masked(tok, example, prompt_messages, reply: str, *, whole: bool = True) -> None:
@@ -159,7 +141,7 @@ def test_truncation_keeps_prompt_end_and_response_start(tok, max_length, max_pro
 
 
 def test_max_prompt_length_is_chat_only_and_checked(tmp_path, tok):
-    countdown = _write_jsonl(tmp_path / "pairs.jsonl", countdown_rows(2))
+    countdown = write_jsonl_rows(tmp_path / "pairs.jsonl", countdown_rows(2))
     with pytest.raises(ValueError, match="--max-prompt-length applies to chat data"):
         load_tokenized_pairs(DPOConfig(data=str(countdown), max_prompt_length=16), tok)
     with pytest.raises(ValueError, match="max_prompt_length"):
@@ -200,7 +182,7 @@ def test_auto_picks_text_for_countdown_pairs_and_chat_for_ultrafeedback(tmp_path
         "uf_flat.jsonl": ([{"prompt": "Write a haiku.", "chosen": "Leaves fall.", "rejected": "No.", "metadata": {"score_chosen": 8.0, "score_rejected": 2.0}}], "chat"),
     }
     for name, (rows, expected) in cases.items():
-        path = _write_jsonl(tmp_path / name, rows)
+        path = write_jsonl_rows(tmp_path / name, rows)
         assert data_format(DPOConfig(data=str(path))) == expected, name
     assert "<|im_start|>" in cases["countdown_chatml.jsonl"][0][0]["prompt"]
     for name in ("h4_train_prefs.jsonl", "malformed_text.jsonl", "hh.jsonl", "hh_prompt.jsonl"):
@@ -246,13 +228,10 @@ def synthetic_h4_rows(n: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def chat_run(tmp_path_factory, smol_tokenizer):
+def chat_run(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("dpo-chat")
-    init = root / "init"
-    make_tiny_model(len(smol_tokenizer), seed=0).save_pretrained(init)
-    smol_tokenizer.save_pretrained(init)
-    data = _write_jsonl(root / "prefs.jsonl", synthetic_h4_rows(9))
-    cfg = DPOConfig(model=str(init), data=str(data), output_dir=str(root / "run"), max_length=64, batch_size=4,
+    data = write_jsonl_rows(root / "prefs.jsonl", synthetic_h4_rows(9))
+    cfg = DPOConfig(model=str(tiny_model_dir), data=str(data), output_dir=str(root / "run"), max_length=64, batch_size=4,
                     micro_batch_size=4, max_steps=12, lr=3e-3, warmup_ratio=0.0, schedule="constant", save_every=0,
                     device="cpu", dtype="float32")
     final = train_dpo(cfg)

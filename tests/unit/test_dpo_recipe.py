@@ -6,8 +6,6 @@ resumes to the same weights, micro-batching is exact."""
 from __future__ import annotations
 
 import gc
-import json
-import logging
 import math
 import weakref
 from dataclasses import replace
@@ -31,7 +29,7 @@ from rlft.recipes.dpo import (
     train_dpo,
 )
 
-from tests.conftest import make_tiny_model
+from tests.conftest import interrupt_after_checkpoints, load_weights, make_scaled_tiny_model, make_tiny_model, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -43,31 +41,18 @@ BAD_RESPONSE = " no idea, go away!!"
 # --------------------------------------------------------------------------- helpers and fixtures
 
 
-def _write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def synthetic_rows(n: int = 8) -> list[dict]:
     return [{"prompt": f"Q{i}: is {i} + {i} = {2 * i}?\nA:", "chosen": GOOD_RESPONSE, "rejected": BAD_RESPONSE} for i in range(n)]
 
 
 @pytest.fixture(scope="module")
-def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-init")
-    make_tiny_model(len(smol_tokenizer), seed=0).save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def pairs_file(tmp_path_factory) -> Path:
-    return _write_jsonl(tmp_path_factory.mktemp("data") / "prefs.jsonl", synthetic_rows())
+    return write_jsonl_rows(tmp_path_factory.mktemp("data") / "prefs.jsonl", synthetic_rows())
 
 
-def make_cfg(init_folder: Path, data: Path, output_dir: Path, **overrides) -> DPOConfig:
+def make_cfg(model_dir: Path, data: Path, output_dir: Path, **overrides) -> DPOConfig:
     cfg = DPOConfig(
-        model=str(init_folder),
+        model=str(model_dir),
         data=str(data),
         data_format="text",  # the synthetic "Q: ...\nA:" prompts would auto-detect as chat
         output_dir=str(output_dir),
@@ -83,39 +68,6 @@ def make_cfg(init_folder: Path, data: Path, output_dir: Path, **overrides) -> DP
         dtype="float32",
     )
     return replace(cfg, **overrides)
-
-
-def load_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        out.update(load_file(f))
-    assert out, f"no safetensors in {folder}"
-    return out
-
-
-@pytest.fixture
-def rlft_log(caplog):
-    logger = logging.getLogger("rlft")
-    attach = not logger.propagate
-    if attach:
-        logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="rlft")
-    yield caplog
-    if attach:
-        logger.removeHandler(caplog.handler)
-
-
-def scaled_tiny_model(tokenizer, seed: int = 0):
-    """Layers scaled up so that log-probs depend on the whole context (the 0.02 init barely does)."""
-    model = make_tiny_model(len(tokenizer), seed=seed)
-    torch.manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.model.layers.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.5)
-    return model
 
 
 # --------------------------------------------------------------------------- tokenization
@@ -154,7 +106,7 @@ def test_truncation_and_drops_are_counted(smol_tokenizer, rlft_log):
 
 def test_pair_logprobs_independent_of_padding_and_order(smol_tokenizer):
     tok = smol_tokenizer
-    model = scaled_tiny_model(tok)
+    model = make_scaled_tiny_model(len(tok))
     short = TextPair("Hi", " a", " b")
     target = TextPair("Q: what is two plus two?\nA:", " four, since 2 + 2 = 4.", " five")
     long = TextPair("A much longer prompt " * 6 + "\nA:", " and a long answer " * 5, " and a different long one " * 4)
@@ -203,7 +155,7 @@ def test_one_forward_pass_per_micro_batch(monkeypatch, smol_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def run_a(init_folder, pairs_file, tmp_path_factory):
+def run_a(tiny_model_dir, pairs_file, tmp_path_factory):
     """An uninterrupted run that also records the models alive at every optimizer step and the
     shapes of the forward passes."""
     out = tmp_path_factory.mktemp("run-a")
@@ -239,7 +191,7 @@ def run_a(init_folder, pairs_file, tmp_path_factory):
         mp.setattr(common_recipe, "load_model", tracking(common_recipe.load_model, "policy"))
         mp.setattr(dpo_recipe, "optimizer_step", counting_step)
         mp.setattr(dpo_recipe, "sequence_logprobs", seq_spy)
-        final = train_dpo(make_cfg(init_folder, pairs_file, out, max_steps=24, save_every=8))
+        final = train_dpo(make_cfg(tiny_model_dir, pairs_file, out, max_steps=24, save_every=8))
     return {"dir": out, "final": final, "alive": alive_per_step, "loaded": len(loaded), "ref_loads": ref_loads,
             "forward_rows": forward_rows}
 
@@ -280,12 +232,12 @@ def test_first_step_starts_at_log_2_and_preference_is_learned(run_a):
     assert last[-1]["rewards/rejected"] < 0
 
 
-def test_cached_reference_logprobs_equal_a_fresh_computation(run_a, init_folder, pairs_file, smol_tokenizer):
+def test_cached_reference_logprobs_equal_a_fresh_computation(run_a, tiny_model_dir, pairs_file, smol_tokenizer):
     cached = torch.load(run_a["dir"] / "ref_logps.pt", weights_only=True)
     pairs = tokenize_preference_pairs(load_text_pairs(DPOConfig(data=str(pairs_file))), smol_tokenizer, 64)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(init_folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():  # one pair at a time: different batching from the recipe's
         fresh = [pair_logprobs(model, [p], smol_tokenizer.pad_token_id, "cpu") for p in pairs]
     for key in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean"):
@@ -294,10 +246,10 @@ def test_cached_reference_logprobs_equal_a_fresh_computation(run_a, init_folder,
         assert torch.allclose(cached[key], expected, atol=1e-5, rtol=0), key
 
 
-def test_separate_reference_model_is_used(init_folder, pairs_file, smol_tokenizer, tmp_path):
+def test_separate_reference_model_is_used(tiny_model_dir, pairs_file, smol_tokenizer, tmp_path):
     other = tmp_path / "other-ref"
-    scaled_tiny_model(smol_tokenizer, seed=5).save_pretrained(other)
-    cfg = make_cfg(init_folder, pairs_file, tmp_path / "run", ref_model=str(other))
+    make_scaled_tiny_model(len(smol_tokenizer), seed=5).save_pretrained(other)
+    cfg = make_cfg(tiny_model_dir, pairs_file, tmp_path / "run", ref_model=str(other))
     pairs = tokenize_preference_pairs(load_text_pairs(cfg), smol_tokenizer, cfg.max_length)
     from rlft.models import pick_device
 
@@ -307,7 +259,7 @@ def test_separate_reference_model_is_used(init_folder, pairs_file, smol_tokenize
 
     with torch.no_grad():
         expected = pair_logprobs(AutoModelForCausalLM.from_pretrained(other).eval(), pairs, smol_tokenizer.pad_token_id, "cpu")
-        policy = pair_logprobs(AutoModelForCausalLM.from_pretrained(init_folder).eval(), pairs, smol_tokenizer.pad_token_id, "cpu")
+        policy = pair_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), pairs, smol_tokenizer.pad_token_id, "cpu")
     assert torch.allclose(ref["chosen_sum"], expected.chosen_sum, atol=1e-5, rtol=0)
     assert not torch.allclose(ref["chosen_sum"], policy.chosen_sum, atol=1e-2)
 
@@ -315,23 +267,13 @@ def test_separate_reference_model_is_used(init_folder, pairs_file, smol_tokenize
 # --------------------------------------------------------------------------- resume
 
 
-def test_resume_reproduces_uninterrupted_run(init_folder, pairs_file, tmp_path, monkeypatch):
-    cfg_a = make_cfg(init_folder, pairs_file, tmp_path / "run-a")
+def test_resume_reproduces_uninterrupted_run(tiny_model_dir, pairs_file, tmp_path, monkeypatch):
+    cfg_a = make_cfg(tiny_model_dir, pairs_file, tmp_path / "run-a")
     final_a = train_dpo(cfg_a)
 
-    cfg_b = make_cfg(init_folder, pairs_file, tmp_path / "run-b")
-    real = dpo_recipe.save_checkpoint
-    calls = []
-
-    def interrupting(*args, **kwargs):
-        folder = real(*args, **kwargs)
-        calls.append(folder)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return folder
-
+    cfg_b = make_cfg(tiny_model_dir, pairs_file, tmp_path / "run-b")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dpo_recipe, "save_checkpoint", interrupting)
+        interrupt_after_checkpoints(mp, dpo_recipe, 2)
         with pytest.raises(KeyboardInterrupt):
             train_dpo(cfg_b)
     assert latest_checkpoint(cfg_b.output_dir).name == "step-00000004"
@@ -355,11 +297,11 @@ def test_resume_reproduces_uninterrupted_run(init_folder, pairs_file, tmp_path, 
             assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
 
 
-def test_stale_reference_cache_is_recomputed(init_folder, pairs_file, tmp_path, rlft_log):
+def test_stale_reference_cache_is_recomputed(tiny_model_dir, pairs_file, tmp_path, rlft_log):
     out = tmp_path / "run"
     out.mkdir()
     torch.save({"fingerprint": "something else", "chosen_sum": torch.zeros(1)}, out / "ref_logps.pt")
-    train_dpo(make_cfg(init_folder, pairs_file, out, max_steps=1, save_every=0, resume=True))
+    train_dpo(make_cfg(tiny_model_dir, pairs_file, out, max_steps=1, save_every=0, resume=True))
     assert "recomputing" in rlft_log.text
     assert torch.load(out / "ref_logps.pt", weights_only=True)["chosen_sum"].shape == (8,)
 
@@ -368,7 +310,7 @@ def test_stale_reference_cache_is_recomputed(init_folder, pairs_file, tmp_path, 
 
 
 @pytest.mark.parametrize("loss_type", ["dpo", "ipo", "rpo"])
-def test_micro_batching_is_exact(init_folder, pairs_file, tmp_path, monkeypatch, loss_type):
+def test_micro_batching_is_exact(tiny_model_dir, pairs_file, tmp_path, monkeypatch, loss_type):
     """Batch of 4 pairs as 1 x 4 or 4 x 1: the same accumulated gradients and metrics.
 
     (One step, and gradients, not weights after AdamW: its first update is ~lr * sign(g), which turns
@@ -385,7 +327,7 @@ def test_micro_batching_is_exact(init_folder, pairs_file, tmp_path, monkeypatch,
     runs = {}
     for micro in (4, 1):
         grads = []
-        cfg = make_cfg(init_folder, pairs_file, tmp_path / f"m{micro}", loss_type=loss_type, micro_batch_size=micro,
+        cfg = make_cfg(tiny_model_dir, pairs_file, tmp_path / f"m{micro}", loss_type=loss_type, micro_batch_size=micro,
                        max_steps=1, save_every=0, label_smoothing=0.1 if loss_type != "ipo" else 0.0, rpo_alpha=0.5)
         train_dpo(cfg)
         runs[micro] = (grads, read_metrics(tmp_path / f"m{micro}" / "metrics.jsonl"))
@@ -424,7 +366,7 @@ GOOD = {"prompt": "Q: 1+1?\nA:", "chosen": " 2", "rejected": " 3"}
     ],
 )
 def test_malformed_row_raises_data_error_naming_file_row_and_field(tmp_path, bad_row, field, problem):
-    path = _write_jsonl(tmp_path / "prefs.jsonl", [GOOD, GOOD, bad_row, GOOD])
+    path = write_jsonl_rows(tmp_path / "prefs.jsonl", [GOOD, GOOD, bad_row, GOOD])
     with pytest.raises(DataError) as info:
         load_text_pairs(DPOConfig(data=str(path)))
     err = info.value
@@ -432,20 +374,20 @@ def test_malformed_row_raises_data_error_naming_file_row_and_field(tmp_path, bad
     assert str(path) in str(err) and "row 2" in str(err) and problem in str(err)
 
 
-def test_train_dpo_stops_on_malformed_row(tmp_path, init_folder):
-    path = _write_jsonl(tmp_path / "prefs.jsonl", [GOOD, {"prompt": "x", "chosen": None, "rejected": "y"}])
+def test_train_dpo_stops_on_malformed_row(tmp_path, tiny_model_dir):
+    path = write_jsonl_rows(tmp_path / "prefs.jsonl", [GOOD, {"prompt": "x", "chosen": None, "rejected": "y"}])
     with pytest.raises(DataError, match="row 1"):
-        train_dpo(make_cfg(init_folder, path, tmp_path / "run"))
+        train_dpo(make_cfg(tiny_model_dir, path, tmp_path / "run"))
 
 
 def test_skip_invalid_counts_and_custom_fields(tmp_path, rlft_log):
     rows = [{"q": "a", "good": " b", "bad": " c"}, {"q": "a"}, {"q": "d", "good": " e", "bad": " e"}, {"q": "f", "good": " g", "bad": " h"}]
-    path = _write_jsonl(tmp_path / "prefs.jsonl", rows)
+    path = write_jsonl_rows(tmp_path / "prefs.jsonl", rows)
     cfg = DPOConfig(data=str(path), prompt_field="q", chosen_field="good", rejected_field="bad", skip_invalid=True)
     assert load_text_pairs(cfg) == [TextPair("a", " b", " c"), TextPair("f", " g", " h")]
     assert "skipped 2 invalid rows" in rlft_log.text
     with pytest.raises(ValueError, match="no preference pairs"):
-        load_text_pairs(replace(cfg, data=str(_write_jsonl(tmp_path / "bad.jsonl", [{"q": "a"}]))))
+        load_text_pairs(replace(cfg, data=str(write_jsonl_rows(tmp_path / "bad.jsonl", [{"q": "a"}]))))
 
 
 def test_parquet_and_limit(tmp_path):

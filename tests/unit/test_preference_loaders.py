@@ -39,19 +39,6 @@ def need(path):
     return str(path)
 
 
-@pytest.fixture
-def rlft_log(caplog):
-    """caplog that also sees the ``rlft`` logger when setup_logging() turned its propagation off."""
-    logger = logging.getLogger("rlft")
-    attach = not logger.propagate
-    if attach:
-        logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="rlft")
-    yield caplog
-    if attach:
-        logger.removeHandler(caplog.handler)
-
-
 def warnings_of(log) -> str:
     return "\n".join(r.getMessage() for r in log.records if r.levelno == logging.WARNING)
 

@@ -16,7 +16,6 @@ from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.data.chat import tokenize_preference_pair
 from rlft.rewards.reward_model import (
     RewardModelScorer,
-    init_score_head,
     is_reward_model_checkpoint,
     last_token_index,
     load_reward_model,
@@ -25,7 +24,7 @@ from rlft.rewards.reward_model import (
     tokenize_scored,
 )
 
-from tests.conftest import make_tiny_model
+from tests.conftest import interrupt_after_checkpoints, make_tiny_model, make_tiny_rm, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -38,25 +37,6 @@ PROMPTS = [
     "ok",
 ]
 RESPONSES = ["Hello! How can I help?", "Paris.", "6", "Waves / fold on / grey stones, and the gulls cry over them", ""]
-
-
-def make_tiny_rm(tokenizer, seed: int = 0):
-    """A random 2-layer Llama reward model, layers scaled so rewards depend on the whole context."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        num_labels=1, pad_token_id=tokenizer.pad_token_id,
-    )
-    model = LlamaForSequenceClassification(config)
-    with torch.no_grad():
-        for p in model.model.layers.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.5)
-    init_score_head(model)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -224,44 +204,31 @@ def synthetic_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-lm")
-    make_tiny_model(len(smol_tokenizer), seed=0).save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def data_files(tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("rm-data")
     ties = [{**row, "score_chosen": 5.0, "score_rejected": 5.0} for row in synthetic_rows(4, seed=3)]
-    return write_jsonl(folder / "train.jsonl", synthetic_rows(64, seed=1) + ties), write_jsonl(folder / "test.jsonl", synthetic_rows(32, seed=2))
+    return write_jsonl_rows(folder / "train.jsonl", synthetic_rows(64, seed=1) + ties), write_jsonl_rows(folder / "test.jsonl", synthetic_rows(32, seed=2))
 
 
-def rm_config(init_folder: Path, train: Path, output_dir: Path, **overrides):
+def rm_config(model_dir: Path, train: Path, output_dir: Path, **overrides):
     from rlft.recipes.reward_model import RMConfig
 
     cfg = RMConfig(
-        model=str(init_folder), data=str(train), output_dir=str(output_dir), max_length=128,
+        model=str(model_dir), data=str(train), output_dir=str(output_dir), max_length=128,
         batch_size=8, micro_batch_size=4, eval_batch_size=16, max_steps=40, lr=3e-3, warmup_ratio=0.0,
         schedule="constant", eval_every=20, save_every=20, device="cpu", dtype="float32", seed=0,
     )
     return replace(cfg, **overrides)
 
 
-def test_rm_recipe_learns_marker_and_reloads(init_folder, data_files, tmp_path):
+def test_rm_recipe_learns_marker_and_reloads(tiny_model_dir, data_files, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from rlft.recipes.reward_model import train_rm
 
     train, test = data_files
-    cfg = rm_config(init_folder, train, tmp_path / "run", eval_data=str(test), center_coef=0.01, margin_scale=0.1)
+    cfg = rm_config(tiny_model_dir, train, tmp_path / "run", eval_data=str(test), center_coef=0.01, margin_scale=0.1)
     final = train_rm(cfg)
 
     summary = json.loads((tmp_path / "run" / "eval.json").read_text())
@@ -293,24 +260,17 @@ def test_rm_recipe_learns_marker_and_reloads(init_folder, data_files, tmp_path):
     assert from_folder == pytest.approx(chosen[:4], abs=1e-5)
 
 
-def test_rm_recipe_resume_matches_uninterrupted_run(init_folder, data_files, tmp_path):
+def test_rm_recipe_resume_matches_uninterrupted_run(tiny_model_dir, data_files, tmp_path):
     import rlft.recipes.reward_model as rm_recipe
     from rlft.recipes.reward_model import train_rm
 
     train, _ = data_files
     short = dict(max_steps=6, save_every=2, eval_every=3, eval_fraction=0.25, limit=32)
-    final_a = train_rm(rm_config(init_folder, train, tmp_path / "a", **short))
+    final_a = train_rm(rm_config(tiny_model_dir, train, tmp_path / "a", **short))
 
-    cfg_b = rm_config(init_folder, train, tmp_path / "b", **short)
-    real, calls = rm_recipe.save_checkpoint, []
-
-    def interrupting(*args, **kwargs):
-        calls.append(real(*args, **kwargs))
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-
+    cfg_b = rm_config(tiny_model_dir, train, tmp_path / "b", **short)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rm_recipe, "save_checkpoint", interrupting)
+        interrupt_after_checkpoints(mp, rm_recipe, 2)
         with pytest.raises(KeyboardInterrupt):
             train_rm(cfg_b)
     assert latest_checkpoint(tmp_path / "b").name == "step-00000004"

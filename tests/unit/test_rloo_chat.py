@@ -31,8 +31,7 @@ from rlft.rewards.reward_model import RewardModelScorer
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import HFEngine, encode_prompts
 
-from tests.conftest import ASSETS, SHARED_DATA, make_tiny_model
-from tests.unit.test_reward_model import make_tiny_rm
+from tests.conftest import ASSETS, SHARED_DATA, make_tiny_model, make_tiny_rm, save_model_dir
 
 torch.set_num_threads(1)
 
@@ -61,18 +60,12 @@ def llama3_style(qwen_tokenizer):
 
 
 def save_policy(folder: Path, tokenizer, *, stop_ids: list[int] | None = None) -> Path:
+    """A tiny random Llama (seed 0) for ``tokenizer``, saved with it. With SmolLM2's own tokenizer and
+    template the policy is the shared ``tiny_model_dir`` fixture (runs pass --chat-template chatml)."""
     model = make_tiny_model(len(tokenizer), seed=0)
     if stop_ids is not None:  # extra EOS ids, so that a random model stops early about half the time
         model.generation_config.eos_token_id = stop_ids
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def smol_policy(tmp_path_factory, smol_tokenizer) -> Path:
-    """A tiny random Llama with SmolLM2's vocabulary and SmolLM2's own template (runs pass --chat-template chatml)."""
-    return save_policy(tmp_path_factory.mktemp("smol-policy"), smol_tokenizer)
+    return save_model_dir(folder, model, tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +76,7 @@ def chatml_tokenizer(smol_tokenizer):
 @pytest.fixture(scope="module")
 def rm_folder(tmp_path_factory, chatml_tokenizer) -> Path:
     """A tiny random reward model (SmolLM2 vocabulary, ChatML), saved like `rlft rm` saves one."""
-    folder = tmp_path_factory.mktemp("tiny-rm")
-    make_tiny_rm(chatml_tokenizer, seed=1).save_pretrained(folder)
-    chatml_tokenizer.save_pretrained(folder)
-    return folder
+    return save_model_dir(tmp_path_factory.mktemp("tiny-rm"), make_tiny_rm(chatml_tokenizer, seed=1), chatml_tokenizer)
 
 
 def make_cfg(policy: Path, output_dir: Path, **overrides) -> RLOOConfig:
@@ -190,10 +180,10 @@ def test_chat_prompts_get_one_bos_in_generation_and_training(qwen_tokenizer):
 # --------------------------------------------------------------------------- runs with a reward model
 
 
-def test_h4_fixture_run_with_reward_model(smol_policy, rm_folder, chatml_tokenizer, tmp_path, monkeypatch):
+def test_h4_fixture_run_with_reward_model(tiny_model_dir, rm_folder, chatml_tokenizer, tmp_path, monkeypatch):
     recorder = Recorder(monkeypatch)
     out = tmp_path / "h4"
-    final = train_rloo(make_cfg(smol_policy, out, reward_model=str(rm_folder), eval_every=2, eval_prompts=1))
+    final = train_rloo(make_cfg(tiny_model_dir, out, reward_model=str(rm_folder), eval_every=2, eval_prompts=1))
 
     conversations = chat_prompts(H4)  # 5 prompts: the last one is held out for evaluation
     texts = [render_generation_prompt(chatml_tokenizer, m) for m in conversations]
@@ -291,7 +281,7 @@ def test_truncation_penalty_lowers_exactly_the_length_limited_samples(smol_token
 # --------------------------------------------------------------------------- learning, reward built once
 
 
-def test_stub_reward_model_is_learned_and_built_once(smol_policy, tmp_path, monkeypatch):
+def test_stub_reward_model_is_learned_and_built_once(tiny_model_dir, tmp_path, monkeypatch):
     """A stub "reward model" paying 1.0 for a response starting with an uppercase letter: mean reward rises
     within 40 steps on chat prompts, and the scorer is constructed once for the whole run."""
     built, calls = [], []
@@ -307,7 +297,7 @@ def test_stub_reward_model_is_learned_and_built_once(smol_policy, tmp_path, monk
 
     monkeypatch.setattr("rlft.rewards.reward_model.RewardModelScorer", UppercaseScorer)
     out = tmp_path / "learn"
-    cfg = make_cfg(smol_policy, out, reward_model="stub-rm", max_steps=40, k=6, prompts_per_step=5, max_new_tokens=1, lr=5e-2,
+    cfg = make_cfg(tiny_model_dir, out, reward_model="stub-rm", max_steps=40, k=6, prompts_per_step=5, max_new_tokens=1, lr=5e-2,
                    eval_every=20, eval_prompts=1, eval_max_new_tokens=1)
     train_rloo(cfg)
     assert built == ["stub-rm"]
@@ -320,7 +310,7 @@ def test_stub_reward_model_is_learned_and_built_once(smol_policy, tmp_path, monk
 # --------------------------------------------------------------------------- configuration errors
 
 
-def test_chat_configuration_errors(smol_policy, tmp_path):
+def test_chat_configuration_errors(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="set --prompts-data"):
         RLOOConfig(reward_model="runs/rm/model")
     with pytest.raises(ValueError, match="set --prompts-data"):
@@ -328,6 +318,6 @@ def test_chat_configuration_errors(smol_policy, tmp_path):
     with pytest.raises(ValueError, match="both name a reward"):
         RLOOConfig(prompts_data=str(H4), reward_model="runs/rm/model", reward="uppercase_start")
     with pytest.raises(ValueError, match="no Countdown answer"):
-        train_rloo(make_cfg(smol_policy, tmp_path / "x"))  # chat prompts with the default countdown reward
+        train_rloo(make_cfg(tiny_model_dir, tmp_path / "x"))  # chat prompts with the default countdown reward
     with pytest.raises(ValueError, match="too few to hold out"):
-        train_rloo(make_cfg(smol_policy, tmp_path / "y", reward="uppercase_start", eval_every=1, eval_prompts=5))
+        train_rloo(make_cfg(tiny_model_dir, tmp_path / "y", reward="uppercase_start", eval_every=1, eval_prompts=5))

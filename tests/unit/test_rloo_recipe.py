@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from rlft.rewards.registry import REWARD_FUNCTIONS
 from rlft.rollout.base import Sample
 from rlft.tasks.countdown.generator import task_key
 
-from tests.conftest import make_tiny_model
+from tests.conftest import interrupt_after_checkpoints, load_weights, make_tiny_model, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -32,19 +31,9 @@ torch.set_num_threads(1)
 # --------------------------------------------------------------------------- fixtures and helpers
 
 
-@pytest.fixture(scope="module")
-def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
-    """A tiny random Llama with SmolLM2's vocabulary, saved as a HF folder with the tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-init")
-    model = make_tiny_model(len(smol_tokenizer), seed=0)
-    model.save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
-    return folder
-
-
-def make_cfg(init_folder: Path, output_dir: Path, **overrides) -> RLOOConfig:
+def make_cfg(model_dir: Path, output_dir: Path, **overrides) -> RLOOConfig:
     cfg = RLOOConfig(
-        model=str(init_folder),
+        model=str(model_dir),
         reward="uppercase_start",
         preset="tiny",
         num_train=32,
@@ -63,16 +52,6 @@ def make_cfg(init_folder: Path, output_dir: Path, **overrides) -> RLOOConfig:
         dtype="float32",
     )
     return replace(cfg, **overrides)
-
-
-def load_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        out.update(load_file(f))
-    assert out, f"no safetensors in {folder}"
-    return out
 
 
 PROMPTS = ["User: Using the numbers [3, 5], make 8.\nAssistant: <think>", "Hi"]
@@ -183,9 +162,9 @@ def test_eval_limit_must_stay_within_heldout_tasks():
         RLOOConfig(eval_every=5, eval_limit=300, heldout_size=200)
 
 
-def test_unknown_reward_is_reported(init_folder, tmp_path):
+def test_unknown_reward_is_reported(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
-        train_rloo(make_cfg(init_folder, tmp_path / "x", reward="nope"))
+        train_rloo(make_cfg(tiny_model_dir, tmp_path / "x", reward="nope"))
 
 
 # --------------------------------------------------------------------------- data
@@ -198,8 +177,7 @@ def test_training_tasks_never_include_heldout_tasks(tmp_path):
     assert not {task_key(t) for t in train} & {task_key(t) for t in heldout}
     # a file that contains a held-out task: it is dropped
     rows = [{"target": t.target, "nums": list(t.nums)} for t in [heldout[0], train[0], train[1]]]
-    path = tmp_path / "tasks.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = write_jsonl_rows(tmp_path / "tasks.jsonl", rows)
     file_train, _ = load_rloo_tasks(replace(cfg, data=str(path)))
     assert [task_key(t) for t in file_train] == [task_key(train[0]), task_key(train[1])]
 
@@ -207,9 +185,9 @@ def test_training_tasks_never_include_heldout_tasks(tmp_path):
 # --------------------------------------------------------------------------- training runs
 
 
-def test_toy_reward_is_learned(init_folder, tmp_path):
+def test_toy_reward_is_learned(tiny_model_dir, tmp_path):
     """Reward 1 if the completion starts with an uppercase letter (~25% of a random model's first tokens)."""
-    cfg = make_cfg(init_folder, tmp_path / "toy", max_steps=20, max_new_tokens=1, lr=5e-2)
+    cfg = make_cfg(tiny_model_dir, tmp_path / "toy", max_steps=20, max_new_tokens=1, lr=5e-2)
     final = train_rloo(cfg)
     assert (final / "config.json").is_file()
     records = read_metrics(tmp_path / "toy" / "metrics.jsonl")
@@ -225,23 +203,23 @@ def test_toy_reward_is_learned(init_folder, tmp_path):
     assert records[0]["completion/mean_tokens"] == 1.0
 
 
-def test_custom_reward_fn_override_and_registry(init_folder, tmp_path, monkeypatch):
+def test_custom_reward_fn_override_and_registry(tiny_model_dir, tmp_path, monkeypatch):
     seen = []
 
     def reward(prompts, completions, truths):
         seen.append((len(prompts), len(completions), len(truths), truths[0].keys()))
         return [float(len(c) % 2) for c in completions]
 
-    train_rloo(make_cfg(init_folder, tmp_path / "a", max_steps=1), reward_fn=reward)
+    train_rloo(make_cfg(tiny_model_dir, tmp_path / "a", max_steps=1), reward_fn=reward)
     assert seen == [(32, 32, 32, {"target", "numbers"})]
     monkeypatch.setitem(REWARD_FUNCTIONS, "parity", reward)
-    train_rloo(make_cfg(init_folder, tmp_path / "b", max_steps=1, reward="parity"))
+    train_rloo(make_cfg(tiny_model_dir, tmp_path / "b", max_steps=1, reward="parity"))
     assert len(seen) == 2
 
 
 @pytest.mark.parametrize("kl_mode, estimator", [("reward", "k1"), ("loss", "k3")])
-def test_kl_is_zero_at_the_start_and_grows(init_folder, tmp_path, kl_mode, estimator):
-    cfg = make_cfg(init_folder, tmp_path / kl_mode, max_steps=3, beta=0.1, kl_mode=kl_mode, kl_estimator=estimator,
+def test_kl_is_zero_at_the_start_and_grows(tiny_model_dir, tmp_path, kl_mode, estimator):
+    cfg = make_cfg(tiny_model_dir, tmp_path / kl_mode, max_steps=3, beta=0.1, kl_mode=kl_mode, kl_estimator=estimator,
                    prompts_per_step=4, lr=3e-2)
     train_rloo(cfg)
     records = read_metrics(tmp_path / kl_mode / "metrics.jsonl")
@@ -257,8 +235,8 @@ def test_kl_is_zero_at_the_start_and_grows(init_folder, tmp_path, kl_mode, estim
         assert records[-1]["reward/shaped_mean"] == pytest.approx(records[-1]["reward/mean"] - 0.1 * records[-1]["kl/mean"], abs=1e-5)
 
 
-def test_ppo_epochs_clip_and_log(init_folder, tmp_path):
-    cfg = make_cfg(init_folder, tmp_path / "ppo", max_steps=2, ppo_epochs=3, lr=5e-2, clip_eps=0.1, prompts_per_step=4)
+def test_ppo_epochs_clip_and_log(tiny_model_dir, tmp_path):
+    cfg = make_cfg(tiny_model_dir, tmp_path / "ppo", max_steps=2, ppo_epochs=3, lr=5e-2, clip_eps=0.1, prompts_per_step=4)
     train_rloo(cfg)
     records = read_metrics(tmp_path / "ppo" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
@@ -274,9 +252,9 @@ RESUME_STEPS = 6
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(init_folder, tmp_path_factory):
+def uninterrupted(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("rloo-a")
-    cfg = make_cfg(init_folder, out, max_steps=RESUME_STEPS, save_every=2, beta=0.05, eval_every=3, eval_limit=2,
+    cfg = make_cfg(tiny_model_dir, out, max_steps=RESUME_STEPS, save_every=2, beta=0.05, eval_every=3, eval_limit=2,
                    eval_max_new_tokens=4)
     train_rloo(cfg)
     return cfg, out
@@ -285,18 +263,8 @@ def uninterrupted(init_folder, tmp_path_factory):
 def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatch):
     cfg_a, out_a = uninterrupted
     cfg = replace(cfg_a, output_dir=str(tmp_path / "b"))
-    real = rloo_recipe.save_checkpoint
-    calls = []
-
-    def interrupt_after_second(*args, **kwargs):
-        folder = real(*args, **kwargs)
-        calls.append(folder)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return folder
-
     with monkeypatch.context() as mp:
-        mp.setattr(rloo_recipe, "save_checkpoint", interrupt_after_second)
+        interrupt_after_checkpoints(mp, rloo_recipe, 2)
         with pytest.raises(KeyboardInterrupt):
             train_rloo(cfg)
     assert latest_checkpoint(tmp_path / "b").name == "step-00000004"

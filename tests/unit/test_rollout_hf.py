@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlft.rollout import GenerationEngine, HFEngine, Sample, SamplingParams
-from tests.conftest import make_tiny_model
+from tests.conftest import make_scaled_tiny_model
 
 PROMPTS = [
     "Hello there",
@@ -32,12 +32,7 @@ def tiny_model(tokenizer, seed: int = 0):
     (With the default 0.02 init a tied-embedding model just repeats the last prompt token, which would
     make the padding-invariance test vacuous.) EOS comes from the tokenizer only.
     """
-    model = make_tiny_model(len(tokenizer), seed=seed)
-    torch.manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.model.layers.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.5)
+    model = make_scaled_tiny_model(len(tokenizer), seed=seed)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
 

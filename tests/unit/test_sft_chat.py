@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from rlft.data.chat import CHAT_TEMPLATES, render_chat
 from rlft.data.files import DataError
 from rlft.recipes.sft import SFTConfig, data_kind, load_sft_examples, train_sft
 
-from tests.conftest import ASSETS, SHARED_DATA, make_tiny_model
+from tests.conftest import ASSETS, SHARED_DATA, make_tiny_model, save_model_dir, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -38,33 +37,17 @@ def conversation(i: int) -> list[dict]:
     return ([{"role": "system", "content": "Answer in one sentence."}] if i % 3 == 0 else []) + turns
 
 
-def _write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def smoltalk_file(tmp_path_factory) -> Path:
-    return _write_jsonl(tmp_path_factory.mktemp("data") / "smoltalk.jsonl", [{"messages": conversation(i)} for i in range(8)])
-
-
-@pytest.fixture(scope="module")
-def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-init")
-    make_tiny_model(len(smol_tokenizer), seed=0).save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
-    return folder
+    return write_jsonl_rows(tmp_path_factory.mktemp("data") / "smoltalk.jsonl", [{"messages": conversation(i)} for i in range(8)])
 
 
 @pytest.fixture(scope="module")
 def no_template_folder(tmp_path_factory, smol_tokenizer) -> Path:
     """A model folder whose tokenizer has no chat template."""
-    folder = tmp_path_factory.mktemp("tiny-no-template")
-    make_tiny_model(len(smol_tokenizer), seed=0).save_pretrained(folder)
     tok = copy.deepcopy(smol_tokenizer)
     tok.chat_template = None
-    tok.save_pretrained(folder)
-    return folder
+    return save_model_dir(tmp_path_factory.mktemp("tiny-no-template"), make_tiny_model(len(smol_tokenizer), seed=0), tok)
 
 
 def make_cfg(model: Path, data: Path, output_dir: Path, **overrides) -> SFTConfig:
@@ -73,18 +56,6 @@ def make_cfg(model: Path, data: Path, output_dir: Path, **overrides) -> SFTConfi
         micro_batch_size=2, max_steps=8, lr=3e-3, warmup_ratio=0.0, save_every=0, device="cpu", dtype="float32",
     )
     return replace(cfg, **overrides)
-
-
-@pytest.fixture
-def rlft_log(caplog):
-    logger = logging.getLogger("rlft")
-    attach = not logger.propagate
-    if attach:
-        logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="rlft")
-    yield caplog
-    if attach:
-        logger.removeHandler(caplog.handler)
 
 
 def masked_spans(ids: list[int], mask: list[int]) -> list[list[int]]:
@@ -102,7 +73,7 @@ def masked_spans(ids: list[int], mask: list[int]) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def chat_run(init_folder, smoltalk_file, tmp_path_factory):
+def chat_run(tiny_model_dir, smoltalk_file, tmp_path_factory):
     """8 steps on the hand-made conversations (format auto-detected); records every micro-batch."""
     out = tmp_path_factory.mktemp("chat-run")
     batches = []
@@ -114,7 +85,7 @@ def chat_run(init_folder, smoltalk_file, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sft_recipe, "sequence_logprobs", spy)
-        final = train_sft(make_cfg(init_folder, smoltalk_file, out))
+        final = train_sft(make_cfg(tiny_model_dir, smoltalk_file, out))
     return {"dir": out, "final": final, "batches": batches}
 
 
@@ -161,8 +132,8 @@ def test_saved_model_keeps_chat_template(chat_run, smol_tokenizer):
 
 
 @pytest.mark.skipif(not UF_FILE.is_file(), reason="../shared/data/ultrafeedback/train_clean.jsonl is missing")
-def test_pref_ft_on_real_ultrafeedback(init_folder, tmp_path, smol_tokenizer, rlft_log):
-    cfg = make_cfg(init_folder, UF_FILE, tmp_path / "prefft", data_format="chat", skip_invalid=True, limit=16,
+def test_pref_ft_on_real_ultrafeedback(tiny_model_dir, tmp_path, smol_tokenizer, rlft_log):
+    cfg = make_cfg(tiny_model_dir, UF_FILE, tmp_path / "prefft", data_format="chat", skip_invalid=True, limit=16,
                    max_length=128, max_steps=2, batch_size=8, micro_batch_size=8)
     rows = [json.loads(line) for line in UF_FILE.read_text().splitlines()]
     invalid = sum(not r["chosen"].strip() or not r["prompt"].strip() for r in rows)  # row 833: empty chosen
@@ -184,7 +155,7 @@ def test_pref_ft_on_real_ultrafeedback(init_folder, tmp_path, smol_tokenizer, rl
 
 
 def test_pref_ft_without_chat_format_hints_at_it(tmp_path, smol_tokenizer):
-    path = _write_jsonl(tmp_path / "uf.jsonl", [{"prompt": "Hi?", "chosen": "Hello.", "rejected": "Go."}])
+    path = write_jsonl_rows(tmp_path / "uf.jsonl", [{"prompt": "Hi?", "chosen": "Hello.", "rejected": "Go."}])
     assert data_kind(SFTConfig(data=str(path))) == "prompt_completion"
     with pytest.raises(DataError, match="completion.*missing.*--data-format chat"):
         load_sft_examples(SFTConfig(data=str(path)), smol_tokenizer)

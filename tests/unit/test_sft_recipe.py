@@ -4,7 +4,6 @@ same weights and metrics, malformed rows are reported or skipped, truncation is 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +19,7 @@ from rlft.recipes.common import batch_indices
 from rlft.recipes.sft import SFTConfig, load_sft_pairs, tokenize_pairs, train_sft
 from rlft.types import PromptCompletion
 
-from tests.conftest import make_tiny_model
+from tests.conftest import interrupt_after_checkpoints, load_weights, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -30,19 +29,9 @@ STEPS = 8
 # --------------------------------------------------------------------------- helpers and fixtures
 
 
-@pytest.fixture(scope="module")
-def init_folder(tmp_path_factory, smol_tokenizer) -> Path:
-    """A tiny random Llama with SmolLM2's vocabulary, saved as a HF folder with the tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-init")
-    model = make_tiny_model(len(smol_tokenizer), seed=0)
-    model.save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
-    return folder
-
-
-def make_cfg(init_folder: Path, output_dir: Path, **overrides) -> SFTConfig:
+def make_cfg(model_dir: Path, output_dir: Path, **overrides) -> SFTConfig:
     cfg = SFTConfig(
-        model=str(init_folder),
+        model=str(model_dir),
         data="countdown",
         preset="tiny",
         num_train=32,
@@ -61,36 +50,12 @@ def make_cfg(init_folder: Path, output_dir: Path, **overrides) -> SFTConfig:
     return replace(cfg, **overrides)
 
 
-def load_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(Path(folder).glob("*.safetensors"))
-    assert files, f"no safetensors in {folder}"
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(f))
-    return out
-
-
 def probe_ids(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(99))
 
 
-@pytest.fixture
-def rlft_log(caplog):
-    """caplog that also sees the ``rlft`` logger when setup_logging() turned its propagation off."""
-    logger = logging.getLogger("rlft")
-    attach = not logger.propagate
-    if attach:
-        logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="rlft")
-    yield caplog
-    if attach:
-        logger.removeHandler(caplog.handler)
-
-
 @pytest.fixture(scope="module")
-def run_a(init_folder, tmp_path_factory, smol_tokenizer):
+def run_a(tiny_model_dir, tmp_path_factory, smol_tokenizer):
     """An uninterrupted run; captures the in-memory model's weights and logits when it is saved."""
     out = tmp_path_factory.mktemp("run-a")
     captured: dict = {}
@@ -104,7 +69,7 @@ def run_a(init_folder, tmp_path_factory, smol_tokenizer):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sft_recipe, "save_model_folder", capture)
-        final = train_sft(make_cfg(init_folder, out))
+        final = train_sft(make_cfg(tiny_model_dir, out))
     return {"dir": out, "final": final, **captured}
 
 
@@ -131,8 +96,8 @@ def test_loss_falls(run_a):
     assert last3 < losses[0] - 0.3, losses
 
 
-def test_every_parameter_changes(run_a, init_folder):
-    before, after = load_weights(init_folder), load_weights(run_a["final"])
+def test_every_parameter_changes(run_a, tiny_model_dir):
+    before, after = load_weights(tiny_model_dir), load_weights(run_a["final"])
     assert before.keys() == after.keys()
     for name in before:
         assert after[name].dtype == torch.float32
@@ -155,17 +120,7 @@ def test_saved_model_reloads_to_identical_logits(run_a, smol_tokenizer):
 
 def _interrupt_after_second_checkpoint(monkeypatch):
     """KeyboardInterrupt right after the 2nd checkpoint (step 4) has been written."""
-    real = sft_recipe.save_checkpoint
-    calls = []
-
-    def wrapper(*args, **kwargs):
-        folder = real(*args, **kwargs)
-        calls.append(folder)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return folder
-
-    monkeypatch.setattr(sft_recipe, "save_checkpoint", wrapper)
+    interrupt_after_checkpoints(monkeypatch, sft_recipe, 2)
     return 4, 4  # last checkpoint step, last logged step at the interruption
 
 
@@ -185,8 +140,8 @@ def _interrupt_mid_step_6(monkeypatch):
 
 
 @pytest.mark.parametrize("interrupt", [_interrupt_after_second_checkpoint, _interrupt_mid_step_6])
-def test_resume_reproduces_uninterrupted_run(run_a, init_folder, tmp_path, interrupt):
-    cfg = make_cfg(init_folder, tmp_path / "run-b")
+def test_resume_reproduces_uninterrupted_run(run_a, tiny_model_dir, tmp_path, interrupt):
+    cfg = make_cfg(tiny_model_dir, tmp_path / "run-b")
     with pytest.MonkeyPatch.context() as mp:
         ckpt_step, logged_step = interrupt(mp)
         with pytest.raises(KeyboardInterrupt):
@@ -209,19 +164,14 @@ def test_resume_reproduces_uninterrupted_run(run_a, init_folder, tmp_path, inter
             assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
 
 
-def test_resume_without_checkpoint_starts_from_scratch(init_folder, tmp_path, rlft_log):
-    cfg = make_cfg(init_folder, tmp_path / "fresh", max_steps=1, save_every=0, resume=True)
+def test_resume_without_checkpoint_starts_from_scratch(tiny_model_dir, tmp_path, rlft_log):
+    cfg = make_cfg(tiny_model_dir, tmp_path / "fresh", max_steps=1, save_every=0, resume=True)
     train_sft(cfg)
     assert "no checkpoint" in rlft_log.text
     assert [r["step"] for r in read_metrics(tmp_path / "fresh" / "metrics.jsonl")] == [1]
 
 
 # --------------------------------------------------------------------------- data files
-
-
-def _write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 GOOD = {"prompt": "Q: 1+1?\nA:", "completion": " 2"}
@@ -238,7 +188,7 @@ GOOD = {"prompt": "Q: 1+1?\nA:", "completion": " 2"}
     ],
 )
 def test_malformed_row_raises_data_error_naming_file_row_and_field(tmp_path, smol_tokenizer, bad_row, field, problem):
-    path = _write_jsonl(tmp_path / "pairs.jsonl", [GOOD, GOOD, bad_row, GOOD])
+    path = write_jsonl_rows(tmp_path / "pairs.jsonl", [GOOD, GOOD, bad_row, GOOD])
     cfg = SFTConfig(data=str(path))
     with pytest.raises(DataError) as info:
         load_sft_pairs(cfg, smol_tokenizer)
@@ -247,15 +197,15 @@ def test_malformed_row_raises_data_error_naming_file_row_and_field(tmp_path, smo
     assert str(path) in str(err) and "row 2" in str(err) and repr(field) in str(err) and problem in str(err)
 
 
-def test_train_sft_stops_on_malformed_row(tmp_path, init_folder):
-    path = _write_jsonl(tmp_path / "pairs.jsonl", [GOOD, {"prompt": "x", "completion": None}])
+def test_train_sft_stops_on_malformed_row(tmp_path, tiny_model_dir):
+    path = write_jsonl_rows(tmp_path / "pairs.jsonl", [GOOD, {"prompt": "x", "completion": None}])
     with pytest.raises(DataError, match="row 1"):
-        train_sft(make_cfg(init_folder, tmp_path / "run", data=str(path)))
+        train_sft(make_cfg(tiny_model_dir, tmp_path / "run", data=str(path)))
 
 
 def test_skip_invalid_skips_and_reports_count(tmp_path, smol_tokenizer, rlft_log):
     rows = [GOOD, {"prompt": "a"}, {"prompt": "b", "completion": 3}, {"prompt": "c", "completion": ""}, {"prompt": "d", "completion": " e"}]
-    path = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    path = write_jsonl_rows(tmp_path / "pairs.jsonl", rows)
     pairs = load_sft_pairs(SFTConfig(data=str(path), skip_invalid=True), smol_tokenizer)
     assert pairs == [PromptCompletion(GOOD["prompt"], GOOD["completion"]), PromptCompletion("d", " e")]
     warnings = [r for r in rlft_log.records if r.levelno == logging.WARNING and r.name == "rlft"]
@@ -264,13 +214,13 @@ def test_skip_invalid_skips_and_reports_count(tmp_path, smol_tokenizer, rlft_log
 
 
 def test_all_rows_invalid_is_an_error_even_when_skipping(tmp_path, smol_tokenizer):
-    path = _write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "a"}])
+    path = write_jsonl_rows(tmp_path / "pairs.jsonl", [{"prompt": "a"}])
     with pytest.raises(ValueError, match="no training examples"):
         load_sft_pairs(SFTConfig(data=str(path), skip_invalid=True), smol_tokenizer)
 
 
 def test_custom_field_names(tmp_path, smol_tokenizer):
-    path = _write_jsonl(tmp_path / "pairs.jsonl", [{"question": "Q?", "answer": " A"}])
+    path = write_jsonl_rows(tmp_path / "pairs.jsonl", [{"question": "Q?", "answer": " A"}])
     cfg = SFTConfig(data=str(path), prompt_field="question", completion_field="answer")
     assert load_sft_pairs(cfg, smol_tokenizer) == [PromptCompletion("Q?", " A")]
 
@@ -284,7 +234,7 @@ def test_cog_behav_layout_detected_and_joined_with_newline(tmp_path, smol_tokeni
         {"query": QUERY + "\n", "completion": "<think>x</think>"},  # already separated: unchanged
         {"query": QUERY, "completion": " <think>y</think>"},  # already separated: unchanged
     ]
-    path = _write_jsonl(tmp_path / "cog.jsonl", rows)
+    path = write_jsonl_rows(tmp_path / "cog.jsonl", rows)
     pairs = load_sft_pairs(SFTConfig(data=str(path)), smol_tokenizer)
     assert pairs == [
         PromptCompletion(QUERY + "\n", rows[0]["completion"]),
@@ -295,7 +245,7 @@ def test_cog_behav_layout_detected_and_joined_with_newline(tmp_path, smol_tokeni
 
 def test_cog_behav_detected_when_first_row_is_invalid(tmp_path, smol_tokenizer, rlft_log):
     rows = [{"query": QUERY}, {"query": QUERY, "completion": "<think>x</think>"}]
-    path = _write_jsonl(tmp_path / "cog.jsonl", rows)
+    path = write_jsonl_rows(tmp_path / "cog.jsonl", rows)
     pairs = load_sft_pairs(SFTConfig(data=str(path), skip_invalid=True), smol_tokenizer)
     assert pairs == [PromptCompletion(QUERY + "\n", "<think>x</think>")]
     assert "skipped 1 invalid rows" in rlft_log.text
@@ -305,7 +255,7 @@ def test_cog_behav_detected_when_first_row_is_invalid(tmp_path, smol_tokenizer, 
 
 
 def test_limit_caps_examples(tmp_path, smol_tokenizer):
-    path = _write_jsonl(tmp_path / "pairs.jsonl", [GOOD] * 5)
+    path = write_jsonl_rows(tmp_path / "pairs.jsonl", [GOOD] * 5)
     assert len(load_sft_pairs(SFTConfig(data=str(path), limit=3), smol_tokenizer)) == 3
 
 
@@ -333,8 +283,8 @@ def test_truncation_and_drops_are_counted_and_logged(smol_tokenizer, rlft_log):
     assert "3 examples; 2 truncated to 16 tokens; 1 dropped" in rlft_log.text
 
 
-def test_train_sft_reports_truncation_with_small_max_length(init_folder, tmp_path, rlft_log):
-    train_sft(make_cfg(init_folder, tmp_path / "short", max_length=40, max_steps=1, save_every=0))
+def test_train_sft_reports_truncation_with_small_max_length(tiny_model_dir, tmp_path, rlft_log):
+    train_sft(make_cfg(tiny_model_dir, tmp_path / "short", max_length=40, max_steps=1, save_every=0))
     line = next(r.getMessage() for r in rlft_log.records if "truncated to 40 tokens" in r.getMessage())
     truncated = int(line.split("; ")[1].split()[0])
     assert truncated > 0, line
@@ -354,6 +304,6 @@ def test_batch_indices_cover_each_epoch_once_and_are_pure():
     assert batch_indices(0, n, bs, seed=3) != batch_indices(0, n, bs, seed=4)
 
 
-def test_batch_size_must_be_multiple_of_micro_batch(init_folder, tmp_path):
+def test_batch_size_must_be_multiple_of_micro_batch(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="multiple"):
-        train_sft(make_cfg(init_folder, tmp_path / "x", batch_size=6, micro_batch_size=4))
+        train_sft(make_cfg(tiny_model_dir, tmp_path / "x", batch_size=6, micro_batch_size=4))

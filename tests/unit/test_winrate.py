@@ -37,8 +37,7 @@ from rlft.eval.winrate import (
 )
 from rlft.rewards.reward_model import RewardModelScorer
 
-from tests.conftest import make_tiny_model
-from tests.unit.test_reward_model import make_tiny_rm
+from tests.conftest import make_tiny_model, make_tiny_rm, save_model_dir, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -105,11 +104,6 @@ def test_invalid_labels():
 # --------------------------------------------------------------------------- prompts and responses
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 PROMPTS = [
     "Name a fruit.",
     "What colour is the sky?",
@@ -124,10 +118,10 @@ def as_msgs(p):
 
 
 def test_load_prompts_from_plain_and_preference_files(tmp_path):
-    plain = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS] + [{"prompt": PROMPTS[0]}])
+    plain = write_jsonl_rows(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS] + [{"prompt": PROMPTS[0]}])
     assert load_prompts(str(plain)) == [as_msgs(p) for p in PROMPTS]  # duplicate removed, order kept
     assert load_prompts(str(plain), limit=2) == [as_msgs(p) for p in PROMPTS[:2]]
-    prefs = write_jsonl(tmp_path / "prefs.jsonl", [
+    prefs = write_jsonl_rows(tmp_path / "prefs.jsonl", [
         {"prompt": "Q1", "chosen": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "x"}],
          "rejected": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "y"}], "score_chosen": 1.0, "score_rejected": 1.0},
         {"prompt": "Q2", "chosen": [{"role": "user", "content": "Q2"}, {"role": "assistant", "content": "x"}],
@@ -137,18 +131,18 @@ def test_load_prompts_from_plain_and_preference_files(tmp_path):
     ])
     # UltraFeedback layout: a score tie is kept (only prompts matter), a repeated prompt counted once
     assert load_prompts(str(prefs)) == [as_msgs("Q1"), as_msgs("Q2")]
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok"}, {"text": "no prompt"}])
+    bad = write_jsonl_rows(tmp_path / "bad.jsonl", [{"prompt": "ok"}, {"text": "no prompt"}])
     with pytest.raises(DataError, match="row 1"):
         load_prompts(str(bad))
 
 
 def test_load_responses_keys_by_prompt(tmp_path):
-    path = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "A", "response": "1"}, {"prompt": as_msgs("A"), "response": "2"},
+    path = write_jsonl_rows(tmp_path / "r.jsonl", [{"prompt": "A", "response": "1"}, {"prompt": as_msgs("A"), "response": "2"},
                                               {"prompt": as_msgs(PROMPTS[2]), "response": "3"}])
     table = load_responses(str(path))
     assert list(table) == [prompt_key(as_msgs("A")), prompt_key(as_msgs(PROMPTS[2]))]
     assert table[prompt_key(as_msgs("A"))][1] == "1"  # a string prompt is one user message; first wins
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "A"}])
+    bad = write_jsonl_rows(tmp_path / "bad.jsonl", [{"prompt": "A"}])
     with pytest.raises(DataError, match="response"):
         load_responses(str(bad))
 
@@ -158,10 +152,7 @@ def test_load_responses_keys_by_prompt(tmp_path):
 
 @pytest.fixture(scope="module")
 def judge_folder(tmp_path_factory, smol_tokenizer) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-rm-judge")
-    make_tiny_rm(smol_tokenizer, seed=1).save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
-    return folder
+    return save_model_dir(tmp_path_factory.mktemp("tiny-rm-judge"), make_tiny_rm(smol_tokenizer, seed=1), smol_tokenizer)
 
 
 @pytest.fixture
@@ -169,7 +160,7 @@ def precomputed(tmp_path) -> tuple[Path, Path]:
     policy = [{"prompt": p, "response": f"Here is a careful answer number {i}, with detail."} for i, p in enumerate(PROMPTS)]
     reference = [{"prompt": p, "response": f"meh {i}"} for i, p in enumerate(PROMPTS)]
     reference[3]["response"] = policy[3]["response"]  # an identical pair: must be an exact tie
-    return write_jsonl(tmp_path / "policy.jsonl", policy), write_jsonl(tmp_path / "reference.jsonl", reference[::-1])
+    return write_jsonl_rows(tmp_path / "policy.jsonl", policy), write_jsonl_rows(tmp_path / "reference.jsonl", reference[::-1])
 
 
 def test_run_winrate_with_precomputed_responses_and_local_judge(precomputed, judge_folder, tmp_path):
@@ -209,7 +200,7 @@ def test_run_winrate_label_direction_with_a_stub_judge(precomputed, tmp_path, mo
 
     monkeypatch.setattr(winrate_module, "make_judge", lambda cfg, run_dir: LengthJudge())
     policy, reference = precomputed
-    plain = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS[::-1]])
+    plain = write_jsonl_rows(tmp_path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS[::-1]])
     cfg = WinrateConfig(policy=str(policy), reference=str(reference), judge="stub", data=str(plain), limit=4,
                         output_dir=str(tmp_path / "out"))
     summary = run_winrate(cfg)
@@ -224,7 +215,7 @@ def test_run_winrate_label_direction_with_a_stub_judge(precomputed, tmp_path, mo
 def test_run_winrate_missing_precomputed_prompt(precomputed, tmp_path, monkeypatch):
     monkeypatch.setattr(winrate_module, "make_judge", lambda cfg, run_dir: None)
     policy, reference = precomputed
-    extra = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "never answered"}])
+    extra = write_jsonl_rows(tmp_path / "prompts.jsonl", [{"prompt": "never answered"}])
     cfg = WinrateConfig(policy=str(policy), reference=str(reference), data=str(extra), output_dir=str(tmp_path / "out"))
     with pytest.raises(ValueError, match="no policy response for 1 of 1"):
         run_winrate(cfg)
@@ -233,9 +224,7 @@ def test_run_winrate_missing_precomputed_prompt(precomputed, tmp_path, monkeypat
 def test_run_winrate_generates_with_a_tiny_policy(precomputed, judge_folder, tmp_path, smol_tokenizer):
     """A model as --policy: responses come from HFEngine on the chat generation prompt (greedy) and
     are saved as a reusable precomputed file."""
-    policy_dir = tmp_path / "tiny-policy"
-    make_tiny_model(len(smol_tokenizer), seed=5).save_pretrained(policy_dir)
-    smol_tokenizer.save_pretrained(policy_dir)
+    policy_dir = save_model_dir(tmp_path / "tiny-policy", make_tiny_model(len(smol_tokenizer), seed=5), smol_tokenizer)
     _, reference = precomputed
     cfg = WinrateConfig(policy=str(policy_dir), reference=str(reference), judge=str(judge_folder), data=None,
                         max_new_tokens=4, output_dir=str(tmp_path / "out"), device="cpu", dtype="float32", batch_size=4)

@@ -74,7 +74,7 @@ class DemoConfig:
     """SFT examples per forward/backward pass."""
     lr: float = 3e-4
     """SFT peak learning rate (cosine decay, 5% warmup)."""
-    rloo_steps: int = 20
+    rloo_steps: int = 12
     """RLOO optimizer steps on the SFT model (0 skips RLOO)."""
     rloo_k: int = 4
     """RLOO samples per prompt."""
@@ -86,11 +86,11 @@ class DemoConfig:
     """RLOO KL coefficient (sequence-level k1 KL folded into the reward, reference = SFT model)."""
     rloo_eval_every: int = 0
     """Held-out evaluation every N RLOO steps during training (0: only the final evaluation)."""
-    pairs_prompts: int = 256
+    pairs_prompts: int = 128
     """Training prompts sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
     pairs_samples: int = 4
     """Samples per prompt; the pair is best vs worst score, ties dropped."""
-    dpo_steps: int = 30
+    dpo_steps: int = 20
     """DPO optimizer steps."""
     dpo_batch_size: int = 8
     """DPO pairs per step."""
@@ -306,7 +306,7 @@ lr {cfg.dpo_lr}, beta {cfg.dpo_beta}). Prompt template `{cfg.prompt_template}`. 
 
 ## Timings
 
-{markdown_table(["stage", "seconds"], [[k, round(v, 1)] for k, v in timings.items()])}
+{markdown_table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in timings.items()])}
 
 ## Example completions ({held_out})
 

@@ -201,14 +201,6 @@ def test_auto_picks_text_for_countdown_pairs_and_chat_for_ultrafeedback(tmp_path
     assert pairs[0].chosen.loss_mask == [0] * len(prompt_ids) + [1] * (len(pairs[0].chosen.input_ids) - len(prompt_ids))
 
 
-def test_old_names_still_import_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="load_text_pairs"):
-        from rlft.recipes.dpo import load_preference_pairs
-    assert load_preference_pairs is dpo_recipe.load_text_pairs
-    with pytest.warns(DeprecationWarning, match="TextPair"):
-        assert dpo_recipe.PreferencePair is dpo_recipe.TextPair
-
-
 # --------------------------------------------------------------------------- training
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rlft.recipes.pairs as pairs_recipe
-from rlft.recipes.dpo import DPOConfig, PreferencePair, load_preference_pairs
+from rlft.recipes.dpo import DPOConfig, TextPair, load_text_pairs
 from rlft.recipes.pairs import PairsConfig, best_and_worst, load_pair_tasks, make_countdown_pairs, stats_path
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import Sample, SamplingParams
@@ -195,5 +195,5 @@ def test_end_to_end_with_tiny_model_and_stubbed_scorer(tmp_path, smol_tokenizer,
     assert [r["rejected"] for r in rows] == [calls[0][0], calls[2][0]]
     assert all(r["prompt"].endswith("Assistant: <think>") for r in rows)
     # The DPO recipe reads the file as it is.
-    pairs = load_preference_pairs(DPOConfig(data=cfg.output, skip_invalid=True))
-    assert all(isinstance(p, PreferencePair) for p in pairs)
+    pairs = load_text_pairs(DPOConfig(data=cfg.output, skip_invalid=True))
+    assert all(isinstance(p, TextPair) for p in pairs)

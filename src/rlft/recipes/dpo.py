@@ -50,7 +50,6 @@ import gc
 import hashlib
 import json
 import logging
-import warnings
 import math
 import os
 import time
@@ -354,17 +353,6 @@ def load_tokenized_pairs(cfg: DPOConfig, tokenizer) -> tuple[list[TokenizedPair]
         "max_length": cfg.max_length, "max_prompt_length": cfg.max_prompt_length,
     }
     return tokenized, stats
-
-
-_RENAMED = {"PreferencePair": "TextPair", "load_preference_pairs": "load_text_pairs"}
-
-
-def __getattr__(name: str):
-    """Old names of the text-pair API (they clashed with :mod:`rlft.data.preferences`), with a warning."""
-    if name in _RENAMED:
-        warnings.warn(f"rlft.recipes.dpo.{name} is renamed {_RENAMED[name]}", DeprecationWarning, stacklevel=2)
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- log-probs

@@ -189,8 +189,7 @@ def eval_sets(cfg: DemoConfig) -> dict[str, list[CountdownTask]]:
         sets["standard (generated)"] = generate_tasks(PRESETS["standard"], cfg.standard_limit, seed=f"demo-standard-{cfg.split_seed}")
     real = _real_data_path(cfg)
     if real is not None and cfg.real_limit:
-        total = len(load_countdown(str(real)))
-        sets["Countdown-Tasks-3to4 (real)"] = load_countdown(str(real), start=max(0, total - cfg.real_limit))
+        sets["Countdown-Tasks-3to4 (real)"] = load_countdown(str(real))[-cfg.real_limit :]  # the last rows
     elif cfg.real_data == "auto":
         log.info("no local Countdown-Tasks-3to4 copy found (%s); skipping the real-data evaluation", ", ".join(REAL_DATA_CANDIDATES))
     return sets

@@ -18,7 +18,15 @@ import torch
 import rlft.recipes.rloo as rloo_recipe
 from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.losses.pg import rloo_advantages
-from rlft.recipes.rloo import RLOOConfig, load_rloo_tasks, policy_loss_backward, rollout_batch, train_rloo
+from rlft.recipes.rloo import (
+    RLOOConfig,
+    gradient_rows,
+    load_rloo_tasks,
+    policy_loss_backward,
+    rollout_batch,
+    take_rows,
+    train_rloo,
+)
 from rlft.rewards.registry import REWARD_FUNCTIONS
 from rlft.rollout.base import Sample
 from rlft.tasks.countdown.generator import task_key
@@ -149,6 +157,30 @@ def test_recipe_gradient_equals_hand_built_reinforce_with_loo_baseline(smol_toke
         assert torch.allclose(actual[name], expected[name], atol=1e-6 * max(1.0, float(scale)), rtol=0), name
 
 
+@pytest.mark.parametrize("mode", ["seq_sum", "token_mean"])
+def test_skipping_zero_advantage_rows_gives_the_full_gradient(smol_tokenizer, mode):
+    tok = smol_tokenizer
+    model = make_tiny_model(len(tok), seed=5)
+    samples = fixed_samples(tok)
+    rewards = torch.tensor([[1.0, 0.1, 0.1], [0.1, 0.1, 0.1]])  # the second group carries no signal
+    temperature = 0.9
+    expected = naive_reinforce_grads(model, tok, PROMPTS, samples, rewards, temperature, mode)
+
+    advantages = rloo_advantages(rewards).flatten()
+    rows = gradient_rows(advantages, kl_coef=0.0)
+    assert rows.tolist() == [0, 1, 2]
+    assert gradient_rows(advantages, kl_coef=0.1).tolist() == list(range(6))  # a KL loss term needs every row
+    model.zero_grad()
+    batch = rollout_batch(tok, PROMPTS, samples)
+    policy_loss_backward(model, take_rows(batch, rows), advantages[rows], temperature=temperature, micro_batch_size=2,
+                         loss_mode=mode, num_sequences=6, num_tokens=float(batch.loss_mask.sum()))
+    actual = grads(model)
+    for name in expected:
+        scale = expected[name].abs().max()
+        assert scale > 0, name
+        assert torch.allclose(actual[name], expected[name], atol=1e-6 * max(1.0, float(scale)), rtol=0), name
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -195,7 +227,10 @@ def test_toy_reward_is_learned(tiny_model_dir, tmp_path):
     rewards = [r["reward/mean"] for r in records]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.3, rewards
-    for key in ("reward/std", "reward/accuracy", "reward/format_rate", "adv/mean", "adv/std", "entropy",
+    for r in records:  # with beta = 0 the update runs on exactly the samples with a non-zero advantage
+        assert (r["update/rows_frac"] > 0) == (r["adv/std"] > 0) == ("entropy" in r), r
+    assert any("entropy" in r for r in records)
+    for key in ("reward/std", "reward/accuracy", "reward/format_rate", "adv/mean", "adv/std", "update/rows_frac",
                 "completion/mean_tokens", "completion/truncated_frac", "loss/policy", "pg/clipfrac", "lr", "grad_norm",
                 "time/generate_s", "time/update_s", "tokens_per_s/generate", "tokens_per_s/update"):
         assert key in records[-1], key

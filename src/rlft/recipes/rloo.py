@@ -32,13 +32,18 @@ Each step:
 5. advantages ``A_i = R_i - mean_{j != i} R_j`` within each prompt's group;
 6. update: ``ppo_epochs == 1`` is plain REINFORCE (ratio identically 1, one forward/backward per
    micro-batch, one optimizer step); ``ppo_epochs > 1`` takes that many optimizer steps on the same
-   samples with PPO clipping against the pre-update log-probs.
+   samples with PPO clipping against the pre-update log-probs. Samples whose advantage is exactly 0
+   (with beta = 0: every group whose k rewards are all equal) add exactly nothing to the loss or its
+   gradient, so unless the KL is in the loss they are skipped (:func:`gradient_rows`); the loss keeps
+   the full step's normalisers, so the update is the same as with them, only cheaper.
 
 Log-probs are always computed at the sampling temperature (``logits / T``), so they are the
 log-probs of the distribution the tokens were drawn from (with ``top_p < 1`` the sampler also
 truncates the distribution; the loss uses the untruncated tempered distribution, as TRL and OpenRLHF
 do). Cost per step: generation, one no-grad reference forward (beta > 0), one no-grad policy forward
-(only for kl_mode=reward with beta > 0, or ppo_epochs > 1), and ppo_epochs forward/backward passes.
+(only for kl_mode=reward with beta > 0, or ppo_epochs > 1), and ppo_epochs forward/backward passes
+over the samples with a non-zero advantage (all samples with kl_mode=loss and beta > 0). With beta = 0
+there is no reference model and no no-grad pass at all.
 
 Metrics (one ``metrics.jsonl`` line per step; ``step`` counts steps, not optimizer steps):
 
@@ -48,10 +53,13 @@ Metrics (one ``metrics.jsonl`` line per step; ``step`` counts steps, not optimiz
   fraction >= 0.1 (Countdown: an answer tag on the last line); ``reward/shaped_mean``: mean of the reward the advantages are computed from (after the truncation
   penalty and, with kl_mode=reward, minus beta * KL).
 - ``kl/mean`` (beta > 0 only): mean over samples of sum_t kl_t (the chosen estimator) between the
-  pre-update policy and the reference, on the sampled tokens.
+  pre-update policy and the reference, on the sampled tokens (all samples: a no-grad pass or the KL-in-loss
+  update computes them all).
 - ``entropy``: -mean log-prob of the sampled completion tokens under the pre-update policy at the
   sampling temperature: a Monte-Carlo estimate of the per-token entropy of the sampling
-  distribution (exact in expectation when top_p = 1).
+  distribution (exact in expectation when top_p = 1). Over all samples when a no-grad policy pass ran
+  (kl_mode=reward with beta > 0, or ppo_epochs > 1), else over the updated samples only (absent when none was).
+- ``update/rows_frac``: fraction of the step's samples the update ran on (non-zero advantage).
 - ``completion/mean_tokens`` (EOS included), ``completion/truncated_frac`` (hit max_new_tokens).
 - ``adv/mean`` (always ~0: LOO advantages sum to 0 per group), ``adv/std``.
 - ``loss/policy``, ``loss/kl`` (kl_mode=loss only, before beta), ``pg/clipfrac`` (fraction of tokens
@@ -425,6 +433,8 @@ def policy_loss_backward(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: Literal["k1", "k3"] = "k3",
+    num_sequences: int | None = None,
+    num_tokens: float | None = None,
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Forward and backward of the RLOO loss on a batch of samples; gradients accumulate in ``model``.
 
@@ -440,6 +450,9 @@ def policy_loss_backward(
             detached (ratio 1: REINFORCE, no extra forward).
         clip_eps: PPO clipping (None: off).
         ref_logprobs: ``(N, T)`` reference log-probs; needed when ``kl_coef > 0`` (the KL-in-the-loss term).
+        num_sequences, num_tokens: the loss's normalisers (None: the batch's own row count and target
+            token count). Pass the full step's values when ``batch`` holds only some of its rows (see
+            :func:`gradient_rows`) so the gradient is that of the full step.
     Returns:
         ``(metrics, logprobs)``: ``loss/policy`` and ``loss/kl`` (sums over micro-batches = full-batch
         values), ``pg/clipfrac`` and ``pg/ratio_mean`` (token means over the batch), and the detached
@@ -447,8 +460,9 @@ def policy_loss_backward(
     """
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
-    num_sequences = batch.input_ids.shape[0]
-    num_tokens = float(batch.loss_mask.sum())
+    num_sequences = batch.input_ids.shape[0] if num_sequences is None else num_sequences
+    num_tokens = float(batch.loss_mask.sum()) if num_tokens is None else float(num_tokens)
+    own_tokens = float(batch.loss_mask.sum())
     metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 0.0}
     logprobs_out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for rows, mb in _micro_batches(batch, micro_batch_size):
@@ -467,12 +481,33 @@ def policy_loss_backward(
             loss = loss + kl_coef * kl
             metrics["loss/kl"] += kl_metrics["loss/kl"]
         loss.backward()
-        share = float(mb.loss_mask.sum()) / max(num_tokens, 1.0)  # token-weighted means over micro-batches
+        share = float(mb.loss_mask.sum()) / max(own_tokens, 1.0)  # token-weighted means over micro-batches
         metrics["loss/policy"] += pg_metrics["loss/policy"]
         metrics["pg/clipfrac"] += pg_metrics["pg/clipfrac"] * share
         metrics["pg/ratio_mean"] += pg_metrics["pg/ratio_mean"] * share
         logprobs_out[rows, :width] = logprobs.detach()
     return metrics, logprobs_out
+
+
+def gradient_rows(advantages: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """Indices of the rows that carry gradient: ``(M,)`` long, ``M <= N`` for ``advantages`` of shape ``(N,)``.
+
+    A sample whose advantage is exactly 0 contributes exactly 0 to the policy-gradient loss and its
+    gradient (REINFORCE and PPO-clipped alike: every term is multiplied by the advantage), so with no
+    KL term in the loss (``kl_coef == 0``) only rows with a non-zero advantage need a forward and
+    backward. With ``beta = 0`` that skips every group whose k rewards are all equal (common when
+    the policy is confident: all correct or all wrong). With the KL in the loss every row is kept.
+    The update stays exact as long as the loss is normalised by the full step's counts
+    (``policy_loss_backward(..., num_sequences=, num_tokens=)``).
+    """
+    if kl_coef > 0:
+        return torch.arange(advantages.numel(), device=advantages.device)
+    return (advantages != 0).nonzero().squeeze(1)
+
+
+def take_rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:
+    """The sub-batch of ``batch`` at ``rows`` (same width; micro-batches trim it)."""
+    return TokenBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.loss_mask[rows])
 
 
 # --------------------------------------------------------------------------- reward
@@ -626,19 +661,34 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
             # 5. Leave-one-out advantages within each prompt's group.
             advantages = rloo_advantages(rewards)  # (B, k)
 
-            # 6. Update: ppo_epochs optimizer steps on these samples (1: REINFORCE).
+            # 6. Update: ppo_epochs optimizer steps on these samples (1: REINFORCE). Only rows with a
+            #    non-zero advantage carry gradient (unless the KL is in the loss): the others are skipped,
+            #    and the loss keeps the full step's normalisers, so the gradient is exactly the full one.
+            flat_adv = advantages.flatten().to(spec.device)
+            rows = gradient_rows(flat_adv, kl_coef)
+            sub = take_rows(batch, rows)
             epoch_metrics = []
             for epoch in range(cfg.ppo_epochs):
-                loss_metrics, logprobs = policy_loss_backward(
-                    model, batch, advantages.flatten().to(spec.device),
-                    temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size, loss_mode=cfg.loss_mode,
-                    old_logprobs=old_logprobs if cfg.ppo_epochs > 1 else None, clip_eps=clip_eps,
-                    ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl_estimator=cfg.kl_estimator,
-                )  # fmt: skip
+                if len(rows):
+                    loss_metrics, logprobs = policy_loss_backward(
+                        model, sub, flat_adv[rows],
+                        temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size, loss_mode=cfg.loss_mode,
+                        old_logprobs=old_logprobs[rows] if cfg.ppo_epochs > 1 else None, clip_eps=clip_eps,
+                        ref_logprobs=ref_logprobs[rows] if ref_logprobs is not None else None, kl_coef=kl_coef,
+                        kl_estimator=cfg.kl_estimator, num_sequences=len(flat), num_tokens=float(mask.sum()),
+                    )  # fmt: skip
+                else:  # nothing to learn from: a zero gradient (AdamW still applies its momentum, as it would)
+                    loss_metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 1.0}
+                    logprobs = torch.zeros(sub.input_ids.shape, device=spec.device)
+                    for p in model.parameters():
+                        if p.requires_grad:
+                            p.grad = torch.zeros_like(p)
                 if epoch == 0:
-                    pre_update_logprobs = logprobs  # the sampling policy's log-probs
+                    update_logprobs = logprobs  # the sampling policy's log-probs of the updated rows
                 epoch_metrics.append({**loss_metrics, **optimizer_step(setup, cfg.max_grad_norm)})
             update_s = time.perf_counter() - t1
+            # Log-probs of the sampling policy: all rows when a no-grad pass computed them, else the updated rows.
+            entropy_logprobs, entropy_mask = (old_logprobs, mask) if old_logprobs is not None else (update_logprobs, sub.loss_mask)
 
             # 7. Metrics.
             completion_tokens = float(mask.sum())
@@ -651,13 +701,15 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
                 "reward/shaped_mean": rewards.mean().item(),
                 "adv/mean": advantages.mean().item(),
                 "adv/std": advantages.std(unbiased=False).item(),
-                "entropy": -masked_mean(pre_update_logprobs, mask).item(),
+                **({"entropy": -masked_mean(entropy_logprobs, entropy_mask).item()} if entropy_mask.sum() > 0 else {}),
+                "update/rows_frac": len(rows) / len(flat),
                 "completion/mean_tokens": completion_tokens / len(flat),
                 "completion/truncated_frac": truncated.mean().item(),
             }
             if ref_model is not None:
-                kl_seq = masked_sum(kl_penalty(pre_update_logprobs, ref_logprobs, cfg.kl_estimator), mask, dim=-1)
-                record["kl/mean"] = kl_seq.mean().item()
+                kl_rows, kl_mask = (old_logprobs, mask) if old_logprobs is not None else (update_logprobs, sub.loss_mask)
+                kl_ref = ref_logprobs if old_logprobs is not None else ref_logprobs[rows]
+                record["kl/mean"] = masked_sum(kl_penalty(kl_rows, kl_ref, cfg.kl_estimator), kl_mask, dim=-1).mean().item() if len(kl_rows) else 0.0
             for key in ("loss/policy", "loss/kl", "pg/clipfrac", "pg/ratio_mean", "grad_norm"):
                 if key != "loss/kl" or kl_coef > 0:
                     record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)

@@ -16,6 +16,7 @@ from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.data.chat import tokenize_preference_pair
 from rlft.rewards.reward_model import (
     RewardModelScorer,
+    freeze_lower_layers,
     is_reward_model_checkpoint,
     last_token_index,
     load_reward_model,
@@ -288,3 +289,51 @@ def test_rm_recipe_resume_matches_uninterrupted_run(tiny_model_dir, data_files, 
         assert rb["loss"] == pytest.approx(ra["loss"], abs=1e-6)
         assert rb.get("eval/accuracy") == ra.get("eval/accuracy")
     assert json.loads((tmp_path / "a" / "eval.json").read_text())["n"] == 8  # 25% of 32 held out
+
+
+def test_freeze_lower_layers_keeps_top_blocks_norm_and_head_trainable(tmp_path, smol_tokenizer):
+    lm_dir = tmp_path / "lm"
+    make_tiny_model(len(smol_tokenizer), seed=3).save_pretrained(lm_dir)
+    rm = load_reward_model(str(lm_dir), pad_token_id=smol_tokenizer.pad_token_id)
+    blocks = rm.base_model.layers
+    assert len(blocks) >= 2
+    frozen = freeze_lower_layers(rm, 1)
+    trainable = {n for n, p in rm.named_parameters() if p.requires_grad}
+    top = {f"model.layers.{len(blocks) - 1}.{n}" for n, _ in blocks[-1].named_parameters()}
+    assert trainable == top | {"model.norm.weight", "score.weight"}
+    assert frozen == sum(p.numel() for n, p in rm.named_parameters() if n not in trainable)
+    # gradients reach exactly the trainable parameters
+    ids = torch.tensor([[5, 6, 7]])
+    sequence_rewards(rm, ids, torch.ones_like(ids)).sum().backward()
+    assert {n for n, p in rm.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0} == trainable
+    rm0 = load_reward_model(str(lm_dir), pad_token_id=smol_tokenizer.pad_token_id)
+    freeze_lower_layers(rm0, 0)
+    assert {n for n, p in rm0.named_parameters() if p.requires_grad} == {"model.norm.weight", "score.weight"}
+    with pytest.raises(ValueError, match="train_layers must be >= 0"):
+        freeze_lower_layers(rm0, -1)
+
+
+def test_rm_recipe_head_lr_and_train_layers(tiny_model_dir, data_files, tmp_path):
+    from safetensors.torch import load_file
+
+    from rlft.recipes.reward_model import train_rm
+
+    train, test = data_files
+    cfg = rm_config(tiny_model_dir, train, tmp_path / "run", eval_data=str(test), lr=1e-3, head_lr=1e-2, train_layers=1)
+    final = train_rm(cfg)
+    assert json.loads((tmp_path / "run" / "eval.json").read_text())["accuracy"] >= 0.8  # chance is 0.5
+    before = load_file(tiny_model_dir / "model.safetensors")
+    after = load_file(final / "model.safetensors")
+    assert torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])  # frozen
+    assert torch.equal(after["model.layers.0.mlp.up_proj.weight"], before["model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(after["model.norm.weight"], before["model.norm.weight"])  # trained
+
+
+def test_zero_head_init_gives_zero_rewards(tmp_path, smol_tokenizer):
+    lm_dir = tmp_path / "lm"
+    make_tiny_model(len(smol_tokenizer), seed=3).save_pretrained(lm_dir)
+    rm = load_reward_model(str(lm_dir), pad_token_id=smol_tokenizer.pad_token_id, head_init="zero")
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    assert torch.equal(sequence_rewards(rm, ids, torch.ones_like(ids)), torch.zeros(2))
+    with pytest.raises(ValueError, match="unknown score-head init"):
+        load_reward_model(str(lm_dir), head_init="uniform")

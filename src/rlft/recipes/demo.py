@@ -84,12 +84,16 @@ class DemoConfig:
     """RLOO learning rate (constant)."""
     rloo_beta: float = 0.001
     """RLOO KL coefficient (sequence-level k1 KL folded into the reward, reference = SFT model)."""
+    rloo_temperature: float = 1.0
+    """RLOO sampling temperature (log-probs are taken at the same temperature)."""
     rloo_eval_every: int = 0
     """Held-out evaluation every N RLOO steps during training (0: only the final evaluation)."""
     pairs_prompts: int = 128
     """Training prompts sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
     pairs_samples: int = 4
     """Samples per prompt; the pair is best vs worst score, ties dropped."""
+    pairs_temperature: float = 1.0
+    """Sampling temperature of the on-policy pairs."""
     dpo_steps: int = 20
     """DPO optimizer steps."""
     dpo_batch_size: int = 8
@@ -98,6 +102,10 @@ class DemoConfig:
     """DPO peak learning rate."""
     dpo_beta: float = 0.1
     """DPO beta."""
+    dpo_loss_type: Literal["dpo", "ipo", "rpo"] = "dpo"
+    """Preference loss: dpo, ipo, or rpo (DPO + dpo_rpo_alpha * NLL of the chosen response)."""
+    dpo_rpo_alpha: float = 1.0
+    """Weight of the chosen-response NLL when dpo_loss_type is rpo."""
     passk: int = 4
     """Samples per task for the sampled pass@k evaluation on the held-out set (0 skips it)."""
     passk_limit: int = 50
@@ -140,10 +148,11 @@ class DemoConfig:
     uf_sft_data: str | None = None
     """UltraFeedback track: SmolTalk (messages rows: a file or Hub id such as HuggingFaceTB/smol-smoltalk) for the
     SFT stage. None, or a source that cannot be read (offline): Pref-FT on the chosen replies of the training pairs."""
-    uf_train_pairs: int = 224
-    """UltraFeedback track: training pairs (ties included; DPO and the reward model drop them, ~11%), about
-    one epoch of uf_pref_steps x 8 pairs. Sampled (seeded by split_seed) from pairs whose prompts are not held out."""
-    uf_eval_prompts: int = 64
+    uf_train_pairs: int = 400
+    """UltraFeedback track: training pairs (ties included; DPO and the reward model drop them, ~11%), sampled (seeded
+    by split_seed) from pairs whose prompts are not held out. The reward model trains on all of them (uf_rm_steps);
+    SFT and DPO on the first uf_sft_steps x 8 and uf_pref_steps x 8."""
+    uf_eval_prompts: int = 96
     """UltraFeedback track: held-out prompts (disjoint from training) for the win-rates; the reward model's
     held-out accuracy is measured on their non-tie pairs."""
     uf_max_length: int = 192
@@ -155,7 +164,16 @@ class DemoConfig:
     uf_sft_steps: int = 30
     """UltraFeedback track: SFT optimizer steps of 8 conversations."""
     uf_pref_steps: int = 24
-    """UltraFeedback track: DPO and reward-model optimizer steps, each of 8 pairs."""
+    """UltraFeedback track: DPO optimizer steps, each of 8 pairs (one epoch of the first uf_pref_steps x 8 pairs)."""
+    uf_rm_steps: int = 45
+    """UltraFeedback track: reward-model optimizer steps of 8 pairs (~one epoch of the non-tie training pairs)."""
+    uf_rm_train_layers: int | None = 6
+    """UltraFeedback track: the reward model trains only its top N blocks, final norm and head (None: all); with 6 of
+    SmolLM2-135M's 30 blocks a step costs ~2.6x less, so it sees about twice the pairs of DPO in less time."""
+    uf_rm_head_lr: float = 1e-3
+    """UltraFeedback track: learning rate of the reward model's new score head (the body uses 5e-5)."""
+    uf_rm_head_init: Literal["normal", "zero"] = "normal"
+    """UltraFeedback track: init of the new score head: normal N(0, 1/(d+1)) or zero (rewards start at 0)."""
     uf_rloo_steps: int = 10
     """UltraFeedback track: RLOO steps of 4 prompts x rloo_k samples, rewarded by the trained reward model."""
     uf_truncation_penalty: float | None = -1.0
@@ -171,7 +189,7 @@ class DemoConfig:
                        standard_limit=4, real_limit=4, max_new_tokens=32, rloo_steps=2, rloo_prompts_per_step=2,
                        pairs_prompts=8, pairs_samples=2, dpo_steps=2, dpo_batch_size=2, passk=2, passk_limit=4,
                        uf_train_pairs=16, uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16, uf_sft_steps=2,
-                       uf_pref_steps=2, uf_rloo_steps=2)
+                       uf_pref_steps=2, uf_rm_steps=2, uf_rloo_steps=2)
 
 
 def _real_data_path(cfg: DemoConfig) -> Path | None:
@@ -278,9 +296,10 @@ def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, Co
 
 Base model `{cfg.model}`. SFT on {cfg.num_train} generated `{cfg.preset}` tasks with `{cfg.trace_style}`
 solver traces ({cfg.sft_steps} steps of {cfg.batch_size}, lr {cfg.lr}); RLOO from SFT ({cfg.rloo_steps} steps,
-{cfg.rloo_prompts_per_step} prompts x k={cfg.rloo_k}, lr {cfg.rloo_lr}, beta {cfg.rloo_beta}); DPO from SFT on
-on-policy pairs ({cfg.pairs_prompts} prompts x {cfg.pairs_samples} samples, {cfg.dpo_steps} steps of {cfg.dpo_batch_size},
-lr {cfg.dpo_lr}, beta {cfg.dpo_beta}). Prompt template `{cfg.prompt_template}`. Scores use the TinyZero-exact
+{cfg.rloo_prompts_per_step} prompts x k={cfg.rloo_k} at temperature {cfg.rloo_temperature}, lr {cfg.rloo_lr}, beta {cfg.rloo_beta});
+{cfg.dpo_loss_type.upper()}{f" (NLL weight {cfg.dpo_rpo_alpha})" if cfg.dpo_loss_type == "rpo" else ""} from SFT on on-policy pairs
+({cfg.pairs_prompts} prompts x {cfg.pairs_samples} samples at temperature {cfg.pairs_temperature}, best vs worst, ties dropped;
+{cfg.dpo_steps} steps of {cfg.dpo_batch_size}, lr {cfg.dpo_lr}, beta {cfg.dpo_beta}). Prompt template `{cfg.prompt_template}`. Scores use the TinyZero-exact
 `compute_score` (1.0 correct, 0.1 answer present but wrong, 0 no answer).
 
 ## Held-out tasks: {held_out} ({len(sets[held_out])} tasks, greedy, at most {cfg.max_new_tokens} new tokens)
@@ -366,7 +385,7 @@ def run_demo(cfg: DemoConfig) -> Path:
             if not _done(rloo, cfg):
                 rloo = train_rloo(RLOOConfig(
                     model=str(sft), preset=cfg.preset, num_train=cfg.num_train, output_dir=str(run_dir / "rloo"), k=cfg.rloo_k,
-                    prompts_per_step=cfg.rloo_prompts_per_step, max_steps=cfg.rloo_steps, lr=cfg.rloo_lr, beta=cfg.rloo_beta,
+                    prompts_per_step=cfg.rloo_prompts_per_step, max_steps=cfg.rloo_steps, lr=cfg.rloo_lr, beta=cfg.rloo_beta, temperature=cfg.rloo_temperature,
                     max_new_tokens=cfg.max_new_tokens, micro_batch_size=16, gen_batch_size=cfg.eval_batch_size,
                     eval_every=cfg.rloo_eval_every, eval_limit=min(50, cfg.eval_limit), eval_max_new_tokens=cfg.max_new_tokens,
                     save_every=max(cfg.rloo_steps // 3, 1), **common))
@@ -380,7 +399,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                 make_countdown_pairs(PairsConfig(
                     model=str(sft), preset=cfg.preset, num_prompts=cfg.pairs_prompts, start=cfg.num_train,
                     split_seed=cfg.split_seed, heldout_size=common["heldout_size"], prompt_template=cfg.prompt_template,
-                    num_samples=cfg.pairs_samples, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+                    num_samples=cfg.pairs_samples, temperature=cfg.pairs_temperature, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
                     output=str(pairs_path), seed=cfg.seed, device=cfg.device, dtype=cfg.dtype))
         stats = json.loads(pairs_path.with_suffix(".stats.json").read_text())
         notes.append(f"on-policy pairs: {stats['prompts']} prompts tried, {stats['kept']} kept, {stats['dropped_ties']} dropped as ties")
@@ -391,7 +410,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                 dpo = None
             elif not _done(dpo, cfg):
                 dpo = train_dpo(DPOConfig(
-                    model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, max_length=256,
+                    model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type, rpo_alpha=cfg.dpo_rpo_alpha, max_length=256,
                     batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_batch_size, max_steps=cfg.dpo_steps, lr=cfg.dpo_lr,
                     save_every=max(cfg.dpo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype))
         if dpo is not None:

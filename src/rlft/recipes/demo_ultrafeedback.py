@@ -79,9 +79,10 @@ DPO_MICRO = 4
 """DPO pairs per forward/backward pass: 8 sequences, whose 49k-vocabulary logits at 192 tokens are ~300 MB in fp32."""
 RLOO_PROMPTS = 4
 """RLOO prompts per step (x rloo_k samples each)."""
-LR = {"sft": 5e-5, "dpo": 1e-5, "rm": 2e-5, "rloo": 2e-5}
-"""Peak learning rates. The base model is an instruct model already: SFT stays gentle; DPO and the
-reward model get the higher end of small-model rates so 24 steps move them; RLOO keeps the Countdown rate."""
+LR = {"sft": 5e-5, "dpo": 1e-5, "rm": 5e-5, "rloo": 2e-5}
+"""Peak learning rates. The base model is an instruct model already: SFT stays gentle; DPO gets the higher end
+of small-model rates so 24 steps move it; the reward model trains only its top blocks (uf_rm_train_layers) at a
+higher rate, its new head faster still (uf_rm_head_lr); RLOO keeps the Countdown rate."""
 MODELS = ("base", "sft", "dpo", "rloo")
 EXAMPLES = 3
 """Held-out prompts shown with every model's response in the report."""
@@ -380,7 +381,8 @@ def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str,
 
 Base model `{cfg.model}`; data `{split['source']}`. SFT on {sft_what} ({cfg.uf_sft_steps} steps of {BATCH}, lr {LR['sft']});
 DPO from SFT on the training pairs ({cfg.uf_pref_steps} steps of {BATCH}, lr {LR['dpo']}, beta {cfg.dpo_beta}); a Bradley-Terry
-reward model from the base model on the same pairs ({cfg.uf_pref_steps} steps of {BATCH}, lr {LR['rm']}); RLOO from SFT on the
+reward model from the base model on all training pairs ({cfg.uf_rm_steps} steps of {BATCH}; top {cfg.uf_rm_train_layers} blocks at lr
+{LR['rm']}, {cfg.uf_rm_head_init}-initialised head at lr {cfg.uf_rm_head_lr}); RLOO from SFT on the
 training prompts rewarded by that reward model ({cfg.uf_rloo_steps} steps of {RLOO_PROMPTS} prompts x k={cfg.rloo_k}, lr {LR['rloo']},
 beta {cfg.rloo_beta}, truncation penalty {cfg.uf_truncation_penalty}). Sequences are cut at {cfg.uf_max_length} tokens; responses
 are greedy, at most {cfg.uf_max_new_tokens} new tokens.
@@ -429,7 +431,7 @@ Targets:
 
 
 def _validate(cfg: DemoConfig) -> None:
-    for name in ("uf_train_pairs", "uf_eval_prompts", "uf_max_new_tokens", "uf_sft_steps", "uf_pref_steps", "uf_rloo_steps"):
+    for name in ("uf_train_pairs", "uf_eval_prompts", "uf_max_new_tokens", "uf_sft_steps", "uf_pref_steps", "uf_rm_steps", "uf_rloo_steps"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.uf_max_length - cfg.uf_max_new_tokens < 8:
@@ -484,6 +486,7 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
             sft = train_sft(SFTConfig(
                 model=cfg.model, data=choice["data"], data_format="chat", chat_template=template, output_dir=str(run_dir / "sft"),
                 max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=BATCH, max_steps=cfg.uf_sft_steps, lr=LR["sft"],
+                limit=cfg.uf_sft_steps * BATCH,  # one epoch; Pref-FT: the chosen replies of the first training pairs
                 save_every=max(cfg.uf_sft_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
     if note := _json(data_dir / "sft_source.json").get("note"):
         notes.append(note)
@@ -494,7 +497,7 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
             dpo = train_dpo(DPOConfig(
                 model=str(sft), data=str(train_path), data_format="chat", drop_ties=True, output_dir=str(run_dir / "dpo"),
                 beta=cfg.dpo_beta, max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=DPO_MICRO,
-                max_steps=cfg.uf_pref_steps, lr=LR["dpo"], save_every=max(cfg.uf_pref_steps // 3, 1), seed=cfg.seed,
+                max_steps=cfg.uf_pref_steps, limit=cfg.uf_pref_steps * BATCH, lr=LR["dpo"], save_every=max(cfg.uf_pref_steps // 3, 1), seed=cfg.seed,
                 resume=cfg.resume, **device))
 
     rm = run_dir / "rm" / "model"
@@ -503,8 +506,9 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
             rm = train_rm(RMConfig(
                 model=cfg.model, data=str(train_path), eval_data=str(eval_path), drop_ties=True, eval_limit=None,
                 chat_template=template, output_dir=str(run_dir / "rm"), max_length=cfg.uf_max_length, batch_size=BATCH,
-                micro_batch_size=BATCH, eval_batch_size=BATCH, max_steps=cfg.uf_pref_steps, lr=LR["rm"], eval_every=0,
-                save_every=max(cfg.uf_pref_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
+                micro_batch_size=BATCH, eval_batch_size=BATCH, max_steps=cfg.uf_rm_steps, lr=LR["rm"], head_lr=cfg.uf_rm_head_lr,
+                head_init=cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0,
+                save_every=max(cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
 
     rloo = run_dir / "rloo" / "model"
     with _Timer(timings, "RLOO"):

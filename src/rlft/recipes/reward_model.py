@@ -12,7 +12,7 @@
    pairs whose prompt alone does not fit dropped; both counted). The scorer
    (:class:`rlft.rewards.reward_model.RewardModelScorer`) renders conversations the same way.
 4. The model is ``AutoModelForSequenceClassification(num_labels=1)`` loaded from a causal LM (or an
-   existing reward model); a new score head is initialised N(0, 1/(d+1))
+   existing reward model); a new score head is initialised N(0, 1/(d+1)) or to zero (``--head-init``)
    (:func:`rlft.rewards.reward_model.init_score_head`). The reward is read at each sequence's last
    real token from the attention mask (:func:`rlft.rewards.reward_model.sequence_rewards`), never
    via ``pad_token_id`` (which breaks when pad == EOS).
@@ -49,7 +49,7 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.recipes.common import TrainingSetup, batch_indices, make_scheduler, optimizer_step, start_run_dir
-from rlft.rewards.reward_model import load_reward_model, sequence_rewards
+from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, score_head, sequence_rewards
 
 log = logging.getLogger("rlft")
 
@@ -108,7 +108,18 @@ class RMConfig:
     max_steps: int | None = None
     """Total optimizer steps (overrides --epochs)."""
     lr: float = 1e-5
-    """Peak learning rate (AdamW)."""
+    """Peak learning rate (AdamW) of the backbone."""
+    head_lr: float | None = None
+    """Peak learning rate of the score head (None: --lr). A new head trained at a body rate of ~1e-5 barely moves in
+    a short run (its weights are ~1/sqrt(d)), so the body has to fit a random direction; a head rate ~100x
+    higher (e.g. 1e-3) lets the head become a linear probe of the body's features first."""
+    head_init: Literal["normal", "zero"] = "normal"
+    """Init of a new score head: 'normal' N(0, 1/(d+1)) (Stiennon et al. 2020: initial rewards of std ~1, so early
+    gradients reach the body), or 'zero' (every initial reward 0, the loss starts at exactly log 2; the body gets
+    gradients once the head has moved, so pair it with --head-lr). An existing reward model keeps its head."""
+    train_layers: int | None = None
+    """Train only the top N transformer blocks (plus the final norm and the score head); embeddings and lower blocks
+    stay frozen, which makes a step about one forward plus N/L of a backward. None: train everything."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     warmup_ratio: float = 0.03
@@ -153,6 +164,8 @@ def _validate(cfg: RMConfig) -> None:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
     if not 0.0 <= cfg.eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must lie in [0, 1), got {cfg.eval_fraction}")
+    if cfg.head_lr is not None and cfg.head_lr <= 0:
+        raise ValueError(f"head_lr must be > 0 or None, got {cfg.head_lr}")
     if cfg.center_coef < 0:
         raise ValueError(f"center_coef must be >= 0, got {cfg.center_coef}")
 
@@ -255,9 +268,15 @@ def evaluate(model, examples: list[RMExample], pad_token_id: int, device, batch_
 def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) -> TrainingSetup:
     """Like :func:`rlft.recipes.common.prepare_training`, but the model is a reward model."""
     ckpt = latest_checkpoint(run_dir) if cfg.resume else None
-    model = load_reward_model(str(ckpt) if ckpt else cfg.model, spec, pad_token_id=tokenizer.pad_token_id)
+    model = load_reward_model(str(ckpt) if ckpt else cfg.model, spec, pad_token_id=tokenizer.pad_token_id, head_init=cfg.head_init)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.train_layers is not None:
+        frozen = freeze_lower_layers(model, cfg.train_layers)
+        log.info("RM: training the top %d blocks, final norm and head; %.1fM parameters frozen", cfg.train_layers, frozen / 1e6)
+    head = {id(p) for p in score_head(model).parameters()}
+    body = [p for p in model.parameters() if p.requires_grad and id(p) not in head]
+    groups = [{"params": body, "lr": cfg.lr}, {"params": list(score_head(model).parameters()), "lr": cfg.head_lr or cfg.lr}]
+    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)  # logged lr: the body's (group 0)
     scheduler = make_scheduler(cfg.schedule, optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
     start_step = 0
     if ckpt is not None:

@@ -126,19 +126,53 @@ def is_reward_model_checkpoint(path: str) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in archs) and getattr(config, "num_labels", None) == 1
 
 
-def init_score_head(model) -> None:
-    """Initialise a new reward head with N(0, 1/(d+1)) (Stiennon et al. 2020 / OpenAI
-    lm-human-preferences): with unit-scale final hidden states the initial rewards have std ~1, not
-    the ~0.02*sqrt(d) of the default init, so early gradients reach the body."""
+def freeze_lower_layers(model, train_layers: int) -> int:
+    """Freeze the embeddings and all but the top ``train_layers`` transformer blocks of ``model``.
+
+    What stays trainable: the top ``train_layers`` blocks, the final norm and every parameter outside
+    the backbone (the score head). A frozen prefix stores no activations for backward, and the backward
+    stops at the first trainable block, so a step costs about one forward plus ``train_layers / L`` of a
+    backward. Works for decoder-only models whose backbone keeps its blocks in ``.layers`` (Llama,
+    Qwen2, Mistral, Gemma, SmolLM2); raises ``TypeError`` for others and ``ValueError`` when
+    ``train_layers`` is negative. Returns the number of frozen parameters.
+    """
+    blocks = getattr(model.base_model, "layers", None)
+    if not isinstance(blocks, torch.nn.ModuleList):
+        raise TypeError(f"{type(model.base_model).__name__} keeps no `.layers` block list: train_layers needs a Llama-style backbone")
+    if train_layers < 0:
+        raise ValueError(f"train_layers must be >= 0, got {train_layers}")
+    trainable_blocks = {id(p) for block in blocks[len(blocks) - train_layers :] if train_layers for p in block.parameters()}
+    norm = getattr(model.base_model, "norm", None)
+    keep = trainable_blocks | {id(p) for p in (norm.parameters() if isinstance(norm, torch.nn.Module) else [])}
+    frozen = 0
+    for p in model.base_model.parameters():
+        if id(p) not in keep:
+            p.requires_grad_(False)
+            frozen += p.numel()
+    return frozen
+
+
+def init_score_head(model, kind: str = "normal") -> None:
+    """Initialise a new reward head.
+
+    ``kind="normal"``: N(0, 1/(d+1)) (Stiennon et al. 2020 / OpenAI lm-human-preferences): with
+    unit-scale final hidden states the initial rewards have std ~1, not the ~0.02*sqrt(d) of the
+    default init, so early gradients reach the body. ``kind="zero"``: every initial reward is 0 (a
+    Bradley-Terry loss of exactly log 2); the body gets gradients once the head has moved. Raises
+    ``ValueError`` for another kind.
+    """
+    if kind not in ("normal", "zero"):
+        raise ValueError(f"unknown score-head init {kind!r}; choose 'normal' or 'zero'")
     head = score_head(model)
     d = head.weight.shape[-1]
     with torch.no_grad():
-        head.weight.normal_(0.0, 1.0 / math.sqrt(d + 1))
+        head.weight.normal_(0.0, 1.0 / math.sqrt(d + 1)) if kind == "normal" else head.weight.zero_()
         if getattr(head, "bias", None) is not None:
             head.bias.zero_()
 
 
-def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_token_id: int | None = None, init_head: bool | None = None):
+def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_token_id: int | None = None, init_head: bool | None = None,
+                      head_init: str = "normal"):
     """Load ``AutoModelForSequenceClassification(num_labels=1)`` from a reward-model folder or a causal
     LM (built-in name, local folder or Hub id).
 
@@ -147,6 +181,7 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
             without one; :func:`sequence_rewards` itself never uses it).
         init_head: re-initialise the score head with :func:`init_score_head`; None (default): only
             when the checkpoint is not already a reward model (the head is new).
+        head_init: the ``kind`` of that initialisation ("normal" or "zero").
 
     The input embedding's ``padding_idx`` is cleared (see the comment in the code): the pad token's
     embedding row gets gradients like any other, which matters when pad == eos.
@@ -164,8 +199,8 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
     except (OSError, ValueError) as e:
         raise ModelNotFoundError(f"could not load reward model {name_or_path!r}: {e}") from None
     if init_head or (init_head is None and new_head):
-        init_score_head(model)
-        log.info("%s: new reward head initialised N(0, 1/(d+1))", name_or_path)
+        init_score_head(model, head_init)
+        log.info("%s: new reward head initialised %s", name_or_path, "N(0, 1/(d+1))" if head_init == "normal" else "to zero")
     if pad_token_id is not None:
         model.config.pad_token_id = pad_token_id
     # transformers builds the input embedding with padding_idx=config.pad_token_id, which zeroes that

@@ -67,16 +67,24 @@ def prepare_training(
     schedule: str,
     warmup_steps: int,
     total_steps: int,
+    optimizer: str = "adamw",
 ) -> TrainingSetup:
-    """Load the model (from the latest checkpoint when resuming), AdamW, scheduler, metrics log.
+    """Load the model (from the latest checkpoint when resuming), the optimizer, scheduler, metrics log.
 
-    Resuming restores weights, optimizer, scheduler, RNG and the step count; metrics logged after
-    that checkpoint are dropped so the curve continues without a jump.
+    ``optimizer``: "adamw" (default) or "sgd" (plain SGD, no momentum: the update is ``lr`` times the
+    clipped gradient, so its size follows the gradient's; see ``RLOOConfig.optimizer``). Raises
+    ``ValueError`` for another name. Resuming restores weights, optimizer, scheduler, RNG and the step
+    count; metrics logged after that checkpoint are dropped so the curve continues without a jump.
     """
+    if optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adamw' or 'sgd'")
     ckpt = latest_checkpoint(run_dir) if resume else None
     model = load_model(str(ckpt) if ckpt else model_name, spec)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    if optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     scheduler = make_scheduler(schedule, optimizer, warmup_steps, total_steps)
     start_step = 0
     if ckpt is not None:

@@ -140,8 +140,13 @@ class RLOOConfig:
     lr: float = 1e-5
     """Peak learning rate (AdamW). 1e-5 is the published RLOO Countdown setting for Qwen2.5-0.5B
     (k=8, KL 0.001, ~100 steps); larger rates quickly destabilise a pretrained policy."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """'adamw', or 'sgd' (plain SGD: each update is lr x the clipped gradient). AdamW moves every weight by ~lr per
+    step whatever its gradient (its first steps are sign descent), which for a handful of steps on a sparse,
+    noisy policy gradient spreads the update over all weights; SGD's update follows the gradient's direction
+    and size. With SGD, lr is the length of a step whose gradient norm reaches max_grad_norm = 1 (try ~1e-2)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Weight decay."""
     warmup_ratio: float = 0.0
     """Fraction of optimizer steps spent warming the learning rate up linearly from 0."""
     schedule: Literal["cosine", "linear", "constant"] = "constant"
@@ -604,7 +609,8 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
     total_steps = cfg.max_steps
     optimizer_steps = total_steps * cfg.ppo_epochs
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * optimizer_steps), total_steps=optimizer_steps)
+                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * optimizer_steps), total_steps=optimizer_steps,
+                             optimizer=cfg.optimizer)
     model, start_step = setup.model, setup.start_step
     ref_model = None
     if cfg.beta > 0:  # the reference is the initial policy, never a checkpoint of this run

@@ -82,6 +82,8 @@ class DemoConfig:
     """RLOO prompts per step."""
     rloo_lr: float = 2e-5
     """RLOO learning rate (constant)."""
+    rloo_optimizer: Literal["adamw", "sgd"] = "adamw"
+    """RLOO optimizer (see `rlft rloo --optimizer`)."""
     rloo_beta: float = 0.001
     """RLOO KL coefficient (sequence-level k1 KL folded into the reward, reference = SFT model)."""
     rloo_temperature: float = 1.0
@@ -100,6 +102,8 @@ class DemoConfig:
     """DPO pairs per step."""
     dpo_lr: float = 5e-6
     """DPO peak learning rate."""
+    dpo_optimizer: Literal["adamw", "sgd"] = "adamw"
+    """DPO optimizer (see `rlft dpo --optimizer`)."""
     dpo_beta: float = 0.1
     """DPO beta."""
     dpo_loss_type: Literal["dpo", "ipo", "rpo"] = "dpo"
@@ -296,10 +300,10 @@ def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, Co
 
 Base model `{cfg.model}`. SFT on {cfg.num_train} generated `{cfg.preset}` tasks with `{cfg.trace_style}`
 solver traces ({cfg.sft_steps} steps of {cfg.batch_size}, lr {cfg.lr}); RLOO from SFT ({cfg.rloo_steps} steps,
-{cfg.rloo_prompts_per_step} prompts x k={cfg.rloo_k} at temperature {cfg.rloo_temperature}, lr {cfg.rloo_lr}, beta {cfg.rloo_beta});
+{cfg.rloo_prompts_per_step} prompts x k={cfg.rloo_k} at temperature {cfg.rloo_temperature}, {cfg.rloo_optimizer} lr {cfg.rloo_lr}, beta {cfg.rloo_beta});
 {cfg.dpo_loss_type.upper()}{f" (NLL weight {cfg.dpo_rpo_alpha})" if cfg.dpo_loss_type == "rpo" else ""} from SFT on on-policy pairs
 ({cfg.pairs_prompts} prompts x {cfg.pairs_samples} samples at temperature {cfg.pairs_temperature}, best vs worst, ties dropped;
-{cfg.dpo_steps} steps of {cfg.dpo_batch_size}, lr {cfg.dpo_lr}, beta {cfg.dpo_beta}). Prompt template `{cfg.prompt_template}`. Scores use the TinyZero-exact
+{cfg.dpo_steps} steps of {cfg.dpo_batch_size}, {cfg.dpo_optimizer} lr {cfg.dpo_lr}, beta {cfg.dpo_beta}). Prompt template `{cfg.prompt_template}`. Scores use the TinyZero-exact
 `compute_score` (1.0 correct, 0.1 answer present but wrong, 0 no answer).
 
 ## Held-out tasks: {held_out} ({len(sets[held_out])} tasks, greedy, at most {cfg.max_new_tokens} new tokens)
@@ -385,7 +389,7 @@ def run_demo(cfg: DemoConfig) -> Path:
             if not _done(rloo, cfg):
                 rloo = train_rloo(RLOOConfig(
                     model=str(sft), preset=cfg.preset, num_train=cfg.num_train, output_dir=str(run_dir / "rloo"), k=cfg.rloo_k,
-                    prompts_per_step=cfg.rloo_prompts_per_step, max_steps=cfg.rloo_steps, lr=cfg.rloo_lr, beta=cfg.rloo_beta, temperature=cfg.rloo_temperature,
+                    prompts_per_step=cfg.rloo_prompts_per_step, max_steps=cfg.rloo_steps, lr=cfg.rloo_lr, optimizer=cfg.rloo_optimizer, beta=cfg.rloo_beta, temperature=cfg.rloo_temperature,
                     max_new_tokens=cfg.max_new_tokens, micro_batch_size=16, gen_batch_size=cfg.eval_batch_size,
                     eval_every=cfg.rloo_eval_every, eval_limit=min(50, cfg.eval_limit), eval_max_new_tokens=cfg.max_new_tokens,
                     save_every=max(cfg.rloo_steps // 3, 1), **common))
@@ -411,7 +415,7 @@ def run_demo(cfg: DemoConfig) -> Path:
             elif not _done(dpo, cfg):
                 dpo = train_dpo(DPOConfig(
                     model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type, rpo_alpha=cfg.dpo_rpo_alpha, max_length=256,
-                    batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_batch_size, max_steps=cfg.dpo_steps, lr=cfg.dpo_lr,
+                    batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_batch_size, max_steps=cfg.dpo_steps, lr=cfg.dpo_lr, optimizer=cfg.dpo_optimizer,
                     save_every=max(cfg.dpo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype))
         if dpo is not None:
             with _Timer(timings, "evaluate DPO"):

@@ -137,8 +137,12 @@ class DPOConfig:
     lr: float = 1e-6
     """Peak learning rate (AdamW). DPO wants small rates: 5e-7 to 1e-6 is typical for a 0.5B model;
     small CPU demo models tolerate more (e.g. 1e-5)."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """'adamw', or 'sgd' (plain SGD: each update is lr x the clipped gradient; see RLOOConfig.optimizer). For a
+    few dozen steps on a few dozen pairs AdamW's sign-like first steps move every weight by ~lr; SGD moves along
+    the gradient (try lr ~1e-2)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Weight decay."""
     warmup_ratio: float = 0.1
     """Fraction of steps spent warming the learning rate up linearly from 0."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
@@ -513,7 +517,8 @@ def train_dpo(cfg: DPOConfig) -> Path:
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps)
+                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
+                             optimizer=cfg.optimizer)
     model, start_step = setup.model, setup.start_step
     log.info("%s: %d pairs, %d steps of %d pairs (micro-batch %d) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
 

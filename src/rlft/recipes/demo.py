@@ -141,7 +141,7 @@ class DemoConfig:
     RLOO with that reward model, win-rates judged by it (rlft.recipes.demo_ultrafeedback; run name 'ultrafeedback'
     unless --name is given). It reads --data and the --uf-* options, plus model, name, runs_dir, quick, dpo_beta,
     rloo_k, rloo_beta, eval_batch_size, split_seed, seed, resume, device, dtype; the other options are Countdown's.
-    Its small --uf-* defaults fit ~37 of 45 minutes on a 2-core CPU with the 135M model in float32 (the token budget
+    Its small --uf-* defaults fit 36 of 45 minutes (measured) on a 2-core CPU with the 135M model in float32 (the token budget
     of each stage is in that module's docstring); --quick shrinks them to a smoke test."""
     data: str | None = None
     """UltraFeedback track: preference pairs, a .jsonl/.json/.parquet file or Hub id (flattened

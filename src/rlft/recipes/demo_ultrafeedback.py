@@ -30,21 +30,22 @@ reused and an interrupted training stage continues from its last checkpoint.
 Budget: the defaults aim at <= 45 minutes for the 135M model in float32 on a 2-core CPU, where a
 training step (forward + backward + AdamW) runs ~140 tokens/s, a no-grad forward ~3x that, and greedy
 generation of 50 x 64 tokens takes 20-30 s. Prompts are <= 128 tokens (mean ~67 on train_clean.jsonl),
-sequences are cut at 192 tokens (mean ~173; ~70% of replies are truncated):
+sequences are cut at 192 tokens (mean ~173; ~70% of replies are truncated). Measured on
+train_clean.jsonl (560 usable pairs: 96 held-out prompts, 400 training pairs):
 
 ==========================  ==================================================  ==========
-stage                       tokens                                              ~seconds
+stage                       tokens                                              seconds
 ==========================  ==================================================  ==========
-SFT                         30 steps x 8 x 173 = 42k trained                    300
-DPO                         ~200 pairs x 2 x 173 = 69k forward (reference)      160
-                            24 steps x 8 pairs x 2 x 173 = 66k trained          475
-reward model                66k trained + ~61 held-out pairs (21k forward)      520
-RLOO                        10 steps x 16 samples x ~131 (generate 64 tokens,   450
+SFT (Pref-FT)               30 steps x 8 x 173 = 42k trained                    343
+DPO                         192 pairs x 2 x 173 = 66k forward (reference)       639
+                            24 steps x 8 pairs x 2 x 173 = 66k trained
+reward model                45 steps x 8 pairs (top 6 of 30 blocks trained,     423
+                            ~370 tokens/s) + 87 held-out pairs
+RLOO                        10 steps x 16 samples x ~131 (generate 64 tokens,   461
                             score, reference + policy forward, train)
-win-rate generation         4 models x 64 prompts x 64 new tokens               140
-win-rate judging            3 runs x 128 x ~131 = 50k forward                   120
-loading, saving, tokenizing                                                     50
-total                                                                           ~2200 (37 min)
+win-rate generation         4 models x 96 prompts x 64 new tokens               180
+win-rate judging            3 runs x 192 x ~131 = 75k forward                   137
+total                                                                           2181 (36 min)
 ==========================  ==================================================  ==========
 """
 

@@ -44,6 +44,10 @@ def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> l
     return perm[pos * batch_size : (pos + 1) * batch_size].tolist()
 
 
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+"""The optimizers ``prepare_training`` builds, by name (SGD: plain, no momentum)."""
+
+
 @dataclass
 class TrainingSetup:
     model: torch.nn.Module
@@ -76,24 +80,21 @@ def prepare_training(
     ``ValueError`` for another name. Resuming restores weights, optimizer, scheduler, RNG and the step
     count; metrics logged after that checkpoint are dropped so the curve continues without a jump.
     """
-    if optimizer not in ("adamw", "sgd"):
+    if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adamw' or 'sgd'")
     ckpt = latest_checkpoint(run_dir) if resume else None
     model = load_model(str(ckpt) if ckpt else model_name, spec)
     model.train()
-    if optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    scheduler = make_scheduler(schedule, optimizer, warmup_steps, total_steps)
+    optim = OPTIMIZERS[optimizer](model.parameters(), lr=lr, weight_decay=weight_decay)
+    scheduler = make_scheduler(schedule, optim, warmup_steps, total_steps)
     start_step = 0
     if ckpt is not None:
-        start_step = load_trainer_state(ckpt, optimizer, scheduler)["step"]
+        start_step = load_trainer_state(ckpt, optim, scheduler)["step"]
         log.info("resuming from %s at step %d", ckpt, start_step)
     elif resume:
         log.info("--resume: no checkpoint in %s, starting from scratch", run_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
-    return TrainingSetup(model, optimizer, scheduler, start_step, metrics, ckpt)
+    return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt)
 
 
 def optimizer_step(setup: TrainingSetup, max_grad_norm: float) -> dict[str, float]:

@@ -273,9 +273,9 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
     if cfg.train_layers is not None:
         frozen = freeze_lower_layers(model, cfg.train_layers)
         log.info("RM: training the top %d blocks, final norm and head; %.1fM parameters frozen", cfg.train_layers, frozen / 1e6)
-    head = {id(p) for p in score_head(model).parameters()}
-    body = [p for p in model.parameters() if p.requires_grad and id(p) not in head]
-    groups = [{"params": body, "lr": cfg.lr}, {"params": list(score_head(model).parameters()), "lr": cfg.head_lr or cfg.lr}]
+    head = list(score_head(model).parameters())
+    body = [p for p in model.parameters() if p.requires_grad and all(p is not h for h in head)]
+    groups = [{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr or cfg.lr}]
     optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)  # logged lr: the body's (group 0)
     scheduler = make_scheduler(cfg.schedule, optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
     start_step = 0

@@ -693,8 +693,13 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
                     update_logprobs = logprobs  # the sampling policy's log-probs of the updated rows
                 epoch_metrics.append({**loss_metrics, **optimizer_step(setup, cfg.max_grad_norm)})
             update_s = time.perf_counter() - t1
-            # Log-probs of the sampling policy: all rows when a no-grad pass computed them, else the updated rows.
-            entropy_logprobs, entropy_mask = (old_logprobs, mask) if old_logprobs is not None else (update_logprobs, sub.loss_mask)
+            # Log-probs of the sampling policy (and the reference's, on the same rows): all rows when a no-grad
+            # pass computed them, else the updated rows (all rows whenever the KL is in the loss).
+            if old_logprobs is not None:
+                seen_logprobs, seen_mask, seen_ref = old_logprobs, mask, ref_logprobs
+            else:
+                seen_logprobs, seen_mask = update_logprobs, sub.loss_mask
+                seen_ref = ref_logprobs[rows] if ref_logprobs is not None else None
 
             # 7. Metrics.
             completion_tokens = float(mask.sum())
@@ -707,15 +712,14 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
                 "reward/shaped_mean": rewards.mean().item(),
                 "adv/mean": advantages.mean().item(),
                 "adv/std": advantages.std(unbiased=False).item(),
-                **({"entropy": -masked_mean(entropy_logprobs, entropy_mask).item()} if entropy_mask.sum() > 0 else {}),
+                **({"entropy": -masked_mean(seen_logprobs, seen_mask).item()} if seen_mask.sum() > 0 else {}),
                 "update/rows_frac": len(rows) / len(flat),
                 "completion/mean_tokens": completion_tokens / len(flat),
                 "completion/truncated_frac": truncated.mean().item(),
             }
             if ref_model is not None:
-                kl_rows, kl_mask = (old_logprobs, mask) if old_logprobs is not None else (update_logprobs, sub.loss_mask)
-                kl_ref = ref_logprobs if old_logprobs is not None else ref_logprobs[rows]
-                record["kl/mean"] = masked_sum(kl_penalty(kl_rows, kl_ref, cfg.kl_estimator), kl_mask, dim=-1).mean().item() if len(kl_rows) else 0.0
+                kl_seq = masked_sum(kl_penalty(seen_logprobs, seen_ref, cfg.kl_estimator), seen_mask, dim=-1)
+                record["kl/mean"] = kl_seq.mean().item() if len(kl_seq) else 0.0
             for key in ("loss/policy", "loss/kl", "pg/clipfrac", "pg/ratio_mean", "grad_norm"):
                 if key != "loss/kl" or kl_coef > 0:
                     record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)

@@ -141,7 +141,7 @@ def freeze_lower_layers(model, train_layers: int) -> int:
         raise TypeError(f"{type(model.base_model).__name__} keeps no `.layers` block list: train_layers needs a Llama-style backbone")
     if train_layers < 0:
         raise ValueError(f"train_layers must be >= 0, got {train_layers}")
-    trainable_blocks = {id(p) for block in blocks[len(blocks) - train_layers :] if train_layers for p in block.parameters()}
+    trainable_blocks = {id(p) for block in blocks[len(blocks) - train_layers :] for p in block.parameters()}
     norm = getattr(model.base_model, "norm", None)
     keep = trainable_blocks | {id(p) for p in (norm.parameters() if isinstance(norm, torch.nn.Module) else [])}
     frozen = 0

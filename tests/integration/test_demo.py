@@ -59,3 +59,13 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     text = report.read_text()
     assert "\n| dpo | " in text and "on-policy pairs: 4 prompts tried, 4 kept" in text
     assert (run_dir / "loss_dpo.png").is_file()
+    assert "| rloo - sft | 8 |" in text and "| dpo - sft | 8 |" in text  # paired over the 8 quick held-out tasks
+
+    # A cached evaluation of another size (here: a 3-task one) is not reused but evaluated again.
+    path = run_dir / "eval" / "sft--easy3.json"
+    small = json.loads(path.read_text())
+    path.write_text(json.dumps({**small, "num_tasks": 3, "task_scores": small["task_scores"][:3]}))
+    run_demo(DemoConfig(**{**cfg.__dict__, "resume": True}))
+    again = json.loads(path.read_text())
+    assert again["num_tasks"] == 8 and again["task_scores"] == small["task_scores"]
+    assert (run_dir / "eval" / "sft--standard.json").stat().st_mtime_ns == mtimes[run_dir / "eval" / "sft--standard.json"]

@@ -11,6 +11,7 @@ from rlft.eval.countdown import (
     CountdownEvalResult,
     EvalCountdownConfig,
     evaluate_countdown,
+    paired_difference,
     pass_at_k_sizes,
     run_eval_countdown,
 )
@@ -84,6 +85,7 @@ def test_sampled_metrics():
         "nums": [3, 5, 2],
     }
     assert r.examples[1]["score"] == pytest.approx(0.1)
+    assert r.task_scores == [[1.0, 0.1, 0.0, 1.0], [0.1, 0.1, 0.0, 0.0], [1.0] * 4]
 
 
 def test_greedy_metrics():
@@ -114,6 +116,31 @@ def test_errors():
         evaluate_countdown(engine, [], [], SamplingParams(temperature=0.0))
     with pytest.raises(ValueError):  # the engine returns 1 sample where 2 were asked for
         evaluate_countdown(engine, tasks, prompts, SamplingParams(k=2))
+
+
+def test_paired_difference_hand_computed():
+    """A = [1, .1, 0, 1] (k=1), B per task means [(1+0)/2, .1, .1, 0] (k=2).
+
+    d = [0.5, 0, -0.1, 1]; mean 1.4/4 = 0.35; sample variance = sum((d - .35)^2) / 3
+    = (.0225 + .1225 + .2025 + .4225) / 3 = 0.77 / 3; half width = 1.96 * sqrt(0.77/3) / 2.
+    """
+    a = [[1.0], [0.1], [0.0], [1.0]]
+    b = [[1.0, 0.0], [0.1, 0.1], [0.1, 0.1], [0.0, 0.0]]
+    r = paired_difference(a, b)
+    half = 1.959963984540054 * (0.77 / 3) ** 0.5 / 2
+    assert r["n"] == 4 and (r["better"], r["worse"]) == (2, 1)
+    assert r["diff"] == pytest.approx(0.35, abs=1e-12)
+    assert (r["ci_low"], r["ci_high"]) == (pytest.approx(0.35 - half, abs=1e-12), pytest.approx(0.35 + half, abs=1e-12))
+    same = paired_difference(a, a)  # a model against itself: zero difference, zero width
+    assert (same["diff"], same["ci_low"], same["ci_high"], same["better"], same["worse"]) == (0, 0, 0, 0, 0)
+    one = paired_difference([[1.0]], [[0.1]])
+    assert one["diff"] == pytest.approx(0.9) and one["ci_low"] == one["ci_high"] == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="same non-zero number"):
+        paired_difference(a, b[:3])
+    with pytest.raises(ValueError, match="same non-zero number"):
+        paired_difference([], [])
+    with pytest.raises(ValueError, match="at least one score"):
+        paired_difference([[1.0], []], [[0.0], [0.0]])
 
 
 def test_json_round_trip(tmp_path):

@@ -337,3 +337,29 @@ def test_zero_head_init_gives_zero_rewards(tmp_path, smol_tokenizer):
     assert torch.equal(sequence_rewards(rm, ids, torch.ones_like(ids)), torch.zeros(2))
     with pytest.raises(ValueError, match="unknown score-head init"):
         load_reward_model(str(lm_dir), head_init="uniform")
+
+
+def test_tokenize_pairs_cuts_long_prompts_at_their_start(smol_tokenizer):
+    """With max_prompt_length a pair whose prompt alone overflows max_length is kept: the prompt keeps its
+    last max_prompt_length tokens, each reply its start; without it the pair is dropped and counted."""
+    from types import SimpleNamespace
+
+    from rlft.recipes.reward_model import tokenize_pairs
+
+    words = " ".join(f"w{i}" for i in range(200))
+    pair = SimpleNamespace(prompt=[{"role": "user", "content": words}], chosen="yes " * 40, rejected="no " * 40,
+                           score_chosen=None, score_rejected=None)
+    full = tokenize_preference_pair(smol_tokenizer, pair.prompt, pair.chosen, pair.rejected, max_length=10_000)
+    prompt_len = full[0].loss_mask.index(1)
+    assert prompt_len > 64
+
+    dropped, counts = tokenize_pairs([pair], smol_tokenizer, max_length=64)
+    assert dropped == [] and counts["dropped_prompt_too_long"] == 1
+
+    [kept], counts = tokenize_pairs([pair], smol_tokenizer, max_length=64, max_prompt_length=32)
+    assert counts["pairs"] == 1 and counts["dropped_prompt_too_long"] == 0
+    for cut, whole in ((kept.chosen, full[0]), (kept.rejected, full[1])):
+        assert len(cut.input_ids) == 64 and cut.truncated
+        assert cut.input_ids[:32] == whole.input_ids[prompt_len - 32:prompt_len]  # the prompt's end
+        assert cut.input_ids[32:] == whole.input_ids[prompt_len:prompt_len + 32]  # the reply's start
+        assert cut.loss_mask == [0] * 32 + [1] * 32

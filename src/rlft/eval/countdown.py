@@ -7,11 +7,13 @@ Scores come from :func:`rlft.rewards.countdown.score_completions` (the TinyZero-
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
 from rlft.eval.passk import mean_pass_at_k
+from rlft.eval.winrate import Z_95
 from rlft.rewards.countdown import score_completions
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.rollout.base import GenerationEngine, SamplingParams
@@ -42,6 +44,9 @@ class CountdownEvalResult:
     """Fraction of samples that hit max_new_tokens (finish_reason "length")."""
     examples: list[dict] = field(default_factory=list)
     """The first few tasks: prompt_tail, completion (first sample), score, target, nums."""
+    task_scores: list[list[float]] = field(default_factory=list)
+    """Per task, in task order, the scores of its k samples: shape (num_tasks, k). Paired comparisons
+    of two models on the same tasks read it (:func:`paired_difference`)."""
 
     def to_dict(self) -> dict:
         """A JSON-ready dict (``json.dump`` turns the pass_at_k keys into strings; see :meth:`from_dict`)."""
@@ -123,7 +128,36 @@ def evaluate_countdown(
         mean_completion_tokens=sum(len(s.completion_ids) for s in flat_samples) / len(flat_samples),
         truncated_rate=sum(s.finish_reason == "length" for s in flat_samples) / len(flat_samples),
         examples=examples,
+        task_scores=scores,
     )
+
+
+
+def paired_difference(a: list[list[float]], b: list[list[float]], *, z: float = Z_95) -> dict:
+    """Mean score of model A minus model B on the same N tasks, with a paired 95% confidence interval.
+
+    ``a`` and ``b`` are :attr:`CountdownEvalResult.task_scores` of the two models, shape (N, k_a) and
+    (N, k_b), rows in the same task order. Per task i, ``d_i = mean(a[i]) - mean(b[i])``; returns
+    ``{"n", "diff", "ci_low", "ci_high", "better", "worse"}``: ``diff`` = mean of d (equals
+    A's mean score minus B's when k is constant), the CI is ``diff +- z * sd(d) / sqrt(N)`` (normal
+    approximation with the sample standard deviation, ddof 1; zero width when N == 1), ``better`` /
+    ``worse`` count tasks with ``d_i > 0`` / ``d_i < 0``. Pairing removes the between-task variance,
+    so the interval is much narrower than the two unpaired ones would suggest.
+
+    Raises:
+        ValueError: no tasks, a different number of tasks, or a task with no scores.
+    """
+    if not a or len(a) != len(b):
+        raise ValueError(f"paired comparison needs the same non-zero number of tasks, got {len(a)} and {len(b)}")
+    if any(not row for row in (*a, *b)):
+        raise ValueError("every task needs at least one score")
+    d = [sum(x) / len(x) - sum(y) / len(y) for x, y in zip(a, b)]
+    n = len(d)
+    diff = sum(d) / n
+    sd = math.sqrt(sum((x - diff) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+    half = z * sd / math.sqrt(n)
+    return {"n": n, "diff": diff, "ci_low": diff - half, "ci_high": diff + half,
+            "better": sum(x > 0 for x in d), "worse": sum(x < 0 for x in d)}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import yaml
@@ -72,20 +73,26 @@ def prepare_training(
     warmup_steps: int,
     total_steps: int,
     optimizer: str = "adamw",
+    load: Callable[[str, DeviceSpec], torch.nn.Module] = load_model,
+    param_groups: Callable[[torch.nn.Module], list[dict]] | None = None,
 ) -> TrainingSetup:
     """Load the model (from the latest checkpoint when resuming), the optimizer, scheduler, metrics log.
 
     ``optimizer``: "adamw" (default) or "sgd" (plain SGD, no momentum: the update is ``lr`` times the
     clipped gradient, so its size follows the gradient's; see ``RLOOConfig.optimizer``). Raises
-    ``ValueError`` for another name. Resuming restores weights, optimizer, scheduler, RNG and the step
-    count; metrics logged after that checkpoint are dropped so the curve continues without a jump.
+    ``ValueError`` for another name. ``load(name_or_folder, spec)`` builds the model (default: a causal
+    LM; the reward-model recipe passes its own); ``param_groups(model)`` gives optimizer parameter groups
+    (e.g. a separate rate for a new head; default: every parameter at ``lr``). Resuming restores weights,
+    optimizer, scheduler, RNG and the step count; metrics logged after that checkpoint are dropped so the
+    curve continues without a jump.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adamw' or 'sgd'")
     ckpt = latest_checkpoint(run_dir) if resume else None
-    model = load_model(str(ckpt) if ckpt else model_name, spec)
+    model = load(str(ckpt) if ckpt else model_name, spec)
     model.train()
-    optim = OPTIMIZERS[optimizer](model.parameters(), lr=lr, weight_decay=weight_decay)
+    params = param_groups(model) if param_groups is not None else model.parameters()
+    optim = OPTIMIZERS[optimizer](params, lr=lr, weight_decay=weight_decay)
     scheduler = make_scheduler(schedule, optim, warmup_steps, total_steps)
     start_step = 0
     if ckpt is not None:

@@ -79,7 +79,7 @@ BATCH = 8
 DPO_MICRO = 4
 """DPO pairs per forward/backward pass: 8 sequences, whose 49k-vocabulary logits at 192 tokens are ~300 MB in fp32."""
 RLOO_PROMPTS = 4
-"""RLOO prompts per step (x rloo_k samples each)."""
+"""RLOO prompts per step (x uf_rloo_k samples each)."""
 LR = {"sft": 5e-5, "dpo": 1e-5, "rm": 5e-5, "rloo": 2e-5}
 """Peak learning rates. The base model is an instruct model already: SFT stays gentle; DPO gets the higher end
 of small-model rates so 24 steps move it; the reward model trains only its top blocks (uf_rm_train_layers) at a
@@ -384,8 +384,8 @@ Base model `{cfg.model}`; data `{split['source']}`. SFT on {sft_what} ({cfg.uf_s
 DPO from SFT on the training pairs ({cfg.uf_pref_steps} steps of {BATCH}, lr {LR['dpo']}, beta {cfg.dpo_beta}); a Bradley-Terry
 reward model from the base model on all training pairs ({cfg.uf_rm_steps} steps of {BATCH}; top {cfg.uf_rm_train_layers} blocks at lr
 {LR['rm']}, {cfg.uf_rm_head_init}-initialised head at lr {cfg.uf_rm_head_lr}); RLOO from SFT on the
-training prompts rewarded by that reward model ({cfg.uf_rloo_steps} steps of {RLOO_PROMPTS} prompts x k={cfg.rloo_k}, lr {LR['rloo']},
-beta {cfg.rloo_beta}, truncation penalty {cfg.uf_truncation_penalty}). Sequences are cut at {cfg.uf_max_length} tokens; responses
+training prompts rewarded by that reward model ({cfg.uf_rloo_steps} steps of {RLOO_PROMPTS} prompts x k={cfg.uf_rloo_k}, lr {LR['rloo']},
+beta {cfg.uf_rloo_beta}, truncation penalty {cfg.uf_truncation_penalty}). Sequences are cut at {cfg.uf_max_length} tokens; responses
 are greedy, at most {cfg.uf_max_new_tokens} new tokens.
 
 ## Win-rates on {split['eval_prompts']} held-out prompts (judge: the trained reward model)
@@ -516,9 +516,9 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
         if not _done(rloo, cfg):
             rloo = train_rloo(RLOOConfig(
                 model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"),
-                k=cfg.rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps, lr=LR["rloo"], beta=cfg.rloo_beta,
+                k=cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps, lr=LR["rloo"], beta=cfg.uf_rloo_beta,
                 max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.uf_truncation_penalty, eval_every=0, eval_prompts=0,
-                max_prompt_tokens=max_prompt_tokens, micro_batch_size=8, gen_batch_size=RLOO_PROMPTS * cfg.rloo_k,
+                max_prompt_tokens=max_prompt_tokens, micro_batch_size=8, gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k,
                 save_every=max(cfg.uf_rloo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
 
     prompts = load_prompts(str(eval_path), limit=None)

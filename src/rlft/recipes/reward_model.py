@@ -43,12 +43,12 @@ from typing import Literal
 
 import torch
 
-from rlft.checkpoint import MetricsLog, latest_checkpoint, load_trainer_state, save_checkpoint, save_model_folder
+from rlft.checkpoint import save_checkpoint, save_model_folder
 from rlft.console import console, training_progress
 from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
-from rlft.recipes.common import TrainingSetup, batch_indices, make_scheduler, optimizer_step, start_run_dir
+from rlft.recipes.common import TrainingSetup, batch_indices, optimizer_step, prepare_training, start_run_dir
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, score_head, sequence_rewards
 
 log = logging.getLogger("rlft")
@@ -92,6 +92,9 @@ class RMConfig:
     max_length: int = 1024
     """Longest prompt + response in tokens; longer responses are cut at the end (counted), pairs whose
     prompt alone does not fit are dropped (counted)."""
+    max_prompt_length: int | None = None
+    """Cut longer prompts to this many tokens, keeping their end (counted as truncated), so pairs with long prompts
+    are trained on instead of dropped; None: keep whole prompts. Applies to the held-out pairs too. Must be < --max-length."""
     margin_scale: float = 0.0
     """Llama-2 style margin: require r_chosen - r_rejected >= margin_scale * (score_chosen - score_rejected).
     0 turns it off; pairs without scores get margin 0."""
@@ -168,6 +171,8 @@ def _validate(cfg: RMConfig) -> None:
         raise ValueError(f"head_lr must be > 0 or None, got {cfg.head_lr}")
     if cfg.center_coef < 0:
         raise ValueError(f"center_coef must be >= 0, got {cfg.center_coef}")
+    if cfg.max_prompt_length is not None and not 0 < cfg.max_prompt_length < cfg.max_length:
+        raise ValueError(f"max_prompt_length must lie in [1, max_length={cfg.max_length}), got {cfg.max_prompt_length}")
 
 
 def _load(source: str, split: str, cfg: RMConfig, limit: int | None, loaded: dict) -> list:
@@ -208,13 +213,18 @@ def _margin(pair, scale: float) -> float:
     return scale * (float(sc) - float(sr))
 
 
-def tokenize_pairs(pairs: list, tokenizer, max_length: int, margin_scale: float = 0.0, what: str = "train") -> tuple[list[RMExample], dict]:
-    """Tokenize preference pairs; returns the examples and counts (kept, dropped, truncated)."""
+def tokenize_pairs(pairs: list, tokenizer, max_length: int, margin_scale: float = 0.0, what: str = "train",
+                   max_prompt_length: int | None = None) -> tuple[list[RMExample], dict]:
+    """Tokenize preference pairs; returns the examples and counts (kept, dropped, truncated).
+
+    Prompts longer than ``max_prompt_length`` keep their end, responses keep their start
+    (:func:`rlft.data.chat.tokenize_preference_pair`)."""
     from rlft.data.chat import tokenize_preference_pair
 
     examples, dropped = [], 0
     for pair in pairs:
-        tokenized = tokenize_preference_pair(tokenizer, pair.prompt, pair.chosen, pair.rejected, max_length=max_length)
+        tokenized = tokenize_preference_pair(tokenizer, pair.prompt, pair.chosen, pair.rejected, max_length=max_length,
+                                             max_prompt_length=max_prompt_length)
         if tokenized is None:
             dropped += 1
             continue
@@ -266,26 +276,24 @@ def evaluate(model, examples: list[RMExample], pad_token_id: int, device, batch_
 
 
 def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) -> TrainingSetup:
-    """Like :func:`rlft.recipes.common.prepare_training`, but the model is a reward model."""
-    ckpt = latest_checkpoint(run_dir) if cfg.resume else None
-    model = load_reward_model(str(ckpt) if ckpt else cfg.model, spec, pad_token_id=tokenizer.pad_token_id, head_init=cfg.head_init)
-    model.train()
-    if cfg.train_layers is not None:
-        frozen = freeze_lower_layers(model, cfg.train_layers)
-        log.info("RM: training the top %d blocks, final norm and head; %.1fM parameters frozen", cfg.train_layers, frozen / 1e6)
-    head = list(score_head(model).parameters())
-    body = [p for p in model.parameters() if p.requires_grad and all(p is not h for h in head)]
-    groups = [{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr or cfg.lr}]
-    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)  # logged lr: the body's (group 0)
-    scheduler = make_scheduler(cfg.schedule, optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
-    start_step = 0
-    if ckpt is not None:
-        start_step = load_trainer_state(ckpt, optimizer, scheduler)["step"]
-        log.info("resuming from %s at step %d", ckpt, start_step)
-    elif cfg.resume:
-        log.info("--resume: no checkpoint in %s, starting from scratch", run_dir)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
-    return TrainingSetup(model, optimizer, scheduler, start_step, metrics, ckpt)
+    """:func:`rlft.recipes.common.prepare_training` with a reward model (lower blocks frozen with --train-layers)
+    and two parameter groups: the body at ``lr``, the score head at ``head_lr`` (the logged lr is the body's)."""
+
+    def load(name: str, spec) -> torch.nn.Module:
+        model = load_reward_model(name, spec, pad_token_id=tokenizer.pad_token_id, head_init=cfg.head_init)
+        if cfg.train_layers is not None:
+            frozen = freeze_lower_layers(model, cfg.train_layers)
+            log.info("RM: training the top %d blocks, final norm and head; %.1fM parameters frozen", cfg.train_layers, frozen / 1e6)
+        return model
+
+    def groups(model: torch.nn.Module) -> list[dict]:
+        head = list(score_head(model).parameters())
+        body = [p for p in model.parameters() if p.requires_grad and all(p is not h for h in head)]
+        return [{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr or cfg.lr}]
+
+    return prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
+                            load=load, param_groups=groups)
 
 
 def train_rm(cfg: RMConfig) -> Path:
@@ -301,8 +309,9 @@ def train_rm(cfg: RMConfig) -> Path:
         ensure_chat_template(tokenizer, cfg.chat_template)
     loaded: dict[str, dict] = {}
     train_pairs, eval_pairs = split_pairs(cfg, loaded)
-    train, train_counts = tokenize_pairs(train_pairs, tokenizer, cfg.max_length, cfg.margin_scale, "train")
-    heldout, eval_counts = tokenize_pairs(eval_pairs, tokenizer, cfg.max_length, 0.0, "eval") if eval_pairs else ([], {"pairs": 0})
+    train, train_counts = tokenize_pairs(train_pairs, tokenizer, cfg.max_length, cfg.margin_scale, "train", cfg.max_prompt_length)
+    heldout, eval_counts = (tokenize_pairs(eval_pairs, tokenizer, cfg.max_length, 0.0, "eval", cfg.max_prompt_length)
+                            if eval_pairs else ([], {"pairs": 0}))
     if not train:
         raise ValueError(f"every training pair's prompt is longer than max_length={cfg.max_length}")
     if not heldout:

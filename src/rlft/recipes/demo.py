@@ -300,6 +300,11 @@ def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, Co
                 continue
             d = paired_difference(results[model][held_out].task_scores, results["sft"][held_out].task_scores)
             paired_rows.append([f"{model} - sft", d["n"], f"{d['diff']:+.3f}", f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]", d["better"], d["worse"]])
+    paired = ""
+    if paired_rows:
+        paired = ("Paired against SFT on the same held-out tasks (greedy; 95% CI of the mean per-task score difference, normal\n"
+                  "approximation; tasks where the model scores higher / lower than SFT):\n\n"
+                  + markdown_table(["comparison", "tasks", "score difference", "95% CI", "tasks better", "tasks worse"], paired_rows) + "\n")
     other_rows = [[model, s, len(sets[s]), r.mean_score, r.accuracy, r.format_rate]
                   for model in results for s, r in results[model].items() if s not in (held_out, PASSK_SET)]
     examples = []
@@ -327,11 +332,7 @@ solver traces ({cfg.sft_steps} steps of {cfg.batch_size}, lr {cfg.lr}); RLOO fro
 
 {f"pass@k: {cfg.passk} samples at temperature 1.0 on the first {min(cfg.passk_limit, len(sets[held_out]))} held-out tasks (unbiased estimator)." if cfg.passk else ""}
 
-{f"""Paired against SFT on the same held-out tasks (greedy; 95% CI of the mean per-task score difference, normal
-approximation; tasks where the model scores higher / lower than SFT):
-
-{markdown_table(["comparison", "tasks", "score difference", "95% CI", "tasks better", "tasks worse"], paired_rows)}
-""" if paired_rows else ""}
+{paired}
 ![scores](scores.png)
 
 ## Other evaluation sets (greedy)

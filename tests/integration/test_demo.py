@@ -45,6 +45,7 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     for model in ("base", "sft", "rloo"):
         assert f"{model}--easy3.json" in evals and f"{model}--passatk.json" in evals
     assert (run_dir / "rloo" / "model" / "config.json").is_file()
+    assert not list(run_dir.glob("*/checkpoints")), "finished stages keep no checkpoints by default"
 
     # --resume reuses finished evaluations, models and the pairs file instead of redoing them; given
     # non-tied pairs (written here by hand), it trains and evaluates DPO.

@@ -112,6 +112,7 @@ def test_quick_ultrafeedback_demo(demo_model_dir, tmp_path):
     assert dpo_stats["dropped_ties"] == split["train_ties"] and dpo_stats["data_format"] == "chat"
     rm_eval = json.loads((run_dir / "rm" / "eval.json").read_text())
     assert rm_eval["n"] == split["eval_pairs"] - split["eval_ties"]
+    assert not list(run_dir.glob("*/checkpoints")), "finished stages keep no checkpoints by default"
 
     # --resume: every finished stage is reused (no file rewritten); only the report is written again.
     watched = [run_dir / "data" / "train.jsonl", run_dir / "data" / "eval.jsonl", *(run_dir / "responses").glob("*.jsonl"),

@@ -73,15 +73,15 @@ def prepare_training(
     warmup_steps: int,
     total_steps: int,
     optimizer: str = "adamw",
-    load: Callable[[str, DeviceSpec], torch.nn.Module] = load_model,
+    load: Callable[[str, DeviceSpec], torch.nn.Module] | None = None,
     param_groups: Callable[[torch.nn.Module], list[dict]] | None = None,
 ) -> TrainingSetup:
     """Load the model (from the latest checkpoint when resuming), the optimizer, scheduler, metrics log.
 
     ``optimizer``: "adamw" (default) or "sgd" (plain SGD, no momentum: the update is ``lr`` times the
     clipped gradient, so its size follows the gradient's; see ``RLOOConfig.optimizer``). Raises
-    ``ValueError`` for another name. ``load(name_or_folder, spec)`` builds the model (default: a causal
-    LM; the reward-model recipe passes its own); ``param_groups(model)`` gives optimizer parameter groups
+    ``ValueError`` for another name. ``load(name_or_folder, spec)`` builds the model (None: a causal LM
+    by :func:`rlft.models.load_model`; the reward-model recipe passes its own); ``param_groups(model)`` gives optimizer parameter groups
     (e.g. a separate rate for a new head; default: every parameter at ``lr``). Resuming restores weights,
     optimizer, scheduler, RNG and the step count; metrics logged after that checkpoint are dropped so the
     curve continues without a jump.
@@ -89,7 +89,7 @@ def prepare_training(
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adamw' or 'sgd'")
     ckpt = latest_checkpoint(run_dir) if resume else None
-    model = load(str(ckpt) if ckpt else model_name, spec)
+    model = (load or load_model)(str(ckpt) if ckpt else model_name, spec)
     model.train()
     params = param_groups(model) if param_groups is not None else model.parameters()
     optim = OPTIMIZERS[optimizer](params, lr=lr, weight_decay=weight_decay)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -134,6 +135,9 @@ class DemoConfig:
     """Training seed."""
     resume: bool = False
     """Reuse finished evaluations and resume SFT from its last checkpoint."""
+    keep_checkpoints: bool = False
+    """Keep each stage's resumable checkpoints (weights + optimizer state, ~1.5 GB each for the 135M model) after
+    its final model is saved; by default they are deleted then, as a finished stage resumes from its model."""
     device: str = "auto"
     """'auto', 'cpu', 'cuda', ..."""
     dtype: str = "auto"
@@ -375,6 +379,12 @@ def _done(folder: Path, cfg: DemoConfig) -> bool:
     return cfg.resume and (folder / "config.json").is_file()
 
 
+def drop_checkpoints(model_dir: Path | None, cfg: DemoConfig) -> None:
+    """Delete the checkpoints/ beside a stage's finished ``model_dir`` unless ``cfg.keep_checkpoints``."""
+    if model_dir is not None and not cfg.keep_checkpoints and (Path(model_dir) / "config.json").is_file():
+        shutil.rmtree(Path(model_dir).parent / "checkpoints", ignore_errors=True)
+
+
 def run_demo(cfg: DemoConfig) -> Path:
     """Run the demo; returns the report path. Stages whose output exists are skipped with --resume."""
     if cfg.track == "ultrafeedback":
@@ -401,6 +411,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                 model=cfg.model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, trace_style=cfg.trace_style,
                 max_dead_ends=cfg.max_dead_ends, output_dir=str(run_dir / "sft"), max_length=256, batch_size=cfg.batch_size,
                 micro_batch_size=cfg.micro_batch_size, max_steps=cfg.sft_steps, lr=cfg.lr, save_every=max(cfg.sft_steps // 4, 1), **common))
+        drop_checkpoints(sft, cfg)
     with _Timer(timings, "evaluate SFT"):
         results["sft"] = evaluate_model(str(sft), "sft", sets, cfg, run_dir / "eval")
 
@@ -414,6 +425,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                     max_new_tokens=cfg.max_new_tokens, micro_batch_size=16, gen_batch_size=cfg.eval_batch_size,
                     eval_every=cfg.rloo_eval_every, eval_limit=min(50, cfg.eval_limit), eval_max_new_tokens=cfg.max_new_tokens,
                     save_every=max(cfg.rloo_steps // 3, 1), **common))
+            drop_checkpoints(rloo, cfg)
         with _Timer(timings, "evaluate RLOO"):
             results["rloo"] = evaluate_model(str(rloo), "rloo", sets, cfg, run_dir / "eval")
 
@@ -438,6 +450,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                     model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type, rpo_alpha=cfg.dpo_rpo_alpha, max_length=256,
                     batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_batch_size, max_steps=cfg.dpo_steps, lr=cfg.dpo_lr, optimizer=cfg.dpo_optimizer,
                     save_every=max(cfg.dpo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype))
+            drop_checkpoints(dpo, cfg)
         if dpo is not None:
             with _Timer(timings, "evaluate DPO"):
                 results["dpo"] = evaluate_model(str(dpo), "dpo", sets, cfg, run_dir / "eval")

@@ -64,7 +64,7 @@ from rlft.console import console
 from rlft.data.files import write_jsonl
 from rlft.eval.report import markdown_table, plot_curve
 from rlft.eval.winrate import WinrateConfig, load_prompts, prompt_key, run_winrate, winrate_label, winrate_summary
-from rlft.recipes.demo import DemoConfig, _done, _Timer
+from rlft.recipes.demo import DemoConfig, _done, _Timer, drop_checkpoints
 
 log = logging.getLogger("rlft")
 
@@ -489,6 +489,7 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
                 max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=BATCH, max_steps=cfg.uf_sft_steps, lr=LR["sft"],
                 limit=cfg.uf_sft_steps * BATCH,  # one epoch; Pref-FT: the chosen replies of the first training pairs
                 save_every=max(cfg.uf_sft_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
+        drop_checkpoints(sft, cfg)
     if note := _json(data_dir / "sft_source.json").get("note"):
         notes.append(note)
 
@@ -500,6 +501,7 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
                 beta=cfg.dpo_beta, max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=DPO_MICRO,
                 max_steps=cfg.uf_pref_steps, limit=cfg.uf_pref_steps * BATCH, lr=LR["dpo"], save_every=max(cfg.uf_pref_steps // 3, 1), seed=cfg.seed,
                 resume=cfg.resume, **device))
+        drop_checkpoints(dpo, cfg)
 
     rm = run_dir / "rm" / "model"
     with _Timer(timings, "reward model"):
@@ -510,6 +512,7 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
                 micro_batch_size=BATCH, eval_batch_size=BATCH, max_steps=cfg.uf_rm_steps, lr=LR["rm"], head_lr=cfg.uf_rm_head_lr,
                 head_init=cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0,
                 save_every=max(cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
+        drop_checkpoints(rm, cfg)
 
     rloo = run_dir / "rloo" / "model"
     with _Timer(timings, "RLOO"):
@@ -520,6 +523,7 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
                 max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.uf_truncation_penalty, eval_every=0, eval_prompts=0,
                 max_prompt_tokens=max_prompt_tokens, micro_batch_size=8, gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k,
                 save_every=max(cfg.uf_rloo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
+        drop_checkpoints(rloo, cfg)
 
     prompts = load_prompts(str(eval_path), limit=None)
     models = {"base": cfg.model, "sft": str(sft), "dpo": str(dpo), "rloo": str(rloo)}

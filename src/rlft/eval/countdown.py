@@ -132,7 +132,6 @@ def evaluate_countdown(
     )
 
 
-
 def paired_difference(a: list[list[float]], b: list[list[float]], *, z: float = Z_95) -> dict:
     """Mean score of model A minus model B on the same N tasks, with a paired 95% confidence interval.
 

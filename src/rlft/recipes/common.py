@@ -81,8 +81,9 @@ def prepare_training(
     ``optimizer``: "adamw" (default) or "sgd" (plain SGD, no momentum: the update is ``lr`` times the
     clipped gradient, so its size follows the gradient's; see ``RLOOConfig.optimizer``). Raises
     ``ValueError`` for another name. ``load(name_or_folder, spec)`` builds the model (None: a causal LM
-    by :func:`rlft.models.load_model`; the reward-model recipe passes its own); ``param_groups(model)`` gives optimizer parameter groups
-    (e.g. a separate rate for a new head; default: every parameter at ``lr``). Resuming restores weights,
+    by :func:`rlft.models.load_model`; the reward-model recipe passes its own); ``param_groups(model)``
+    gives optimizer parameter groups (e.g. a separate rate for a new head; None: every parameter at
+    ``lr``). Resuming restores weights,
     optimizer, scheduler, RNG and the step count; metrics logged after that checkpoint are dropped so the
     curve continues without a jump.
     """

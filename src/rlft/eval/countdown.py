@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlft.eval.passk import mean_pass_at_k
-from rlft.eval.winrate import Z_95
+from rlft.eval.stats import Z_95
 from rlft.rewards.countdown import score_completions
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.rollout.base import GenerationEngine, SamplingParams

@@ -35,12 +35,10 @@ import torch
 from rlft.console import console
 from rlft.data.files import DataError, read_rows, write_jsonl
 from rlft.eval.report import markdown_table
+from rlft.eval.stats import Z_95
 from rlft.rewards.reward_model import Messages, as_messages
 
 log = logging.getLogger("rlft")
-
-Z_95 = 1.959963984540054
-"""Two-sided 95% standard-normal quantile."""
 
 
 @dataclass(frozen=True)

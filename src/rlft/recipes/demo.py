@@ -248,7 +248,7 @@ def evaluate_model(model_name: str, label: str, sets: dict[str, list[CountdownTa
         path = out_dir / f"{label}--{set_name.split()[0].replace('@', 'at')}.json"
         cached = CountdownEvalResult.from_dict(json.loads(path.read_text())) if cfg.resume and path.is_file() else None
         tasks, params = jobs[set_name]
-        if cached is not None and cached.num_tasks == len(tasks) and cached.k == params.k and len(cached.task_scores) == len(tasks):
+        if cached is not None and cached.k == params.k and len(cached.task_scores) == len(tasks):
             results[set_name] = cached
             log.info("reusing %s", path)
         else:  # not resuming, or a cached result of another size (or from before per-task scores were kept)

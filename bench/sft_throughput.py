@@ -1,4 +1,4 @@
-"""SFT step throughput and peak memory: rlft's loss path vs the plain Hugging Face loss.
+"""SFT step throughput and peak memory: rlft's loss path vs the plain Hugging Face loss vs TRL's SFTTrainer.
 
 rlft computes the LM head only on completion positions (``rlft.ops.sequence_logprobs``); the plain
 path calls ``model(input_ids, labels=...)``, which materialises logits for every position. Both train
@@ -7,6 +7,12 @@ peak; CPU: process max RSS, which only grows, so run each path in its own proces
 
     python bench/sft_throughput.py --path rlft  --model smollm2-135m --steps 5
     python bench/sft_throughput.py --path plain --model smollm2-135m --steps 5
+    python bench/sft_throughput.py --path trl   --model smollm2-135m --steps 5   # needs `pip install trl`
+
+The trl path trains ``SFTTrainer`` for one epoch over the same (steps + 1) x batch prompt/completion
+pairs (completion-only loss, AdamW, no gradient checkpointing or packing, float32 on CPU and bfloat16
+on CUDA), timed per optimizer step by a callback; its first step is warm-up, as on the other paths.
+TRL shuffles the examples, so its tokens per step are the epoch's mean (its own tokenization).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from rlft.tasks.countdown.traces import write_trace
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", choices=["rlft", "plain"], required=True)
+    parser.add_argument("--path", choices=["rlft", "plain", "trl"], required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=5)
@@ -39,9 +45,14 @@ def main() -> None:
     spec = pick_device()
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, spec)
+    tasks = generate_tasks(PRESETS["standard"], args.batch_size * (args.steps + 1), seed=0)
+    if args.path == "trl":
+        pairs = [(render_prompt(args.prompt_template, t, tokenizer), write_trace(t, args.trace_style)) for t in tasks]
+        times, tokens = run_trl(args, spec, model, tokenizer, pairs)
+        report(args, spec, times, tokens)
+        return
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    tasks = generate_tasks(PRESETS["standard"], args.batch_size * (args.steps + 1), seed=0)
     examples = [tokenize_prompt_completion(tokenizer, render_prompt(args.prompt_template, t, tokenizer), write_trace(t, args.trace_style), max_length=512) for t in tasks]
 
     times, tokens = [], []
@@ -64,6 +75,45 @@ def main() -> None:
         if step:
             times.append(time.perf_counter() - t0)
             tokens.append(int(batch.attention_mask.sum()))
+    report(args, spec, times, tokens)
+
+
+def run_trl(args, spec, model, tokenizer, pairs: list[tuple[str, str]]) -> tuple[list[float], list[float]]:
+    """Seconds and tokens of each timed optimizer step of TRL's ``SFTTrainer`` on ``pairs`` (prompt, completion)."""
+    import tempfile
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    step_times: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            if spec.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            if spec.device.type == "cuda":
+                torch.cuda.synchronize()
+            step_times.append(time.perf_counter() - self.t0)
+
+    dataset = Dataset.from_list([{"prompt": p, "completion": c} for p, c in pairs])
+    with tempfile.TemporaryDirectory() as tmp:
+        config = SFTConfig(
+            output_dir=tmp, max_steps=args.steps + 1, per_device_train_batch_size=args.batch_size, learning_rate=1e-5,
+            lr_scheduler_type="constant", warmup_steps=0, max_length=512, completion_only_loss=True, packing=False,
+            gradient_checkpointing=False, bf16=spec.device.type == "cuda", use_cpu=spec.device.type != "cuda",
+            logging_steps=1, save_strategy="no", report_to=[], seed=0, weight_decay=0.0,
+        )  # fmt: skip
+        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[StepTimer()])
+        trainer.train()
+    per_step = sum(len(ids) for ids in trainer.train_dataset["input_ids"]) / len(step_times)
+    return step_times[1:], [per_step] * (len(step_times) - 1)
+
+
+def report(args, spec, times: list[float], tokens: list[float]) -> None:
     if spec.device.type == "cuda":
         peak = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB (CUDA allocator)"
     else:

@@ -347,6 +347,35 @@ def test_micro_batching_is_exact(tiny_model_dir, pairs_file, tmp_path, monkeypat
         assert ma[0]["loss/nll"] > 0
 
 
+def test_micro_batches_group_pairs_of_similar_length(tiny_model_dir, tmp_path, monkeypatch):
+    """A step of 4 pairs of two very different lengths, in micro-batches of 2: each micro-batch holds two pairs
+    of one length (so it pads to its own), and the step's gradient is the one-pass gradient."""
+    rows = [{"prompt": "Q:" + " word" * n + "?\nA:", "chosen": " yes", "rejected": " no"} for n in (1, 20, 2, 21)]
+    data = write_jsonl_rows(tmp_path / "varied.jsonl", rows)
+    real_logprobs, real_step = dpo_recipe.pair_logprobs, dpo_recipe.optimizer_step
+    lengths: list[list[int]] = []
+    grads: list[dict[str, torch.Tensor]] = []
+
+    def spy(model, pairs, *args, **kwargs):
+        if torch.is_grad_enabled():  # a training forward (reference log-probs run under no_grad)
+            lengths.append(sorted(len(p.chosen.input_ids) for p in pairs))
+        return real_logprobs(model, pairs, *args, **kwargs)
+
+    def capture(setup, max_grad_norm):
+        grads.append({n: p.grad.clone() for n, p in setup.model.named_parameters()})
+        return real_step(setup, max_grad_norm)
+
+    monkeypatch.setattr(dpo_recipe, "pair_logprobs", spy)
+    monkeypatch.setattr(dpo_recipe, "optimizer_step", capture)
+    for micro in (2, 4):
+        train_dpo(make_cfg(tiny_model_dir, data, tmp_path / f"m{micro}", micro_batch_size=micro, max_steps=1, save_every=0))
+    short, long_, whole = lengths
+    assert len(short) == len(long_) == 2 and max(short) + 15 < min(long_), lengths
+    assert sorted(short + long_) == whole
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=1e-5 * max(g.abs().max().item(), 1e-3), rtol=0), name
+
+
 # --------------------------------------------------------------------------- data files
 
 

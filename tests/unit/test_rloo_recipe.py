@@ -232,8 +232,10 @@ def test_toy_reward_is_learned(tiny_model_dir, tmp_path):
     assert any("entropy" in r for r in records)
     for key in ("reward/std", "reward/accuracy", "reward/format_rate", "adv/mean", "adv/std", "update/rows_frac",
                 "completion/mean_tokens", "completion/truncated_frac", "loss/policy", "pg/clipfrac", "lr", "grad_norm",
-                "time/generate_s", "time/update_s", "tokens_per_s/generate", "tokens_per_s/update"):
+                "time/generate_s", "time/update_s", "time/step_s", "tokens_per_s/generate", "tokens_per_s/update"):
         assert key in records[-1], key
+    for r in records:  # the whole step includes its sampling and its update
+        assert r["time/step_s"] >= r["time/generate_s"] + r["time/update_s"], r
     assert all(abs(r["adv/mean"]) < 1e-6 for r in records)  # LOO advantages sum to zero per group
     assert records[0]["completion/mean_tokens"] == 1.0
 

@@ -15,7 +15,7 @@ import yaml
 import rlft.recipes.sft as sft_recipe
 from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.data.files import DataError
-from rlft.recipes.common import batch_indices
+from rlft.recipes.common import batch_indices, length_grouped
 from rlft.recipes.sft import SFTConfig, load_sft_pairs, tokenize_pairs, train_sft
 from rlft.types import PromptCompletion
 
@@ -291,6 +291,13 @@ def test_train_sft_reports_truncation_with_small_max_length(tiny_model_dir, tmp_
 
 
 # --------------------------------------------------------------------------- data order
+
+
+def test_length_grouped_sorts_only_a_step_that_spans_micro_batches():
+    length = {5: 3, 2: 7, 9: 1, 1: 7}.__getitem__
+    assert length_grouped([5, 2, 9, 1], length, micro_batch_size=2) == [9, 5, 2, 1]  # stable: 2 before 1 (both 7)
+    assert length_grouped([5, 2, 9, 1], length, micro_batch_size=4) == [5, 2, 9, 1]  # one micro-batch: as drawn
+    assert length_grouped([], length, micro_batch_size=1) == []
 
 
 def test_batch_indices_cover_each_epoch_once_and_are_pure():

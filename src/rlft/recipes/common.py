@@ -45,6 +45,19 @@ def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> l
     return perm[pos * batch_size : (pos + 1) * batch_size].tolist()
 
 
+def length_grouped(indices: list[int], length: Callable[[int], int], micro_batch_size: int) -> list[int]:
+    """A step's example indices ordered by ``length(i)`` (stable) when they span more than one
+    micro-batch, so each micro-batch pads only to lengths like its own; else ``indices`` unchanged.
+
+    Every recipe accumulates a step's gradient as a sum over its micro-batches, each weighted by the
+    whole step's normalisers, so the grouping changes only the padding (compute and memory) and float
+    rounding, never which examples the step trains on or how much each counts.
+    """
+    if len(indices) <= micro_batch_size:
+        return list(indices)
+    return sorted(indices, key=length)
+
+
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 """The optimizers ``prepare_training`` builds, by name (SGD: plain, no momentum)."""
 

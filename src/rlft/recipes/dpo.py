@@ -69,7 +69,7 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
-from rlft.recipes.common import batch_indices, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
 
 log = logging.getLogger("rlft")
 
@@ -526,7 +526,8 @@ def train_dpo(cfg: DPOConfig) -> Path:
         bar = progress.add_task(cfg.loss_type, total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
-            indices = batch_indices(step, len(pairs), cfg.batch_size, cfg.seed)
+            indices = length_grouped(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed),
+                                     lambda i: max(len(pairs[i].chosen.input_ids), len(pairs[i].rejected.input_ids)), cfg.micro_batch_size)
             num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)
             sums: dict[str, float] = {}
             seen = 0

@@ -48,7 +48,7 @@ from rlft.console import console, training_progress
 from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
-from rlft.recipes.common import TrainingSetup, batch_indices, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import TrainingSetup, batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, score_head, sequence_rewards
 
 log = logging.getLogger("rlft")
@@ -333,7 +333,8 @@ def train_rm(cfg: RMConfig) -> Path:
         bar = progress.add_task("rm", total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
-            indices = batch_indices(step, len(train), cfg.batch_size, cfg.seed)
+            indices = length_grouped(batch_indices(step, len(train), cfg.batch_size, cfg.seed),
+                                     lambda i: max(len(train[i].chosen.input_ids), len(train[i].rejected.input_ids)), cfg.micro_batch_size)
             sums: dict[str, float] = {}
             seen = 0
             for start in range(0, len(indices), cfg.micro_batch_size):

@@ -734,6 +734,7 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
                 t2 = time.perf_counter()
                 record.update(evaluate())
                 record["time/eval_s"] = time.perf_counter() - t2
+            record["time/step_s"] = time.perf_counter() - t0  # the whole step: sampling, reward, update, evaluation
             setup.metrics.log(record)
             info = f"reward {record['reward/mean']:.3f}" + (f"  kl {record['kl/mean']:.4f}" if "kl/mean" in record else "")
             progress.update(bar, advance=1, info=info)

@@ -46,7 +46,7 @@ from rlft.data.preferences import ChatExample, load_chat_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
-from rlft.recipes.common import batch_indices, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
 
@@ -321,7 +321,8 @@ def train_sft(cfg: SFTConfig) -> Path:
         bar = progress.add_task("sft", total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
-            chosen = [examples[i] for i in batch_indices(step, len(examples), cfg.batch_size, cfg.seed)]
+            indices = batch_indices(step, len(examples), cfg.batch_size, cfg.seed)
+            chosen = [examples[i] for i in length_grouped(indices, lambda i: len(examples[i].input_ids), cfg.micro_batch_size)]
             num_tokens = sum(sum(e.loss_mask) for e in chosen)
             loss_total, seen = 0.0, 0
             for start in range(0, len(chosen), cfg.micro_batch_size):

@@ -1,0 +1,148 @@
+"""RLOO step throughput and peak memory: rlft's recipe vs TRL's ``RLOOTrainer``, same work per step.
+
+One optimizer step = sample k completions for each of P Countdown prompts (transformers ``generate``,
+temperature T, at most N new tokens), score them with the Countdown rule reward, and one REINFORCE
+update with the leave-one-out baseline over all P*k samples (micro-batches of M, AdamW, beta = 0 so
+neither side holds a reference model). Both sides load the same model in the same dtype (float32 on
+CPU, bfloat16 on CUDA), without gradient checkpointing, and see the same prompts.
+
+Prints seconds per step (median over the timed steps; step 1 is warm-up and not timed), completions/s,
+generated tokens/s and peak memory (CUDA: allocator peak; CPU: process max RSS, which only grows, so
+run each side in its own process: --path).
+
+    python bench/rloo_step.py --path rlft --model runs/countdown/sft/model --steps 4
+    python bench/rloo_step.py --path trl  --model runs/countdown/sft/model --steps 4   # needs `pip install trl`
+
+Differences that remain: rlft skips the forward/backward of samples whose advantage is exactly zero
+(their gradient is zero when beta = 0), which TRL computes; rlft's step time includes the reward
+and logging, TRL's (a callback's step begin/end) includes its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlft.models import pick_device
+from rlft.rewards.countdown import score_completions
+from rlft.tasks.countdown.generator import PRESETS, make_splits
+from rlft.tasks.countdown.prompts import render_prompt
+
+
+def peak_memory(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB (CUDA allocator)"
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (max RSS)"
+
+
+def run_rlft(args, out: Path) -> list[dict]:
+    """Per-step records ``{"step_s", "completions", "completion_tokens"}`` from rlft's RLOO recipe."""
+    from rlft.recipes.rloo import RLOOConfig, train_rloo
+
+    train_rloo(RLOOConfig(
+        model=args.model, preset=args.preset, num_train=args.num_train, split_seed=args.split_seed, prompt_template=args.prompt_template,
+        output_dir=str(out), k=args.k, prompts_per_step=args.prompts_per_step, max_steps=args.steps + 1, lr=args.lr, beta=0.0,
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size,
+        gen_batch_size=args.prompts_per_step * args.k, save_every=0, eval_every=0, seed=args.seed,
+    ))  # fmt: skip
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    n = args.prompts_per_step * args.k
+    return [{"step_s": r["time/step_s"], "completions": n, "completion_tokens": r["completion/mean_tokens"] * n} for r in rows]
+
+
+def run_trl(args, out: Path) -> list[dict]:
+    """The same per-step records from TRL's ``RLOOTrainer`` (timed by a callback)."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import RLOOConfig, RLOOTrainer
+
+    from rlft.models import load_model, load_tokenizer
+
+    spec = pick_device()
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model, spec)
+    train, _ = make_splits(PRESETS[args.preset], args.num_train, 200, args.split_seed)
+    rows = [{"prompt": render_prompt(args.prompt_template, t), "target": t.target, "numbers": list(t.nums)} for t in train]
+    dataset = Dataset.from_list(rows)
+
+    def countdown_reward(prompts, completions, target, numbers, **_) -> list[float]:
+        truths = [{"target": t, "numbers": n} for t, n in zip(target, numbers)]
+        return score_completions(prompts, completions, truths)
+
+    records: list[dict] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            if spec.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            if spec.device.type == "cuda":
+                torch.cuda.synchronize()
+            records.append({"step_s": time.perf_counter() - self.t0})
+
+        def on_log(self, _args, _state, _control, logs=None, **__):
+            if logs and "completions/mean_length" in logs and records:
+                n = args.prompts_per_step * args.k
+                records[-1].update(completions=n, completion_tokens=logs["completions/mean_length"] * n)
+
+    config = RLOOConfig(
+        output_dir=str(out), max_steps=args.steps + 1, learning_rate=args.lr, lr_scheduler_type="constant", beta=0.0,
+        num_generations=args.k, per_device_train_batch_size=args.micro_batch_size,
+        gradient_accumulation_steps=args.prompts_per_step * args.k // args.micro_batch_size,
+        max_completion_length=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
+        gradient_checkpointing=False, bf16=spec.device.type == "cuda", use_cpu=spec.device.type != "cuda",
+        shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to=[], seed=args.seed, max_grad_norm=1.0,
+        weight_decay=0.0, warmup_steps=0,
+    )  # fmt: skip
+    RLOOTrainer(model=model, reward_funcs=countdown_reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+                callbacks=[StepTimer()]).train()
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", choices=["rlft", "trl"], required=True)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps (one more runs first as warm-up)")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--preset", default="easy3")
+    parser.add_argument("--num-train", type=int, default=2000)
+    parser.add_argument("--split-seed", type=int, default=1234)
+    parser.add_argument("--prompt-template", default="short")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if (args.prompts_per_step * args.k) % args.micro_batch_size:
+        parser.error("prompts-per-step * k must be a multiple of micro-batch-size")
+
+    spec = pick_device()
+    with tempfile.TemporaryDirectory() as tmp:
+        records = (run_rlft if args.path == "rlft" else run_trl)(args, Path(tmp) / "run")
+    timed = records[1:]
+    if not timed:
+        raise SystemExit("no timed steps: use --steps >= 1")
+    step_s = statistics.median(r["step_s"] for r in timed)
+    total_s = sum(r["step_s"] for r in timed)
+    tokens = sum(r.get("completion_tokens", 0.0) for r in timed)
+    completions = sum(r.get("completions", 0) for r in timed)
+    print(f"path={args.path} model={args.model} device={spec.device} prompts/step={args.prompts_per_step} k={args.k} "
+          f"steps={len(timed)} step_s={step_s:.2f} (median) completions/s={completions / total_s:.2f} "
+          f"generated_tokens/s={tokens / total_s:.1f} mean_completion_tokens={tokens / max(completions, 1):.1f} "
+          f"peak_memory={peak_memory(spec.device)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -19,21 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import torch
+from benchlib import peak_memory, step_timer
 
 from rlft.models import load_model, load_tokenizer, pick_device
-
-
-def peak_memory(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB (CUDA allocator)"
-    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (max RSS)"
 
 
 def num_tokens(tokenizer, messages: list[dict]) -> int:
@@ -78,7 +70,6 @@ def run_rlft(args, pairs_file: Path, out: Path) -> list[dict]:
 def run_trl(args, pairs_file: Path, out: Path) -> list[dict]:
     """The same per-step records from TRL's ``DPOTrainer`` (timed by a callback; tokens from its tokenized data)."""
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
     spec = pick_device()
@@ -90,18 +81,6 @@ def run_trl(args, pairs_file: Path, out: Path) -> list[dict]:
          "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in rows
     ])  # fmt: skip
     times: list[float] = []
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, *_, **__):
-            if spec.device.type == "cuda":
-                torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *_, **__):
-            if spec.device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - self.t0)
-
     config = DPOConfig(
         output_dir=str(out), max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
         per_device_train_batch_size=args.micro_batch_size, gradient_accumulation_steps=args.batch_size // args.micro_batch_size,
@@ -109,7 +88,7 @@ def run_trl(args, pairs_file: Path, out: Path) -> list[dict]:
         gradient_checkpointing=False, bf16=spec.device.type == "cuda", use_cpu=spec.device.type != "cuda",
         logging_steps=1, save_strategy="no", report_to=[], seed=0, max_grad_norm=1.0, weight_decay=0.0,
     )  # fmt: skip
-    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[StepTimer()])
+    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[step_timer(spec.device, times)])
     trainer.train()
     data = trainer.train_dataset
     total = sum(2 * len(p) + len(c) + len(r) for p, c, r in zip(data["prompt_ids"], data["chosen_ids"], data["rejected_ids"]))

@@ -22,24 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import torch
+from benchlib import peak_memory, step_timer
 
 from rlft.models import pick_device
 from rlft.rewards.countdown import score_completions
 from rlft.tasks.countdown.generator import PRESETS, make_splits
 from rlft.tasks.countdown.prompts import render_prompt
-
-
-def peak_memory(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB (CUDA allocator)"
-    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (max RSS)"
 
 
 def run_rlft(args, out: Path) -> list[dict]:
@@ -76,23 +68,13 @@ def run_trl(args, out: Path) -> list[dict]:
         truths = [{"target": t, "numbers": n} for t, n in zip(target, numbers)]
         return score_completions(prompts, completions, truths)
 
-    records: list[dict] = []
+    times: list[float] = []
+    lengths: list[float] = []  # mean completion tokens of each step, from TRL's own log
 
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, *_, **__):
-            if spec.device.type == "cuda":
-                torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *_, **__):
-            if spec.device.type == "cuda":
-                torch.cuda.synchronize()
-            records.append({"step_s": time.perf_counter() - self.t0})
-
+    class CompletionLengths(TrainerCallback):
         def on_log(self, _args, _state, _control, logs=None, **__):
-            if logs and "completions/mean_length" in logs and records:
-                n = args.prompts_per_step * args.k
-                records[-1].update(completions=n, completion_tokens=logs["completions/mean_length"] * n)
+            if logs and "completions/mean_length" in logs:
+                lengths.append(logs["completions/mean_length"])
 
     config = RLOOConfig(
         output_dir=str(out), max_steps=args.steps + 1, learning_rate=args.lr, lr_scheduler_type="constant", beta=0.0,
@@ -104,8 +86,9 @@ def run_trl(args, out: Path) -> list[dict]:
         weight_decay=0.0, warmup_steps=0,
     )  # fmt: skip
     RLOOTrainer(model=model, reward_funcs=countdown_reward, args=config, train_dataset=dataset, processing_class=tokenizer,
-                callbacks=[StepTimer()]).train()
-    return records
+                callbacks=[step_timer(spec.device, times), CompletionLengths()]).train()
+    n = args.prompts_per_step * args.k
+    return [{"step_s": t, "completions": n, "completion_tokens": length * n} for t, length in zip(times, lengths)]
 
 
 def main() -> None:

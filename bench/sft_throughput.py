@@ -18,10 +18,10 @@ TRL shuffles the examples, so its tokens per step are the epoch's mean (its own 
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 
 import torch
+from benchlib import peak_memory, step_timer
 
 from rlft.data.tokenize import collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
@@ -83,22 +83,9 @@ def run_trl(args, spec, model, tokenizer, pairs: list[tuple[str, str]]) -> tuple
     import tempfile
 
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     step_times: list[float] = []
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, *_, **__):
-            if spec.device.type == "cuda":
-                torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *_, **__):
-            if spec.device.type == "cuda":
-                torch.cuda.synchronize()
-            step_times.append(time.perf_counter() - self.t0)
-
     dataset = Dataset.from_list([{"prompt": p, "completion": c} for p, c in pairs])
     with tempfile.TemporaryDirectory() as tmp:
         config = SFTConfig(
@@ -107,17 +94,14 @@ def run_trl(args, spec, model, tokenizer, pairs: list[tuple[str, str]]) -> tuple
             gradient_checkpointing=False, bf16=spec.device.type == "cuda", use_cpu=spec.device.type != "cuda",
             logging_steps=1, save_strategy="no", report_to=[], seed=0, weight_decay=0.0,
         )  # fmt: skip
-        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[StepTimer()])
+        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[step_timer(spec.device, step_times)])
         trainer.train()
     per_step = sum(len(ids) for ids in trainer.train_dataset["input_ids"]) / len(step_times)
     return step_times[1:], [per_step] * (len(step_times) - 1)
 
 
 def report(args, spec, times: list[float], tokens: list[float]) -> None:
-    if spec.device.type == "cuda":
-        peak = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB (CUDA allocator)"
-    else:
-        peak = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (max RSS)"
+    peak = peak_memory(spec.device)
     print(f"path={args.path} model={args.model} device={spec.device} batch={args.batch_size} "
           f"tokens/step={sum(tokens) / len(tokens):.0f} step_s={sum(times) / len(times):.2f} "
           f"tokens/s={sum(tokens) / sum(times):.0f} peak_memory={peak}")

@@ -25,29 +25,26 @@ from pathlib import Path
 
 from benchlib import peak_memory, step_timer
 
+from rlft.data.chat import render_chat
+from rlft.data.files import read_rows
 from rlft.models import load_model, load_tokenizer, pick_device
-
-
-def num_tokens(tokenizer, messages: list[dict]) -> int:
-    """Length of ``messages`` rendered with the chat template (transformers 5 returns a BatchEncoding, 4 a list)."""
-    out = tokenizer.apply_chat_template(messages, tokenize=True)
-    return len(out["input_ids"] if hasattr(out, "keys") else out)
 
 
 def select_pairs(args, tokenizer) -> list[dict]:
     """The first ``steps * batch_size`` rows of --data (flattened prompt/chosen/rejected text) that fit whole."""
     rows = []
-    with open(args.data) as f:
-        for line in f:
-            row = json.loads(line)
-            if not (row.get("prompt") and row.get("chosen") and row.get("rejected")) or row["chosen"] == row["rejected"]:
-                continue
-            lengths = [num_tokens(tokenizer, [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row[side]}])
-                       for side in ("chosen", "rejected")]  # fmt: skip
-            if max(lengths) <= args.max_length - 8:  # margin for any template difference between the two sides
-                rows.append({"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]})
-            if len(rows) == args.steps * args.batch_size:
-                return rows
+    for _, row in read_rows(args.data):
+        if not isinstance(row, dict) or not all(isinstance(row.get(f), str) and row[f] for f in ("prompt", "chosen", "rejected")):
+            continue
+        if row["chosen"] == row["rejected"]:
+            continue
+        rendered = [render_chat(tokenizer, [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row[side]}],
+                                train_on="last_assistant", max_length=args.max_length - 8)  # margin for template differences
+                    for side in ("chosen", "rejected")]  # fmt: skip
+        if all(r is not None and not r.truncated for r in rendered):
+            rows.append({"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]})
+        if len(rows) == args.steps * args.batch_size:
+            return rows
     raise SystemExit(f"only {len(rows)} pairs of {args.data} fit --max-length {args.max_length}; need {args.steps * args.batch_size}")
 
 

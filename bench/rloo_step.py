@@ -4,7 +4,7 @@ One optimizer step = sample k completions for each of P Countdown prompts (trans
 temperature T, at most N new tokens), score them with the Countdown rule reward, and one REINFORCE
 update with the leave-one-out baseline over all P*k samples (micro-batches of M, AdamW, beta = 0 so
 neither side holds a reference model). Both sides load the same model in the same dtype (float32 on
-CPU, bfloat16 on CUDA), without gradient checkpointing, and see the same prompts.
+CPU, bfloat16 on CUDA), without gradient checkpointing, and see the same prompts in the same order.
 
 Prints seconds per step (median over the timed steps; step 1 is warm-up and not timed), completions/s,
 generated tokens/s and peak memory (CUDA: allocator peak; CPU: process max RSS, which only grows, so
@@ -30,39 +30,47 @@ from benchlib import peak_memory, step_timer
 
 from rlft.models import pick_device
 from rlft.rewards.countdown import score_completions
-from rlft.tasks.countdown.generator import PRESETS, make_splits
-from rlft.tasks.countdown.prompts import render_prompt
 
 
-def run_rlft(args, out: Path) -> list[dict]:
-    """Per-step records ``{"step_s", "completions", "completion_tokens"}`` from rlft's RLOO recipe."""
-    from rlft.recipes.rloo import RLOOConfig, train_rloo
+def rloo_config(args, out: Path):
+    """rlft's RLOO config for this benchmark (the TRL side reads its prompts and their order from it too)."""
+    from rlft.recipes.rloo import RLOOConfig
 
-    train_rloo(RLOOConfig(
+    return RLOOConfig(
         model=args.model, preset=args.preset, num_train=args.num_train, split_seed=args.split_seed, prompt_template=args.prompt_template,
         output_dir=str(out), k=args.k, prompts_per_step=args.prompts_per_step, max_steps=args.steps + 1, lr=args.lr, beta=0.0,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size,
         gen_batch_size=args.prompts_per_step * args.k, save_every=0, eval_every=0, seed=args.seed,
-    ))  # fmt: skip
+    )  # fmt: skip
+
+
+def run_rlft(args, out: Path) -> list[dict]:
+    """Per-step records ``{"step_s", "completions", "completion_tokens"}`` from rlft's RLOO recipe."""
+    from rlft.recipes.rloo import train_rloo
+
+    train_rloo(rloo_config(args, out))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     n = args.prompts_per_step * args.k
     return [{"step_s": r["time/step_s"], "completions": n, "completion_tokens": r["completion/mean_tokens"] * n} for r in rows]
 
 
 def run_trl(args, out: Path) -> list[dict]:
-    """The same per-step records from TRL's ``RLOOTrainer`` (timed by a callback)."""
+    """The same per-step records from TRL's ``RLOOTrainer`` (timed by a callback), on rlft's prompts in rlft's order."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import RLOOConfig, RLOOTrainer
 
     from rlft.models import load_model, load_tokenizer
+    from rlft.recipes.common import batch_indices
+    from rlft.recipes.rloo import load_prompts
 
     spec = pick_device()
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, spec)
-    train, _ = make_splits(PRESETS[args.preset], args.num_train, 200, args.split_seed)
-    rows = [{"prompt": render_prompt(args.prompt_template, t), "target": t.target, "numbers": list(t.nums)} for t in train]
-    dataset = Dataset.from_list(rows)
+    cfg = rloo_config(args, out)
+    prompts, _, _ = load_prompts(cfg, tokenizer)
+    order = [i for step in range(cfg.max_steps) for i in batch_indices(step, len(prompts), cfg.prompts_per_step, cfg.seed)]
+    dataset = Dataset.from_list([{"prompt": prompts[i].text, **prompts[i].ground_truth} for i in order])  # prompt, target, numbers
 
     def countdown_reward(prompts, completions, target, numbers, **_) -> list[float]:
         truths = [{"target": t, "numbers": n} for t, n in zip(target, numbers)]
@@ -119,11 +127,11 @@ def main() -> None:
         raise SystemExit("no timed steps: use --steps >= 1")
     step_s = statistics.median(r["step_s"] for r in timed)
     total_s = sum(r["step_s"] for r in timed)
-    tokens = sum(r.get("completion_tokens", 0.0) for r in timed)
-    completions = sum(r.get("completions", 0) for r in timed)
+    tokens = sum(r["completion_tokens"] for r in timed)
+    completions = sum(r["completions"] for r in timed)
     print(f"path={args.path} model={args.model} device={spec.device} prompts/step={args.prompts_per_step} k={args.k} "
           f"steps={len(timed)} step_s={step_s:.2f} (median) completions/s={completions / total_s:.2f} "
-          f"generated_tokens/s={tokens / total_s:.1f} mean_completion_tokens={tokens / max(completions, 1):.1f} "
+          f"generated_tokens/s={tokens / total_s:.1f} mean_completion_tokens={tokens / completions:.1f} "
           f"peak_memory={peak_memory(spec.device)}")
 
 

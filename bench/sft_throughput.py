@@ -46,14 +46,14 @@ def main() -> None:
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, spec)
     tasks = generate_tasks(PRESETS["standard"], args.batch_size * (args.steps + 1), seed=0)
+    pairs = [(render_prompt(args.prompt_template, t, tokenizer), write_trace(t, args.trace_style)) for t in tasks]
     if args.path == "trl":
-        pairs = [(render_prompt(args.prompt_template, t, tokenizer), write_trace(t, args.trace_style)) for t in tasks]
         times, tokens = run_trl(args, spec, model, tokenizer, pairs)
         report(args, spec, times, tokens)
         return
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    examples = [tokenize_prompt_completion(tokenizer, render_prompt(args.prompt_template, t, tokenizer), write_trace(t, args.trace_style), max_length=512) for t in tasks]
+    examples = [tokenize_prompt_completion(tokenizer, prompt, completion, max_length=512) for prompt, completion in pairs]
 
     times, tokens = [], []
     for step in range(args.steps + 1):  # step 0 is warm-up, not timed

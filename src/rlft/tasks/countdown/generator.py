@@ -43,6 +43,9 @@ PRESETS: dict[str, CountdownSpec] = {
     "cog_behav": CountdownSpec((3, 4), (1, 24), (10, 25)),
     # Three one-digit numbers: short prompts and traces, learnable by a 135M model on a CPU.
     "easy3": CountdownSpec((3,), (1, 9), (10, 30)),
+    # Three numbers in 1-25, targets 10-75: 18,644 distinct solvable tasks (easy3 has 769), so a fixed
+    # SFT set, the RL prompts and a 500-task held-out set stay far from exhausting the space.
+    "medium3": CountdownSpec((3,), (1, 25), (10, 75)),
     # Two or three small numbers: smoke tests of the whole pipeline.
     "tiny": CountdownSpec((2, 3), (1, 9), (1, 20)),
 }

@@ -23,12 +23,14 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from rlft.recipes.reward_model import RMConfig, train_rm
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
+    from rlft.recipes.rl import RLConfig, train_rl
     from rlft.recipes.rloo import RLOOConfig, train_rloo
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
         "demo": (DemoConfig, run_demo, "End-to-end demo with report: Countdown (base -> SFT -> RLOO / DPO) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."),
         "sft": (SFTConfig, train_sft, "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."),
+        "rl": (RLConfig, train_rl, "RL loop with a chosen advantage estimator (--advantage rloo|grpo|lite_ppo|dr_grpo|raft|reinforce) and loss (--loss reinforce|ppo|raft|raft++), group filtering, LoRA."),
         "rloo": (RLOOConfig, train_rloo, "RLOO (REINFORCE, leave-one-out baseline): Countdown with the rule reward, or chat prompts with a reward model."),
         "pairs countdown": (PairsConfig, make_countdown_pairs, "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."),
         "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data (UltraFeedback, HH)."),

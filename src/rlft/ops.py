@@ -85,7 +85,9 @@ def sequence_logprobs(
     attention_mask: torch.Tensor,
     loss_mask: torch.Tensor,
     temperature: float = 1.0,
-) -> torch.Tensor:
+    *,
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of ``input_ids`` under ``model``, computed only where ``loss_mask`` is 1.
 
     Token ``t`` is scored from the logits at position ``t - 1``. The LM head runs only on positions
@@ -94,8 +96,11 @@ def sequence_logprobs(
     Args:
         input_ids, attention_mask, loss_mask: ``(B, T)``; ``loss_mask[:, 0]`` must be 0.
         temperature: divide logits by this (use the sampling temperature for RL log-probs).
+        return_entropy: also return the entropy ``H_t = -sum_v p_v log p_v`` of the (tempered)
+            next-token distribution at each target position, with gradient.
     Returns:
-        ``(B, T)`` float32: log p(input_ids[b, t] | prefix) where ``loss_mask[b, t] == 1``, else 0.
+        ``(B, T)`` float32: log p(input_ids[b, t] | prefix) where ``loss_mask[b, t] == 1``, else 0;
+        with ``return_entropy``, ``(logprobs, entropy)``, both ``(B, T)`` (entropy 0 off the mask).
     """
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no prefix to predict it from")
@@ -109,4 +114,9 @@ def sequence_logprobs(
     token_logprobs = logprobs_from_logits(logits, input_ids[:, 1:][target_mask], temperature)
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     out[:, 1:][target_mask] = token_logprobs
-    return out
+    if not return_entropy:
+        return out
+    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, V)
+    entropy = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    entropy[:, 1:][target_mask] = -(log_p.exp() * log_p).sum(-1)
+    return out, entropy

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import rlft.recipes.rloo as rloo_recipe
+import rlft.losses.advantages as advantages_module
+import rlft.recipes.rl as rl_recipe
 from rlft.checkpoint import read_metrics
 from rlft.data.chat import CHAT_TEMPLATES, ensure_chat_template, render_generation_prompt
 from rlft.data.preferences import load_preference_pairs
@@ -120,15 +121,15 @@ class Recorder:
                 recorder.generated.update((tuple(ids), tuple(s.completion_ids)) for ids, s in zip(batch, out))
                 return out
 
-        real_rollout_batch = rloo_recipe.rollout_batch
+        real_rollout_batch = rl_recipe.rollout_batch
 
         def recording_rollout_batch(tokenizer, prompts, samples, **kwargs):
             batch = real_rollout_batch(tokenizer, prompts, samples, **kwargs)
             self.batches.append((list(prompts), samples, batch))
             return batch
 
-        monkeypatch.setattr(rloo_recipe, "HFEngine", RecordingEngine)
-        monkeypatch.setattr(rloo_recipe, "rollout_batch", recording_rollout_batch)
+        monkeypatch.setattr(rl_recipe, "HFEngine", RecordingEngine)
+        monkeypatch.setattr(rl_recipe, "rollout_batch", recording_rollout_batch)
 
     def training_prompts(self) -> list[str]:
         return [p for prompts, params in self.generate_calls if params.temperature > 0 for p in prompts]
@@ -255,8 +256,8 @@ def test_truncation_penalty_lowers_exactly_the_length_limited_samples(smol_token
 
     monkeypatch.setattr("rlft.rewards.remote.RemoteRewardJudge", StubJudge)
     seen = []
-    real_advantages = rloo_recipe.rloo_advantages
-    monkeypatch.setattr(rloo_recipe, "rloo_advantages", lambda rewards: seen.append(rewards.clone()) or real_advantages(rewards))
+    real_advantages = advantages_module.rloo_advantages
+    monkeypatch.setitem(advantages_module.ADVANTAGES, "rloo", lambda rewards: seen.append(rewards.clone()) or real_advantages(rewards))
     recorder = Recorder(monkeypatch)
     cfg = make_cfg(policy, tmp_path / "trunc", reward="remote", base_url="http://judge.invalid/v1", judge_model="stub-rm",
                    api_key_env="STUB_KEY", k=4, max_new_tokens=2, truncation_penalty=-0.5)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import rlft.recipes.rloo as rloo_recipe
+import rlft.recipes.rl as rl_recipe
 from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.losses.pg import rloo_advantages
 from rlft.recipes.rloo import (
@@ -273,7 +273,7 @@ def test_kl_is_zero_at_the_start_and_grows(tiny_model_dir, tmp_path, kl_mode, es
 
 
 def test_ppo_epochs_clip_and_log(tiny_model_dir, tmp_path):
-    cfg = make_cfg(tiny_model_dir, tmp_path / "ppo", max_steps=2, ppo_epochs=3, lr=5e-2, clip_eps=0.1, prompts_per_step=4)
+    cfg = make_cfg(tiny_model_dir, tmp_path / "ppo", max_steps=2, ppo_epochs=3, lr=5e-2, loss="ppo", clip_low=0.1, prompts_per_step=4)
     train_rloo(cfg)
     records = read_metrics(tmp_path / "ppo" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
@@ -301,7 +301,7 @@ def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatc
     cfg_a, out_a = uninterrupted
     cfg = replace(cfg_a, output_dir=str(tmp_path / "b"))
     with monkeypatch.context() as mp:
-        interrupt_after_checkpoints(mp, rloo_recipe, 2)
+        interrupt_after_checkpoints(mp, rl_recipe, 2)
         with pytest.raises(KeyboardInterrupt):
             train_rloo(cfg)
     assert latest_checkpoint(tmp_path / "b").name == "step-00000004"

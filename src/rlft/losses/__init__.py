@@ -8,9 +8,13 @@ from rlft.losses.dpo import PREFERENCE_LOSSES, dpo_loss, ipo_loss, rpo_loss
 
 __all__ += ["PREFERENCE_LOSSES", "dpo_loss", "ipo_loss", "rpo_loss"]
 
-from rlft.losses.pg import kl_loss, kl_penalty, policy_gradient_loss, rloo_advantages
+from rlft.losses.advantages import ADVANTAGES, grpo_advantages, raft_advantages, reinforce_advantages, rloo_advantages
 
-__all__ += ["kl_loss", "kl_penalty", "policy_gradient_loss", "rloo_advantages"]
+__all__ += ["ADVANTAGES", "grpo_advantages", "raft_advantages", "reinforce_advantages", "rloo_advantages"]
+
+from rlft.losses.pg import POLICY_LOSSES, entropy_bonus, kl_loss, kl_penalty, policy_gradient_loss, raft_loss
+
+__all__ += ["POLICY_LOSSES", "entropy_bonus", "kl_loss", "kl_penalty", "policy_gradient_loss", "raft_loss"]
 
 from rlft.losses.reward import bradley_terry_loss
 

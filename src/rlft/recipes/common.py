@@ -7,13 +7,16 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import yaml
 
 from rlft.checkpoint import MetricsLog, latest_checkpoint, load_trainer_state
 from rlft.models import DeviceSpec, load_model
+
+if TYPE_CHECKING:
+    from rlft.lora import LoRASettings
 
 log = logging.getLogger("rlft")
 
@@ -88,6 +91,7 @@ def prepare_training(
     optimizer: str = "adamw",
     load: Callable[[str, DeviceSpec], torch.nn.Module] | None = None,
     param_groups: Callable[[torch.nn.Module], list[dict]] | None = None,
+    lora: "LoRASettings | None" = None,
 ) -> TrainingSetup:
     """Load the model (from the latest checkpoint when resuming), the optimizer, scheduler, metrics log.
 
@@ -96,16 +100,24 @@ def prepare_training(
     ``ValueError`` for another name. ``load(name_or_folder, spec)`` builds the model (None: a causal LM
     by :func:`rlft.models.load_model`; the reward-model recipe passes its own); ``param_groups(model)``
     gives optimizer parameter groups (e.g. a separate rate for a new head; None: every parameter at
-    ``lr``). Resuming restores weights,
+    ``lr``). ``lora``: wrap the model in LoRA adapters (:mod:`rlft.lora`; only they train; a resumed
+    run loads the base model, then the checkpoint's adapter). Resuming restores weights,
     optimizer, scheduler, RNG and the step count; metrics logged after that checkpoint are dropped so the
     curve continues without a jump.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adamw' or 'sgd'")
     ckpt = latest_checkpoint(run_dir) if resume else None
-    model = (load or load_model)(str(ckpt) if ckpt else model_name, spec)
+    model = (load or load_model)(str(ckpt) if ckpt and lora is None else model_name, spec)
+    if lora is not None:
+        from rlft.lora import apply_lora
+
+        model = apply_lora(model, lora, adapter_from=ckpt)
     model.train()
-    params = param_groups(model) if param_groups is not None else model.parameters()
+    if param_groups is not None:
+        params = param_groups(model)
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
     optim = OPTIMIZERS[optimizer](params, lr=lr, weight_decay=weight_decay)
     scheduler = make_scheduler(schedule, optim, warmup_steps, total_steps)
     start_step = 0

@@ -1,0 +1,530 @@
+"""One RL loop for every policy-gradient recipe: rollout -> reward -> advantages -> loss -> update.
+
+The advantage estimator (``--advantage``, :data:`rlft.losses.advantages.ADVANTAGES`) and the policy loss
+(``--loss``, :data:`rlft.losses.pg.POLICY_LOSSES`) are chosen by name, once, before the loop, as in verl
+and OpenRLHF; the prompt source and the reward are small objects the loop is given
+(:mod:`rlft.rl.prompts`, :mod:`rlft.rl.rewards`). Named combinations:
+
+=====================  ==========================================================================
+RLOO                   ``--advantage rloo --loss reinforce --loss-mode seq_sum`` (``rlft rloo``)
+GRPO                   ``--advantage grpo --loss ppo --loss-mode seq_mean``
+Dr. GRPO               ``--advantage dr_grpo --loss ppo --loss-mode seq_sum``
+Lite-PPO               ``--advantage lite_ppo --loss ppo --loss-mode token_mean``
+DAPO-style             ``--advantage grpo --loss ppo --clip-high 0.28 --loss-mode token_mean --filter-groups``
+Reinforce-Rej          ``--advantage reinforce`` or ``rloo`` with ``--filter-groups``
+RAFT / RAFT++          ``--advantage raft --loss raft`` / ``--loss raft++``
+=====================  ==========================================================================
+
+Each step:
+
+1. take ``prompts_per_step`` training prompts (a seeded order, so a resumed run sees the same prompts)
+   and sample ``k`` completions for each at ``temperature`` (seeded from seed + step). With
+   ``--filter-groups`` the groups whose k rewards are all equal are dropped and further batches of
+   prompts are sampled, up to ``max_prompt_batches`` per step, until ``prompts_per_step`` varied groups
+   are found (``groups/tried``, ``groups/kept``);
+2. score them with the reward: ``(B, k)`` raw rewards; with ``truncation_penalty`` set, samples that
+   hit ``max_new_tokens`` without an EOS get it added (before the KL and the advantages);
+3. teacher-force the sampled sequences (prompt ids exactly as the sampler tokenized them) to get
+   log-probs at the sampling temperature under the reference (when ``beta > 0``; with LoRA the
+   reference is the same model with its adapters disabled) and, when needed, the pre-update policy;
+4. KL: ``kl_mode=reward`` subtracts ``beta * sum_t kl_t`` from each reward before the advantages (the
+   RLOO paper); ``kl_mode=loss`` adds ``beta * aggregate(kl_t)`` to the loss (OpenRLHF/verl);
+5. advantages ``(B, k)`` by the chosen estimator;
+6. update: ``ppo_epochs`` optimizer steps on these samples with the chosen loss (the first is
+   on-policy: ratio 1). Samples whose advantage is exactly 0 add nothing to the loss or its gradient,
+   so unless the KL or an entropy bonus is in the loss they are skipped; the loss keeps the full
+   step's normalisers, so the update is the same as with them, only cheaper.
+
+Log-probs are always computed at the sampling temperature (``logits / T``). With ``top_p < 1`` the
+sampler truncates the distribution; the loss uses the untruncated tempered distribution, as TRL and
+OpenRLHF do.
+
+Metrics (one ``metrics.jsonl`` line per step; ``step`` counts steps, not optimizer steps):
+
+- ``reward/mean``, ``reward/std``: raw scores of all samples generated this step (every tried group);
+  rule rewards also ``reward/accuracy`` (score == 1.0) and ``reward/format_rate`` (>= 0.1);
+  ``reward/shaped_mean``: mean of the rewards the advantages are computed from (trained groups).
+- ``groups/tried``, ``groups/kept``: prompt groups sampled and trained on; ``samples/step`` (generated
+  this step) and ``samples/total`` (generated so far: the x axis of sample-efficiency plots).
+- ``kl/mean`` (beta > 0), ``entropy`` (Monte-Carlo estimate from the sampled tokens),
+  ``update/rows_frac``, ``completion/mean_tokens``, ``completion/truncated_frac``, ``adv/mean``, ``adv/std``.
+- ``loss/policy``, ``loss/kl`` (kl_mode=loss), ``loss/entropy`` (entropy_coef > 0), ``pg/clipfrac``,
+  ``pg/ratio_mean``, ``grad_norm``, ``lr``; ``time/generate_s``, ``time/update_s``, ``time/step_s``,
+  ``tokens_per_s/generate``, ``tokens_per_s/update``, ``time/eval_s``.
+- ``eval/score``, ``eval/accuracy``, ``eval/format_rate`` (Countdown, greedy, first eval_limit held-out
+  tasks) or ``eval/reward``, ``eval/truncated_frac`` (chat), every eval_every steps, at step 0 and at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Literal
+
+import torch
+
+from rlft.checkpoint import read_metrics, save_checkpoint
+from rlft.console import console, training_progress
+from rlft.lora import LoRAOptions, adapters_disabled, save_final_model
+from rlft.losses.advantages import ADVANTAGES, raft_advantages
+from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
+from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
+from rlft.ops import masked_mean, masked_sum
+from rlft.recipes.common import batch_indices, optimizer_step, prepare_training, start_run_dir
+from rlft.rewards.registry import RewardFunction
+from rlft.rl.batch import batch_logprobs, generation_seed, gradient_rows, policy_loss_backward, rollout_batch, take_rows
+from rlft.rl.groups import varied_groups
+from rlft.rl.prompts import RLPrompt, make_prompt_source
+from rlft.rl.rewards import Reward, make_reward
+from rlft.rollout.base import Sample, SamplingParams
+from rlft.rollout.hf import HFEngine
+from rlft.tasks.countdown.prompts import adds_special_tokens
+
+log = logging.getLogger("rlft")
+
+
+@dataclass(frozen=True)
+class RLConfig(LoRAOptions):
+    """RL fine-tuning (one loop; advantage estimator and policy loss chosen by name) on Countdown prompts with the
+    rule reward, or on chat prompts with a reward model or remote judge."""
+
+    model: str = DEFAULT_MODEL
+    """Initial policy: built-in name, local HF folder (e.g. an SFT run's model/), or Hub id."""
+    ref_model: str | None = None
+    """Reference model of the KL penalty; None: the same as --model (loaded fresh, never from a checkpoint)."""
+    reward: str = "countdown"
+    """Reward function name: 'countdown' (TinyZero's exact score: 0 / 0.1 / 1) or 'uppercase_start' (toy); or
+    'remote' (chat track): an OpenAI-compatible reward API (--base-url, --judge-model, --api-key-env).
+    Ignored when --reward-model is set."""
+    data: str | None = None
+    """None: generated Countdown tasks (--preset); else a Countdown .jsonl/.json/.parquet file or Hub dataset."""
+    data_split: str = "train"
+    """Split to read when --data is a Hub dataset id."""
+    preset: str = "easy3"
+    """Countdown generator preset of the training tasks (data None) and of the held-out eval tasks."""
+    num_train: int = 2000
+    """Training tasks: generated from the TRAIN split of --preset, or the first N rows of --data."""
+    split_seed: int = 1234
+    """Seed of the generated train/test split; evaluation uses the same seed for its held-out tasks."""
+    heldout_size: int = 200
+    """Generated tasks held out from training (the first N of `rlft eval countdown --split-seed`); with --data,
+    file tasks equal to one of them are dropped."""
+    prompt_template: str = "base"
+    """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template), 'short'."""
+    output_dir: str = "runs/rl"
+    """Run directory: checkpoints/, model/, metrics.jsonl, config.yaml."""
+    k: int = 4
+    """Samples per prompt (>= 2: each sample's baseline is the mean reward of the other k-1)."""
+    prompts_per_step: int = 8
+    """Prompts per step; a step trains on prompts_per_step * k samples."""
+    max_steps: int = 100
+    """Training steps (each: generate, score, update)."""
+    lr: float = 1e-5
+    """Peak learning rate (AdamW). 1e-5 is the published RLOO Countdown setting for Qwen2.5-0.5B
+    (k=8, KL 0.001, ~100 steps); larger rates quickly destabilise a pretrained policy."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """'adamw', or 'sgd' (plain SGD: each update is lr x the clipped gradient). AdamW moves every weight by ~lr per
+    step whatever its gradient (its first steps are sign descent), which for a handful of steps on a sparse,
+    noisy policy gradient spreads the update over all weights; SGD's update follows the gradient's direction
+    and size. With SGD, lr is the length of a step whose gradient norm reaches max_grad_norm = 1 (try ~1e-2)."""
+    weight_decay: float = 0.0
+    """Weight decay."""
+    warmup_ratio: float = 0.0
+    """Fraction of optimizer steps spent warming the learning rate up linearly from 0."""
+    schedule: Literal["cosine", "linear", "constant"] = "constant"
+    """Learning-rate decay after warmup."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0); policy and reference log-probs are computed at this temperature too."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0: off). Log-probs ignore the truncation, so keep 1.0 for exact on-policy maths."""
+    max_new_tokens: int = 256
+    """Most tokens per sampled completion (EOS included)."""
+    beta: float = 0.001
+    """KL coefficient (0: no KL and no reference model in memory)."""
+    kl_mode: Literal["reward", "loss"] = "reward"
+    """Where the KL goes: 'reward' subtracts beta * sum_t kl_t from each sample's reward before the
+    advantages (the RLOO paper); 'loss' adds beta * aggregate(kl_t) to the loss (OpenRLHF/verl)."""
+    kl_estimator: Literal["k1", "k3"] = "k1"
+    """Per-token KL estimator: k1 = logp - ref_logp (the paper's log-ratio), k3 = exp(ref-logp) - (ref-logp) - 1
+    (>= 0, lower variance). Use k3 with --kl-mode loss: k1's expected gradient as a loss is zero."""
+    advantage: Literal["rloo", "grpo", "lite_ppo", "dr_grpo", "raft", "reinforce"] = "grpo"
+    """Advantage estimator (rlft.losses.advantages): 'rloo' (leave-one-out baseline), 'grpo' ((r - group mean) /
+    group std), 'lite_ppo' (group mean, batch std), 'dr_grpo' (r - group mean, no std), 'raft' (1 for each group's
+    best samples, or those >= --raft-threshold, else 0), 'reinforce' (the raw reward)."""
+    loss: Literal["reinforce", "ppo", "raft", "raft++"] = "reinforce"
+    """Policy loss (rlft.losses.pg): 'reinforce' (-A * ratio; REINFORCE at ratio 1), 'ppo' (clipped to
+    [1 - clip_low, 1 + clip_high]), 'raft' (likelihood of the samples with A > 0), 'raft++' (raft with the ratio
+    clipped like ppo). RAFT = --advantage raft --loss raft; RAFT++ = --advantage raft --loss raft++."""
+    loss_mode: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum"
+    """Aggregation: 'seq_sum' sums each sequence's token losses and averages over sequences (RLOO's
+    sequence-level estimator; Dr. GRPO's no-length-normalisation); 'seq_mean' averages tokens within each
+    sequence, then over sequences (GRPO); 'token_mean' averages over all completion tokens of the step (DAPO)."""
+    ppo_epochs: int = 1
+    """Optimizer steps per batch of samples: 1 = one on-policy update (the ratio is 1, clipping inactive);
+    > 1 = further updates on the same samples against the pre-update log-probs (clipped with ppo / raft++)."""
+    clip_low: float = 0.2
+    """Lower clipping range: the ratio is clipped at 1 - clip_low (ppo and raft++ only)."""
+    clip_high: float | None = None
+    """Upper clipping range: 1 + clip_high (None: clip_low). DAPO's clip-higher uses 0.28 with clip_low 0.2."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss gets -entropy_coef * aggregate(per-token entropy) (0: off). Computed from the full
+    next-token distribution at the sampling temperature."""
+    raft_threshold: float | None = None
+    """--advantage raft: select samples with reward >= this (Countdown: 1.0, correct); None: each group's best
+    samples (none when the group's rewards are all equal)."""
+    filter_groups: bool = False
+    """Drop groups whose k rewards are all equal (no signal) and refill the step from further prompts
+    (Reinforce-Rej / DAPO dynamic sampling), up to --max-prompt-batches batches of prompts per step."""
+    max_prompt_batches: int = 4
+    """With --filter-groups: at most this many batches of prompts_per_step prompts are sampled per step; the step
+    trains on the varied groups found (at most prompts_per_step)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward pass; gradients accumulate exactly over the step's samples."""
+    gen_batch_size: int = 32
+    """Sequences generated together by the sampler."""
+    truncation_penalty: float | None = None
+    """Added to the raw reward of samples that hit max_new_tokens without EOS (e.g. -0.5), before the KL and the
+    leave-one-out baseline; None: off. There is no separate EOS penalty. Discourages rambling (with a reward model:
+    replies cut mid-sentence), but also punishes long correct reasoning cut by a small max_new_tokens."""
+    eval_every: int = 0
+    """Greedy evaluation on held-out Countdown tasks every N steps (and at step 0 and the end); 0: off."""
+    eval_limit: int = 50
+    """Held-out tasks per evaluation (at most heldout_size)."""
+    eval_max_new_tokens: int = 256
+    """Most tokens per evaluation completion (the reference evaluates with >= 1024); chat track too."""
+    prompts_data: str | None = None
+    """Chat track: a preference or chat dataset (.jsonl/.json/.parquet file or Hub id, e.g.
+    HuggingFaceH4/ultrafeedback_binarized or the flattened UltraFeedback file) whose prompts, the conversation
+    before each row's final assistant turn (duplicates removed), are the RL prompts, rendered with the chat
+    template. When set, the Countdown fields (data, data_split, preset, num_train, split_seed, heldout_size,
+    prompt_template, eval_limit) are ignored and Countdown evaluation is off; needs --reward-model or
+    --reward remote (or a toy rule reward such as uppercase_start)."""
+    prompts_split: str = "train_prefs"
+    """Split of --prompts-data when it is a Hub id (H4 UltraFeedback: train_prefs or train_gen)."""
+    prompts_limit: int | None = None
+    """Read at most the first N rows of --prompts-data (None: all); eval prompts held out from the tail come from these."""
+    max_prompt_tokens: int | None = 512
+    """Chat prompts longer than this many tokens (rendered) are dropped, counted in the log; None: keep all."""
+    chat_template: str | None = None
+    """Chat template of the policy: a name (chatml, llama3) or a .jinja path; None: the tokenizer's own (required on
+    the chat track). Saved with the model. The reward model keeps the template of its own folder."""
+    reward_model: str | None = None
+    """Chat track: a local reward-model folder (written by `rlft rm`): rewards are its scores of
+    (prompt messages, completion). Loaded once, on --device/--dtype: one more model in memory."""
+    base_url: str = "https://integrate.api.nvidia.com/v1"
+    """API root of the remote judge (--reward remote)."""
+    judge_model: str = "nvidia/llama-3.1-nemotron-70b-reward"
+    """Model name of the remote judge (--reward remote)."""
+    api_key_env: str = "NVIDIA_API_KEY"
+    """Environment variable holding the remote judge's API key (never logged or written)."""
+    eval_split: str | None = None
+    """Chat track: split of --prompts-data (Hub id) holding the eval prompts, e.g. test_prefs or test_gen. None: the
+    last eval_prompts prompts read from --prompts-data (after the max_prompt_tokens filter) are held out from training. Either way training prompts
+    equal to an eval prompt are dropped."""
+    eval_prompts: int = 50
+    """Chat track: held-out prompts of each evaluation (mean reward of greedy responses, eval/reward; every
+    eval_every steps, at step 0 and at the end; 0: off)."""
+    save_every: int = 25
+    """Write a resumable checkpoint every this many steps (0: only the final model)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    resume: bool = False
+    """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, step)."""
+    seed: int = 0
+    """Seed of the prompt order and of sampling (step s samples with a seed derived from seed and s)."""
+    device: str = "auto"
+    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    dtype: str = "auto"
+    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+    def __post_init__(self) -> None:
+        if self.k < 2 and self.advantage in ("rloo", "grpo", "lite_ppo", "dr_grpo"):
+            raise ValueError(f"--advantage {self.advantage} needs k >= 2 samples per prompt (a group baseline), got k={self.k}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        for name in ("prompts_per_step", "max_steps", "ppo_epochs", "micro_batch_size", "gen_batch_size", "max_new_tokens", "eval_limit", "eval_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_prompts < 0:
+            raise ValueError(f"eval_prompts must be >= 0, got {self.eval_prompts}")
+        for name in ("prompts_limit", "max_prompt_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+        if self.reward_model is not None and self.reward != "countdown":
+            raise ValueError(f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
+        if self.prompts_data is None and (self.reward_model is not None or self.reward == "remote"):
+            raise ValueError("a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (RLOO samples; log-probs at temperature 0 are undefined), got {self.temperature}")
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.clip_low < 0 or (self.clip_high is not None and self.clip_high < 0):
+            raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low} and {self.clip_high}")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        if self.max_prompt_batches < 1:
+            raise ValueError(f"max_prompt_batches must be >= 1, got {self.max_prompt_batches}")
+        if self.advantage == "raft" and self.raft_threshold is None and self.k < 2:
+            raise ValueError("--advantage raft without --raft-threshold picks each group's best sample: needs k >= 2")
+        self._check_lora()
+        if self.eval_every < 0 or self.save_every < 0:
+            raise ValueError("eval_every and save_every must be >= 0")
+        if self.eval_every and self.prompts_data is None and self.eval_limit > self.heldout_size:
+            raise ValueError(f"eval_limit ({self.eval_limit}) must be <= heldout_size ({self.heldout_size}) so evaluation tasks are never trained on")
+
+
+def advantage_function(cfg: RLConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The run's advantage estimator, picked once: ``(B, k)`` rewards -> ``(B, k)`` advantages."""
+    if cfg.advantage == "raft" and cfg.raft_threshold is not None:
+        threshold = cfg.raft_threshold
+        return lambda rewards: raft_advantages(rewards, threshold)
+    return ADVANTAGES[cfg.advantage]
+
+
+@dataclass
+class StepSamples:
+    """The groups a step trains on, and what sampling them cost."""
+
+    prompts: list[RLPrompt]
+    """``B`` prompts whose groups are trained on."""
+    samples: list[list[Sample]]
+    """``B`` lists of ``k`` samples."""
+    raw: torch.Tensor
+    """``(B, k)`` raw rewards of the kept groups."""
+    truncated: torch.Tensor
+    """``(B, k)`` 1.0 where a sample hit max_new_tokens without EOS."""
+    all_raw: torch.Tensor
+    """``(G, k)`` raw rewards of every group sampled this step (G >= B)."""
+    generate_s: float
+
+
+def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], engine, sampling: SamplingParams, reward: Reward) -> StepSamples:
+    """Sample and score this step's groups (step 1-2 of the loop).
+
+    Without filtering: the prompts of ``batch_indices(step, ...)``, sampled with ``generation_seed(seed,
+    step)``. With ``cfg.filter_groups``: batches ``j = 0, 1, ...`` of the "virtual steps"
+    ``step * max_prompt_batches + j`` (a pure function of the step, so a resumed run samples the same
+    groups), keeping varied groups until ``prompts_per_step`` are found or ``max_prompt_batches`` batches
+    were tried.
+    """
+    k = cfg.k
+    kept_prompts: list[RLPrompt] = []
+    kept_samples: list[list[Sample]] = []
+    kept_raw, kept_trunc, all_raw = [], [], []
+    generate_s = 0.0
+    batches = cfg.max_prompt_batches if cfg.filter_groups else 1
+    for j in range(batches):
+        virtual = step * cfg.max_prompt_batches + j if cfg.filter_groups else step
+        chosen = batch_indices(virtual, len(prompts), cfg.prompts_per_step, cfg.seed)
+        batch_prompts = [prompts[i] for i in chosen]
+        t0 = time.perf_counter()
+        samples = engine.generate([p.text for p in batch_prompts], replace(sampling, seed=generation_seed(cfg.seed, virtual)))
+        generate_s += time.perf_counter() - t0
+        flat = [s for row in samples for s in row]
+        scores = reward.fn([p for p in batch_prompts for _ in range(k)], [s.text for s in flat])
+        if len(scores) != len(flat):
+            raise ValueError(f"the reward returned {len(scores)} scores for {len(flat)} completions")
+        raw = torch.tensor(scores, dtype=torch.float32).view(len(batch_prompts), k)
+        truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
+        all_raw.append(raw)
+        keep = varied_groups(shaped_rewards(cfg, raw, truncated)) if cfg.filter_groups else torch.ones(len(batch_prompts), dtype=torch.bool)
+        for b in keep.nonzero().squeeze(1).tolist():
+            if len(kept_prompts) < cfg.prompts_per_step:
+                kept_prompts.append(batch_prompts[b])
+                kept_samples.append(samples[b])
+                kept_raw.append(raw[b])
+                kept_trunc.append(truncated[b])
+        if len(kept_prompts) >= cfg.prompts_per_step:
+            break
+    empty = torch.zeros(0, k)
+    return StepSamples(kept_prompts, kept_samples, torch.stack(kept_raw) if kept_raw else empty,
+                       torch.stack(kept_trunc) if kept_trunc else empty, torch.cat(all_raw), generate_s)
+
+
+def shaped_rewards(cfg: RLConfig, raw: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Raw rewards plus the truncation penalty on samples that hit max_new_tokens (``(B, k)``, a new tensor)."""
+    return raw + cfg.truncation_penalty * truncated if cfg.truncation_penalty is not None else raw.clone()
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
+    """Run the RL loop as configured; returns the folder of the final model (``output_dir/model``).
+
+    ``reward_fn`` overrides the configured reward (a rule function ``(prompts, completions,
+    ground_truths)``, for programmatic use and tests; see :func:`rlft.rl.rewards.make_reward`).
+    """
+    if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
+        log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
+    chat = cfg.prompts_data is not None
+    tokenizer = load_tokenizer(cfg.model)
+    if cfg.chat_template is not None or chat:
+        from rlft.data.chat import ensure_chat_template
+
+        ensure_chat_template(tokenizer, cfg.chat_template)  # None: the tokenizer's own, required on the chat track
+    reward = make_reward(cfg, reward_fn)  # once: the loop calls reward.fn
+    advantage_fn = advantage_function(cfg)
+    loss_fn = POLICY_LOSSES[cfg.loss]
+    clipped = cfg.loss in CLIPPED_LOSSES
+    clip_low, clip_high = (cfg.clip_low, cfg.clip_high if cfg.clip_high is not None else cfg.clip_low) if clipped else (None, None)
+    run_dir = start_run_dir(cfg.output_dir, cfg)
+    torch.manual_seed(cfg.seed)
+    spec = pick_device(cfg.device, cfg.dtype)
+    source = make_prompt_source(cfg, tokenizer, reward)
+    prompts = source.train
+    evaluate_on = bool(cfg.eval_every and source.eval)
+
+    total_steps = cfg.max_steps
+    optimizer_steps = total_steps * cfg.ppo_epochs
+    lora = cfg.lora_settings()
+    setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * optimizer_steps), total_steps=optimizer_steps,
+                             optimizer=cfg.optimizer, lora=lora)
+    model, start_step = setup.model, setup.start_step
+    # The reference is the initial policy, never a checkpoint of this run: with LoRA the same model with its
+    # adapters off (no second copy), else a fresh load.
+    ref_model = None
+    if cfg.beta > 0 and (lora is None or cfg.ref_model is not None):
+        ref_model = load_model(cfg.ref_model or cfg.model, spec).eval().requires_grad_(False)
+    use_ref = cfg.beta > 0
+
+    def reference_logprobs(batch):
+        if ref_model is not None:
+            return batch_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size)
+        with adapters_disabled(model):
+            return batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size)
+
+    # Chat-template text carries its own BOS: the tokenizer must not add another (generation and training alike).
+    templated = chat or not adds_special_tokens(cfg.prompt_template)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size, add_special_tokens=not templated)
+    sampling = SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+    kl_in_reward = use_ref and cfg.kl_mode == "reward"
+    kl_coef = cfg.beta if use_ref and cfg.kl_mode == "loss" else 0.0
+    history = read_metrics(run_dir / "metrics.jsonl") if start_step else []
+    samples_total = next((int(r["samples/total"]) for r in reversed(history) if "samples/total" in r), 0)
+    log.info("RL (%s advantages, %s loss, %s): %d training %s, %d steps of %d prompts x %d samples on %s/%s (KL %s, beta %g; "
+             "%s reward%s%s)", cfg.advantage, cfg.loss, cfg.loss_mode, len(prompts), "chat prompts" if chat else "tasks",
+             total_steps, cfg.prompts_per_step, cfg.k, spec.device, str(spec.dtype).removeprefix("torch."), cfg.kl_mode,
+             cfg.beta, reward.kind, "; group filtering" if cfg.filter_groups else "", f"; LoRA r={lora.r}" if lora else "")
+
+    if evaluate_on and start_step == 0:
+        setup.metrics.log({"step": 0, "samples/total": 0, **source.evaluate(engine)})
+
+    with training_progress("rl") as progress:
+        bar = progress.add_task("rl", total=total_steps, completed=start_step, info="")
+        for step in range(start_step, total_steps):
+            t0 = time.perf_counter()
+            # 1-2. This step's groups (filtered and refilled with --filter-groups) and their raw rewards.
+            got = sample_step(cfg, step, prompts, engine, sampling, reward)
+            B, k = len(got.prompts), cfg.k
+            generated = got.all_raw.numel()
+            samples_total += generated
+            rewards = shaped_rewards(cfg, got.raw, got.truncated)
+            record: dict[str, float] = {"step": step + 1}
+            t1 = time.perf_counter()
+            if B:
+                step_texts = [p.text for p in got.prompts]
+                flat = [s for row in got.samples for s in row]
+                # 3. Log-probs before the update: reference, and the sampling policy when needed.
+                batch = rollout_batch(tokenizer, step_texts, got.samples, add_special_tokens=engine.add_special_tokens).to(spec.device)
+                mask = batch.loss_mask
+                ref_logprobs = reference_logprobs(batch) if use_ref else None
+                old_logprobs = None
+                if cfg.ppo_epochs > 1 or kl_in_reward:
+                    old_logprobs = batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size)
+                # 4. KL in the reward (the RLOO paper): R_i - beta * sum_t kl_t, before the advantages.
+                if kl_in_reward:
+                    kl_seq = masked_sum(kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator), mask, dim=-1)
+                    rewards = rewards - cfg.beta * kl_seq.view(B, k).cpu()
+                # 5. Advantages.
+                advantages = advantage_fn(rewards)  # (B, k)
+                flat_adv = advantages.flatten().to(spec.device)
+                if cfg.loss in ("raft", "raft++"):
+                    flat_adv = (flat_adv > 0).to(flat_adv.dtype)  # the selection: rows with weight 0 are skipped
+                # 6. Update on the rows that carry gradient; the loss keeps the full step's normalisers.
+                rows = gradient_rows(flat_adv, kl_coef, cfg.entropy_coef)
+                sub = take_rows(batch, rows)
+            else:
+                flat, rows, mask, advantages = [], torch.zeros(0, dtype=torch.long), torch.zeros(0, 1), torch.zeros(0, k)
+                old_logprobs = ref_logprobs = None
+            epoch_metrics = []
+            update_logprobs = None
+            for epoch in range(cfg.ppo_epochs):
+                if len(rows):
+                    loss_metrics, logprobs = policy_loss_backward(
+                        model, sub, flat_adv[rows],
+                        temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size, loss_mode=cfg.loss_mode,
+                        old_logprobs=old_logprobs[rows] if cfg.ppo_epochs > 1 else None, loss_fn=loss_fn,
+                        clip_low=clip_low, clip_high=clip_high, entropy_coef=cfg.entropy_coef,
+                        ref_logprobs=ref_logprobs[rows] if ref_logprobs is not None else None, kl_coef=kl_coef,
+                        kl_estimator=cfg.kl_estimator, num_sequences=len(flat), num_tokens=float(mask.sum()),
+                    )  # fmt: skip
+                    if epoch == 0:
+                        update_logprobs = logprobs  # the sampling policy's log-probs of the updated rows
+                else:  # nothing to learn from: a zero gradient (AdamW still applies its momentum, as it would)
+                    loss_metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "loss/entropy": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 1.0}
+                    for p in model.parameters():
+                        if p.requires_grad:
+                            p.grad = torch.zeros_like(p)
+                epoch_metrics.append({**loss_metrics, **optimizer_step(setup, cfg.max_grad_norm)})
+            update_s = time.perf_counter() - t1
+
+            # 7. Metrics.
+            all_raw = got.all_raw
+            record.update({
+                "reward/mean": all_raw.mean().item(),
+                "reward/std": all_raw.std(unbiased=False).item(),
+                **({"reward/accuracy": (all_raw == 1.0).float().mean().item(), "reward/format_rate": (all_raw >= 0.1).float().mean().item()}
+                   if reward.kind == "rule" else {}),
+                "groups/tried": all_raw.shape[0],
+                "groups/kept": B,
+                "samples/step": generated,
+                "samples/total": samples_total,
+                "update/rows_frac": len(rows) / max(len(flat), 1),
+            })  # fmt: skip
+            if B:
+                completion_tokens = float(mask.sum())
+                if old_logprobs is not None:  # all rows when a no-grad pass computed them, else the updated rows
+                    seen_logprobs, seen_mask, seen_ref = old_logprobs, mask, ref_logprobs
+                elif update_logprobs is not None:
+                    seen_logprobs, seen_mask = update_logprobs, sub.loss_mask
+                    seen_ref = ref_logprobs[rows] if ref_logprobs is not None else None
+                else:
+                    seen_logprobs = seen_mask = seen_ref = None
+                record.update({
+                    "reward/shaped_mean": rewards.mean().item(),
+                    "adv/mean": advantages.mean().item(),
+                    "adv/std": advantages.std(unbiased=False).item(),
+                    "completion/mean_tokens": completion_tokens / len(flat),
+                    "completion/truncated_frac": got.truncated.mean().item(),
+                    "tokens_per_s/update": float(batch.attention_mask.sum()) / max(update_s, 1e-9),
+                })  # fmt: skip
+                if seen_mask is not None and seen_mask.sum() > 0:
+                    record["entropy"] = -masked_mean(seen_logprobs, seen_mask).item()
+                    if seen_ref is not None:
+                        record["kl/mean"] = masked_sum(kl_penalty(seen_logprobs, seen_ref, cfg.kl_estimator), seen_mask, dim=-1).mean().item()
+                record["tokens_per_s/generate"] = sum(len(s.completion_ids) for row in got.samples for s in row) / max(got.generate_s, 1e-9)
+            for key in ("loss/policy", "loss/kl", "loss/entropy", "pg/clipfrac", "pg/ratio_mean", "grad_norm"):
+                if (key != "loss/kl" or kl_coef > 0) and (key != "loss/entropy" or cfg.entropy_coef > 0):
+                    record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
+            record.update({"lr": epoch_metrics[0]["lr"], "time/generate_s": got.generate_s, "time/update_s": update_s})
+            if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
+                t2 = time.perf_counter()
+                record.update(source.evaluate(engine))
+                record["time/eval_s"] = time.perf_counter() - t2
+            record["time/step_s"] = time.perf_counter() - t0  # the whole step: sampling, reward, update, evaluation
+            setup.metrics.log(record)
+            info = f"reward {record['reward/mean']:.3f}" + (f"  kl {record['kl/mean']:.4f}" if "kl/mean" in record else "")
+            if cfg.filter_groups:
+                info += f"  groups {B}/{record['groups/tried']}"
+            progress.update(bar, advance=1, info=info)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+    final = save_final_model(run_dir, model, tokenizer)
+    console.print(f"[green]RL done[/]: model saved to {final}")
+    return final

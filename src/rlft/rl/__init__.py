@@ -1,0 +1,1 @@
+"""Parts of the RL loop: prompt sources, rewards, sample batches, group filtering."""

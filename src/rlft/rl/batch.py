@@ -1,0 +1,167 @@
+"""Batches of sampled sequences: teacher-forcing batch, log-prob passes, the loss's forward/backward.
+
+Shape legend: N sampled sequences (B prompts x k samples, row ``b * k + j``), T tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Literal
+
+import torch
+
+from rlft.data.tokenize import TokenizedExample, collate
+from rlft.losses.pg import entropy_bonus, kl_loss, policy_gradient_loss
+from rlft.ops import sequence_logprobs
+from rlft.rollout.base import Sample
+from rlft.rollout.hf import encode_prompts
+from rlft.types import TokenBatch
+
+
+def generation_seed(seed: int, step: int) -> int:
+    """The sampling seed of a step: distinct per step, the same after a resume."""
+    return seed * 1_000_003 + step
+
+
+def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *, add_special_tokens: bool = True) -> TokenBatch:
+    """The right-padded teacher-forcing batch of all sampled sequences: row ``b * k + j`` is ``samples[b][j]``.
+
+    Prompt ids come from :func:`rlft.rollout.hf.encode_prompts`, the function :class:`HFEngine` tokenizes
+    with; pass the engine's ``add_special_tokens`` (the recipe does), so the ids are those the sampler
+    conditioned on. ``loss_mask`` is 1 on every generated id, the EOS included (masks come from lengths,
+    never from token values, so pad == EOS is harmless).
+    """
+    prompt_ids = encode_prompts(tokenizer, prompts, add_special_tokens=add_special_tokens)
+    examples = [
+        TokenizedExample(
+            input_ids=list(prompt_ids[b]) + list(sample.completion_ids),
+            loss_mask=[0] * len(prompt_ids[b]) + [1] * len(sample.completion_ids),
+            truncated=sample.finish_reason == "length",
+        )
+        for b, row in enumerate(samples)
+        for sample in row
+    ]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return collate(examples, pad_id)
+
+
+def micro_batches(batch: TokenBatch, size: int) -> Iterator[tuple[slice, TokenBatch]]:
+    """``(rows, micro_batch)`` pairs; each micro-batch is trimmed to its own longest sequence."""
+    for start in range(0, batch.input_ids.shape[0], size):
+        rows = slice(start, start + size)
+        width = int(batch.attention_mask[rows].sum(dim=1).max())
+        yield rows, TokenBatch(batch.input_ids[rows, :width], batch.attention_mask[rows, :width], batch.loss_mask[rows, :width])
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: TokenBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+    """``(N, T)`` log-probs of the batch's target tokens at ``temperature`` (0 off the loss mask), no grad."""
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
+    for rows, mb in micro_batches(batch, micro_batch_size):
+        out[rows, : mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature)
+    return out
+
+
+def policy_loss_backward(
+    model,
+    batch: TokenBatch,
+    advantages: torch.Tensor,
+    *,
+    temperature: float,
+    micro_batch_size: int,
+    loss_mode: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum",
+    old_logprobs: torch.Tensor | None = None,
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]] = policy_gradient_loss,
+    clip_eps: float | None = None,
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+    entropy_coef: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: Literal["k1", "k3"] = "k3",
+    num_sequences: int | None = None,
+    num_tokens: float | None = None,
+) -> tuple[dict[str, float], torch.Tensor]:
+    """Forward and backward of the RL loss on a batch of samples; gradients accumulate in ``model``.
+
+    The loss is ``loss_fn(...) + kl_coef * kl_loss(...) - entropy_coef * entropy_bonus(...)`` over all
+    N rows of ``batch``, reduced with ``loss_mode`` over the *whole* batch (num_sequences = N,
+    num_tokens = all target tokens), so splitting into micro-batches gives exactly the full-batch
+    gradient. Call ``optimizer.zero_grad()`` before and step after.
+
+    Args:
+        batch: ``(N, T)`` from :func:`rollout_batch`.
+        advantages: ``(N,)`` one advantage per row.
+        old_logprobs: ``(N, T)`` log-probs of the sampling policy (no grad); None: the current ones
+            detached (ratio 1: REINFORCE, no extra forward).
+        loss_fn: a policy loss of :data:`rlft.losses.pg.POLICY_LOSSES` (default: REINFORCE/PPO).
+        clip_eps, clip_low, clip_high: PPO clipping range (all None: off); ``clip_eps`` sets both ends.
+        entropy_coef: weight of the entropy bonus (0: off, and no entropy is computed).
+        ref_logprobs: ``(N, T)`` reference log-probs; needed when ``kl_coef > 0`` (the KL-in-the-loss term).
+        num_sequences, num_tokens: the loss's normalisers (None: the batch's own row count and target
+            token count). Pass the full step's values when ``batch`` holds only some of its rows (see
+            :func:`gradient_rows`) so the gradient is that of the full step.
+    Returns:
+        ``(metrics, logprobs)``: ``loss/policy`` and ``loss/kl`` (sums over micro-batches = full-batch
+        values), ``pg/clipfrac`` and ``pg/ratio_mean`` (token means over the batch), and the detached
+        ``(N, T)`` log-probs this forward computed.
+    """
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    num_sequences = batch.input_ids.shape[0] if num_sequences is None else num_sequences
+    num_tokens = float(batch.loss_mask.sum()) if num_tokens is None else float(num_tokens)
+    own_tokens = float(batch.loss_mask.sum())
+    metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "loss/entropy": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 0.0}
+    low = clip_low if clip_low is not None else clip_eps
+    high = clip_high if clip_high is not None else clip_eps
+    logprobs_out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
+    for rows, mb in micro_batches(batch, micro_batch_size):
+        width = mb.input_ids.shape[1]
+        if entropy_coef > 0:
+            logprobs, entropy = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature, return_entropy=True)
+        else:
+            logprobs = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature)
+        old = logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
+        loss, pg_metrics = loss_fn(
+            logprobs, old, advantages[rows], mb.loss_mask,
+            clip_low=low, clip_high=high, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens,
+        )  # fmt: skip
+        if entropy_coef > 0:
+            bonus, entropy_metrics = entropy_bonus(entropy, mb.loss_mask, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens)
+            loss = loss - entropy_coef * bonus
+            metrics["loss/entropy"] += entropy_metrics["loss/entropy"]
+        if kl_coef > 0:
+            kl, kl_metrics = kl_loss(
+                logprobs, ref_logprobs[rows, :width], mb.loss_mask,
+                estimator=kl_estimator, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens,
+            )  # fmt: skip
+            loss = loss + kl_coef * kl
+            metrics["loss/kl"] += kl_metrics["loss/kl"]
+        loss.backward()
+        share = float(mb.loss_mask.sum()) / max(own_tokens, 1.0)  # token-weighted means over micro-batches
+        metrics["loss/policy"] += pg_metrics["loss/policy"]
+        metrics["pg/clipfrac"] += pg_metrics["pg/clipfrac"] * share
+        metrics["pg/ratio_mean"] += pg_metrics["pg/ratio_mean"] * share
+        logprobs_out[rows, :width] = logprobs.detach()
+    return metrics, logprobs_out
+
+
+def gradient_rows(advantages: torch.Tensor, kl_coef: float, entropy_coef: float = 0.0) -> torch.Tensor:
+    """Indices of the rows that carry gradient: ``(M,)`` long, ``M <= N`` for ``advantages`` of shape ``(N,)``.
+
+    A sample whose advantage is exactly 0 contributes exactly 0 to the policy-gradient loss and its
+    gradient (REINFORCE and PPO-clipped alike: every term is multiplied by the advantage), so with no
+    KL term in the loss (``kl_coef == 0``) only rows with a non-zero advantage need a forward and
+    backward. With ``beta = 0`` that skips every group whose k rewards are all equal (common when
+    the policy is confident: all correct or all wrong). With the KL or an entropy bonus in the loss
+    every row carries gradient and is kept.
+    The update stays exact as long as the loss is normalised by the full step's counts
+    (``policy_loss_backward(..., num_sequences=, num_tokens=)``).
+    """
+    if kl_coef > 0 or entropy_coef > 0:
+        return torch.arange(advantages.numel(), device=advantages.device)
+    return (advantages != 0).nonzero().squeeze(1)
+
+
+def take_rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:
+    """The sub-batch of ``batch`` at ``rows`` (same width; micro-batches trim it)."""
+    return TokenBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.loss_mask[rows])

@@ -1,0 +1,185 @@
+"""Prompt sources of the RL loop: what the policy is asked, and how the run is evaluated.
+
+A :class:`PromptSource` bundles the training prompts, the held-out prompts and an ``evaluate(engine)``
+function; the loop is given one and never looks inside. Two sources exist:
+
+- **Countdown**: generated tasks of a preset (or a Countdown file), rendered with a prompt template;
+  evaluation is the greedy Countdown score on held-out tasks that no stage trains on
+  (``eval/score``, ``eval/accuracy``, ``eval/format_rate``).
+- **Chat** (``--prompts-data``): the prompts of a preference/chat dataset rendered with the chat
+  template; evaluation is the mean reward of greedy replies to held-out prompts (``eval/reward``,
+  ``eval/truncated_frac``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from rlft.rollout.base import SamplingParams
+from rlft.rollout.hf import encode_prompts
+from rlft.types import CountdownTask
+
+if TYPE_CHECKING:
+    from rlft.recipes.rl import RLConfig
+    from rlft.rl.rewards import Reward
+
+log = logging.getLogger("rlft")
+
+
+@dataclass(frozen=True)
+class RLPrompt:
+    """One RL prompt: the text the policy continues, and what its reward needs."""
+
+    text: str
+    """The prompt string given to the sampler (a rendered Countdown prompt or chat generation prompt)."""
+    messages: list[dict] | None = None
+    """Chat track: the conversation before the reply (what a reward model scores the reply against)."""
+    ground_truth: dict | None = None
+    """What a rule reward gets as its ground truth: ``CountdownTask.ground_truth()``; on the chat track
+    ``{"messages": messages}``."""
+
+
+def load_rl_tasks(cfg: RLConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
+    """``(train, heldout)`` Countdown tasks; ``heldout`` is the first ``heldout_size`` generated test tasks.
+
+    Training tasks come from the TRAIN split of ``make_splits(PRESETS[preset], num_train, heldout_size,
+    split_seed)`` (disjoint from the held-out tasks), or from ``cfg.data`` minus any task equal to a
+    held-out one.
+    """
+    from rlft.tasks.countdown.generator import PRESETS, make_splits, task_key
+
+    if cfg.preset not in PRESETS:
+        raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
+    if cfg.data is None:
+        train, heldout = make_splits(PRESETS[cfg.preset], cfg.num_train, cfg.heldout_size, cfg.split_seed)
+    else:
+        from rlft.tasks.countdown.loaders import load_countdown
+
+        _, heldout = make_splits(PRESETS[cfg.preset], 0, cfg.heldout_size, cfg.split_seed)
+        held = {task_key(t) for t in heldout}
+        loaded = load_countdown(cfg.data, split=cfg.data_split, limit=cfg.num_train)
+        train = [t for t in loaded if task_key(t) not in held]
+        if len(train) < len(loaded):
+            log.info("dropped %d tasks of %s that equal held-out tasks", len(loaded) - len(train), cfg.data)
+    if not train:
+        raise ValueError("no Countdown training tasks")
+    return train, heldout
+
+
+def read_chat_prompts(source: str, split: str, limit: int | None = None) -> list[list[dict]]:
+    """Prompt conversations of a preference or chat dataset, file order, duplicates removed.
+
+    Rows are read with :func:`rlft.data.preferences.load_chat_examples` (H4 ``messages``/``chosen``
+    lists, flattened ``prompt``/``chosen`` strings, HH-RLHF, smol-smoltalk ``messages``); each row's
+    prompt is its conversation before the final assistant turn. Invalid rows are skipped, counted and
+    logged by the loader (e.g. the empty ``chosen`` of a flattened UltraFeedback row).
+    """
+    from rlft.data.preferences import load_chat_examples
+
+    examples, counts = load_chat_examples(source, split=split, limit=limit, skip_invalid=True)
+    unique: dict[str, list[dict]] = {}
+    for ex in examples:
+        last = max(i for i, m in enumerate(ex.messages) if m["role"] == "assistant")
+        prompt = ex.messages[:last]
+        unique.setdefault(json.dumps(prompt, sort_keys=True, ensure_ascii=False), prompt)
+    log.info("%s (%s): %d prompts from %d rows (%d invalid skipped, %d duplicates)", source, split, len(unique),
+             counts["rows"], counts["skipped_invalid"], counts["kept"] - len(unique))
+    return list(unique.values())
+
+
+def load_chat_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPrompt]]:
+    """``(train, eval)`` chat prompts of ``cfg.prompts_data``, rendered with ``tokenizer``'s chat template.
+
+    Prompts longer than ``max_prompt_tokens`` are dropped first (counted in the log). Eval prompts (only
+    when ``eval_every`` and ``eval_prompts`` are set): the first ``eval_prompts`` of ``eval_split``, or
+    else the last ``eval_prompts`` of the training prompts, which are then not trained on. Training
+    prompts equal to an eval prompt are dropped in both cases.
+    """
+    from rlft.data.chat import render_generation_prompt
+
+    def rendered(conversations: list[list[dict]], what: str) -> list[RLPrompt]:
+        prompts = [RLPrompt(render_generation_prompt(tokenizer, m), m, {"messages": m}) for m in conversations]
+        if cfg.max_prompt_tokens is not None:
+            lengths = [len(ids) for ids in encode_prompts(tokenizer, [p.text for p in prompts], add_special_tokens=False)]
+            kept = [p for p, n in zip(prompts, lengths) if n <= cfg.max_prompt_tokens]
+            if len(kept) < len(prompts):
+                log.info("%s prompts: dropped %d of %d longer than max_prompt_tokens=%d", what, len(prompts) - len(kept), len(prompts), cfg.max_prompt_tokens)
+            prompts = kept
+        return prompts
+
+    train = rendered(read_chat_prompts(cfg.prompts_data, cfg.prompts_split, cfg.prompts_limit), "training")
+    heldout: list[RLPrompt] = []
+    if cfg.eval_every and cfg.eval_prompts:
+        if cfg.eval_split is not None:
+            heldout = rendered(read_chat_prompts(cfg.prompts_data, cfg.eval_split), "eval")[: cfg.eval_prompts]
+            if not heldout:
+                raise ValueError(f"no eval prompts in {cfg.prompts_data} (split {cfg.eval_split})")
+        else:
+            if len(train) <= cfg.eval_prompts:
+                raise ValueError(f"{cfg.prompts_data} has {len(train)} usable prompts: too few to hold out eval_prompts={cfg.eval_prompts} and train on the rest")
+            train, heldout = train[: -cfg.eval_prompts], train[-cfg.eval_prompts :]
+    held = {p.text for p in heldout}
+    if dropped := sum(p.text in held for p in train):
+        log.info("dropped %d training prompts equal to eval prompts", dropped)
+        train = [p for p in train if p.text not in held]
+    if not train:
+        raise ValueError(f"no training prompts in {cfg.prompts_data}")
+    return train, heldout
+
+
+def load_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPrompt], list[CountdownTask] | None]:
+    """``(train, eval, eval_tasks)``: chat prompts (``eval_tasks`` None), or Countdown prompts rendered with
+    ``prompt_template`` (``eval_tasks``: the first ``eval_limit`` held-out tasks)."""
+    if cfg.prompts_data is not None:
+        return *load_chat_prompts(cfg, tokenizer), None
+    from rlft.tasks.countdown.prompts import render_prompt
+
+    tasks, heldout = load_rl_tasks(cfg)
+    train = [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in tasks]
+    eval_tasks = heldout[: cfg.eval_limit]
+    return train, [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in eval_tasks], eval_tasks
+
+
+load_rloo_tasks = load_rl_tasks  # the name the RLOO recipe used
+
+
+def evaluate_chat(engine, prompts: list[RLPrompt], reward: "Reward", max_new_tokens: int) -> dict[str, float]:
+    """Greedy responses to held-out chat prompts: ``eval/reward`` (mean raw reward, no truncation
+    penalty) and ``eval/truncated_frac``."""
+    samples = [row[0] for row in engine.generate([p.text for p in prompts], SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))]
+    scores = reward.fn(prompts, [s.text for s in samples])
+    return {"eval/reward": sum(scores) / len(scores), "eval/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+
+
+def evaluate_heldout(engine, tasks: list[CountdownTask], prompts: list[str], max_new_tokens: int) -> dict[str, float]:
+    """Greedy Countdown evaluation: ``eval/score`` (mean 0/0.1/1 score), ``eval/accuracy``, ``eval/format_rate``."""
+    from rlft.eval.countdown import evaluate_countdown
+
+    result = evaluate_countdown(engine, tasks, prompts, SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))
+    return {"eval/score": result.mean_score, "eval/accuracy": result.accuracy, "eval/format_rate": result.format_rate}
+
+
+@dataclass(frozen=True)
+class PromptSource:
+    """What the RL loop samples from and how it evaluates: built once, before the loop."""
+
+    train: list[RLPrompt]
+    """Training prompts; step s takes those of :func:`rlft.recipes.common.batch_indices`."""
+    eval: list[RLPrompt]
+    """Held-out prompts (never trained on); empty: no evaluation."""
+    evaluate: Callable[[object], dict[str, float]]
+    """``evaluate(engine) -> metrics`` on the held-out prompts (greedy)."""
+    kind: str
+    """'countdown' or 'chat'."""
+
+
+def make_prompt_source(cfg: RLConfig, tokenizer, reward: "Reward") -> PromptSource:
+    """The run's prompt source: chat prompts when ``cfg.prompts_data`` is set, else Countdown tasks."""
+    train, held, eval_tasks = load_prompts(cfg, tokenizer)
+    if eval_tasks is None:
+        return PromptSource(train, held, lambda engine: evaluate_chat(engine, held, reward, cfg.eval_max_new_tokens), "chat")
+    texts = [p.text for p in held]
+    return PromptSource(train, held, lambda engine: evaluate_heldout(engine, eval_tasks, texts, cfg.eval_max_new_tokens), "countdown")

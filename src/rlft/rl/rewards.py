@@ -1,0 +1,61 @@
+"""Rewards of the RL loop: one object, chosen once, scoring ``(prompt, completion)`` pairs.
+
+Three kinds: a rule function of :data:`rlft.rewards.registry.REWARD_FUNCTIONS` (Countdown's exact
+score), a local reward model (:class:`~rlft.rewards.reward_model.RewardModelScorer`) or a remote
+OpenAI-compatible judge (:class:`~rlft.rewards.remote.RemoteRewardJudge`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal
+
+from rlft.rewards.registry import RewardFunction, get_reward_function
+from rlft.rl.prompts import RLPrompt
+
+if TYPE_CHECKING:
+    from rlft.recipes.rl import RLConfig
+
+log = logging.getLogger("rlft")
+
+RolloutReward = Callable[[list[RLPrompt], list[str]], list[float]]
+"""``reward(prompts, completions) -> one raw reward per (prompt, completion)``."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A reward the loop calls as ``fn(prompts, completions) -> list[float]`` (one raw reward each)."""
+
+    fn: RolloutReward
+    kind: Literal["rule", "reward_model", "remote"]
+    """'rule': a function of :data:`~rlft.rewards.registry.REWARD_FUNCTIONS` or an override (accuracy and
+    format-rate metrics make sense); else a learned judge's scores."""
+
+
+def make_reward(cfg: RLConfig, reward_fn: RewardFunction | None = None) -> Reward:
+    """The reward of the run, picked once: ``reward_fn`` (an override) if given, else the reward model
+    (``cfg.reward_model``: a :class:`~rlft.rewards.reward_model.RewardModelScorer`, loaded here), else the
+    remote judge (``cfg.reward == "remote"``), else the rule function ``cfg.reward``.
+
+    Rule functions get ``(prompt texts, completions, ground truths)``; judges ``(prompt messages,
+    completions)``.
+    """
+    if reward_fn is None and cfg.reward_model is not None:
+        from rlft.rewards.reward_model import RewardModelScorer
+
+        scorer = RewardModelScorer(cfg.reward_model, batch_size=cfg.micro_batch_size, device=cfg.device, dtype=cfg.dtype)
+        log.info("reward: reward model %s", cfg.reward_model)
+        return Reward(lambda prompts, completions: scorer.score([p.messages for p in prompts], completions), "reward_model")
+    if reward_fn is None and cfg.reward == "remote":
+        from rlft.rewards.remote import RemoteRewardJudge
+
+        judge = RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env)
+        log.info("reward: remote judge %s at %s", cfg.judge_model, cfg.base_url)
+        return Reward(lambda prompts, completions: judge.score([p.messages for p in prompts], completions), "remote")
+    if reward_fn is None:
+        reward_fn = get_reward_function(cfg.reward, also=("remote",))
+        if cfg.prompts_data is not None and cfg.reward == "countdown":
+            raise ValueError("chat prompts (--prompts-data) have no Countdown answer: pass --reward-model, --reward remote or a toy rule reward")
+    fn = reward_fn
+    return Reward(lambda prompts, completions: fn([p.text for p in prompts], completions, [p.ground_truth for p in prompts]), "rule")

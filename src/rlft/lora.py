@@ -49,6 +49,9 @@ class LoRAOptions:
             return None
         return LoRASettings(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
 
+    def __post_init__(self) -> None:
+        self._check_lora()
+
     def _check_lora(self) -> None:
         if self.lora_r < 0:
             raise ValueError(f"lora_r must be >= 0 (0: no LoRA), got {self.lora_r}")
@@ -90,6 +93,13 @@ def apply_lora(model: torch.nn.Module, settings: LoRASettings, *, adapter_from: 
 
     if adapter_from is not None:
         return PeftModel.from_pretrained(model, str(adapter_from), is_trainable=True)
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None and getattr(model.config, "tie_word_embeddings", False):
+        head = next((name for name, module in model.named_modules() if module is out), "")
+        names = [t.strip() for t in settings.target_modules.split(",")]
+        if head and any(head == t or head.endswith("." + t) for t in names):
+            raise ValueError(f"LoRA on {head!r}: the model ties it to the input embeddings, so merging the adapter would "
+                             "change both; leave the output layer out of --lora-target-modules")
     try:
         peft_model = get_peft_model(model, _peft_config(settings, model))
     except ValueError as e:

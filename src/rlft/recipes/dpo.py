@@ -59,7 +59,7 @@ from typing import Callable, Literal
 
 import torch
 
-from rlft.checkpoint import save_checkpoint, save_model_folder
+from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data import preferences
 from rlft.data.chat import ensure_chat_template
@@ -69,6 +69,7 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
+from rlft.lora import LoRAOptions, save_final_model
 from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
 
 log = logging.getLogger("rlft")
@@ -77,7 +78,7 @@ REF_CACHE = "ref_logps.pt"
 
 
 @dataclass(frozen=True)
-class DPOConfig:
+class DPOConfig(LoRAOptions):
     """Preference optimisation (DPO / IPO / RPO) of a model, usually an SFT model, on chosen/rejected pairs."""
 
     model: str = "runs/sft/model"
@@ -518,7 +519,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                             optimizer=cfg.optimizer)
+                             optimizer=cfg.optimizer, lora=cfg.lora_settings())
     model, start_step = setup.model, setup.start_step
     log.info("%s: %d pairs, %d steps of %d pairs (micro-batch %d) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
 
@@ -551,7 +552,6 @@ def train_dpo(cfg: DPOConfig) -> Path:
             progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
-    final = run_dir / "model"
-    save_model_folder(final, model, tokenizer)
+    final = save_final_model(run_dir, model, tokenizer)
     console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
     return final

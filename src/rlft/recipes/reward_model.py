@@ -43,11 +43,12 @@ from typing import Literal
 
 import torch
 
-from rlft.checkpoint import save_checkpoint, save_model_folder
+from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
+from rlft.lora import LoRAOptions, save_final_model
 from rlft.recipes.common import TrainingSetup, batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, score_head, sequence_rewards
 
@@ -55,7 +56,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class RMConfig:
+class RMConfig(LoRAOptions):
     """Train a scalar reward model on preference pairs with a Bradley-Terry loss."""
 
     model: str = DEFAULT_MODEL
@@ -287,13 +288,13 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
         return model
 
     def groups(model: torch.nn.Module) -> list[dict]:
-        head = list(score_head(model).parameters())
+        head = [p for p in score_head(model).parameters() if p.requires_grad]
         body = [p for p in model.parameters() if p.requires_grad and all(p is not h for h in head)]
         return [{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr or cfg.lr}]
 
     return prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                            load=load, param_groups=groups)
+                            load=load, param_groups=groups, lora=cfg.lora_settings())
 
 
 def train_rm(cfg: RMConfig) -> Path:
@@ -363,8 +364,7 @@ def train_rm(cfg: RMConfig) -> Path:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
     if heldout and last_eval is None:  # resumed a run that had already finished its steps
         last_eval = run_eval()
-    final = run_dir / "model"
-    save_model_folder(final, model, tokenizer)
+    final = save_final_model(run_dir, model, tokenizer)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
     summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"loaded": loaded, "train": train_counts, "eval": eval_counts}}
     (run_dir / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")

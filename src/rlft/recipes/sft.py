@@ -38,7 +38,7 @@ from typing import Literal
 
 import torch
 
-from rlft.checkpoint import save_checkpoint, save_model_folder
+from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
@@ -46,6 +46,7 @@ from rlft.data.preferences import ChatExample, load_chat_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
+from rlft.lora import LoRAOptions, save_final_model
 from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
@@ -54,7 +55,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(LoRAOptions):
     """Supervised fine-tuning on prompt/completion pairs (loss on completion tokens + EOS only)."""
 
     model: str = DEFAULT_MODEL
@@ -313,7 +314,8 @@ def train_sft(cfg: SFTConfig) -> Path:
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps)
+                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
+                             lora=cfg.lora_settings())
     model, start_step = setup.model, setup.start_step
     log.info("SFT: %d examples, %d steps of %d (micro-batch %d) on %s/%s", len(examples), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
 
@@ -346,7 +348,6 @@ def train_sft(cfg: SFTConfig) -> Path:
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
-    final = run_dir / "model"
-    save_model_folder(final, model, tokenizer)
+    final = save_final_model(run_dir, model, tokenizer)
     console.print(f"[green]SFT done[/]: model saved to {final}")
     return final

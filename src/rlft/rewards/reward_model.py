@@ -93,7 +93,8 @@ def sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     """
     mask = attention_mask.long()
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # 0 at each row's first real token
-    hidden = model.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).last_hidden_state  # (B, T, H)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA: the adapted HF model
+    hidden = inner.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).last_hidden_state  # (B, T, H)
     last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_token_index(mask)]  # (B, H)
     rewards = score_head(model)(last)  # (B, num_labels)
     if rewards.shape[-1] != 1:

@@ -192,6 +192,8 @@ class RLConfig(LoRAOptions):
     replies cut mid-sentence), but also punishes long correct reasoning cut by a small max_new_tokens."""
     eval_every: int = 0
     """Greedy evaluation on held-out Countdown tasks every N steps (and at step 0 and the end); 0: off."""
+    eval_at_start: bool = True
+    """Evaluate at step 0 too (off: skip it when the start model's score is already known, e.g. an ablation from one SFT model)."""
     eval_limit: int = 50
     """Held-out tasks per evaluation (at most heldout_size)."""
     eval_max_new_tokens: int = 256
@@ -412,7 +414,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
              total_steps, cfg.prompts_per_step, cfg.k, spec.device, str(spec.dtype).removeprefix("torch."), cfg.kl_mode,
              cfg.beta, reward.kind, "; group filtering" if cfg.filter_groups else "", f"; LoRA r={lora.r}" if lora else "")
 
-    if evaluate_on and start_step == 0:
+    if evaluate_on and start_step == 0 and cfg.eval_at_start:
         setup.metrics.log({"step": 0, "samples/total": 0, **source.evaluate(engine)})
 
     with training_progress("rl") as progress:

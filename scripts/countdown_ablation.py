@@ -1,0 +1,217 @@
+"""Countdown ablation: RL estimators/losses/filters, LoRA, DPO (+-RPO) and continued SFT, all from one SFT model.
+
+Every variant starts from the same converged SFT model and is scored on the same held-out tasks of the
+``medium3`` preset (distinct, never trained on by any stage): greedy mean score, and with ``--sampled``
+the sampled mean score and pass@1/pass@4 (T=0.6, top-p 0.95, 4 samples). Each is paired against the
+SFT start task by task (mean difference, 95% interval, tasks better/worse).
+
+    python scripts/countdown_ablation.py run --sft runs/exp/sft/model --out runs/ablation \\
+        --variants grpo_filter_lora rloo_1e6 --seeds 0 --tasks 200
+    python scripts/countdown_ablation.py report --out runs/ablation --tasks 200
+
+``run`` is resumable: a finished variant/seed (its ``eval_*.json`` present) is skipped, an unfinished
+RL run resumes from its last checkpoint. Runs go one after another (2 CPU cores: never two at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+log = logging.getLogger("rlft")
+
+PRESET = "medium3"
+SPLIT_SEED = 1234
+HELDOUT_SIZE = 1000  # every stage's training tasks exclude the first 1000 distinct test tasks; evaluation uses a prefix
+PROMPT = "short"
+MAX_NEW_TOKENS = 64
+
+# Shared by every RL variant: 8 prompts x k=8 per step, T=1, no KL (the update regime is what varies).
+RL_BASE = dict(preset=PRESET, num_train=20000, heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, prompt_template=PROMPT,
+               k=8, prompts_per_step=8, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, beta=0.0, micro_batch_size=32,
+               gen_batch_size=64, save_every=5, keep_checkpoints=1, eval_every=0, eval_limit=200, eval_max_new_tokens=MAX_NEW_TOKENS,
+               eval_at_start=False, max_steps=30, device="cpu", dtype="float32")
+
+VARIANTS: dict[str, dict] = {
+    # full fine-tuning at the rates small-model RL uses
+    "rloo_1e6": dict(kind="rl", advantage="rloo", loss="reinforce", lr=1e-6),
+    "rloo_5e6": dict(kind="rl", advantage="rloo", loss="reinforce", lr=5e-6),
+    "grpo_2e6": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", lr=2e-6),
+    "dr_grpo_2e6": dict(kind="rl", advantage="dr_grpo", loss="ppo", lr=2e-6),
+    "lite_ppo_2e6": dict(kind="rl", advantage="lite_ppo", loss="ppo", loss_mode="token_mean", lr=2e-6),
+    "reinforce_rej_2e6": dict(kind="rl", advantage="reinforce", loss="reinforce", filter_groups=True, lr=2e-6),
+    "grpo_filter_2e6": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lr=2e-6),
+    "dapo_2e6": dict(kind="rl", advantage="grpo", loss="ppo", clip_high=0.28, loss_mode="token_mean", filter_groups=True,
+                     ppo_epochs=2, lr=2e-6),
+    "raft_2e6": dict(kind="rl", advantage="raft", loss="raft", raft_threshold=1.0, lr=2e-6),
+    "raftpp_2e6": dict(kind="rl", advantage="raft", loss="raft++", raft_threshold=1.0, ppo_epochs=2, lr=2e-6),
+    # LoRA at its usual rates
+    "grpo_filter_lora_5e5": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
+                                 lora_alpha=32.0, lr=5e-5),
+    "rloo_lora_5e5": dict(kind="rl", advantage="rloo", loss="reinforce", lora_r=16, lora_alpha=32.0, lr=5e-5),
+    # preference optimisation on on-policy pairs (2 samples at T=1 per prompt, ties dropped)
+    "dpo": dict(kind="dpo", loss_type="dpo", lr=1e-6),
+    "rpo": dict(kind="dpo", loss_type="rpo", lr=1e-6),
+    # the baseline: SFT continued on its own dataset for the wall-clock of an RL run
+    "sft_continued": dict(kind="sft", lr=2e-5),
+}
+
+
+def heldout(n: int):
+    from rlft.tasks.countdown.generator import PRESETS, make_splits
+
+    return make_splits(PRESETS[PRESET], 0, n, SPLIT_SEED)[1]
+
+
+def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0) -> dict:
+    """Greedy (and sampled) evaluation of ``model_dir`` on the first n held-out tasks; cached in ``out``."""
+    from rlft.eval.countdown import evaluate_countdown
+    from rlft.models import load_model, load_tokenizer, pick_device
+    from rlft.rollout.base import SamplingParams
+    from rlft.rollout.hf import HFEngine
+    from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
+
+    modes = [("greedy", SamplingParams(k=1, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS))]
+    if sampled:
+        modes.append(("sampled", SamplingParams(k=4, temperature=0.6, top_p=0.95, max_new_tokens=MAX_NEW_TOKENS, seed=seed)))
+    results = {}
+    tasks = heldout(n)
+    model = tokenizer = None
+    for mode, params in modes:
+        path = out / f"eval_{mode}_{n}.json"
+        if path.exists():
+            results[mode] = json.loads(path.read_text())
+            continue
+        if model is None:
+            spec = pick_device("cpu", "float32")
+            tokenizer, model = load_tokenizer(str(model_dir)), load_model(str(model_dir), spec)
+        engine = HFEngine(model, tokenizer, batch_size=64, add_special_tokens=adds_special_tokens(PROMPT))
+        t0 = time.perf_counter()
+        result = evaluate_countdown(engine, tasks, [render_prompt(PROMPT, t, tokenizer) for t in tasks], params)
+        data = {**result.to_dict(), "eval_s": time.perf_counter() - t0}
+        path.write_text(json.dumps(data))
+        results[mode] = data
+        log.info("%s %s on %d tasks: score %.4f", model_dir, mode, n, result.mean_score)
+    return results
+
+
+def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n: int, sampled: bool, sft_step_s: float) -> None:
+    spec = VARIANTS[name]
+    folder = out / name / f"s{seed}"
+    if (folder / f"eval_greedy_{n}.json").exists() and (not sampled or (folder / f"eval_sampled_{n}.json").exists()):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    model_dir = folder / "run" / "model"
+    if not model_dir.exists():
+        t0 = time.perf_counter()
+        options = {k: v for k, v in spec.items() if k != "kind"}
+        if spec["kind"] == "rl":
+            from rlft.recipes.rl import RLConfig, train_rl
+
+            cfg = RLConfig(**{**RL_BASE, **options, "model": str(sft), "output_dir": str(folder / "run"), "seed": seed,
+                              "resume": (folder / "run" / "checkpoints").exists(), **({"max_steps": steps} if steps else {})})
+            train_rl(cfg)
+        elif spec["kind"] == "dpo":
+            from rlft.recipes.dpo import DPOConfig, train_dpo
+            from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
+
+            pairs = folder / "pairs.jsonl"
+            if not pairs.exists():  # 2 samples per prompt: as many samples as an RL run's 30 steps x 64
+                make_countdown_pairs(PairsConfig(model=str(sft), preset=PRESET, num_prompts=960, start=seed * 960,
+                                                 split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
+                                                 num_samples=2, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, batch_size=64,
+                                                 output=str(pairs), seed=seed, device="cpu", dtype="float32"))
+            train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
+                                batch_size=32, micro_batch_size=32, epochs=2.0, seed=seed, save_every=0, device="cpu", dtype="float32"))
+        else:  # continued SFT for the wall-clock of the matching RL run
+            from rlft.recipes.sft import SFTConfig, train_sft
+
+            budget = rl_wallclock(out, seed)
+            sft_steps = max(1, round(budget / sft_step_s))
+            train_sft(SFTConfig(**options, model=str(sft), data="countdown", preset=PRESET, num_train=3000,
+                                heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, trace_style="direct", prompt_template=PROMPT,
+                                output_dir=str(folder / "run"), batch_size=16, micro_batch_size=16, max_steps=sft_steps,
+                                schedule="constant", warmup_ratio=0.0, seed=seed, save_every=0, device="cpu", dtype="float32"))
+        (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+    evaluate(model_dir, folder, n, sampled, seed)
+
+
+def rl_wallclock(out: Path, seed: int) -> float:
+    """Median training seconds of the finished RL variants of ``seed`` (the continued-SFT budget)."""
+    times = sorted(json.loads(p.read_text())["seconds"] for name, spec in VARIANTS.items() if spec["kind"] == "rl"
+                   for p in [out / name / f"s{seed}" / "train_time.json"] if p.exists())
+    if not times:
+        raise SystemExit("sft_continued needs a finished RL variant of the same seed first (its wall-clock is the budget)")
+    return times[len(times) // 2]
+
+
+def paired(a: dict, b: dict) -> dict:
+    from rlft.eval.countdown import paired_difference
+
+    return paired_difference(a["task_scores"], b["task_scores"])
+
+
+def report(out: Path, n: int, sft_dir: Path) -> str:
+    """Markdown table of every finished variant/seed vs the SFT start, and a plot of score vs samples seen."""
+    sft = evaluate(sft_dir, out / "sft_start", n, sampled=(out / "sft_start" / f"eval_sampled_{n}.json").exists())
+    rows = ["| variant | seed | greedy score | paired vs SFT [95% CI] | better/worse | sampled score | pass@1 | pass@4 | train s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    s = sft["greedy"]
+    sampled = sft.get("sampled")
+    rows.append(f"| SFT start | - | {s['mean_score']:.3f} | - | - | {sampled['mean_score'] if sampled else float('nan'):.3f} | "
+                f"{sampled['pass_at_k']['1'] if sampled else float('nan'):.3f} | {sampled['pass_at_k']['4'] if sampled else float('nan'):.3f} | - |")
+    for name in VARIANTS:
+        for folder in sorted((out / name).glob("s*")) if (out / name).exists() else []:
+            path = folder / f"eval_greedy_{n}.json"
+            if not path.exists():
+                continue
+            g = json.loads(path.read_text())
+            d = paired(g, s)
+            sp = folder / f"eval_sampled_{n}.json"
+            smp = json.loads(sp.read_text()) if sp.exists() else None
+            t = json.loads((folder / "train_time.json").read_text())["seconds"] if (folder / "train_time.json").exists() else float("nan")
+            extra = "-"
+            if smp and sampled:
+                ds = paired(smp, sampled)
+                extra = f"{smp['mean_score']:.3f} ({ds['diff']:+.3f} [{ds['ci_low']:+.3f}, {ds['ci_high']:+.3f}])"
+            rows.append(f"| {name} | {folder.name[1:]} | {g['mean_score']:.3f} | {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | "
+                        f"{d['better']}/{d['worse']} | {extra} | {smp['pass_at_k']['1'] if smp else float('nan'):.3f} | "
+                        f"{smp['pass_at_k']['4'] if smp else float('nan'):.3f} | {t:.0f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run", "report", "list"])
+    parser.add_argument("--sft", type=Path, default=Path("runs/exp/sft/model"))
+    parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
+    parser.add_argument("--variants", nargs="*", default=[])
+    parser.add_argument("--seeds", nargs="*", type=int, default=[0])
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: RL_BASE's)")
+    parser.add_argument("--tasks", type=int, default=200, help="held-out tasks scored (the first N of the 500+ set)")
+    parser.add_argument("--sampled", action="store_true", help="also the sampled evaluation (T=0.6, top-p 0.95, 4 samples)")
+    parser.add_argument("--sft-step-s", type=float, default=6.0, help="seconds per SFT step (for the continued-SFT budget)")
+    args = parser.parse_args(argv)
+    from rlft.console import setup_logging
+
+    setup_logging()
+    if args.command == "list":
+        print("\n".join(f"{k}: {v}" for k, v in VARIANTS.items()))
+        return
+    if args.command == "run":
+        evaluate(args.sft, args.out / "sft_start", args.tasks, args.sampled)
+        for seed in args.seeds:
+            for name in args.variants:
+                if name not in VARIANTS:
+                    sys.exit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+                run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s)
+    print(report(args.out, args.tasks, args.sft))
+
+
+if __name__ == "__main__":
+    main()

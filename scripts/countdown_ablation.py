@@ -34,8 +34,8 @@ MAX_NEW_TOKENS = 64
 # Shared by every RL variant: 8 prompts x k=8 per step, T=1, no KL (the update regime is what varies).
 RL_BASE = dict(preset=PRESET, num_train=20000, heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, prompt_template=PROMPT,
                k=8, prompts_per_step=8, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, beta=0.0, micro_batch_size=32,
-               gen_batch_size=64, save_every=5, keep_checkpoints=1, eval_every=0, eval_limit=200, eval_max_new_tokens=MAX_NEW_TOKENS,
-               eval_at_start=False, max_steps=30, device="cpu", dtype="float32")
+               gen_batch_size=64, save_every=5, keep_checkpoints=1, eval_every=10, eval_limit=100, eval_max_new_tokens=MAX_NEW_TOKENS,
+               eval_at_start=False, max_steps=30, max_prompt_batches=3, device="cpu", dtype="float32")
 
 VARIANTS: dict[str, dict] = {
     # full fine-tuning at the rates small-model RL uses
@@ -185,9 +185,35 @@ def report(out: Path, n: int, sft_dir: Path) -> str:
     return "\n".join(rows)
 
 
+def sft_curve(run: Path, out: Path, n: int, every: int) -> list[dict]:
+    """Greedy held-out score of an SFT run's checkpoints (every ``every`` steps) and final model: the
+    convergence curve. Cached per checkpoint in ``out/sft_curve/step-N``; plotted to ``out/sft_curve.png``."""
+    from rlft.checkpoint import read_metrics
+    from rlft.eval.report import plot_curve
+
+    points = []
+    for ckpt in sorted((run / "checkpoints").glob("step-*")):
+        step = int(ckpt.name.split("-")[1])
+        if step % every == 0:
+            points.append((step, ckpt))
+    final_step = max((r["step"] for r in read_metrics(run / "metrics.jsonl")), default=0)
+    if (run / "model").exists():
+        points.append((final_step, run / "model"))
+    curve = []
+    for step, folder in points:
+        result = evaluate(folder, out / "sft_curve" / f"step-{step}", n, sampled=False)["greedy"]
+        curve.append({"step": step, "score": result["mean_score"], "accuracy": result["accuracy"]})
+    (out / "sft_curve.json").write_text(json.dumps(curve, indent=2))
+    plot_curve([{"step": c["step"], "eval/score": c["score"]} for c in curve], "eval/score", out / "sft_curve.png",
+               title=f"SFT on 3,000 medium3 traces: greedy score on {n} held-out tasks", smooth=10**6)
+    return curve
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "report", "list"])
+    parser.add_argument("command", choices=["run", "report", "list", "sft-curve"])
+    parser.add_argument("--sft-run", type=Path, default=Path("runs/exp/sft"), help="sft-curve: the SFT run folder")
+    parser.add_argument("--every", type=int, default=50, help="sft-curve: evaluate every N-th step's checkpoint")
     parser.add_argument("--sft", type=Path, default=Path("runs/exp/sft/model"))
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--variants", nargs="*", default=[])
@@ -200,6 +226,10 @@ def main(argv: list[str] | None = None) -> None:
     from rlft.console import setup_logging
 
     setup_logging()
+    if args.command == "sft-curve":
+        for point in sft_curve(args.sft_run, args.out, args.tasks, args.every):
+            print(point)
+        return
     if args.command == "list":
         print("\n".join(f"{k}: {v}" for k, v in VARIANTS.items()))
         return

@@ -37,6 +37,7 @@ from rlft.data.files import DataError, read_rows, write_jsonl
 from rlft.eval.report import markdown_table
 from rlft.eval.stats import Z_95
 from rlft.rewards.reward_model import Messages, as_messages
+from rlft.validation import validate_options
 
 log = logging.getLogger("rlft")
 
@@ -91,6 +92,9 @@ class WinrateConfig:
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
 
 
 # --------------------------------------------------------------------------- arithmetic

@@ -33,6 +33,7 @@ from rlft.recipes.dpo import DPOConfig, train_dpo
 from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
 from rlft.recipes.rloo import RLOOConfig, train_rloo
 from rlft.recipes.sft import SFTConfig, train_sft
+from rlft.validation import validate_options
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.generator import PRESETS, generate_tasks, make_splits
@@ -194,6 +195,9 @@ class DemoConfig:
     """UltraFeedback track: added to the reward-model score of RLOO samples that hit uf_max_new_tokens without
     ending their turn (about one Bradley-Terry logit: a reply that finishes beats a cut one unless the reward
     model rates the cut one a logit higher); None: off."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
 
     def effective(self) -> "DemoConfig":
         """This config, with the small sizes of ``--quick`` applied when it is set."""

@@ -98,6 +98,7 @@ from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import HFEngine, encode_prompts
 from rlft.tasks.countdown.prompts import adds_special_tokens
 from rlft.types import CountdownTask, TokenBatch
+from rlft.validation import validate_options
 
 log = logging.getLogger("rlft")
 
@@ -227,6 +228,12 @@ class RLOOConfig:
     """How many recent checkpoints to keep."""
     resume: bool = False
     """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, step)."""
+    overwrite: bool = False
+    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
+    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
+    resume_override: tuple[str, ...] = ()
+    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
+    difference is refused. A longer --max-steps needs no override."""
     seed: int = 0
     """Seed of the prompt order and of sampling (step s samples with a seed derived from seed and s)."""
     device: str = "auto"
@@ -235,6 +242,7 @@ class RLOOConfig:
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
 
     def __post_init__(self) -> None:
+        validate_options(self)
         if self.k < 2:
             raise ValueError(f"RLOO needs k >= 2 samples per prompt (the leave-one-out baseline of a sample is the mean of the others), got k={self.k}")
         for name in ("prompts_per_step", "max_steps", "ppo_epochs", "micro_batch_size", "gen_batch_size", "max_new_tokens", "eval_limit", "eval_max_new_tokens"):

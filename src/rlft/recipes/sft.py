@@ -49,6 +49,7 @@ from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
+from rlft.validation import require, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -124,10 +125,21 @@ class SFTConfig:
     """How many recent checkpoints to keep."""
     resume: bool = False
     """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, data position)."""
+    overwrite: bool = False
+    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
+    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
+    resume_override: tuple[str, ...] = ()
+    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
+    difference is refused. A longer --max-steps needs no override."""
     device: str = "auto"
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
+        require(self.batch_size % self.micro_batch_size == 0,
+                f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
 
 
 def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:

@@ -69,7 +69,7 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
-from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.validation import OptionError, validate_options
 
 log = logging.getLogger("rlft")
@@ -517,11 +517,12 @@ def train_dpo(cfg: DPOConfig) -> Path:
     """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``)."""
     _validate(cfg)
     loss_fn = build_preference_loss(cfg)
-    run_dir = start_run_dir(cfg.output_dir, cfg)
+    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     pairs, stats = load_tokenized_pairs(cfg, tokenizer)
+    run_dir = run.open()
     (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     ref = reference_logprobs(cfg, pairs, tokenizer.pad_token_id, spec, run_dir)
 
@@ -561,8 +562,9 @@ def train_dpo(cfg: DPOConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     final = run_dir / "model"
     save_model_folder(final, model, tokenizer)
+    write_run_config(run_dir, cfg)
     console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
     return final

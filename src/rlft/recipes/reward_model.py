@@ -48,7 +48,7 @@ from rlft.console import console, training_progress
 from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
-from rlft.recipes.common import TrainingSetup, batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.validation import OptionError, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, score_head, sequence_rewards
 
@@ -310,7 +310,7 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
 def train_rm(cfg: RMConfig) -> Path:
     """Train a reward model as configured; returns the folder of the final model (``output_dir/model``)."""
     _validate(cfg)
-    run_dir = start_run_dir(cfg.output_dir, cfg)
+    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
@@ -328,6 +328,7 @@ def train_rm(cfg: RMConfig) -> Path:
     if not heldout:
         log.warning("no held-out pairs: pairwise accuracy is not evaluated (set --eval-fraction, --eval-split or --eval-data)")
     pad_id = tokenizer.pad_token_id
+    run_dir = run.open()
 
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
@@ -371,11 +372,12 @@ def train_rm(cfg: RMConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=info)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and not is_last:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     if heldout and last_eval is None:  # resumed a run that had already finished its steps
         last_eval = run_eval()
     final = run_dir / "model"
     save_model_folder(final, model, tokenizer)
+    write_run_config(run_dir, cfg)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
     summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"loaded": loaded, "train": train_counts, "eval": eval_counts}}
     (run_dir / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")

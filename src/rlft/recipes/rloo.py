@@ -92,7 +92,7 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.pg import kl_loss, kl_penalty, policy_gradient_loss, rloo_advantages
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
 from rlft.ops import masked_mean, masked_sum, sequence_logprobs
-from rlft.recipes.common import batch_indices, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import batch_indices, claim_run_dir, optimizer_step, prepare_training, write_run_config
 from rlft.rewards.registry import RewardFunction, get_reward_function
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import HFEngine, encode_prompts
@@ -594,6 +594,7 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
     ``reward_fn`` overrides the configured reward (a rule function ``(prompts, completions,
     ground_truths)``, for programmatic use and tests; see :func:`make_reward`).
     """
+    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
     chat = cfg.prompts_data is not None
@@ -603,10 +604,10 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
 
         ensure_chat_template(tokenizer, cfg.chat_template)  # None: the tokenizer's own, required on the chat track
     reward = make_reward(cfg, reward_fn)  # once: the loop calls reward.fn
-    run_dir = start_run_dir(cfg.output_dir, cfg)
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     prompts, eval_prompts, eval_tasks = load_prompts(cfg, tokenizer)
+    run_dir = run.open()
     evaluate_on = bool(cfg.eval_every and eval_prompts)
 
     def evaluate() -> dict[str, float]:
@@ -747,8 +748,9 @@ def train_rloo(cfg: RLOOConfig, *, reward_fn: RewardFunction | None = None) -> P
             info = f"reward {record['reward/mean']:.3f}" + (f"  kl {record['kl/mean']:.4f}" if "kl/mean" in record else "")
             progress.update(bar, advance=1, info=info)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     final = run_dir / "model"
     save_model_folder(final, model, tokenizer)
+    write_run_config(run_dir, cfg)
     console.print(f"[green]RLOO done[/]: model saved to {final}")
     return final

@@ -46,7 +46,7 @@ from rlft.data.preferences import ChatExample, load_chat_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
-from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
 from rlft.validation import require, validate_options
@@ -315,11 +315,12 @@ def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``)."""
     if cfg.batch_size % cfg.micro_batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
-    run_dir = start_run_dir(cfg.output_dir, cfg)
+    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     examples, stats = load_sft_examples(cfg, tokenizer)
+    run_dir = run.open()
     (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
 
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
@@ -357,8 +358,9 @@ def train_sft(cfg: SFTConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     final = run_dir / "model"
     save_model_folder(final, model, tokenizer)
+    write_run_config(run_dir, cfg)
     console.print(f"[green]SFT done[/]: model saved to {final}")
     return final

@@ -129,16 +129,15 @@ def load_config_defaults(cls: type, path: str):
 
 
 _BOX = re.compile(r"^[\s\u2500-\u257f]+|[\s\u2500-\u257f]+$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _tyro_message(text: str) -> str:
-    """The first line of a tyro error panel, without its box-drawing frame."""
-    lines = [_BOX.sub("", line) for line in text.splitlines()]
-    body = [line for line in lines if line]
-    title = next((line for line in text.splitlines() if "\u256d" in line), "")
-    title = _BOX.sub("", title.replace("\u256d", "")).strip("─ ").strip()
-    first = body[1] if len(body) > 1 and title and body[0] == title else (body[0] if body else "invalid arguments")
-    return first
+    """The first line inside a tyro error panel: its title (in the top border, or alone on the first
+    line when the stream cannot draw boxes), frame and rules dropped."""
+    lines = [line for line in _ANSI.sub("", text).splitlines() if line.strip()]
+    body = [_BOX.sub("", line.strip(" |+")) for line in lines[1:]]  # lines[0]: the title
+    return next((line for line in body if line.strip("-=_ ")), "invalid arguments")
 
 
 def parse_config(cls: type, rest: list[str], name: str, help_: str, default: Any = None):

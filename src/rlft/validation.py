@@ -8,7 +8,9 @@ One generic check, driven by the field's type and name, so a new config gets it 
   must be finite. tyro already enforces this for flags; YAML values (``--config``) and programmatic
   configs get the same check here.
 - **ranges**, by field name (exact, else the longest ``_``-separated suffix, so ``dpo_lr`` and
-  ``head_lr`` follow ``lr``, ``sft_steps`` follows ``steps``): see :data:`RULES`.
+  ``head_lr`` follow ``lr``, ``sft_steps`` follows ``steps``): see :data:`RULES`;
+- **choices** of string options whose values live elsewhere (``--preset``, ``--prompt-template``,
+  ``--device``, ``--dtype``): see :data:`CHOICES`.
 
 A violation raises :class:`OptionError` naming the option as a flag (``--max-steps``); the command line
 prints it as ``rlft <command>: error: <message>`` and exits with code 2.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import fields
@@ -87,6 +90,29 @@ RULES: dict[str, Rule] = {
 type allows it) always passes: it means unset."""
 
 
+def _presets() -> list[str]:
+    from rlft.tasks.countdown.generator import PRESETS
+
+    return sorted(PRESETS)
+
+
+def _prompt_templates() -> list[str]:
+    from rlft.tasks.countdown.prompts import PROMPT_TEMPLATES
+
+    return sorted(PROMPT_TEMPLATES)
+
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+CHOICES: dict[str, tuple[Callable[[str], bool], Callable[[], str]]] = {
+    "dtype": (lambda v: v in ("auto", "float32", "bfloat16", "float16"), lambda: "one of 'auto', 'float32', 'bfloat16', 'float16'"),
+    "device": (lambda v: bool(_DEVICE.match(v)), lambda: "'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
+    "preset": (lambda v: v in _presets(), lambda: "one of " + ", ".join(map(repr, _presets()))),
+    "prompt_template": (lambda v: v in _prompt_templates(), lambda: "one of " + ", ".join(map(repr, _prompt_templates()))),
+    "trace_style": (lambda v: v in ("direct", "search"), lambda: "one of 'direct', 'search'"),
+}
+"""Enumerations typed ``str`` (the choices live elsewhere), by field name: ``(is valid, what is)``."""
+
+
 def rule_for(name: str) -> Rule | None:
     """The rule of a field: its exact name, else the longest ``_``-suffix with a rule (``uf_rm_head_lr`` -> ``lr``)."""
     parts = name.split("_")
@@ -107,7 +133,7 @@ def _describe(annotation: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_describe(a) for a in typing.get_args(annotation))
     if origin in (tuple, list):
-        return f"a list of {_describe(typing.get_args(annotation)[0])}s"
+        return f"a list of {_describe(typing.get_args(annotation)[0]).removeprefix('a ').removeprefix('an ')}s"
     if annotation is type(None):
         return "None"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(annotation, str(annotation))
@@ -148,6 +174,10 @@ def validate_options(cfg: Any) -> None:
         value, annotation = getattr(cfg, f.name), hints.get(f.name, Any)
         if not type_matches(value, annotation):
             raise OptionError(f"{flag(f.name)}: expected {_describe(annotation)}, got {value!r}")
+        if isinstance(value, str) and f.name in CHOICES:
+            valid, expected = CHOICES[f.name]
+            if not valid(value):
+                raise OptionError(f"{flag(f.name)}: expected {expected()}, got {value!r}")
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if isinstance(value, float) and not math.isfinite(value):

@@ -55,6 +55,8 @@ OPTION_CASES = [
     (["eval", "winrate", "--timeout", "0"], "rlft eval winrate: error: --timeout must be > 0, got 0.0"),
     (["pairs", "countdown", "--num-samples", "1"], "rlft pairs countdown: error: num_samples must be >= 2 to form a pair, got 1"),
     (["dpo", "--loss-type", "kto"], "rlft dpo: error: invalid choice 'kto' for argument '--loss-type'. Expected one of ('dpo', 'ipo', 'rpo')."),
+    (["sft", "--preset", "hard"], "rlft sft: error: --preset: expected one of 'cog_behav', 'easy3', 'medium3', 'standard', 'tiny', got 'hard'"),
+    (["eval", "countdown", "--dtype", "float64"], "rlft eval countdown: error: --dtype: expected one of 'auto', 'float32', 'bfloat16', 'float16', got 'float64'"),
     (["sft", "--no-such-option", "1"], "rlft sft: error: Unrecognized options: --no-such-option, 1"),
 ]
 

@@ -79,6 +79,8 @@ def _coerce(value: Any, annotation: Any) -> Any:
     string to YAML 1.1); a YAML list for a tuple field, as a tuple. Anything else is returned as is
     (the config's own validation judges it)."""
     args = typing.get_args(annotation) if typing.get_origin(annotation) is not None else (annotation,)
+    if value == "None" and type(None) in args:  # as the flag reads it
+        return None
     if isinstance(value, str) and float in args and int not in args:
         try:
             return float(value)

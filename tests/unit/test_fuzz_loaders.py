@@ -1,5 +1,6 @@
 """Fuzzed loaders: random bytes, random JSON and random field types given to every loader (JSONL,
-JSON, Parquet; the H4 / flattened / HH / HH-prompt / chat (SmolTalk) / Countdown layouts) either
+JSON, Parquet; the H4 / flattened / HH / HH-prompt / chat (SmolTalk) / Countdown layouts, SFT's and DPO's
+plain-text rows) either
 yield valid records or raise rlft's own :class:`~rlft.data.files.DataError` naming the file and a
 row, never another exception type. Bounded: a few seconds in all."""
 
@@ -16,8 +17,11 @@ from hypothesis import strategies as st
 
 from rlft.data.files import DataError, read_rows
 from rlft.data.preferences import ChatExample, PreferencePair, load_chat_examples, load_preference_pairs
+from rlft.recipes.dpo import DPOConfig, TextPair, read_text_pairs
+from rlft.recipes.sft import SOURCES as SFT_SOURCES
+from rlft.recipes.sft import SFTConfig
 from rlft.tasks.countdown.loaders import load_countdown
-from rlft.types import CountdownTask
+from rlft.types import CountdownTask, PromptCompletion
 
 FUZZ = settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -40,6 +44,7 @@ LAYOUT_KEYS = {
     "verl": ["reward_model"],
     "cog_behav": ["query", "completion"],
 }
+LAYOUT_KEYS["text"] += ["completion"]  # SFT prompt/completion rows
 rows = st.one_of(
     *(st.dictionaries(st.sampled_from(keys), field_values, max_size=len(keys)) for keys in LAYOUT_KEYS.values()),
     json_values,
@@ -53,9 +58,14 @@ LOADERS = {
     "countdown": lambda path: load_countdown(path),
     "countdown_skip": lambda path: load_countdown(path, skip_invalid=True),
     "rows": lambda path: [r for _, r in read_rows(path) if not isinstance(r, DataError)],
+    "dpo_text": lambda path: read_text_pairs(DPOConfig(data=str(path)))[0],
+    "dpo_text_skip": lambda path: read_text_pairs(DPOConfig(data=str(path), skip_invalid=True))[0],
+    "sft_text": lambda path: SFT_SOURCES["prompt_completion"](SFTConfig(data=str(path)), None)[0],
+    "sft_cog_behav_skip": lambda path: SFT_SOURCES["cog_behav"](SFTConfig(data=str(path), skip_invalid=True), None)[0],
 }
 RECORD = {"pairs": PreferencePair, "pairs_skip": PreferencePair, "chat": ChatExample, "chat_skip": ChatExample,
-          "countdown": CountdownTask, "countdown_skip": CountdownTask, "rows": dict}
+          "countdown": CountdownTask, "countdown_skip": CountdownTask, "rows": dict, "dpo_text": TextPair,
+          "dpo_text_skip": TextPair, "sft_text": PromptCompletion, "sft_cog_behav_skip": PromptCompletion}
 
 
 def check(loader: str, path: Path) -> None:
@@ -64,7 +74,7 @@ def check(loader: str, path: Path) -> None:
         records = LOADERS[loader](path)
     except DataError as e:
         assert str(e).startswith(f"{path}: row "), str(e)
-        assert re.match(rf"{re.escape(str(path))}: row \d+: field '[^']*': .+", str(e), re.DOTALL), str(e)
+        assert re.match(rf"{re.escape(str(path))}: row \d+: field '[^']*': \S.*", str(e), re.DOTALL), str(e)  # a reason is given
         return
     assert all(isinstance(r, RECORD[loader]) for r in records)
     if loader.startswith("countdown"):
@@ -147,6 +157,14 @@ def test_parquet_with_unknown_columns_lists_them(tmp_path):
     pq.write_table(pa.Table.from_pylist([{"prompt": "q", "answer": "a"}]), path)
     with pytest.raises(DataError, match=r"unknown layout with columns \['prompt', 'answer'\]"):
         load_preference_pairs(path)
+
+
+def test_a_json_string_line_is_not_taken_for_a_parse_error(tmp_path):
+    path = tmp_path / "strings.jsonl"
+    path.write_text('""\n"hello"\n')
+    rows = list(read_rows(path))
+    assert [str(e) for _, e in rows] == [f"{path}: row 0: field '<line>': expected a JSON object, got str",
+                                         f"{path}: row 1: field '<line>': expected a JSON object, got str"]
 
 
 def test_directory_is_called_a_directory(tmp_path):

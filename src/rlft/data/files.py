@@ -62,8 +62,8 @@ def read_rows(
             )
         rows = _read_local(path, columns)
         for i, row in enumerate(rows[start:stop], start=start):
-            if isinstance(row, str):  # a line that did not parse: _read_local kept the reason
-                yield i, DataError(str(source), i, "<line>", row)
+            if isinstance(row, _BadLine):  # a line that did not parse: _read_local kept the reason
+                yield i, DataError(str(source), i, "<line>", row.reason)
             elif not isinstance(row, dict):
                 yield i, DataError(str(source), i, "<line>", f"expected a JSON object, got {type(row).__name__}")
             else:
@@ -132,8 +132,15 @@ def _decode_lines(data: bytes) -> list[str | UnicodeDecodeError]:
     return out
 
 
+class _BadLine:
+    """A line that did not parse, with the reason (kept in place of its row)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
 def _read_local(path: Path, columns: list[str] | None) -> list:
-    """All rows of a file: dicts, other JSON values, or a string saying why a line did not parse."""
+    """All rows of a file: dicts, other JSON values, or a :class:`_BadLine` saying why a line did not parse."""
     if path.suffix == ".parquet":
         return _read_parquet(path, columns)
     if path.suffix == ".gz":
@@ -157,16 +164,16 @@ def _read_local(path: Path, columns: list[str] | None) -> list:
     rows: list = []
     for number, line in enumerate(lines, start=1):
         if isinstance(line, UnicodeDecodeError):
-            rows.append(f"line {number}: not valid UTF-8 (byte 0x{line.object[line.start]:02x} at column {line.start + 1})")
+            rows.append(_BadLine(f"line {number}: not valid UTF-8 (byte 0x{line.object[line.start]:02x} at column {line.start + 1})"))
             continue
         if not line.strip():
             continue
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            rows.append(f"line {number}: not valid JSON ({e.msg})")
+            rows.append(_BadLine(f"line {number}: not valid JSON ({e.msg})"))
         except RecursionError:
-            rows.append(f"line {number}: not valid JSON (nested too deeply)")
+            rows.append(_BadLine(f"line {number}: not valid JSON (nested too deeply)"))
     return rows
 
 

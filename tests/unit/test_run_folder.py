@@ -199,3 +199,16 @@ def test_claim_checks(tmp_path, tiny_model_dir):
         claim_run_dir(replace(cfg, output_dir=str(tmp_path / "z"), resume=True, resume_override=("learning_rate",)))
     with pytest.raises(OptionError, match="--resume and --overwrite contradict"):
         replace(cfg, resume=True, overwrite=True)
+
+
+def test_demo_folder_holding_an_earlier_demo_is_refused(tmp_path):
+    from rlft.recipes.demo import DemoConfig
+    from rlft.recipes.demo import run_demo
+
+    folder = tmp_path / "runs" / "countdown"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("name: countdown\n")
+    with pytest.raises(RunFolderError) as info:
+        run_demo(DemoConfig(runs_dir=str(tmp_path / "runs")))
+    assert str(info.value).startswith(f"output folder {folder} already holds a run (config.yaml); pass --resume")
+    assert (folder / "config.yaml").read_text() == "name: countdown\n"

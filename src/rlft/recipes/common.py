@@ -112,9 +112,14 @@ def prepare_training(
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adamw' or 'sgd'")
     build = load or load_model
-    ckpt, model, state = (_newest_usable_checkpoint(run_dir, build, spec) if resume else (None, None, None))
+
+    def load_from(folder: Path | None) -> torch.nn.Module:
+        """The model of checkpoint ``folder``, or (None) the initial ``model_name``."""
+        return build(str(folder) if folder is not None else model_name, spec)
+
+    ckpt, model, state = _newest_usable_checkpoint(run_dir, load_from) if resume else (None, None, None)
     if model is None:
-        model = build(model_name, spec)
+        model = load_from(None)
     model.train()
     params = param_groups(model) if param_groups is not None else model.parameters()
     optim = OPTIMIZERS[optimizer](params, lr=lr, weight_decay=weight_decay)
@@ -128,16 +133,17 @@ def prepare_training(
     return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt)
 
 
-def _newest_usable_checkpoint(run_dir: Path, build, spec):
-    """``(folder, model, trainer_state)`` of the newest checkpoint that verifies and loads, or
-    ``(None, None, None)`` when there is none and no metrics; see :func:`prepare_training`."""
+def _newest_usable_checkpoint(run_dir: Path, load_from: Callable[[Path], torch.nn.Module]):
+    """``(folder, model, trainer_state)`` of the newest checkpoint that verifies and whose state and
+    model (``load_from(folder)``) load, or ``(None, None, None)`` when there is none and no metrics;
+    see :func:`prepare_training`."""
     problems = []
     for folder in checkpoint_folders(run_dir):
         problem = checkpoint_problem(folder)
         if problem is None:
             try:
                 state = read_trainer_state(folder)
-                model = build(str(folder), spec)
+                model = load_from(folder)
             except Exception as e:  # a damaged file the manifest could not catch (or an older checkpoint)
                 problem = f"does not load ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             else:

@@ -212,3 +212,17 @@ def test_demo_folder_holding_an_earlier_demo_is_refused(tmp_path):
         run_demo(DemoConfig(runs_dir=str(tmp_path / "runs")))
     assert str(info.value).startswith(f"output folder {folder} already holds a run (config.yaml); pass --resume")
     assert (folder / "config.yaml").read_text() == "name: countdown\n"
+
+
+def test_checkpoint_without_manifest_that_does_not_load_falls_back(finished, tmp_path, monkeypatch, rlft_log):
+    """An older checkpoint (no manifest.json) whose trainer_state.pt is cut short: caught when loading."""
+    run = interrupted_run(finished, tmp_path, monkeypatch)
+    newest = run / "checkpoints" / "step-00000006"
+    (newest / "manifest.json").unlink()
+    state = newest / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    assert checkpoint_problem(newest) is None  # nothing to check it against: only loading tells
+    train_sft(replace(finished["cfg"], output_dir=str(run), resume=True))
+    assert "--resume: skipped damaged checkpoint(s) step-00000006: does not load (" in rlft_log.text
+    assert "resuming from step-00000004 instead" in rlft_log.text
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 9))

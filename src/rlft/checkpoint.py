@@ -3,7 +3,7 @@
 Layout of a run directory::
 
     run_dir/
-      checkpoints/step-00000050/   HF model folder (+ tokenizer) and trainer_state.pt
+      checkpoints/step-00000050/   HF model folder (+ tokenizer), trainer_state.pt, manifest.json
       checkpoints/latest           text file naming the newest complete checkpoint
       model/                       the final model, a standard HF folder
       metrics.jsonl                one JSON object per logged step
@@ -11,11 +11,17 @@ Layout of a run directory::
 A checkpoint is written to a temporary folder and renamed into place, and ``latest`` is replaced
 atomically afterwards, so a kill at any moment leaves either the old or the new checkpoint, never a
 half-written one. ``trainer_state.pt`` holds the optimizer, scheduler, RNG states and the step.
+``manifest.json``, written last, lists every file of the checkpoint with its size and SHA-256, so a
+checkpoint damaged later (a file deleted or cut short, a disk error) is recognised
+(:func:`checkpoint_problem`) and resuming falls back to the previous one. Hidden ``.step-*`` /
+``.model.*`` folders are saves killed mid-write; :func:`remove_partial_saves` deletes them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -24,6 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+log = logging.getLogger("rlft")
+
+MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state.pt"
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -35,10 +46,77 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_model_folder(folder: Path, model, tokenizer, extra: dict[str, object] | None = None) -> None:
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """Write ``folder/manifest.json``: every other file's relative path, size and SHA-256."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    _atomic_write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1))
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why the checkpoint ``folder`` cannot be resumed from, or None when it is complete.
+
+    With a ``manifest.json``: every listed file must exist with its size and SHA-256. Without one (a
+    checkpoint from an older rlft): ``trainer_state.pt`` and a weights file must exist.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "not a folder"
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        if not (folder / TRAINER_STATE).is_file():
+            return f"{TRAINER_STATE} is missing"
+        if not any(folder.glob("*.safetensors")) and not any(folder.glob("pytorch_model*.bin")):
+            return "no weights file (*.safetensors)"
+        return None
+    try:
+        entries = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return f"{MANIFEST} is unreadable"
+    for name, entry in entries.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, expected {entry['size']} (cut short?)"
+        if _sha256(path) != entry["sha256"]:
+            return f"{name} does not match its SHA-256 in {MANIFEST} (damaged)"
+    return None
+
+
+def remove_partial_saves(run_dir: Path) -> list[str]:
+    """Delete the leftovers of saves killed mid-write (hidden ``.step-*``, ``.model.*``, ``.latest.*``
+    and temp files) in ``run_dir`` and ``run_dir/checkpoints``; returns their names (also logged)."""
+    run_dir = Path(run_dir)
+    removed = []
+    prefixes = (".step-", ".model.", ".latest.", ".config.yaml.", ".metrics.jsonl.", ".data_stats.json")
+    for parent in (run_dir, run_dir / "checkpoints"):
+        if not parent.is_dir():
+            continue
+        for entry in sorted(parent.iterdir()):
+            if entry.name.startswith(prefixes):
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+                removed.append(str(entry.relative_to(run_dir)))
+    if removed:
+        log.info("removed %d partial save(s) left by an interrupted run: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def save_model_folder(folder: Path, model, tokenizer, extra: dict[str, object] | None = None, manifest: bool = False) -> None:
     """Save ``model`` and ``tokenizer`` as a standard HF folder, atomically (temp + rename).
 
-    ``extra`` maps file names to objects saved with ``torch.save`` inside the same folder.
+    ``extra`` maps file names to objects saved with ``torch.save`` inside the same folder;
+    ``manifest``: write ``manifest.json`` (sizes and hashes, :func:`write_manifest`) last.
     """
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -49,6 +127,8 @@ def save_model_folder(folder: Path, model, tokenizer, extra: dict[str, object] |
             tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             torch.save(obj, tmp / name)
+        if manifest:
+            write_manifest(tmp)
         if folder.exists():
             old = folder.with_name(f".{folder.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -76,8 +156,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, extra_state: dict | None = None, keep: int = 2) -> Path:
-    """Write ``run_dir/checkpoints/step-XXXXXXXX`` atomically, point ``latest`` at it, prune old ones.
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, extra_state: dict | None = None, keep: int = 2,
+                    config=None) -> Path:
+    """Write ``run_dir/checkpoints/step-XXXXXXXX`` atomically (with its manifest), point ``latest`` at
+    it, keep the newest ``keep`` checkpoints. ``config`` (the run's config dataclass): also write
+    ``run_dir/config.yaml`` (:func:`rlft.run_folder.write_run_config`) once the checkpoint is complete.
 
     Returns the checkpoint folder.
     """
@@ -90,25 +173,46 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sched
         "rng": rng_state(),
         **(extra_state or {}),
     }
-    save_model_folder(folder, model, tokenizer, extra={"trainer_state.pt": state})
+    save_model_folder(folder, model, tokenizer, extra={TRAINER_STATE: state}, manifest=True)
     _atomic_write_text(ckpt_root / "latest", folder.name)
+    if config is not None:
+        from rlft.run_folder import write_run_config
+
+        write_run_config(run_dir, config)
     for old in sorted(p for p in ckpt_root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return folder
 
 
+def checkpoint_folders(run_dir: Path) -> list[Path]:
+    """The ``checkpoints/step-*`` folders of a run, newest (highest step) first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.glob("step-*") if p.is_dir()), key=lambda p: p.name, reverse=True)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None."""
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    folder = pointer.parent / pointer.read_text().strip()
-    return folder if (folder / "trainer_state.pt").is_file() else None
+    """The newest complete checkpoint of a run (:func:`checkpoint_problem` finds nothing wrong), or None."""
+    return next((c for c in checkpoint_folders(run_dir) if checkpoint_problem(c) is None), None)
+
+
+def read_trainer_state(folder: Path) -> dict:
+    """``trainer_state.pt`` of a checkpoint (raises what ``torch.load`` raises on a damaged file)."""
+    return torch.load(Path(folder) / TRAINER_STATE, weights_only=False)
+
+
+def restore_trainer_state(state: dict, optimizer, scheduler) -> None:
+    """Restore optimizer, scheduler and RNG from a state read by :func:`read_trainer_state`."""
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
 
 
 def load_trainer_state(folder: Path, optimizer, scheduler) -> dict:
     """Restore optimizer, scheduler and RNG from a checkpoint; returns the whole state dict."""
-    state = torch.load(Path(folder) / "trainer_state.pt", weights_only=False)
+    state = read_trainer_state(folder)
     optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
@@ -118,7 +222,11 @@ def load_trainer_state(folder: Path, optimizer, scheduler) -> dict:
 
 class MetricsLog:
     """Append-only ``metrics.jsonl``; on resume, lines logged after the checkpoint are dropped so
-    the curve continues without duplicates or jumps."""
+    the curve continues without duplicates or jumps (earlier lines are kept, never wiped).
+
+    ``resume_step`` None starts a new log (the run folder holds no earlier run: see
+    :mod:`rlft.run_folder`). A line that does not parse (cut short by a kill) is dropped with a warning.
+    """
 
     def __init__(self, path: Path, resume_step: int | None = None):
         self.path = Path(path)
@@ -126,7 +234,19 @@ class MetricsLog:
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= resume_step]
+            kept, torn = [], 0
+            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    torn += 1
+                    continue
+                if isinstance(record, dict) and record.get("step", 0) <= resume_step:
+                    kept.append(line)
+            if torn:
+                log.warning("%s: dropped %d unreadable line(s) (cut short by a kill?)", self.path, torn)
             _atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, record: dict) -> None:
@@ -135,7 +255,16 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` ([] when it does not exist)."""
     path = Path(path)
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def count_metrics(path: Path) -> int:
+    """How many non-empty lines ``metrics.jsonl`` holds (0 when it does not exist)."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    return sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip())

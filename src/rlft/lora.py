@@ -49,18 +49,12 @@ class LoRAOptions:
             return None
         return LoRASettings(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
 
-    def __post_init__(self) -> None:
-        self._check_lora()
-
     def _check_lora(self) -> None:
-        if self.lora_r < 0:
-            raise ValueError(f"lora_r must be >= 0 (0: no LoRA), got {self.lora_r}")
-        if self.lora_r and self.lora_alpha <= 0:
-            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.lora_r and not self.lora_target_modules.strip():
-            raise ValueError("lora_target_modules must name at least one module (or 'all-linear')")
+        """Checks across the LoRA options (ranges are checked by :func:`rlft.validation.validate_options`)."""
+        from rlft.validation import require
+
+        require(not self.lora_r or self.lora_target_modules.strip() != "",
+                "--lora-target-modules must name at least one module (or 'all-linear')")
 
 
 @dataclass(frozen=True)

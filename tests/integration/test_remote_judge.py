@@ -242,8 +242,8 @@ def test_interrupted_evaluation_resumes_from_cache(fresh_server, scorer, tmp_pat
         make_judge(fresh_server, cache, max_concurrency=1, max_retries=1).score(PROMPTS, RESPONSES)
     lines = cache.read_text().splitlines()
     assert len(lines) == 2  # appended and flushed per scored pair
-    assert {json.loads(line)["key"] for line in lines} == {cache_key(JUDGE_MODEL, [{"role": "user", "content": PROMPTS[0]}], RESPONSES[0]),
-                                                           cache_key(JUDGE_MODEL, PROMPTS[1], RESPONSES[1])}
+    assert {json.loads(line)["key"] for line in lines} == {cache_key(fresh_server.base_url, JUDGE_MODEL, [{"role": "user", "content": PROMPTS[0]}], RESPONSES[0]),
+                                                           cache_key(fresh_server.base_url, JUDGE_MODEL, PROMPTS[1], RESPONSES[1])}
 
     # 2. a new judge (a new process, say) with the same cache only sends the 4 missing pairs
     fresh_server.reset()

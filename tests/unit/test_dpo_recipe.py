@@ -431,7 +431,7 @@ def test_parquet_and_limit(tmp_path):
 @pytest.mark.parametrize("overrides, match", [
     ({"batch_size": 6, "micro_batch_size": 4}, "multiple"),
     ({"beta": 0.0}, "beta"),
-    ({"label_smoothing": 0.6}, "label_smoothing"),
+    ({"label_smoothing": 0.6}, r"--label-smoothing must lie in \[0, 0.5\], got 0.6"),
 ])
 def test_invalid_config_raises_before_loading(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match):

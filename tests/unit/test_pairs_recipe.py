@@ -141,7 +141,7 @@ def test_sampling_parameters_passed_to_engine(tmp_path):
 
 @pytest.mark.parametrize("overrides, match", [
     ({"temperature": 0.0}, "temperature must be > 0"),
-    ({"temperature": -1.0}, "temperature must be > 0"),
+    ({"temperature": -1.0}, "--temperature must be >= 0, got -1.0"),
     ({"num_samples": 1}, "num_samples must be >= 2"),
 ])
 def test_invalid_settings_raise_before_any_work(tmp_path, overrides, match):

@@ -204,7 +204,9 @@ def test_lora_on_a_tied_output_layer_is_refused(smol_tokenizer):
 
 
 def test_lora_options_are_validated():
-    with pytest.raises(ValueError, match="lora_r"):
+    with pytest.raises(ValueError, match="--lora-r must be >= 0"):
         RLConfig(lora_r=-1)
-    with pytest.raises(ValueError, match="lora_dropout"):
+    with pytest.raises(ValueError, match="--lora-dropout must lie in"):
         RLConfig(lora_r=4, lora_dropout=1.5)
+    with pytest.raises(ValueError, match="--lora-target-modules"):
+        RLConfig(lora_r=4, lora_target_modules=" ")

@@ -185,12 +185,12 @@ def test_skipping_zero_advantage_rows_gives_the_full_gradient(smol_tokenizer, mo
 
 
 def test_k_below_two_is_a_clear_config_error():
-    with pytest.raises(ValueError, match=r"k >= 2 samples per prompt.*got k=1"):
+    with pytest.raises(ValueError, match=r"--advantage rloo needs --k >= 2 samples per prompt.*got 1"):
         RLOOConfig(k=1)
 
 
 def test_eval_limit_must_stay_within_heldout_tasks():
-    with pytest.raises(ValueError, match="eval_limit"):
+    with pytest.raises(ValueError, match="--eval-limit"):
         RLOOConfig(eval_every=5, eval_limit=300, heldout_size=200)
 
 

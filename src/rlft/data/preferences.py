@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rlft.data.chat import ROLES, Message
-from rlft.data.files import DataError, read_rows
+from rlft.data.files import DataError, file_columns, read_rows
 
 log = logging.getLogger("rlft")
 
@@ -186,10 +186,12 @@ def _detect(row: dict, allowed: tuple[str, ...]) -> str | None:
     return None
 
 
-def _layout_error(row: dict, allowed: tuple[str, ...]) -> _RowError:
+def _layout_error(row: dict, allowed: tuple[str, ...], source=None) -> _RowError:
+    columns = file_columns(source) if source is not None else None
+    found = f"columns {columns}" if columns is not None else f"keys {sorted(row)}"
     return _RowError(
         "<row>",
-        f"unknown layout with keys {sorted(row)}; expected {', '.join(allowed)} "
+        f"unknown layout with {found}; expected {', '.join(allowed)} "
         "(H4 chosen/rejected message lists, prompt/chosen/rejected strings, HH-RLHF transcripts"
         + (", or a messages list)" if "chat" in allowed else ")"),
     )
@@ -263,7 +265,7 @@ def _load(source, split, limit, skip_invalid, layout, allowed, parse, counts):
             if chosen_layout is None:
                 chosen_layout = _detect(row, allowed)
                 if chosen_layout is None:
-                    raise _layout_error(row, allowed)
+                    raise _layout_error(row, allowed, source)
                 log.info("%s: %s layout (from row %d)", source, chosen_layout, i)
             yield i, parse(row, chosen_layout)
         except (_RowError, DataError) as e:

@@ -15,6 +15,7 @@ from typing import Literal
 from rlft.eval.passk import mean_pass_at_k
 from rlft.eval.stats import Z_95
 from rlft.rewards.countdown import score_completions
+from rlft.validation import validate_options
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.rollout.base import GenerationEngine, SamplingParams
 from rlft.types import CountdownTask
@@ -198,6 +199,9 @@ class EvalCountdownConfig:
     """"auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16" or "float16"."""
     seed: int = 0
     """Sampling seed."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
 
 
 DEFAULT_TEST_SIZE = 1024

@@ -37,6 +37,7 @@ from rlft.data.files import DataError, read_rows, write_jsonl
 from rlft.eval.report import markdown_table
 from rlft.eval.stats import Z_95
 from rlft.rewards.reward_model import Messages, as_messages
+from rlft.validation import validate_options
 
 log = logging.getLogger("rlft")
 
@@ -62,7 +63,10 @@ class WinrateConfig:
     max_concurrency: int = 4
     """Most requests in flight to the remote judge."""
     max_retries: int = 5
-    """Retries per request to the remote judge on HTTP 429 / 5xx / connection errors (exponential backoff)."""
+    """Retries per request to the remote judge on HTTP 429 / 5xx / connection errors / bad replies (exponential
+    backoff). A pair takes at most (max_retries + 1) x --timeout plus the backoff delays."""
+    timeout: float = 60.0
+    """Seconds each request to the remote judge may take (connecting, sending, each read) before it counts as failed."""
     data: str | None = "HuggingFaceH4/ultrafeedback_binarized"
     """Evaluation prompts: a preference file or Hub id (its prompts are used), or a .jsonl/.json/.parquet file
     of {"prompt": text or message list} rows. None: the prompts of the precomputed --policy file (or --reference)."""
@@ -91,6 +95,9 @@ class WinrateConfig:
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
 
 
 # --------------------------------------------------------------------------- arithmetic
@@ -267,7 +274,7 @@ def make_judge(cfg: WinrateConfig, run_dir: Path):
         from rlft.rewards.remote import RemoteRewardJudge
 
         return RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env, max_concurrency=cfg.max_concurrency,
-                                 max_retries=cfg.max_retries, cache_path=run_dir / "judge_cache.jsonl")
+                                 max_retries=cfg.max_retries, timeout_s=cfg.timeout, cache_path=run_dir / "judge_cache.jsonl")
     from rlft.rewards.reward_model import RewardModelScorer
 
     return RewardModelScorer(cfg.judge, batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype)
@@ -329,6 +336,12 @@ def run_winrate(cfg: WinrateConfig) -> dict:
     judge = make_judge(cfg, run_dir)
     rewards = judge.score(prompts + prompts, policy + reference)
     n = len(prompts)
+    bad = [i for i, r in enumerate(rewards) if not isinstance(r, (int, float)) or not math.isfinite(r)]
+    if bad:  # never scored, never written: a NaN reward would count as a loss
+        i = bad[0]
+        side = "policy" if i < n else "reference"
+        raise ValueError(f"the judge {cfg.judge!r} gave {len(bad)} non-finite reward(s), e.g. {rewards[i]!r} for the {side} "
+                         f"response to prompt {i % n}; nothing was written")
     policy_rewards, reference_rewards = rewards[:n], rewards[n:]
     labels = [winrate_label(p, r) for p, r in zip(policy_rewards, reference_rewards)]
     rows = [

@@ -1,19 +1,22 @@
 """Pieces every training recipe shares: run folder, model + optimizer + scheduler with resume,
-seeded batch order, and the optimizer step. Recipes keep their own loops."""
+seeded batch order, and the optimizer step. Recipes keep their own loops.
+
+Run folders (refusing to overwrite another run, config checks on resume, config.yaml written with the
+first checkpoint) are :mod:`rlft.run_folder`'s; its names are re-exported here."""
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import torch
-import yaml
 
-from rlft.checkpoint import MetricsLog, latest_checkpoint, load_trainer_state
+from rlft.checkpoint import MetricsLog, checkpoint_folders, checkpoint_problem, count_metrics, read_trainer_state, restore_trainer_state
 from rlft.models import DeviceSpec, load_model
+from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from rlft.lora import LoRASettings
@@ -22,11 +25,10 @@ log = logging.getLogger("rlft")
 
 
 def start_run_dir(output_dir: str, cfg) -> Path:
-    """Create the run folder and record the config there as ``config.yaml``."""
-    run_dir = Path(output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
-    return run_dir
+    """Claim and open the run folder at once (:func:`rlft.run_folder.claim_run_dir` then
+    :meth:`~rlft.run_folder.RunFolder.open`); writes no ``config.yaml`` (see :mod:`rlft.run_folder`).
+    Prefer claiming first and opening once the inputs are validated."""
+    return claim_run_dir(cfg, output_dir).open()
 
 
 def make_scheduler(name: str, optimizer, warmup_steps: int, total_steps: int):
@@ -102,17 +104,32 @@ def prepare_training(
     gives optimizer parameter groups (e.g. a separate rate for a new head; None: every parameter at
     ``lr``). ``lora``: wrap the model in LoRA adapters (:mod:`rlft.lora`; only they train; a resumed
     run loads the base model, then the checkpoint's adapter). Resuming restores weights,
-    optimizer, scheduler, RNG and the step count; metrics logged after that checkpoint are dropped so the
-    curve continues without a jump.
+    optimizer, scheduler, RNG and the step count from the newest *usable* checkpoint: one that fails
+    :func:`rlft.checkpoint.checkpoint_problem` or whose state or weights do not load is skipped with a
+    warning naming what is wrong, and the previous one is tried. Metrics logged after the resumed step
+    are dropped so the curve continues without a jump; earlier ones are kept.
+
+    Raises:
+        ValueError: an unknown ``optimizer``.
+        RunFolderError: ``resume`` and no usable checkpoint while ``metrics.jsonl`` holds records
+            (restarting would silently replace that run).
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adamw' or 'sgd'")
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    model = (load or load_model)(str(ckpt) if ckpt and lora is None else model_name, spec)
-    if lora is not None:
+    build = load or load_model
+
+    def load_from(folder: Path | None) -> torch.nn.Module:
+        """The model of checkpoint ``folder``, or (None) the initial ``model_name``; with LoRA, the base
+        model with fresh adapters or the checkpoint's adapter."""
+        if lora is None:
+            return build(str(folder) if folder is not None else model_name, spec)
         from rlft.lora import apply_lora
 
-        model = apply_lora(model, lora, adapter_from=ckpt)
+        return apply_lora(build(model_name, spec), lora, adapter_from=folder)
+
+    ckpt, model, state = _newest_usable_checkpoint(run_dir, load_from) if resume else (None, None, None)
+    if model is None:
+        model = load_from(None)
     model.train()
     if param_groups is not None:
         params = param_groups(model)
@@ -122,12 +139,38 @@ def prepare_training(
     scheduler = make_scheduler(schedule, optim, warmup_steps, total_steps)
     start_step = 0
     if ckpt is not None:
-        start_step = load_trainer_state(ckpt, optim, scheduler)["step"]
+        restore_trainer_state(state, optim, scheduler)
+        start_step = state["step"]
         log.info("resuming from %s at step %d", ckpt, start_step)
-    elif resume:
-        log.info("--resume: no checkpoint in %s, starting from scratch", run_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
     return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt)
+
+
+def _newest_usable_checkpoint(run_dir: Path, load_from: Callable[[Path], torch.nn.Module]):
+    """``(folder, model, trainer_state)`` of the newest checkpoint that verifies and whose state and
+    model (``load_from(folder)``) load, or ``(None, None, None)`` when there is none and no metrics;
+    see :func:`prepare_training`."""
+    problems = []
+    for folder in checkpoint_folders(run_dir):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            try:
+                state = read_trainer_state(folder)
+                model = load_from(folder)
+            except Exception as e:  # a damaged file the manifest could not catch (or an older checkpoint)
+                problem = f"does not load ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            else:
+                if problems:
+                    log.warning("--resume: skipped damaged checkpoint(s) %s; resuming from %s instead", "; ".join(problems), folder.name)
+                return folder, model, state
+        problems.append(f"{folder.name}: {problem}")
+    records = count_metrics(Path(run_dir) / "metrics.jsonl")
+    if records:
+        why = f" ({'; '.join(problems)})" if problems else ""
+        raise RunFolderError(f"--resume: no usable checkpoint in {Path(run_dir) / 'checkpoints'}{why}, but metrics.jsonl holds "
+                             f"{records} records of a run; refusing to restart it. Pass --overwrite to start over")
+    log.info("--resume: no checkpoint in %s, starting from scratch", run_dir)
+    return None, None, None
 
 
 def optimizer_step(setup: TrainingSetup, max_grad_norm: float) -> dict[str, float]:

@@ -18,11 +18,10 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-import yaml
 
 from rlft.checkpoint import read_metrics
 from rlft.console import console
@@ -33,6 +32,8 @@ from rlft.recipes.dpo import DPOConfig, train_dpo
 from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
 from rlft.recipes.rloo import RLOOConfig, train_rloo
 from rlft.recipes.sft import SFTConfig, train_sft
+from rlft.run_folder import claim_run_dir, write_run_config
+from rlft.validation import validate_options
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.generator import PRESETS, generate_tasks, make_splits
@@ -135,6 +136,9 @@ class DemoConfig:
     """Training seed."""
     resume: bool = False
     """Reuse finished evaluations and resume SFT from its last checkpoint."""
+    overwrite: bool = False
+    """Start over in a runs_dir/name folder that holds an earlier demo: it is moved aside to <name>.replaced-<time>
+    (logged). Without it (or --resume) such a folder is refused."""
     keep_checkpoints: bool = False
     """Keep each stage's resumable checkpoints (weights + optimizer state, ~1.5 GB each for the 135M model) after
     its final model is saved; by default they are deleted then, as a finished stage resumes from its model."""
@@ -194,6 +198,9 @@ class DemoConfig:
     """UltraFeedback track: added to the reward-model score of RLOO samples that hit uf_max_new_tokens without
     ending their turn (about one Bradley-Terry logit: a reply that finishes beats a cut one unless the reward
     model rates the cut one a logit higher); None: off."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
 
     def effective(self) -> "DemoConfig":
         """This config, with the small sizes of ``--quick`` applied when it is set."""
@@ -392,9 +399,8 @@ def run_demo(cfg: DemoConfig) -> Path:
 
         return run_ultrafeedback_demo(cfg)
     cfg = cfg.effective()
-    run_dir = Path(cfg.runs_dir) / cfg.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    run_dir = claim_run_dir(cfg, Path(cfg.runs_dir) / cfg.name).open()  # an earlier demo: --resume or --overwrite
+    write_run_config(run_dir, cfg)
     sets = eval_sets(cfg)
     timings: dict[str, float] = {}
     notes: list[str] = []

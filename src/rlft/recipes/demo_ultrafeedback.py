@@ -54,10 +54,9 @@ from __future__ import annotations
 import json
 import logging
 import random
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
-import yaml
 
 from rlft.checkpoint import read_metrics
 from rlft.console import console
@@ -452,10 +451,12 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
     if cfg.name == DemoConfig.name:
         cfg = replace(cfg, name="ultrafeedback")
     _validate(cfg)
-    run_dir = Path(cfg.runs_dir) / cfg.name
+    from rlft.run_folder import claim_run_dir, write_run_config
+
+    run_dir = claim_run_dir(cfg, Path(cfg.runs_dir) / cfg.name).open()  # an earlier demo: --resume or --overwrite
     data_dir = run_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    write_run_config(run_dir, cfg)
     timings: dict[str, float] = {}
     notes: list[str] = []
     device = dict(device=cfg.device, dtype=cfg.dtype)

@@ -70,7 +70,8 @@ from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions, save_final_model
-from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
+from rlft.validation import OptionError, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -158,10 +159,21 @@ class DPOConfig(LoRAOptions):
     """How many recent checkpoints to keep."""
     resume: bool = False
     """Continue from the latest checkpoint in --output-dir (reference log-probs are read from its cache)."""
+    overwrite: bool = False
+    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
+    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
+    resume_override: tuple[str, ...] = ()
+    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
+    difference is refused. A longer --max-steps needs no override."""
     device: str = "auto"
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
+        self._check_lora()
+        _validate(self)
 
 
 # --------------------------------------------------------------------------- data
@@ -492,26 +504,27 @@ def build_preference_loss(cfg: DPOConfig) -> PreferenceLossFn:
 
 def _validate(cfg: DPOConfig) -> None:
     if cfg.batch_size < 1 or cfg.micro_batch_size < 1:
-        raise ValueError("batch_size and micro_batch_size must be >= 1")
+        raise OptionError("batch_size and micro_batch_size must be >= 1")
     if cfg.batch_size % cfg.micro_batch_size:
-        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
+        raise OptionError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
     if not cfg.beta > 0:
-        raise ValueError(f"beta must be > 0, got {cfg.beta}")
+        raise OptionError(f"beta must be > 0, got {cfg.beta}")
     if not 0.0 <= cfg.label_smoothing <= 0.5:
-        raise ValueError(f"label_smoothing must lie in [0, 0.5], got {cfg.label_smoothing}")
+        raise OptionError(f"label_smoothing must lie in [0, 0.5], got {cfg.label_smoothing}")
     if cfg.max_prompt_length is not None and not 0 < cfg.max_prompt_length < cfg.max_length:
-        raise ValueError(f"max_prompt_length must lie in [1, max_length={cfg.max_length}), got {cfg.max_prompt_length}")
+        raise OptionError(f"max_prompt_length must lie in [1, max_length={cfg.max_length}), got {cfg.max_prompt_length}")
 
 
 def train_dpo(cfg: DPOConfig) -> Path:
     """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``)."""
     _validate(cfg)
     loss_fn = build_preference_loss(cfg)
-    run_dir = start_run_dir(cfg.output_dir, cfg)
+    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     pairs, stats = load_tokenized_pairs(cfg, tokenizer)
+    run_dir = run.open()
     (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     ref = reference_logprobs(cfg, pairs, tokenizer.pad_token_id, spec, run_dir)
 
@@ -551,7 +564,8 @@ def train_dpo(cfg: DPOConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     final = save_final_model(run_dir, model, tokenizer)
+    write_run_config(run_dir, cfg)
     console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
     return final

@@ -32,6 +32,7 @@ from rlft.data.files import write_jsonl
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
 from rlft.types import CountdownTask
+from rlft.validation import OptionError, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -82,6 +83,10 @@ class PairsConfig:
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
 
+    def __post_init__(self) -> None:
+        validate_options(self)
+        _validate(self)
+
 
 def stats_path(output: str | Path) -> Path:
     """``runs/pairs/countdown.jsonl`` -> ``runs/pairs/countdown.stats.json``."""
@@ -90,14 +95,14 @@ def stats_path(output: str | Path) -> Path:
 
 def _validate(cfg: PairsConfig) -> None:
     if not cfg.temperature > 0:
-        raise ValueError(
+        raise OptionError(
             f"temperature must be > 0 to sample different responses, got {cfg.temperature} "
             "(greedy samples of one prompt are identical and always tie)"
         )
     if cfg.num_samples < 2:
-        raise ValueError(f"num_samples must be >= 2 to form a pair, got {cfg.num_samples}")
+        raise OptionError(f"num_samples must be >= 2 to form a pair, got {cfg.num_samples}")
     if cfg.num_prompts < 1 or cfg.start < 0:
-        raise ValueError(f"num_prompts must be >= 1 and start >= 0, got {cfg.num_prompts} and {cfg.start}")
+        raise OptionError(f"num_prompts must be >= 1 and start >= 0, got {cfg.num_prompts} and {cfg.start}")
 
 
 def load_pair_tasks(cfg: PairsConfig) -> list[CountdownTask]:

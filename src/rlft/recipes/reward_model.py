@@ -49,7 +49,8 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions, save_final_model
-from rlft.recipes.common import TrainingSetup, batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
+from rlft.validation import OptionError, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, score_head, sequence_rewards
 
 log = logging.getLogger("rlft")
@@ -142,10 +143,21 @@ class RMConfig(LoRAOptions):
     """How many recent checkpoints to keep."""
     resume: bool = False
     """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, data position)."""
+    overwrite: bool = False
+    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
+    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
+    resume_override: tuple[str, ...] = ()
+    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
+    difference is refused. A longer --max-steps needs no override."""
     device: str = "auto"
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
+        self._check_lora()
+        _validate(self)
 
 
 @dataclass(frozen=True)
@@ -163,17 +175,17 @@ class RMExample:
 
 def _validate(cfg: RMConfig) -> None:
     if cfg.batch_size < 1 or cfg.micro_batch_size < 1 or cfg.eval_batch_size < 1:
-        raise ValueError("batch_size, micro_batch_size and eval_batch_size must be >= 1")
+        raise OptionError("batch_size, micro_batch_size and eval_batch_size must be >= 1")
     if cfg.batch_size % cfg.micro_batch_size:
-        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
+        raise OptionError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
     if not 0.0 <= cfg.eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction must lie in [0, 1), got {cfg.eval_fraction}")
+        raise OptionError(f"eval_fraction must lie in [0, 1), got {cfg.eval_fraction}")
     if cfg.head_lr is not None and cfg.head_lr <= 0:
-        raise ValueError(f"head_lr must be > 0 or None, got {cfg.head_lr}")
+        raise OptionError(f"head_lr must be > 0 or None, got {cfg.head_lr}")
     if cfg.center_coef < 0:
-        raise ValueError(f"center_coef must be >= 0, got {cfg.center_coef}")
+        raise OptionError(f"center_coef must be >= 0, got {cfg.center_coef}")
     if cfg.max_prompt_length is not None and not 0 < cfg.max_prompt_length < cfg.max_length:
-        raise ValueError(f"max_prompt_length must lie in [1, max_length={cfg.max_length}), got {cfg.max_prompt_length}")
+        raise OptionError(f"max_prompt_length must lie in [1, max_length={cfg.max_length}), got {cfg.max_prompt_length}")
 
 
 def _load(source: str, split: str, cfg: RMConfig, limit: int | None, loaded: dict) -> list:
@@ -300,7 +312,7 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
 def train_rm(cfg: RMConfig) -> Path:
     """Train a reward model as configured; returns the folder of the final model (``output_dir/model``)."""
     _validate(cfg)
-    run_dir = start_run_dir(cfg.output_dir, cfg)
+    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
@@ -318,6 +330,7 @@ def train_rm(cfg: RMConfig) -> Path:
     if not heldout:
         log.warning("no held-out pairs: pairwise accuracy is not evaluated (set --eval-fraction, --eval-split or --eval-data)")
     pad_id = tokenizer.pad_token_id
+    run_dir = run.open()
 
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
@@ -361,10 +374,11 @@ def train_rm(cfg: RMConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=info)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and not is_last:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     if heldout and last_eval is None:  # resumed a run that had already finished its steps
         last_eval = run_eval()
     final = save_final_model(run_dir, model, tokenizer)
+    write_run_config(run_dir, cfg)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
     summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"loaded": loaded, "train": train_counts, "eval": eval_counts}}
     (run_dir / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -72,7 +72,7 @@ from rlft.losses.advantages import ADVANTAGES, raft_advantages
 from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
 from rlft.ops import masked_mean, masked_sum
-from rlft.recipes.common import batch_indices, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import batch_indices, claim_run_dir, optimizer_step, prepare_training, write_run_config
 from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import batch_logprobs, generation_seed, gradient_rows, policy_loss_backward, rollout_batch, take_rows
 from rlft.rl.groups import varied_groups
@@ -81,6 +81,7 @@ from rlft.rl.rewards import Reward, make_reward
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.prompts import adds_special_tokens
+from rlft.validation import require, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -236,6 +237,12 @@ class RLConfig(LoRAOptions):
     """How many recent checkpoints to keep."""
     resume: bool = False
     """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, step)."""
+    overwrite: bool = False
+    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
+    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
+    resume_override: tuple[str, ...] = ()
+    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
+    difference is refused. A longer --max-steps needs no override."""
     seed: int = 0
     """Seed of the prompt order and of sampling (step s samples with a seed derived from seed and s)."""
     device: str = "auto"
@@ -244,39 +251,17 @@ class RLConfig(LoRAOptions):
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
 
     def __post_init__(self) -> None:
-        if self.k < 2 and self.advantage in ("rloo", "grpo", "lite_ppo", "dr_grpo"):
-            raise ValueError(f"--advantage {self.advantage} needs k >= 2 samples per prompt (a group baseline), got k={self.k}")
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1, got {self.k}")
-        for name in ("prompts_per_step", "max_steps", "ppo_epochs", "micro_batch_size", "gen_batch_size", "max_new_tokens", "eval_limit", "eval_max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.eval_prompts < 0:
-            raise ValueError(f"eval_prompts must be >= 0, got {self.eval_prompts}")
-        for name in ("prompts_limit", "max_prompt_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
-        if self.reward_model is not None and self.reward != "countdown":
-            raise ValueError(f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
-        if self.prompts_data is None and (self.reward_model is not None or self.reward == "remote"):
-            raise ValueError("a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (RLOO samples; log-probs at temperature 0 are undefined), got {self.temperature}")
-        if self.beta < 0:
-            raise ValueError(f"beta must be >= 0, got {self.beta}")
-        if self.clip_low < 0 or (self.clip_high is not None and self.clip_high < 0):
-            raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low} and {self.clip_high}")
-        if self.entropy_coef < 0:
-            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
-        if self.max_prompt_batches < 1:
-            raise ValueError(f"max_prompt_batches must be >= 1, got {self.max_prompt_batches}")
-        if self.advantage == "raft" and self.raft_threshold is None and self.k < 2:
-            raise ValueError("--advantage raft without --raft-threshold picks each group's best sample: needs k >= 2")
+        validate_options(self)  # types, counts >= 1, rates > 0, coefficients >= 0, known presets/templates
         self._check_lora()
-        if self.eval_every < 0 or self.save_every < 0:
-            raise ValueError("eval_every and save_every must be >= 0")
-        if self.eval_every and self.prompts_data is None and self.eval_limit > self.heldout_size:
-            raise ValueError(f"eval_limit ({self.eval_limit}) must be <= heldout_size ({self.heldout_size}) so evaluation tasks are never trained on")
+        require(self.k >= 2 or self.advantage in ("reinforce",) or (self.advantage == "raft" and self.raft_threshold is not None),
+                f"--advantage {self.advantage} needs --k >= 2 samples per prompt (a group baseline or a best sample), got {self.k}")
+        require(self.temperature > 0, f"--temperature must be > 0 (RL samples; log-probs at temperature 0 are undefined), got {self.temperature}")
+        require(self.reward_model is None or self.reward == "countdown",
+                f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
+        require(self.prompts_data is not None or (self.reward_model is None and self.reward != "remote"),
+                "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")
+        require(not (self.eval_every and self.prompts_data is None and self.eval_limit > self.heldout_size),
+                f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on")
 
 
 def advantage_function(cfg: RLConfig) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -361,6 +346,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     ``reward_fn`` overrides the configured reward (a rule function ``(prompts, completions,
     ground_truths)``, for programmatic use and tests; see :func:`rlft.rl.rewards.make_reward`).
     """
+    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
     chat = cfg.prompts_data is not None
@@ -374,10 +360,10 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     loss_fn = POLICY_LOSSES[cfg.loss]
     clipped = cfg.loss in CLIPPED_LOSSES
     clip_low, clip_high = (cfg.clip_low, cfg.clip_high if cfg.clip_high is not None else cfg.clip_low) if clipped else (None, None)
-    run_dir = start_run_dir(cfg.output_dir, cfg)
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     source = make_prompt_source(cfg, tokenizer, reward)
+    run_dir = run.open()
     prompts = source.train
     evaluate_on = bool(cfg.eval_every and source.eval)
 
@@ -526,7 +512,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 info += f"  groups {B}/{record['groups/tried']}"
             progress.update(bar, advance=1, info=info)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     final = save_final_model(run_dir, model, tokenizer)
+    write_run_config(run_dir, cfg)
     console.print(f"[green]RL done[/]: model saved to {final}")
     return final

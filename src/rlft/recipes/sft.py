@@ -47,9 +47,10 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions, save_final_model
-from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
+from rlft.validation import require, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -125,10 +126,22 @@ class SFTConfig(LoRAOptions):
     """How many recent checkpoints to keep."""
     resume: bool = False
     """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, data position)."""
+    overwrite: bool = False
+    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
+    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
+    resume_override: tuple[str, ...] = ()
+    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
+    difference is refused. A longer --max-steps needs no override."""
     device: str = "auto"
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
+        self._check_lora()
+        require(self.batch_size % self.micro_batch_size == 0,
+                f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
 
 
 def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
@@ -304,11 +317,12 @@ def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``)."""
     if cfg.batch_size % cfg.micro_batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
-    run_dir = start_run_dir(cfg.output_dir, cfg)
+    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     examples, stats = load_sft_examples(cfg, tokenizer)
+    run_dir = run.open()
     (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
 
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
@@ -347,7 +361,8 @@ def train_sft(cfg: SFTConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     final = save_final_model(run_dir, model, tokenizer)
+    write_run_config(run_dir, cfg)
     console.print(f"[green]SFT done[/]: model saved to {final}")
     return final

@@ -6,16 +6,22 @@ with a message whose content is ``name:value`` pairs separated by commas, e.g. `
 :class:`RemoteRewardJudge` has the same ``score(prompts, responses) -> list[float]`` interface as the
 local :class:`rlft.rewards.reward_model.RewardModelScorer`.
 
-- Retries: HTTP 429, 5xx, timeouts and connection errors are retried with exponential backoff
+- Retries: HTTP 429, 5xx, timeouts, connection errors and bad replies (not JSON, an HTML page, no
+  choices, a reward that is not finite: ``nan``, ``inf``) are retried with exponential backoff
   (``backoff_s * 2**attempt``, at most 60 s, or the server's ``Retry-After`` when longer), up to
-  ``max_retries`` times; other errors (400, 401, 404, a reply without the reward field) fail at once.
+  ``max_retries`` times, then reported; other errors (400, 401, 404, a reply without the reward
+  field) fail at once. Each attempt is limited to ``timeout_s``, so one pair takes at most
+  ``(max_retries + 1) * timeout_s`` plus the backoff delays.
+- Nothing that is not a finite number is ever returned or cached.
 - Concurrency: at most ``max_concurrency`` requests in flight (a thread pool).
 - Cache: with ``cache_path``, every scored pair is appended to a JSONL file (and flushed) as soon as
-  it is scored, keyed by a SHA-256 of (judge model, prompt messages, response); a later call with the
+  it is scored, keyed by a SHA-256 of (API root, judge model, prompt messages, response); a later call with the
   same file, e.g. after an interrupted evaluation, only sends the pairs that are not in it. Cache
   lines hold the key, the model name and the reward: no prompt text, no credentials.
 - The API key is read from the environment variable ``api_key_env`` and kept only inside the client:
-  it is never logged, written to the cache or put in an error message.
+  it is never logged, written to the cache or put in an error message. Error messages carry the HTTP
+  status, never the reply body or headers (a server may echo the request's headers), and any text
+  quoted from a reply has the key masked.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import threading
@@ -42,6 +49,10 @@ class JudgeError(RuntimeError):
     """The judge could not score a pair (bad reply, non-retryable HTTP error, retries exhausted)."""
 
 
+class BadReplyError(JudgeError):
+    """A reply that may be a glitch of the server (not JSON, no choices, a non-finite reward): retried."""
+
+
 def parse_reward(content: str | None, key: str = "reward") -> float:
     """The value of ``key`` in a reply such as ``"reward:-7.5"`` or ``"helpfulness:1.6,correctness:2"``.
 
@@ -58,14 +69,18 @@ def parse_reward(content: str | None, key: str = "reward") -> float:
     if key.lower() not in fields:
         raise JudgeError(f"the judge's reply has no {key!r} field: {content[:200]!r} (fields: {sorted(fields)})")
     try:
-        return float(fields[key.lower()])
+        value = float(fields[key.lower()])
     except ValueError:
-        raise JudgeError(f"the judge's {key!r} value is not a number: {fields[key.lower()]!r}") from None
+        raise JudgeError(f"the judge's {key!r} value is not a number: {fields[key.lower()][:60]!r}") from None
+    if not math.isfinite(value):
+        raise BadReplyError(f"the judge's {key!r} value is not a finite number: {fields[key.lower()][:60]!r}")
+    return value
 
 
-def cache_key(model: str, messages: Messages, response: str) -> str:
-    """SHA-256 hex digest identifying one judgement: the judge model, the prompt messages and the response."""
-    blob = json.dumps([model, messages, response], ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+def cache_key(base_url: str, model: str, messages: Messages, response: str) -> str:
+    """SHA-256 hex digest identifying one judgement: the API root, the judge model, the prompt messages
+    and the response (another server or judge model never reuses a score)."""
+    blob = json.dumps([base_url.rstrip("/"), model, messages, response], ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -77,9 +92,9 @@ class RemoteRewardJudge:
         model: the judge model name sent with every request.
         api_key_env: environment variable holding the API key (read once, here).
         max_concurrency: most requests in flight at once.
-        max_retries: retries per pair after the first attempt (429 / 5xx / connection errors).
+        max_retries: retries per pair after the first attempt (429 / 5xx / connection errors / bad replies).
         backoff_s: first retry delay in seconds; doubles on each retry (capped at 60 s).
-        timeout_s: per-request timeout in seconds.
+        timeout_s: per-attempt timeout in seconds (connect, send, each read).
         cache_path: JSONL cache file (created if missing); None: no cache.
         reward_key: the field of the reply holding the reward.
     Raises:
@@ -111,6 +126,7 @@ class RemoteRewardJudge:
         except ImportError:
             raise ImportError("the remote judge needs the openai client: pip install 'rlft[remote]' (or `pip install openai`)") from None
         self._openai = openai
+        self._mask = api_key
         # The client's own retries are off: ours are explicit, bounded and logged.
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
         self.base_url, self.model = base_url, model
@@ -132,18 +148,23 @@ class RemoteRewardJudge:
         if self.cache_path is None or not self.cache_path.is_file():
             return cache
         bad = 0
-        for line in self.cache_path.read_text(encoding="utf-8").splitlines():
+        for line in self.cache_path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 row = json.loads(line)
-                cache[row["key"]] = float(row["reward"])
+                reward = float(row["reward"])
+                if not math.isfinite(reward):
+                    raise ValueError("not finite")
+                cache[row["key"]] = reward
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                bad += 1  # e.g. a line cut short by a kill: that pair is scored again
+                bad += 1  # e.g. a line cut short by a kill, or a non-finite score: that pair is scored again
         if bad:
             log.warning("%s: ignored %d unreadable cache lines", self.cache_path, bad)
         log.info("judge cache %s: %d scored pairs", self.cache_path, len(cache))
         return cache
 
     def _remember(self, key: str, reward: float) -> None:
+        if not math.isfinite(reward):  # parse_reward never lets one through; kept as a guard for the cache
+            raise BadReplyError(f"the judge at {self.base_url} returned a non-finite reward {reward!r}")
         with self._lock:
             self._cache[key] = reward
             if self.cache_path is not None:
@@ -154,7 +175,14 @@ class RemoteRewardJudge:
 
     def cached(self, prompt: Prompt, response: str) -> float | None:
         """The cached reward of a pair, or None."""
-        return self._cache.get(cache_key(self.model, as_messages(prompt), response))
+        return self._cache.get(self._key(as_messages(prompt), response))
+
+    def _key(self, messages: Messages, response: str) -> str:
+        return cache_key(self.base_url, self.model, messages, response)
+
+    def _safe(self, text: str) -> str:
+        """``text`` with the API key masked (replies may echo the request's headers)."""
+        return text.replace(self._mask, "[API key]") if self._mask else text
 
     # ------------------------------------------------------------------ requests
 
@@ -175,6 +203,22 @@ class RemoteRewardJudge:
                 pass
         return delay * (1.0 + 0.1 * random.random())  # jitter: concurrent retries do not stay in lockstep
 
+    def _reward(self, completion) -> float:
+        """The reward in a reply; BadReplyError when the reply is not a chat completion."""
+        choices = getattr(completion, "choices", None)
+        if not isinstance(choices, list):
+            kind = "an HTML page" if isinstance(completion, str) and "<" in completion[:200] else f"a {type(completion).__name__}"
+            raise BadReplyError(f"the judge's reply is not a chat completion (got {kind})")
+        if not choices:
+            raise BadReplyError("the judge's reply has no choices")
+        content = getattr(getattr(choices[0], "message", None), "content", None)
+        if content is not None and not isinstance(content, str):
+            raise BadReplyError(f"the judge's reply content is a {type(content).__name__}, not text")
+        try:
+            return parse_reward(content, self.reward_key)
+        except JudgeError as e:
+            raise type(e)(self._safe(str(e))) from None
+
     def _score_one(self, messages: Messages, response: str) -> float:
         conversation = [*messages, {"role": "assistant", "content": response}]
         for attempt in range(self.max_retries + 1):
@@ -182,20 +226,25 @@ class RemoteRewardJudge:
                 with self._lock:
                     self.requests_sent += 1
                 completion = self._client.chat.completions.create(model=self.model, messages=conversation)
+                return self._reward(completion)
+            except BadReplyError as e:
+                error, what = e, str(e)
+            except JudgeError:
+                raise
             except self._openai.OpenAIError as e:
+                # Never the body or headers of the reply: a server may echo the request (and its key).
                 status = getattr(e, "status_code", None)
-                what = f"HTTP {status}" if status else type(e).__name__
-                if not self._retryable(e):
-                    raise JudgeError(f"the judge at {self.base_url} refused a request ({what}): {e}") from None
-                if attempt == self.max_retries:
-                    raise JudgeError(f"the judge at {self.base_url} still failed after {self.max_retries} retries ({what})") from None
-                delay = self._delay(attempt, e)
-                log.warning("judge request failed (%s); retry %d/%d in %.2fs", what, attempt + 1, self.max_retries, delay)
-                time.sleep(delay)
-                continue
-            if not completion.choices:
-                raise JudgeError(f"the judge at {self.base_url} returned no choices")
-            return parse_reward(completion.choices[0].message.content, self.reward_key)
+                what = f"HTTP {status}" if status else ("not a JSON reply" if isinstance(e, self._openai.APIResponseValidationError) else type(e).__name__)
+                if not self._retryable(e) and not isinstance(e, self._openai.APIResponseValidationError):
+                    raise JudgeError(f"the judge at {self.base_url} refused a request ({what})") from None
+                error = e
+            except (ValueError, TypeError, AttributeError) as e:  # a 200 reply the client could not parse (HTML, not JSON)
+                error, what = e, f"unreadable reply ({type(e).__name__})"
+            if attempt == self.max_retries:
+                raise JudgeError(f"the judge at {self.base_url} still failed after {self.max_retries} retries ({what})") from None
+            delay = self._delay(attempt, error)
+            log.warning("judge request failed (%s); retry %d/%d in %.2fs", what, attempt + 1, self.max_retries, delay)
+            time.sleep(delay)
         raise AssertionError("unreachable")
 
     def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:
@@ -210,7 +259,7 @@ class RemoteRewardJudge:
         if len(prompts) != len(responses):
             raise ValueError(f"got {len(prompts)} prompts and {len(responses)} responses")
         items = [(as_messages(p), r) for p, r in zip(prompts, responses)]
-        keys = [cache_key(self.model, m, r) for m, r in items]
+        keys = [self._key(m, r) for m, r in items]
         todo: dict[str, tuple[Messages, str]] = {}
         for key, item in zip(keys, items):
             if key not in self._cache and key not in todo:

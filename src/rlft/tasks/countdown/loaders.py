@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rlft.data.files import DataError, read_rows
+from rlft.data.files import DataError, file_columns, read_rows
 from rlft.tasks.countdown.prompts import parse_query
 from rlft.types import CountdownTask
 
@@ -61,16 +61,22 @@ def _get(row: dict, dotted: str) -> Any:
     return value
 
 
-def _detect(columns: set[str]) -> str:
+def _detect(columns: set[str]) -> str | None:
     if "query" in columns and "completion" in columns:
         return "cog_behav"
     if "target" in columns and ({"nums", "numbers"} & columns):
         return "tasks"
     if "reward_model" in columns:
         return "verl"
-    raise ValueError(
-        f"unknown Countdown layout with columns {sorted(columns)}; expected target + nums/numbers, "
-        "reward_model.ground_truth, or query + completion"
+    return None
+
+
+def _layout_error(source, row: int, columns: set[str]) -> DataError:
+    found = file_columns(source)
+    return DataError(
+        str(source), row, "<row>",
+        f"unknown Countdown layout with columns {found if found is not None else sorted(columns)}; expected target + nums/numbers, "
+        "reward_model.ground_truth, or query + completion",
     )
 
 
@@ -118,8 +124,10 @@ def load_countdown(
     a local file.
     """
     rows = list(read_rows(source, split=split, start=start, limit=limit, columns=COLUMNS))
-    first = next((r for _, r in rows if isinstance(r, dict)), None)
-    layout = _detect(set(first)) if first is not None else ""
+    first = next(((i, r) for i, r in rows if isinstance(r, dict)), None)
+    layout = _detect(set(first[1])) if first is not None else ""
+    if layout is None:
+        raise _layout_error(source, first[0], set(first[1]))
     tasks, bad = [], []
     for i, row in rows:
         try:

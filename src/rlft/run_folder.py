@@ -1,0 +1,206 @@
+"""Run folders: never overwrite another run, never resume into a different one.
+
+A training recipe uses four calls (its config needs ``output_dir``, ``resume``, ``overwrite`` and
+``resume_override`` fields)::
+
+    run = claim_run_dir(cfg)            # first thing: refuses a folder holding another run; writes nothing
+    ...                                 # load tokenizer, read and validate data
+    run_dir = run.open()                # now: --overwrite moves the old run aside; partial saves removed
+    ...
+    save_checkpoint(run_dir, ..., config=cfg)   # config.yaml is written with the first checkpoint
+    save_model_folder(run_dir / "model", ...); write_run_config(run_dir, cfg)   # ... or the final model
+
+Rules (:func:`claim_run_dir`):
+
+- a new or empty folder (or one holding only files a failed start leaves, e.g. ``data_stats.json``)
+  starts a new run;
+- a folder holding a run (``config.yaml``, ``metrics.jsonl``, ``checkpoints/step-*`` or ``model/``)
+  is refused unless ``--resume`` or ``--overwrite``;
+- ``--resume`` compares the config with the saved ``config.yaml``: a longer ``--max-steps`` is fine,
+  any other difference is listed and refused unless ``--resume-override`` names it;
+- ``--overwrite`` moves the old folder aside to ``<name>.replaced-<UTC time>`` (said in the log) when
+  :meth:`RunFolder.open` is called, i.e. only once inputs are validated;
+- a folder holding anything else (not an rlft run) is refused unless ``--overwrite``.
+
+Which checkpoint a resume starts from, and the refusal to restart a run whose checkpoints are all
+unusable, is :func:`rlft.recipes.common.prepare_training`'s part.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlft.checkpoint import _atomic_write_text, checkpoint_folders, count_metrics, remove_partial_saves
+from rlft.validation import OptionError, UsageError
+
+log = logging.getLogger("rlft")
+
+CONFIG = "config.yaml"
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
+"""Entries that make a folder hold a run (``metrics.jsonl`` only when not empty)."""
+LEFTOVERS = ("data_stats.json", "ref_logps.pt", "eval.json")
+"""Files a run writes before its first checkpoint: alone, they do not make a folder hold a run."""
+RUN_CONTROL = ("resume", "overwrite", "resume_override")
+"""Fields that say how to start, not what to train: never compared on resume."""
+
+
+class RunFolderError(UsageError):
+    """The output folder holds another run, or resuming it would mix two different runs."""
+
+
+def config_dict(cfg: Any) -> dict:
+    """``asdict(cfg)`` with tuples as lists and paths as strings: what ``config.yaml`` holds."""
+
+    def plain(value):
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        return value
+
+    return {k: plain(v) for k, v in asdict(cfg).items()}
+
+
+def write_run_config(run_dir: str | Path, cfg: Any) -> Path:
+    """Write ``run_dir/config.yaml`` atomically; returns its path."""
+    path = Path(run_dir) / CONFIG
+    _atomic_write_text(path, yaml.safe_dump(config_dict(cfg), sort_keys=False))
+    return path
+
+
+def run_contents(path: Path) -> list[str]:
+    """The entries of ``path`` that make it hold a run (see :data:`RUN_FILES`)."""
+    found = []
+    for name in RUN_FILES:
+        entry = path / name
+        if name == "metrics.jsonl":
+            if count_metrics(entry):
+                found.append(name)
+        elif name == "checkpoints":
+            if checkpoint_folders(path):
+                found.append("checkpoints/")
+        elif name == "model":
+            if entry.is_dir() and any(entry.iterdir()):
+                found.append("model/")
+        elif entry.exists():
+            found.append(name)
+    return found
+
+
+def config_differences(saved: dict, cfg: Any) -> dict[str, tuple[Any, Any]]:
+    """Fields whose value in ``cfg`` differs from the saved ``config.yaml`` mapping: ``{name: (saved, new)}``.
+
+    Not compared: :data:`RUN_CONTROL` fields, fields the saved file lacks, and a ``max_steps`` that is
+    at least the saved one (a resumed run may go longer).
+    """
+    new = config_dict(cfg)
+    out = {}
+    for name, value in new.items():
+        if name in RUN_CONTROL or name not in saved or saved[name] == value:
+            continue
+        if name == "max_steps" and isinstance(value, int) and isinstance(saved[name], int) and value >= saved[name]:
+            continue
+        out[name] = (saved[name], value)
+    return out
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A checked output folder; :meth:`open` creates it (returned by :func:`claim_run_dir`)."""
+
+    path: Path
+    holds_run: bool
+    """The folder holds a run (resumed with ``--resume``, moved aside with ``--overwrite``)."""
+    overwrite: bool
+    resume: bool
+
+    def open(self) -> Path:
+        """Create the folder (call once inputs are validated): with ``--overwrite`` the old folder is
+        moved aside first; leftovers of saves killed mid-write are removed. Returns the path."""
+        if self.overwrite and self.path.exists() and any(self.path.iterdir()):
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+            aside = self.path.with_name(f"{self.path.name}.replaced-{stamp}")
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = self.path.with_name(f"{self.path.name}.replaced-{stamp}-{n}")
+            os.replace(self.path, aside)
+            log.warning("--overwrite: moved the previous contents of %s to %s", self.path, aside)
+        self.path.mkdir(parents=True, exist_ok=True)
+        remove_partial_saves(self.path)
+        return self.path
+
+
+def claim_run_dir(cfg: Any, output_dir: str | Path | None = None) -> RunFolder:
+    """Check that ``cfg`` may write into its output folder, before anything is read or written.
+
+    ``cfg`` needs ``output_dir`` (or pass ``output_dir``) and may have ``resume``, ``overwrite`` and
+    ``resume_override`` (missing ones count as False / empty). Writes nothing.
+
+    Raises:
+        OptionError: both ``--resume`` and ``--overwrite``; ``--resume-override`` names an unknown option.
+        RunFolderError: the path is a file; the folder holds a run and neither ``--resume`` nor
+            ``--overwrite`` is given; it holds something that is not a run and ``--overwrite`` is not
+            given; ``--resume`` with options that differ from the saved ``config.yaml`` and are not
+            named by ``--resume-override``.
+    """
+    path = Path(output_dir if output_dir is not None else cfg.output_dir).expanduser()
+    resume, overwrite = bool(getattr(cfg, "resume", False)), bool(getattr(cfg, "overwrite", False))
+    overrides = tuple(getattr(cfg, "resume_override", ()) or ())
+    if resume and overwrite:
+        raise OptionError("--resume and --overwrite contradict each other: pass one of them")
+    known = {f.name for f in fields(cfg)}
+    if unknown := [name for name in overrides if name.replace("-", "_") not in known]:
+        raise OptionError(f"--resume-override: unknown option(s) {', '.join(unknown)}")
+    if path.exists() and not path.is_dir():
+        raise RunFolderError(f"output folder {path} is a file, not a folder")
+    entries = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    found = run_contents(path) if entries else []
+    others = [e for e in entries if e not in RUN_FILES and e not in LEFTOVERS and not e.startswith(".")]
+    if overwrite:
+        return RunFolder(path, bool(found), True, False)
+    if others and not found:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise RunFolderError(f"output folder {path} is not empty and holds no rlft run ({shown}); "
+                             "choose another --output-dir, or pass --overwrite to move its contents aside")
+    if not found:
+        if resume:
+            log.info("--resume: no run in %s yet, starting a new one", path)
+        return RunFolder(path, False, False, resume)
+    if not resume:
+        raise RunFolderError(f"output folder {path} already holds a run ({', '.join(found)}); "
+                             "pass --resume to continue it or --overwrite to replace it (or choose another --output-dir)")
+    _check_resume_config(path, cfg, {o.replace("-", "_") for o in overrides})
+    return RunFolder(path, True, False, True)
+
+
+def _check_resume_config(path: Path, cfg: Any, overrides: set[str]) -> None:
+    config = path / CONFIG
+    if not config.is_file():
+        log.warning("--resume: %s has no %s to check the options against", path, CONFIG)
+        return
+    try:
+        saved = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise RunFolderError(f"--resume: {config} is unreadable ({type(e).__name__}); pass --overwrite to start over") from None
+    if not isinstance(saved, dict):
+        raise RunFolderError(f"--resume: {config} does not hold a mapping of options; pass --overwrite to start over")
+    diffs = config_differences(saved, cfg)
+    refused = {k: v for k, v in diffs.items() if k not in overrides}
+    if refused:
+        listed = "; ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in refused.items())
+        names = " ".join(k.replace("_", "-") for k in refused)
+        raise RunFolderError(f"--resume: options differ from the run in {path} ({listed}); "
+                             f"pass --resume-override {names} to resume with the new values anyway")
+    if diffs:
+        log.warning("--resume: resuming with changed options: %s",
+                    "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in diffs.items()))

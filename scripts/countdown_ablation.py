@@ -94,6 +94,7 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0) -
         t0 = time.perf_counter()
         result = evaluate_countdown(engine, tasks, [render_prompt(PROMPT, t, tokenizer) for t in tasks], params)
         data = {**result.to_dict(), "eval_s": time.perf_counter() - t0}
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data))
         results[mode] = data
         log.info("%s %s on %d tasks: score %.4f", model_dir, mode, n, result.mean_score)

@@ -43,10 +43,13 @@ from rlft.console import console, training_progress
 from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
 from rlft.data.preferences import ChatExample, load_chat_examples
+from rlft.data.packing import pack_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
+from rlft.recipes.memory import enable_gradient_checkpointing
+from rlft.tracking import attach_tracker
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
 
@@ -128,6 +131,24 @@ class SFTConfig:
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+    packing: bool = False
+    """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
+    (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
+    loss and gradients as padding, up to float rounding."""
+    pack_length: int | None = None
+    """With --packing: most tokens per packed row. None: one row per micro-batch (what flash-attention's
+    varlen kernel wants on CUDA); on CPU the block-diagonal mask grows with the square of the row, so
+    bounded rows (e.g. 2x --max-length) are faster there."""
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of storing them (less memory,
+    about one more forward per step)."""
+    logits_chunk_size: int = 0
+    """Compute the LM head over this many target tokens at a time, recomputed in the backward pass, so
+    the full (tokens, vocab) logits never exist at once (large vocabularies, e.g. Qwen2.5's 151,936);
+    0: all at once. Same values and gradients."""
+    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
+    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
+    Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
 
 
 def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
@@ -299,6 +320,20 @@ def load_sft_examples(cfg: SFTConfig, tokenizer) -> tuple[list[TokenizedExample]
     return examples, stats
 
 
+def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: int, device, cfg: SFTConfig
+                         ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(logprobs, loss_mask, real_tokens)`` of one micro-batch: per-token log-probs and loss mask, both
+    ``(B, T)`` right-padded, or ``(R, L)`` packed rows with ``cfg.packing``, and the non-padding token count."""
+    if cfg.packing:
+        packed = pack_examples(examples, pad_token_id, cfg.pack_length).to(device)
+        logprobs = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask, position_ids=packed.position_ids,
+                                     logits_chunk_size=cfg.logits_chunk_size)
+        return logprobs, packed.loss_mask, packed.num_tokens
+    batch = collate(examples, pad_token_id).to(device)
+    logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, logits_chunk_size=cfg.logits_chunk_size)
+    return logprobs, batch.loss_mask, int(batch.attention_mask.sum())
+
+
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``)."""
     if cfg.batch_size % cfg.micro_batch_size:
@@ -315,6 +350,9 @@ def train_sft(cfg: SFTConfig) -> Path:
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps)
     model, start_step = setup.model, setup.start_step
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
     log.info("SFT: %d examples, %d steps of %d (micro-batch %d) on %s/%s", len(examples), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
 
     with training_progress("sft") as progress:
@@ -326,12 +364,11 @@ def train_sft(cfg: SFTConfig) -> Path:
             num_tokens = sum(sum(e.loss_mask) for e in chosen)
             loss_total, seen = 0.0, 0
             for start in range(0, len(chosen), cfg.micro_batch_size):
-                batch = collate(chosen[start : start + cfg.micro_batch_size], tokenizer.pad_token_id).to(spec.device)
-                logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
-                loss, _ = sft_loss(logprobs, batch.loss_mask, num_tokens=num_tokens)
+                logprobs, loss_mask, real = micro_batch_logprobs(model, chosen[start : start + cfg.micro_batch_size], tokenizer.pad_token_id, spec.device, cfg)
+                loss, _ = sft_loss(logprobs, loss_mask, num_tokens=num_tokens)
                 loss.backward()
                 loss_total += loss.item()
-                seen += int(batch.attention_mask.sum())
+                seen += real
             step_info = optimizer_step(setup, cfg.max_grad_norm)
             elapsed = time.perf_counter() - t0
             record = {
@@ -346,6 +383,8 @@ def train_sft(cfg: SFTConfig) -> Path:
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints)
+    if tracker is not None:
+        tracker.close()
     final = run_dir / "model"
     save_model_folder(final, model, tokenizer)
     console.print(f"[green]SFT done[/]: model saved to {final}")

@@ -1,0 +1,19 @@
+"""Memory options the training recipes share (``--gradient-checkpointing``; the chunked LM head is
+``--logits-chunk-size``, see :func:`rlft.ops.lm_head_logprobs`)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each transformer block's activations in the backward pass instead of storing them
+    (transformers' ``gradient_checkpointing_enable`` with non-reentrant ``torch.utils.checkpoint``, which
+    needs no input that requires grad, so frozen embeddings or lower blocks are fine).
+
+    Values and gradients are unchanged (up to float rounding); a step costs about one more forward.
+    Raises ValueError for a model that does not support it.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -56,10 +56,11 @@ class PackedBatch:
 
 def plan_rows(lengths: list[int], pack_length: int | None) -> list[list[int]]:
     """Which sequences go in which row, keeping their order: a new row starts when the next sequence
-    would overflow ``pack_length`` tokens. ``pack_length=None``: everything in one row.
+    would overflow ``pack_length`` tokens; a sequence longer than ``pack_length`` gets a row of its own.
+    ``pack_length=None``: everything in one row.
 
     Raises:
-        ValueError: a sequence longer than ``pack_length``, or ``pack_length < 1``.
+        ValueError: ``pack_length < 1``.
     """
     if pack_length is None:
         return [list(range(len(lengths)))]
@@ -68,8 +69,6 @@ def plan_rows(lengths: list[int], pack_length: int | None) -> list[list[int]]:
     rows: list[list[int]] = []
     used = pack_length + 1
     for i, n in enumerate(lengths):
-        if n > pack_length:
-            raise ValueError(f"sequence {i} has {n} tokens, more than pack_length={pack_length}")
         if used + n > pack_length:
             rows.append([])
             used = 0
@@ -82,8 +81,8 @@ def pack_examples(examples: list[TokenizedExample], pad_token_id: int, pack_leng
     """Pack ``examples`` into rows (see :func:`plan_rows`); sequence ``i`` of the result is ``examples[i]``.
 
     Raises:
-        ValueError: no examples, an empty example, a sequence whose first token is a loss target, or a
-            sequence longer than ``pack_length``.
+        ValueError: no examples, an empty example, a sequence whose first token is a loss target, or
+            ``pack_length < 1``.
     """
     if not examples:
         raise ValueError("cannot pack an empty list of examples")

@@ -8,7 +8,8 @@ import torch
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each transformer block's activations in the backward pass instead of storing them
-    (transformers' ``gradient_checkpointing_enable`` with non-reentrant ``torch.utils.checkpoint``, which
+    (transformers' ``activation_checkpointing_enable``, called ``gradient_checkpointing_enable`` before 5.x,
+    with non-reentrant ``torch.utils.checkpoint``, which
     needs no input that requires grad, so frozen embeddings or lower blocks are fine).
 
     Values and gradients are unchanged (up to float rounding); a step costs about one more forward.
@@ -16,4 +17,8 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

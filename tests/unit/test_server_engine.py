@@ -5,6 +5,7 @@ the server is backed by the same tiny model."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -215,3 +216,34 @@ def test_server_backed_by_a_model_matches_hf_engine(smol_tokenizer):
             mask[0, len(prompt_ids[b]):] = 1
             recomputed = sequence_logprobs(model, ids, torch.ones_like(ids), mask)[0, len(prompt_ids[b]):]
             torch.testing.assert_close(torch.tensor(s.logprobs), recomputed, atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- --rollout-engine
+
+
+def test_make_engine_rejects_unknown_kind_and_server_without_url(smol_tokenizer):
+    from rlft.models import pick_device
+    from rlft.rollout.engines import make_engine
+
+    spec = pick_device("cpu", "float32")
+    with pytest.raises(ValueError, match="unknown rollout engine"):
+        make_engine("tgi", "x", smol_tokenizer, spec)
+    with pytest.raises(ValueError, match="--rollout-url"):
+        make_engine("server", "x", smol_tokenizer, spec)
+
+
+def test_eval_countdown_with_the_server_engine_matches_hf(tmp_path, smol_tokenizer):
+    """`rlft eval countdown --rollout-engine server` against a server backed by the same tiny model as `--rollout-engine hf`."""
+    from rlft.eval.countdown import EvalCountdownConfig, run_eval_countdown
+
+    from tests.conftest import save_model_dir
+
+    model = make_scaled_tiny_model(len(smol_tokenizer), seed=5).eval()
+    model_dir = save_model_dir(tmp_path / "tiny", model, smol_tokenizer)
+    base = EvalCountdownConfig(model=str(model_dir), limit=3, max_new_tokens=5, device="cpu", dtype="float32")
+    hf = run_eval_countdown(base)
+    with FakeVLLM(model_backend(model, smol_tokenizer), model_name=str(model_dir)) as server:
+        served = run_eval_countdown(replace(base, rollout_engine="server", rollout_url=server.url + "/v1"))
+        assert len(server.requests) == 3 and all(r["model"] == str(model_dir) for r in server.requests)
+    assert served.examples == hf.examples
+    assert (served.accuracy, served.mean_completion_tokens) == (hf.accuracy, hf.mean_completion_tokens)

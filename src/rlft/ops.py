@@ -130,6 +130,24 @@ def lm_head_logprobs(
     return torch.cat(parts)
 
 
+def packed_hidden_states(decoder: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Final hidden states ``(R, L, H)`` of packed rows (:mod:`rlft.data.packing`): no attention mask, positions
+    restarting at 0 per sequence, no KV cache (transformers detects packing only without one).
+
+    transformers' flash-attention path recognises packed sequences only in a batch of ONE row (it takes
+    ``cu_seqlens`` from the positions where ``position_ids == 0`` across the flattened row), so with a
+    ``flash_attention_*`` implementation ``R > 1`` rows are run as one ``(1, R * L)`` row (each row's padding
+    tail starts at position 0, so it is a sequence of its own) and reshaped back. SDPA and eager get
+    transformers' block-diagonal causal mask and take several rows as they are.
+    """
+    rows, width = input_ids.shape
+    implementation = str(getattr(getattr(decoder, "config", None), "_attn_implementation", "") or "")
+    if rows > 1 and "flash" in implementation:
+        input_ids, position_ids = input_ids.reshape(1, -1), position_ids.reshape(1, -1)
+    hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+    return hidden.reshape(rows, width, hidden.shape[-1])
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -157,18 +175,19 @@ def sequence_logprobs(
     Returns:
         ``(B, T)`` float32: log p(input_ids[b, t] | prefix) where ``loss_mask[b, t] == 1``, else 0.
     Raises:
-        ValueError: a target with no prefix in its sequence (see above).
+        ValueError: a target with no prefix in its sequence (see above), or ``position_ids`` together with
+            an ``attention_mask`` (transformers would then not detect the packed sequences).
     """
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no prefix to predict it from")
     if position_ids is None:
         hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     else:
+        if attention_mask is not None:
+            raise ValueError("packed rows (position_ids given) take attention_mask=None: attention follows position_ids")
         if bool(loss_mask[position_ids == 0].any()):
             raise ValueError("loss_mask must be 0 where position_ids == 0: a sequence's first token has no prefix")
-        # use_cache=False: transformers detects packed rows from position_ids only when no KV cache is passed.
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                     use_cache=False).last_hidden_state
+        hidden = packed_hidden_states(model.get_decoder(), input_ids, position_ids)
     target_mask = loss_mask[:, 1:].bool()  # (B, T-1): positions t whose token t+1 is a target
     selected = hidden[:, :-1][target_mask]  # (N, H)
     token_logprobs = lm_head_logprobs(

@@ -258,3 +258,33 @@ def test_dpo_and_rm_recipes_with_packing_log_the_padded_losses(tiny_model_dir, t
         train_rm(replace(base, output_dir=str(tmp_path / f"rm-{name}"), **extra))
     for key in ("loss", "eval/accuracy", "eval/loss"):
         assert _losses(tmp_path / "rm-pack", key) == pytest.approx(_losses(tmp_path / "rm-pad", key), abs=1e-4), key
+
+
+def test_flash_attention_gets_one_row_and_other_implementations_keep_rows():
+    """transformers' flash-attention path detects packing only in a batch of one row: packed_hidden_states
+    flattens R rows into one for flash_attention_*, keeps them for sdpa/eager, and reshapes back."""
+    from types import SimpleNamespace
+
+    from rlft.ops import packed_hidden_states
+
+    calls = []
+
+    class FakeDecoder(torch.nn.Module):
+        def __init__(self, implementation):
+            super().__init__()
+            self.config = SimpleNamespace(_attn_implementation=implementation)
+
+        def forward(self, input_ids, position_ids, use_cache):
+            calls.append((tuple(input_ids.shape), position_ids.tolist(), use_cache))
+            return SimpleNamespace(last_hidden_state=input_ids.float().unsqueeze(-1).repeat(1, 1, 3))
+
+    batch = pack_examples([example([1, 2], [3]), example([4], [5, 6])], pad_token_id=0, pack_length=3)
+    for implementation, shape in (("flash_attention_2", (1, 6)), ("sdpa", (2, 3)), ("eager", (2, 3))):
+        calls.clear()
+        hidden = packed_hidden_states(FakeDecoder(implementation), batch.input_ids, batch.position_ids)
+        assert calls[0][0] == shape and calls[0][2] is False
+        assert hidden.shape == (2, 3, 3) and (hidden[..., 0] == batch.input_ids.float()).all()
+    assert calls[0][1] == [[0, 1, 2], [0, 1, 2]]
+    with pytest.raises(ValueError, match="attention_mask=None"):
+        sequence_logprobs(tiny_lm("llama", "sdpa"), batch.input_ids, torch.ones_like(batch.input_ids), batch.loss_mask,
+                          position_ids=batch.position_ids)

@@ -114,7 +114,9 @@ def packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.
         ``(N,)`` float32 rewards, equal to :func:`sequence_rewards` of the same sequences padded (up to
         float rounding).
     """
-    hidden = model.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state  # (R, L, H)
+    from rlft.ops import packed_hidden_states
+
+    hidden = packed_hidden_states(model.base_model, input_ids, position_ids)  # (R, L, H)
     rewards = score_head(model)(hidden.flatten(0, 1)[last_index])  # (N, num_labels)
     if rewards.shape[-1] != 1:
         raise ValueError(f"a reward model has num_labels=1, this one has {rewards.shape[-1]}")

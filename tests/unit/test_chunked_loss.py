@@ -112,3 +112,17 @@ def test_sft_and_dpo_recipes_accept_chunking_and_checkpointing(tiny_model_dir, t
     for name, extra in {"plain": {}, "mem": {"logits_chunk_size": 4, "gradient_checkpointing": True, "packing": True}}.items():
         train_dpo(dpo_cfg(tiny_model_dir, data, tmp_path / f"dpo-{name}", max_steps=2, save_every=0, **extra))
     assert losses(tmp_path / "dpo-mem", "loss") == pytest.approx(losses(tmp_path / "dpo-plain", "loss"), abs=1e-4)
+
+
+@pytest.mark.parametrize("field,value", [("pack_length", 0), ("logits_chunk_size", -1)])
+def test_recipes_reject_bad_scale_options_up_front(tmp_path, field, value):
+    from rlft.recipes.dpo import DPOConfig, train_dpo
+    from rlft.recipes.reward_model import RMConfig, train_rm
+    from rlft.recipes.sft import SFTConfig, train_sft
+
+    for cls, train in ((SFTConfig, train_sft), (DPOConfig, train_dpo), (RMConfig, train_rm)):
+        if field not in cls.__dataclass_fields__:
+            continue
+        with pytest.raises(ValueError, match=field):
+            train(cls(output_dir=str(tmp_path / cls.__name__), **{field: value}))
+        assert not (tmp_path / cls.__name__).exists()  # rejected before the run folder is made

@@ -71,7 +71,7 @@ from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
-from rlft.recipes.memory import enable_gradient_checkpointing
+from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.tracking import attach_tracker
 
 log = logging.getLogger("rlft")
@@ -546,6 +546,7 @@ def _validate(cfg: DPOConfig) -> None:
 
 def train_dpo(cfg: DPOConfig) -> Path:
     """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``)."""
+    check_scale_options(cfg)
     _validate(cfg)
     loss_fn = build_preference_loss(cfg)
     run_dir = start_run_dir(cfg.output_dir, cfg)

@@ -22,3 +22,16 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def check_scale_options(cfg) -> None:
+    """Reject bad ``--pack-length`` / ``--logits-chunk-size`` values before any work (fields a config lacks are skipped).
+
+    Raises:
+        ValueError: ``pack_length < 1`` (None means one row per micro-batch) or ``logits_chunk_size < 0``.
+    """
+    pack_length = getattr(cfg, "pack_length", None)
+    if pack_length is not None and pack_length < 1:
+        raise ValueError(f"pack_length must be >= 1 (or None: one packed row per micro-batch), got {pack_length}")
+    if getattr(cfg, "logits_chunk_size", 0) < 0:
+        raise ValueError(f"logits_chunk_size must be >= 0 (0: no chunking), got {cfg.logits_chunk_size}")

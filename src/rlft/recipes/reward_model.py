@@ -50,7 +50,7 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.recipes.common import TrainingSetup, batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
-from rlft.recipes.memory import enable_gradient_checkpointing
+from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
 from rlft.tracking import attach_tracker
 
@@ -325,6 +325,7 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
 
 def train_rm(cfg: RMConfig) -> Path:
     """Train a reward model as configured; returns the folder of the final model (``output_dir/model``)."""
+    check_scale_options(cfg)
     _validate(cfg)
     run_dir = start_run_dir(cfg.output_dir, cfg)
     torch.manual_seed(cfg.seed)

@@ -48,7 +48,7 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.recipes.common import batch_indices, length_grouped, optimizer_step, prepare_training, start_run_dir
-from rlft.recipes.memory import enable_gradient_checkpointing
+from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.tracking import attach_tracker
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
@@ -336,6 +336,7 @@ def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: 
 
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``)."""
+    check_scale_options(cfg)
     if cfg.batch_size % cfg.micro_batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
     run_dir = start_run_dir(cfg.output_dir, cfg)

@@ -66,11 +66,28 @@ def assert_same_grads(a: dict, b: dict, atol: float = ATOL) -> None:
 # --------------------------------------------------------------------------- layout
 
 
-def test_plan_rows_keeps_order_and_bounds_rows():
+def test_plan_rows_first_fit_decreasing_within_bounds():
     assert plan_rows([3, 4, 2], None) == [[0, 1, 2]]
-    assert plan_rows([3, 4, 2, 5, 1], 7) == [[0, 1], [2, 3], [4]]
+    assert plan_rows([3, 4, 2, 5, 1], 7) == [[3, 2], [1, 0], [4]]
     assert plan_rows([7, 7], 7) == [[0], [1]]
-    assert plan_rows([3, 9, 2], 7) == [[0], [1], [2]]  # too long for a row: a row of its own
+    assert plan_rows([3, 9, 2], 7) == [[1], [0, 2]]  # too long for a row: a row of its own
+    for lengths in ([5, 1, 4, 2, 3, 3], [8, 8, 1, 1], [2] * 7):
+        rows = plan_rows(lengths, max(lengths))
+        assert len(rows) <= len(lengths) and sorted(i for r in rows for i in r) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in r) <= max(lengths) for r in rows)
+    assert len(plan_rows([5, 1, 4, 2, 3, 3], 5)) == 4  # padded: 6 rows of 5
+
+
+def test_default_pack_length_one_row_for_flash_longest_sequence_otherwise():
+    from types import SimpleNamespace
+
+    from rlft.data.packing import default_pack_length
+
+    def model(implementation):
+        return SimpleNamespace(config=SimpleNamespace(_attn_implementation=implementation))
+
+    assert default_pack_length(model("flash_attention_2"), [3, 9]) is None
+    assert default_pack_length(model("sdpa"), [3, 9]) == 9 == default_pack_length(model("eager"), [9, 3])
     with pytest.raises(ValueError, match="pack_length"):
         plan_rows([3], 0)
 

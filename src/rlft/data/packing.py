@@ -55,9 +55,12 @@ class PackedBatch:
 
 
 def plan_rows(lengths: list[int], pack_length: int | None) -> list[list[int]]:
-    """Which sequences go in which row, keeping their order: a new row starts when the next sequence
-    would overflow ``pack_length`` tokens; a sequence longer than ``pack_length`` gets a row of its own.
-    ``pack_length=None``: everything in one row.
+    """Which sequences go in which row: first-fit decreasing (longest first, each into the first row with
+    room for it, ties in index order) into rows of at most ``pack_length`` tokens; a sequence longer than
+    ``pack_length`` gets a row of its own. ``pack_length=None``: everything in one row, in order.
+
+    With ``pack_length`` = the longest sequence this never needs more rows than right padding does (each
+    row holds at least one sequence), so no row is longer than a padded one and there are no more of them.
 
     Raises:
         ValueError: ``pack_length < 1``.
@@ -67,14 +70,28 @@ def plan_rows(lengths: list[int], pack_length: int | None) -> list[list[int]]:
     if pack_length < 1:
         raise ValueError(f"pack_length must be >= 1 (or None for one row), got {pack_length}")
     rows: list[list[int]] = []
-    used = pack_length + 1
-    for i, n in enumerate(lengths):
-        if used + n > pack_length:
+    used: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((r for r, u in enumerate(used) if u + lengths[i] <= pack_length), None)
+        if r is None:
             rows.append([])
-            used = 0
-        rows[-1].append(i)
-        used += n
+            used.append(0)
+            r = len(rows) - 1
+        rows[r].append(i)
+        used[r] += lengths[i]
     return rows
+
+
+def default_pack_length(model, lengths: list[int]) -> int | None:
+    """The row length ``--packing`` uses when ``--pack-length`` is not set.
+
+    - flash-attention (``config._attn_implementation`` contains "flash"): None, one row (its varlen kernel
+      costs the same however the tokens are split, and wants one row);
+    - anything else (SDPA, eager: a dense block-diagonal mask whose cost grows with the square of the row):
+      the longest sequence, so packed rows are never longer, nor more, than padded ones.
+    """
+    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
+    return None if "flash" in implementation else max(lengths)
 
 
 def pack_examples(examples: list[TokenizedExample], pad_token_id: int, pack_length: int | None = None) -> PackedBatch:

@@ -65,7 +65,7 @@ from rlft.data import preferences
 from rlft.data.chat import ensure_chat_template
 from rlft.data.chat import tokenize_preference_pair as tokenize_chat_sequences
 from rlft.data.files import DataError, read_rows
-from rlft.data.packing import pack_examples, sequence_sums
+from rlft.data.packing import default_pack_length, pack_examples, sequence_sums
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
@@ -169,9 +169,10 @@ class DPOConfig:
     (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
     loss and gradients as padding, up to float rounding."""
     pack_length: int | None = None
-    """With --packing: most tokens per packed row. None: one row per micro-batch (what flash-attention's
-    varlen kernel wants on CUDA); on CPU the block-diagonal mask grows with the square of the row, so
-    bounded rows (e.g. 2x --max-length) are faster there."""
+    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
+    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
+    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
+    so never more rows nor longer ones than padding."""
     gradient_checkpointing: bool = False
     """Recompute each block's activations in the backward pass instead of storing them (less memory,
     about one more forward per step)."""
@@ -403,13 +404,14 @@ def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device, 
     ``0..B-1`` chosen, ``B..2B-1`` rejected). Causal attention with right padding means neither the
     amount of padding nor the other rows change a pair's values (up to float rounding). With
     ``packing`` the 2B sequences are packed instead (:mod:`rlft.data.packing`, rows of at most
-    ``pack_length`` tokens) and the per-sequence sums are taken out of the packed rows; the values are
+    ``pack_length`` tokens, default :func:`rlft.data.packing.default_pack_length`) and the per-sequence sums are taken out of the packed rows; the values are
     the same up to float rounding. ``logits_chunk_size``: see :func:`rlft.ops.sequence_logprobs`.
     """
     sequences = [p.chosen for p in pairs] + [p.rejected for p in pairs]
     n = len(pairs)
     if packing:
-        packed = pack_examples(sequences, pad_token_id, pack_length).to(device)
+        lengths = [len(e.input_ids) for e in sequences]
+        packed = pack_examples(sequences, pad_token_id, pack_length or default_pack_length(model, lengths)).to(device)
         token_logps = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask, position_ids=packed.position_ids,
                                         logits_chunk_size=logits_chunk_size)  # (R, L)
         sums = sequence_sums(token_logps, packed)  # (2B,)

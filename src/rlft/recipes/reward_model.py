@@ -45,7 +45,7 @@ import torch
 
 from rlft.checkpoint import save_checkpoint, save_model_folder
 from rlft.console import console, training_progress
-from rlft.data.packing import pack_examples
+from rlft.data.packing import default_pack_length, pack_examples
 from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
@@ -153,9 +153,10 @@ class RMConfig:
     (position_ids restart at every sequence, attention stays inside each; the reward is read at each
     sequence's last token; see rlft.data.packing). Same rewards as padding, up to float rounding."""
     pack_length: int | None = None
-    """With --packing: most tokens per packed row. None: one row per micro-batch (what flash-attention's
-    varlen kernel wants on CUDA); on CPU the block-diagonal mask grows with the square of the row, so
-    bounded rows (e.g. 2x --max-length) are faster there."""
+    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
+    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
+    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
+    so never more rows nor longer ones than padding."""
     gradient_checkpointing: bool = False
     """Recompute each block's activations in the backward pass instead of storing them (less memory,
     about one more forward per step)."""
@@ -264,10 +265,12 @@ def pair_rewards(model, examples: list[RMExample], pad_token_id: int, device, *,
                  packing: bool = False, pack_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(chosen_rewards, rejected_rewards)``, each ``(B,)``, from ONE forward pass over a right-padded
     ``(2B, T)`` batch (rows ``0..B-1`` chosen, ``B..2B-1`` rejected), or with ``packing`` over the 2B
-    sequences packed into rows of at most ``pack_length`` tokens (:mod:`rlft.data.packing`)."""
+    sequences packed into rows of at most ``pack_length`` tokens (:mod:`rlft.data.packing`; default
+    :func:`rlft.data.packing.default_pack_length`)."""
     sequences = [e.chosen for e in examples] + [e.rejected for e in examples]
     if packing:
-        packed = pack_examples(sequences, pad_token_id, pack_length).to(device)
+        lengths = [len(e.input_ids) for e in sequences]
+        packed = pack_examples(sequences, pad_token_id, pack_length or default_pack_length(model, lengths)).to(device)
         rewards = packed_sequence_rewards(model, packed.input_ids, packed.position_ids, packed.last_index)
         n = len(examples)
         return rewards[:n], rewards[n:]

@@ -43,7 +43,7 @@ from rlft.console import console, training_progress
 from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
 from rlft.data.preferences import ChatExample, load_chat_examples
-from rlft.data.packing import pack_examples
+from rlft.data.packing import default_pack_length, pack_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
@@ -136,9 +136,10 @@ class SFTConfig:
     (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
     loss and gradients as padding, up to float rounding."""
     pack_length: int | None = None
-    """With --packing: most tokens per packed row. None: one row per micro-batch (what flash-attention's
-    varlen kernel wants on CUDA); on CPU the block-diagonal mask grows with the square of the row, so
-    bounded rows (e.g. 2x --max-length) are faster there."""
+    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
+    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
+    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
+    so never more rows nor longer ones than padding."""
     gradient_checkpointing: bool = False
     """Recompute each block's activations in the backward pass instead of storing them (less memory,
     about one more forward per step)."""
@@ -325,7 +326,8 @@ def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: 
     """``(logprobs, loss_mask, real_tokens)`` of one micro-batch: per-token log-probs and loss mask, both
     ``(B, T)`` right-padded, or ``(R, L)`` packed rows with ``cfg.packing``, and the non-padding token count."""
     if cfg.packing:
-        packed = pack_examples(examples, pad_token_id, cfg.pack_length).to(device)
+        lengths = [len(e.input_ids) for e in examples]
+        packed = pack_examples(examples, pad_token_id, cfg.pack_length or default_pack_length(model, lengths)).to(device)
         logprobs = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask, position_ids=packed.position_ids,
                                      logits_chunk_size=cfg.logits_chunk_size)
         return logprobs, packed.loss_mask, packed.num_tokens

@@ -404,8 +404,9 @@ def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device, 
     ``0..B-1`` chosen, ``B..2B-1`` rejected). Causal attention with right padding means neither the
     amount of padding nor the other rows change a pair's values (up to float rounding). With
     ``packing`` the 2B sequences are packed instead (:mod:`rlft.data.packing`, rows of at most
-    ``pack_length`` tokens, default :func:`rlft.data.packing.default_pack_length`) and the per-sequence sums are taken out of the packed rows; the values are
-    the same up to float rounding. ``logits_chunk_size``: see :func:`rlft.ops.sequence_logprobs`.
+    ``pack_length`` tokens, default :func:`rlft.data.packing.default_pack_length`) and the per-sequence
+    sums are taken out of the packed rows; the values are the same up to float rounding.
+    ``logits_chunk_size``: see :func:`rlft.ops.sequence_logprobs`.
     """
     sequences = [p.chosen for p in pairs] + [p.rejected for p in pairs]
     n = len(pairs)

@@ -50,9 +50,10 @@ test -n "$(ls "$OUT/sft/tensorboard")" || { echo "no TensorBoard events written"
 
 echo "== 2. RLOO"
 RLOO_ENGINE=()
-if rlft rloo --help 2>/dev/null | grep -q -- "--rollout-engine"; then RLOO_ENGINE=(--rollout-engine vllm); fi
+RLOO_HELP=$(rlft rloo --help 2>/dev/null || true)
+if grep -q -- "--rollout-engine" <<< "$RLOO_HELP"; then RLOO_ENGINE=(--rollout-engine vllm); fi
 rlft rloo --model "$OUT/sft/model" --output-dir "$OUT/rloo" --max-steps 8 --prompts-per-step 16 --k 4 \
-  --max-new-tokens 256 --save-every 0 "${RLOO_ENGINE[@]}"
+  --max-new-tokens 256 --save-every 0 ${RLOO_ENGINE[@]+"${RLOO_ENGINE[@]}"}
 
 echo "== 3. eval countdown with each engine"
 EVAL_ARGS=(--model "$OUT/rloo/model" --limit 128 --max-new-tokens 256 --mode greedy)

@@ -126,3 +126,23 @@ def test_recipes_reject_bad_scale_options_up_front(tmp_path, field, value):
         with pytest.raises(ValueError, match=field):
             train(cls(output_dir=str(tmp_path / cls.__name__), **{field: value}))
         assert not (tmp_path / cls.__name__).exists()  # rejected before the run folder is made
+
+
+def test_rm_recipe_with_checkpointing_frozen_blocks_and_packing_matches_plain(tiny_model_dir, tmp_path):
+    """Non-reentrant checkpointing needs no input that requires grad: frozen lower blocks (--train-layers) work."""
+    import json
+    from dataclasses import replace
+
+    from rlft.recipes.reward_model import RMConfig, train_rm
+    from tests.conftest import write_jsonl_rows
+
+    chat = write_jsonl_rows(tmp_path / "chat.jsonl", [
+        {"prompt": f"What is {i} + {i}?", "chosen": f"It is {2 * i}.", "rejected": "No idea, sorry."} for i in range(8)])
+    base = RMConfig(model=str(tiny_model_dir), data=str(chat), chat_template="chatml", max_length=64, batch_size=4,
+                    micro_batch_size=2, max_steps=2, lr=1e-3, warmup_ratio=0.0, schedule="constant", eval_fraction=0.0,
+                    save_every=0, device="cpu", dtype="float32", seed=0, train_layers=1)
+    for name, extra in {"plain": {}, "mem": {"gradient_checkpointing": True, "packing": True}}.items():
+        train_rm(replace(base, output_dir=str(tmp_path / name), **extra))
+    losses = {name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+              for name in ("plain", "mem")}
+    assert losses["mem"] == pytest.approx(losses["plain"], abs=1e-4)

@@ -72,7 +72,7 @@ def run_side(args) -> dict:
     pad = tokenizer.pad_token_id
     sft_cfg = SFTConfig(packing=packing, pack_length=args.pack_length)
     sync = torch.cuda.synchronize if spec.device.type == "cuda" else (lambda: None)
-    records = []
+    records, computed = [], 0
     for step in range(args.steps + 1):
         batch = sorted(items[step * args.batch_size : (step + 1) * args.batch_size], key=length)
         sync()
@@ -80,6 +80,8 @@ def run_side(args) -> dict:
         tokens = 0
         for start in range(0, len(batch), args.micro_batch_size):
             mb = batch[start : start + args.micro_batch_size]
+            if step > 0:
+                computed += computed_tokens(mb, args, model, packing)
             weight = len(mb) / len(batch)
             if args.task == "dpo":
                 lp = pair_logprobs(model, mb, pad, spec.device, packing=packing, pack_length=args.pack_length)
@@ -100,7 +102,20 @@ def run_side(args) -> dict:
     return {"side": args.side, "task": args.task, "device": str(spec.device), "steps": len(records),
             "step_s": statistics.median(r["step_s"] for r in records),
             "tokens_per_s": sum(r["tokens"] for r in records) / total_s,
-            "tokens_per_step": sum(r["tokens"] for r in records) / len(records), "peak_memory": peak_memory(spec.device)}
+            "tokens_per_step": sum(r["tokens"] for r in records) / len(records), "peak_memory": peak_memory(spec.device),
+            "computed_per_step": computed / len(records)}
+
+
+def computed_tokens(mb, args, model, packing: bool) -> int:
+    """Token positions the model runs over for one micro-batch, padding included: rows x row length."""
+    from rlft.data.packing import default_pack_length, plan_rows
+
+    sequences = [e for p in mb for e in (p.chosen, p.rejected)] if args.task == "dpo" else list(mb)
+    lengths = [len(e.input_ids) for e in sequences]
+    if not packing:
+        return len(lengths) * max(lengths)
+    rows = plan_rows(lengths, args.pack_length or default_pack_length(model, lengths))
+    return len(rows) * max(sum(lengths[i] for i in row) for row in rows)
 
 
 def main() -> None:
@@ -126,6 +141,7 @@ def main() -> None:
         results[side] = json.loads(out)
         r = results[side]
         print(f"{args.task} {side:>6}: step_s={r['step_s']:.2f} (median of {r['steps']}) tokens/step={r['tokens_per_step']:.0f} "
+              f"computed/step={r['computed_per_step']:.0f} "
               f"tokens/s={r['tokens_per_s']:.0f} peak_memory={r['peak_memory']} device={r['device']}", flush=True)
     print(f"{args.task}: packed/padded tokens/s = {results['packed']['tokens_per_s'] / results['padded']['tokens_per_s']:.2f}x "
           f"(pack_length={args.pack_length}, batch {args.batch_size}, micro-batch {args.micro_batch_size}, max_length {args.max_length})")

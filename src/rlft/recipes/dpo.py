@@ -421,8 +421,8 @@ def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device, 
         return PairLogprobs(chosen_sum=sums[:n], rejected_sum=sums[n:], chosen_mean=means[:n], rejected_mean=means[n:],
                             chosen_token_logps=token_logps, chosen_mask=chosen_mask)
     batch = collate(sequences, pad_token_id).to(device)
-    token_logps = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                    logits_chunk_size=logits_chunk_size)  # (2B, T)
+    chunking = {"logits_chunk_size": logits_chunk_size} if logits_chunk_size else {}  # default: the plain call
+    token_logps = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, **chunking)  # (2B, T)
     sums = masked_sum(token_logps, batch.loss_mask, dim=-1)  # (2B,)
     means = masked_mean(token_logps, batch.loss_mask, dim=-1)  # (2B,)
     return PairLogprobs(

@@ -332,7 +332,8 @@ def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: 
                                      logits_chunk_size=cfg.logits_chunk_size)
         return logprobs, packed.loss_mask, packed.num_tokens
     batch = collate(examples, pad_token_id).to(device)
-    logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, logits_chunk_size=cfg.logits_chunk_size)
+    chunking = {"logits_chunk_size": cfg.logits_chunk_size} if cfg.logits_chunk_size else {}  # default: the plain call
+    logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, **chunking)
     return logprobs, batch.loss_mask, int(batch.attention_mask.sum())
 
 

@@ -27,6 +27,7 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -228,7 +229,11 @@ class MetricsLog:
     :mod:`rlft.run_folder`). A line that does not parse (cut short by a kill) is dropped with a warning.
     """
 
-    def __init__(self, path: Path, resume_step: int | None = None):
+    ``sink``: optional callable that also receives every logged record (an experiment tracker, see
+    :func:`rlft.tracking.attach_tracker`); it may be set after construction."""
+
+    def __init__(self, path: Path, resume_step: int | None = None, sink: Callable[[dict], None] | None = None):
+        self.sink = sink
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
@@ -252,6 +257,8 @@ class MetricsLog:
     def log(self, record: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.sink is not None:
+            self.sink(record)
 
 
 def read_metrics(path: Path) -> list[dict]:

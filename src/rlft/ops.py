@@ -79,13 +79,84 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature
     return -F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
 
 
+def lm_head_logprobs(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head: torch.nn.Module,
+    *,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    chunk_size: int = 0,
+) -> torch.Tensor:
+    """Log-probability of each target token from final hidden states, optionally chunked over tokens.
+
+    ``logits = head(hidden)`` (then ``tanh(logits / softcap) * softcap`` when ``softcap``), and the
+    result is :func:`logprobs_from_logits` of ``targets``. With ``chunk_size > 0`` the ``N`` tokens are
+    processed ``chunk_size`` at a time and each chunk is recomputed in the backward pass
+    (``torch.utils.checkpoint``, non-reentrant), so at most a ``(chunk_size, V)`` block of logits (and
+    its gradient) exists at once instead of ``(N, V)``: with Qwen2.5's V = 151,936 and N = 2,048 that is
+    160 MB per chunk of 256 instead of 1.2 GB per copy (logits, log-softmax, gradient). Values and
+    gradients equal the unchunked ones up to float rounding; the price is one more LM-head matmul per
+    chunk in the backward pass. (The chunked-cross-entropy idea of Liger-Kernel's fused linear CE and
+    of Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models", without their kernels.)
+
+    Args:
+        hidden: ``(N, H)`` final hidden states at the positions that predict ``targets``.
+        targets: ``(N,)`` long target token ids.
+        head: the LM head (``model.get_output_embeddings()``), ``(N, H) -> (N, V)``.
+        chunk_size: tokens per chunk; 0 (or >= N) computes all logits at once.
+    Returns:
+        ``(N,)`` float32 log-probs (differentiable w.r.t. ``hidden`` and the head's parameters).
+    """
+    if chunk_size < 0:
+        raise ValueError(f"chunk_size must be >= 0 (0: no chunking), got {chunk_size}")
+
+    def chunk_logprobs(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = head(h)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logprobs_from_logits(logits, y, temperature)
+
+    if chunk_size == 0 or hidden.shape[0] <= chunk_size:
+        return chunk_logprobs(hidden, targets)
+    from torch.utils.checkpoint import checkpoint
+
+    parts = []
+    for h, y in zip(hidden.split(chunk_size), targets.split(chunk_size)):
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(chunk_logprobs, h, y, use_reentrant=False))
+        else:
+            parts.append(chunk_logprobs(h, y))
+    return torch.cat(parts)
+
+
+def packed_hidden_states(decoder: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Final hidden states ``(R, L, H)`` of packed rows (:mod:`rlft.data.packing`): no attention mask, positions
+    restarting at 0 per sequence, no KV cache (transformers detects packing only without one).
+
+    transformers' flash-attention path recognises packed sequences only in a batch of ONE row (it takes
+    ``cu_seqlens`` from the positions where ``position_ids == 0`` across the flattened row), so with a
+    ``flash_attention_*`` implementation ``R > 1`` rows are run as one ``(1, R * L)`` row (each row's padding
+    tail starts at position 0, so it is a sequence of its own) and reshaped back. SDPA and eager get
+    transformers' block-diagonal causal mask and take several rows as they are.
+    """
+    rows, width = input_ids.shape
+    implementation = str(getattr(getattr(decoder, "config", None), "_attn_implementation", "") or "")
+    if rows > 1 and "flash" in implementation:
+        input_ids, position_ids = input_ids.reshape(1, -1), position_ids.reshape(1, -1)
+    hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+    return hidden.reshape(rows, width, hidden.shape[-1])
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     loss_mask: torch.Tensor,
     temperature: float = 1.0,
     *,
+    position_ids: torch.Tensor | None = None,
+    logits_chunk_size: int = 0,
     return_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of ``input_ids`` under ``model``, computed only where ``loss_mask`` is 1.
@@ -96,27 +167,46 @@ def sequence_logprobs(
     Args:
         input_ids, attention_mask, loss_mask: ``(B, T)``; ``loss_mask[:, 0]`` must be 0.
         temperature: divide logits by this (use the sampling temperature for RL log-probs).
+        position_ids: ``(B, T)`` for packed rows (:mod:`rlft.data.packing`: restarting at 0 at every
+            sequence, ``attention_mask=None``); then the first token of every sequence
+            (``position_ids == 0``) must have ``loss_mask`` 0. None: positions from the attention mask
+            as usual (right padding).
+        logits_chunk_size: compute the LM head this many target tokens at a time, recomputing in the
+            backward pass (:func:`lm_head_logprobs`); 0: all at once (the default; same values).
         return_entropy: also return the entropy ``H_t = -sum_v p_v log p_v`` of the (tempered)
-            next-token distribution at each target position, with gradient.
+            next-token distribution at each target position, with gradient (needs the full logits: not
+            with ``logits_chunk_size``).
     Returns:
         ``(B, T)`` float32: log p(input_ids[b, t] | prefix) where ``loss_mask[b, t] == 1``, else 0;
         with ``return_entropy``, ``(logprobs, entropy)``, both ``(B, T)`` (entropy 0 off the mask).
+    Raises:
+        ValueError: a target with no prefix in its sequence (see above), or ``position_ids`` together with
+            an ``attention_mask`` (transformers would then not detect the packed sequences).
     """
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no prefix to predict it from")
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    if position_ids is None:
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    else:
+        if attention_mask is not None:
+            raise ValueError("packed rows (position_ids given) take attention_mask=None: attention follows position_ids")
+        if bool(loss_mask[position_ids == 0].any()):
+            raise ValueError("loss_mask must be 0 where position_ids == 0: a sequence's first token has no prefix")
+        hidden = packed_hidden_states(model.get_decoder(), input_ids, position_ids)
     target_mask = loss_mask[:, 1:].bool()  # (B, T-1): positions t whose token t+1 is a target
     selected = hidden[:, :-1][target_mask]  # (N, H)
-    logits = model.get_output_embeddings()(selected)  # (N, V)
-    scale = getattr(model.config, "final_logit_softcapping", None)
-    if scale:
-        logits = torch.tanh(logits / scale) * scale
-    token_logprobs = logprobs_from_logits(logits, input_ids[:, 1:][target_mask], temperature)
+    targets = input_ids[:, 1:][target_mask]  # (N,)
+    head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    out[:, 1:][target_mask] = token_logprobs
     if not return_entropy:
+        out[:, 1:][target_mask] = lm_head_logprobs(selected, targets, head, temperature=temperature, softcap=softcap,
+                                                   chunk_size=logits_chunk_size)
         return out
-    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, V)
+    logits = head(selected)  # (N, V): the entropy needs the whole distribution
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
+    out[:, 1:][target_mask] = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     entropy[:, 1:][target_mask] = -(log_p.exp() * log_p).sum(-1)
     return out, entropy

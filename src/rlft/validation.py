@@ -79,6 +79,8 @@ RULES: dict[str, Rule] = {
     "margin_scale": NON_NEGATIVE,
     "rpo_alpha": NON_NEGATIVE,
     "entropy_coef": NON_NEGATIVE,
+    "logits_chunk_size": NON_NEGATIVE,
+    "pack_length": POSITIVE_INT,
     "clip_low": NON_NEGATIVE,
     "clip_high": NON_NEGATIVE,
     "lora_r": NON_NEGATIVE,

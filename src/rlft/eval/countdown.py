@@ -199,6 +199,12 @@ class EvalCountdownConfig:
     """"auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16" or "float16"."""
     seed: int = 0
     """Sampling seed."""
+    rollout_engine: Literal["hf", "vllm", "server"] = "hf"
+    """Who generates: 'hf' (transformers generate), 'vllm' (vLLM in this process; pip install rlft[vllm],
+    CUDA), or 'server' (an OpenAI-compatible completions server serving --model, e.g. `vllm serve`, at
+    --rollout-url)."""
+    rollout_url: str | None = None
+    """Server base URL for --rollout-engine server, e.g. http://127.0.0.1:8000/v1."""
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -235,14 +241,15 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
         rlft.models.ModelNotFoundError: the model cannot be loaded.
         ValueError: unknown preset or prompt template, or no tasks.
     """
-    from rlft.models import load_model, load_tokenizer, pick_device
-    from rlft.rollout.hf import HFEngine
+    from rlft.models import load_tokenizer, pick_device
+    from rlft.rollout.engines import make_engine
 
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     tasks = load_eval_tasks(cfg)
     prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
-    model = load_model(cfg.model, spec)
+    engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, url=cfg.rollout_url, batch_size=cfg.batch_size,
+                         show_progress=True, add_special_tokens=adds_special_tokens(cfg.prompt_template))
     max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
     if cfg.mode == "greedy":
         params = SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=cfg.seed)
@@ -250,8 +257,6 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
         params = SamplingParams(
             k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens, seed=cfg.seed
         )
-    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True,
-                      add_special_tokens=adds_special_tokens(cfg.prompt_template))
     result = evaluate_countdown(engine, tasks, prompts, params)
     print_result(result, title=f"Countdown eval: {cfg.model}")
     if cfg.output:

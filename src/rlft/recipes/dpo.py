@@ -65,6 +65,7 @@ from rlft.data import preferences
 from rlft.data.chat import ensure_chat_template
 from rlft.data.chat import tokenize_preference_pair as tokenize_chat_sequences
 from rlft.data.files import DataError, read_rows
+from rlft.data.packing import default_pack_length, pack_examples, sequence_sums
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
@@ -72,6 +73,8 @@ from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions, save_final_model
 from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.validation import OptionError, validate_options
+from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
+from rlft.tracking import attach_tracker
 
 log = logging.getLogger("rlft")
 
@@ -169,6 +172,25 @@ class DPOConfig(LoRAOptions):
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+    packing: bool = False
+    """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
+    (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
+    loss and gradients as padding, up to float rounding."""
+    pack_length: int | None = None
+    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
+    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
+    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
+    so never more rows nor longer ones than padding."""
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of storing them (less memory,
+    about one more forward per step)."""
+    logits_chunk_size: int = 0
+    """Compute the LM head over this many target tokens at a time, recomputed in the backward pass, so
+    the full (tokens, vocab) logits never exist at once (large vocabularies, e.g. Qwen2.5's 151,936);
+    0: all at once. Same values and gradients."""
+    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
+    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
+    Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -383,22 +405,39 @@ class PairLogprobs:
     rejected_sum: torch.Tensor  # (B,)
     chosen_mean: torch.Tensor  # (B,) per-token mean of the same
     rejected_mean: torch.Tensor  # (B,)
-    chosen_token_logps: torch.Tensor  # (B, T) per-token log-probs of the chosen rows, 0 off-mask
-    chosen_mask: torch.Tensor  # (B, T) 1 on chosen response tokens
+    chosen_token_logps: torch.Tensor  # (B, T) per-token log-probs of the chosen rows, 0 off-mask (packed: (R, L))
+    chosen_mask: torch.Tensor  # (B, T) 1 on chosen response tokens (packed: (R, L), 1 on chosen tokens only)
 
 
-def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device) -> PairLogprobs:
+def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device, *, packing: bool = False,
+                  pack_length: int | None = None, logits_chunk_size: int = 0) -> PairLogprobs:
     """Log-probs of each pair's chosen and rejected response from ONE forward pass.
 
     The B chosen and B rejected sequences are collated into one right-padded ``(2B, T)`` batch (rows
     ``0..B-1`` chosen, ``B..2B-1`` rejected). Causal attention with right padding means neither the
-    amount of padding nor the other rows change a pair's values (up to float rounding).
+    amount of padding nor the other rows change a pair's values (up to float rounding). With
+    ``packing`` the 2B sequences are packed instead (:mod:`rlft.data.packing`, rows of at most
+    ``pack_length`` tokens, default :func:`rlft.data.packing.default_pack_length`) and the per-sequence
+    sums are taken out of the packed rows; the values are the same up to float rounding.
+    ``logits_chunk_size``: see :func:`rlft.ops.sequence_logprobs`.
     """
-    batch = collate([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_token_id).to(device)
-    token_logps = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
+    sequences = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    n = len(pairs)
+    if packing:
+        lengths = [len(e.input_ids) for e in sequences]
+        packed = pack_examples(sequences, pad_token_id, pack_length or default_pack_length(model, lengths)).to(device)
+        token_logps = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask, position_ids=packed.position_ids,
+                                        logits_chunk_size=logits_chunk_size)  # (R, L)
+        sums = sequence_sums(token_logps, packed)  # (2B,)
+        means = sums / sequence_sums(torch.ones_like(token_logps), packed).clamp(min=1)
+        chosen_mask = packed.loss_mask * ((packed.sequence_index >= 0) & (packed.sequence_index < n))
+        return PairLogprobs(chosen_sum=sums[:n], rejected_sum=sums[n:], chosen_mean=means[:n], rejected_mean=means[n:],
+                            chosen_token_logps=token_logps, chosen_mask=chosen_mask)
+    batch = collate(sequences, pad_token_id).to(device)
+    chunking = {"logits_chunk_size": logits_chunk_size} if logits_chunk_size else {}  # default: the plain call
+    token_logps = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, **chunking)  # (2B, T)
     sums = masked_sum(token_logps, batch.loss_mask, dim=-1)  # (2B,)
     means = masked_mean(token_logps, batch.loss_mask, dim=-1)  # (2B,)
-    n = len(pairs)
     return PairLogprobs(
         chosen_sum=sums[:n],
         rejected_sum=sums[n:],
@@ -407,6 +446,11 @@ def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device) 
         chosen_token_logps=token_logps[:n],
         chosen_mask=batch.loss_mask[:n],
     )
+
+
+def _forward_options(cfg: DPOConfig) -> dict:
+    """:func:`pair_logprobs`'s keyword options from the config (policy and reference alike)."""
+    return {"packing": cfg.packing, "pack_length": cfg.pack_length, "logits_chunk_size": cfg.logits_chunk_size}
 
 
 def _fingerprint(ref_name: str, pairs: list[TokenizedPair], dtype: torch.dtype) -> str:
@@ -420,10 +464,11 @@ def _fingerprint(ref_name: str, pairs: list[TokenizedPair], dtype: torch.dtype) 
 
 @torch.no_grad()
 def compute_reference_logprobs(
-    model, pairs: list[TokenizedPair], pad_token_id: int, device, batch_size: int
+    model, pairs: list[TokenizedPair], pad_token_id: int, device, batch_size: int, **forward
 ) -> dict[str, torch.Tensor]:
     """Reference log-probs of every pair: ``{"chosen_sum", "rejected_sum", "chosen_mean",
-    "rejected_mean"}``, each ``(N,)`` float32 on the CPU, in the order of ``pairs``."""
+    "rejected_mean"}``, each ``(N,)`` float32 on the CPU, in the order of ``pairs``. ``forward``:
+    :func:`pair_logprobs`'s keyword options (packing, pack_length, logits_chunk_size)."""
     was_training = model.training
     model.eval()
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}
@@ -432,7 +477,7 @@ def compute_reference_logprobs(
             bar = progress.add_task("reference log-probs", total=len(pairs), info="")
             for start in range(0, len(pairs), batch_size):
                 chunk = pairs[start : start + batch_size]
-                lp = pair_logprobs(model, chunk, pad_token_id, device)
+                lp = pair_logprobs(model, chunk, pad_token_id, device, **forward)
                 for key in parts:
                     parts[key].append(getattr(lp, key).float().cpu())
                 progress.update(bar, advance=len(chunk))
@@ -457,7 +502,7 @@ def reference_logprobs(
         log.warning("%s was computed for other pairs or another reference model: recomputing", path)
     log.info("computing reference log-probs of %d pairs with %s", len(pairs), ref_name)
     model = load_model(ref_name, spec)
-    ref = compute_reference_logprobs(model, pairs, pad_token_id, spec.device, cfg.micro_batch_size)
+    ref = compute_reference_logprobs(model, pairs, pad_token_id, spec.device, cfg.micro_batch_size, **_forward_options(cfg))
     del model  # the only reference: training never holds the reference model
     gc.collect()
     if spec.device.type == "cuda":
@@ -517,6 +562,7 @@ def _validate(cfg: DPOConfig) -> None:
 
 def train_dpo(cfg: DPOConfig) -> Path:
     """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``)."""
+    check_scale_options(cfg)
     _validate(cfg)
     loss_fn = build_preference_loss(cfg)
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
@@ -534,6 +580,10 @@ def train_dpo(cfg: DPOConfig) -> Path:
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
                              optimizer=cfg.optimizer, lora=cfg.lora_settings())
     model, start_step = setup.model, setup.start_step
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
+    forward = _forward_options(cfg)
     log.info("%s: %d pairs, %d steps of %d pairs (micro-batch %d) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
 
     with training_progress(cfg.loss_type) as progress:
@@ -548,7 +598,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
             for start in range(0, len(indices), cfg.micro_batch_size):
                 idx = indices[start : start + cfg.micro_batch_size]
                 weight = len(idx) / len(indices)  # micro-batch means, weighted, add up to the batch mean
-                policy = pair_logprobs(model, [pairs[i] for i in idx], tokenizer.pad_token_id, spec.device)
+                policy = pair_logprobs(model, [pairs[i] for i in idx], tokenizer.pad_token_id, spec.device, **forward)
                 ref_mb = {k: v[idx].to(spec.device) for k, v in ref.items()}
                 # Token-mean over the whole batch's chosen tokens, divided by the weight that scales the loss.
                 chosen_nll = -aggregate(policy.chosen_token_logps, policy.chosen_mask, num_tokens=num_chosen_tokens) / weight
@@ -565,6 +615,8 @@ def train_dpo(cfg: DPOConfig) -> Path:
             progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+    if tracker is not None:
+        tracker.close()
     final = save_final_model(run_dir, model, tokenizer)
     write_run_config(run_dir, cfg)
     console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")

@@ -27,6 +27,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from rlft.data.files import write_jsonl
 from rlft.rewards.countdown import score_completions
@@ -82,6 +83,12 @@ class PairsConfig:
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+    rollout_engine: Literal["hf", "vllm", "server"] = "hf"
+    """Who samples: 'hf' (transformers generate), 'vllm' (vLLM in this process; pip install rlft[vllm],
+    CUDA), or 'server' (an OpenAI-compatible completions server serving --model, e.g. `vllm serve`, at
+    --rollout-url)."""
+    rollout_url: str | None = None
+    """Server base URL for --rollout-engine server, e.g. http://127.0.0.1:8000/v1."""
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -200,12 +207,12 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     spec = pick_device(cfg.device, cfg.dtype)
     tasks = load_pair_tasks(cfg)
     if engine is None:
-        from rlft.models import load_model, load_tokenizer
-        from rlft.rollout.hf import HFEngine
+        from rlft.models import load_tokenizer
+        from rlft.rollout.engines import make_engine
 
-        tokenizer = load_tokenizer(cfg.model)
-        engine = HFEngine(load_model(cfg.model, spec), tokenizer, batch_size=cfg.batch_size, show_progress=True,
-                          add_special_tokens=adds_special_tokens(cfg.prompt_template))
+        engine = make_engine(cfg.rollout_engine, cfg.model, load_tokenizer(cfg.model), spec, url=cfg.rollout_url,
+                             batch_size=cfg.batch_size, show_progress=True,
+                             add_special_tokens=adds_special_tokens(cfg.prompt_template))
     tokenizer = getattr(engine, "tokenizer", None)
     prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
     max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)

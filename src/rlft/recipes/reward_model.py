@@ -45,13 +45,16 @@ import torch
 
 from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
+from rlft.data.packing import default_pack_length, pack_examples
 from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions, save_final_model
 from rlft.recipes.common import TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.validation import OptionError, validate_options
-from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, score_head, sequence_rewards
+from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
+from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
+from rlft.tracking import attach_tracker
 
 log = logging.getLogger("rlft")
 
@@ -153,6 +156,21 @@ class RMConfig(LoRAOptions):
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+    packing: bool = False
+    """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
+    (position_ids restart at every sequence, attention stays inside each; the reward is read at each
+    sequence's last token; see rlft.data.packing). Same rewards as padding, up to float rounding."""
+    pack_length: int | None = None
+    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
+    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
+    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
+    so never more rows nor longer ones than padding."""
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of storing them (less memory,
+    about one more forward per step)."""
+    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
+    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
+    Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -256,17 +274,28 @@ def tokenize_pairs(pairs: list, tokenizer, max_length: int, margin_scale: float 
 # --------------------------------------------------------------------------- forward
 
 
-def pair_rewards(model, examples: list[RMExample], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_rewards(model, examples: list[RMExample], pad_token_id: int, device, *,
+                 packing: bool = False, pack_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(chosen_rewards, rejected_rewards)``, each ``(B,)``, from ONE forward pass over a right-padded
-    ``(2B, T)`` batch (rows ``0..B-1`` chosen, ``B..2B-1`` rejected)."""
-    batch = collate([e.chosen for e in examples] + [e.rejected for e in examples], pad_token_id)
+    ``(2B, T)`` batch (rows ``0..B-1`` chosen, ``B..2B-1`` rejected), or with ``packing`` over the 2B
+    sequences packed into rows of at most ``pack_length`` tokens (:mod:`rlft.data.packing`; default
+    :func:`rlft.data.packing.default_pack_length`)."""
+    sequences = [e.chosen for e in examples] + [e.rejected for e in examples]
+    if packing:
+        lengths = [len(e.input_ids) for e in sequences]
+        packed = pack_examples(sequences, pad_token_id, pack_length or default_pack_length(model, lengths)).to(device)
+        rewards = packed_sequence_rewards(model, packed.input_ids, packed.position_ids, packed.last_index)
+        n = len(examples)
+        return rewards[:n], rewards[n:]
+    batch = collate(sequences, pad_token_id)
     rewards = sequence_rewards(model, batch.input_ids.to(device), batch.attention_mask.to(device))
     n = len(examples)
     return rewards[:n], rewards[n:]
 
 
 @torch.no_grad()
-def evaluate(model, examples: list[RMExample], pad_token_id: int, device, batch_size: int) -> dict[str, float]:
+def evaluate(model, examples: list[RMExample], pad_token_id: int, device, batch_size: int, *,
+             packing: bool = False, pack_length: int | None = None) -> dict[str, float]:
     """Held-out metrics: ``accuracy`` (fraction with r_chosen > r_rejected, strictly), ``loss`` (mean
     Bradley-Terry loss, no margin), ``margin`` (mean r_chosen - r_rejected), ``chosen``, ``rejected``, ``n``."""
     was_training = model.training
@@ -274,7 +303,8 @@ def evaluate(model, examples: list[RMExample], pad_token_id: int, device, batch_
     chosen, rejected = [], []
     try:
         for start in range(0, len(examples), batch_size):
-            c, r = pair_rewards(model, examples[start : start + batch_size], pad_token_id, device)
+            c, r = pair_rewards(model, examples[start : start + batch_size], pad_token_id, device,
+                                packing=packing, pack_length=pack_length)
             chosen.append(c.cpu())
             rejected.append(r.cpu())
     finally:
@@ -311,6 +341,7 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
 
 def train_rm(cfg: RMConfig) -> Path:
     """Train a reward model as configured; returns the folder of the final model (``output_dir/model``)."""
+    check_scale_options(cfg)
     _validate(cfg)
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
@@ -336,11 +367,15 @@ def train_rm(cfg: RMConfig) -> Path:
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     setup = _prepare(cfg, run_dir, spec, tokenizer, total_steps)
     model, start_step = setup.model, setup.start_step
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
     log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (micro-batch %d) on %s/%s",
              len(train), len(heldout), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
 
     def run_eval() -> dict[str, float] | None:
-        return evaluate(model, heldout, pad_id, spec.device, cfg.eval_batch_size) if heldout else None
+        return (evaluate(model, heldout, pad_id, spec.device, cfg.eval_batch_size, packing=cfg.packing, pack_length=cfg.pack_length)
+                if heldout else None)
 
     last_eval: dict[str, float] | None = None
     with training_progress("rm") as progress:
@@ -354,7 +389,7 @@ def train_rm(cfg: RMConfig) -> Path:
             for start in range(0, len(indices), cfg.micro_batch_size):
                 chunk = [train[i] for i in indices[start : start + cfg.micro_batch_size]]
                 weight = len(chunk) / len(indices)  # weighted micro-batch means add up to the batch mean
-                chosen, rejected = pair_rewards(model, chunk, pad_id, spec.device)
+                chosen, rejected = pair_rewards(model, chunk, pad_id, spec.device, packing=cfg.packing, pack_length=cfg.pack_length)
                 margin = torch.tensor([e.margin for e in chunk], device=chosen.device) if cfg.margin_scale else None
                 loss, metrics = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
                 (loss * weight).backward()
@@ -377,6 +412,8 @@ def train_rm(cfg: RMConfig) -> Path:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
     if heldout and last_eval is None:  # resumed a run that had already finished its steps
         last_eval = run_eval()
+    if tracker is not None:
+        tracker.close()
     final = save_final_model(run_dir, model, tokenizer)
     write_run_config(run_dir, cfg)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")

@@ -67,12 +67,13 @@ import torch
 
 from rlft.checkpoint import read_metrics, save_checkpoint
 from rlft.console import console, training_progress
-from rlft.lora import LoRAOptions, adapters_disabled, save_final_model
+from rlft.lora import LoRAOptions, adapters_disabled, merged_copy, save_final_model
 from rlft.losses.advantages import ADVANTAGES, raft_advantages
 from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
 from rlft.ops import masked_mean, masked_sum
 from rlft.recipes.common import batch_indices, claim_run_dir, optimizer_step, prepare_training, write_run_config
+from rlft.recipes.memory import enable_gradient_checkpointing
 from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import batch_logprobs, generation_seed, gradient_rows, policy_loss_backward, rollout_batch, take_rows
 from rlft.rl.groups import varied_groups
@@ -80,6 +81,7 @@ from rlft.rl.prompts import RLPrompt, make_prompt_source
 from rlft.rl.rewards import Reward, make_reward
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import HFEngine
+from rlft.tracking import attach_tracker
 from rlft.tasks.countdown.prompts import adds_special_tokens
 from rlft.validation import require, validate_options
 
@@ -185,6 +187,17 @@ class RLConfig(LoRAOptions):
     trains on the varied groups found (at most prompts_per_step)."""
     micro_batch_size: int = 8
     """Sequences per forward/backward pass; gradients accumulate exactly over the step's samples."""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """Sampler: 'hf' (transformers generate on the training model itself) or 'vllm' (colocated vLLM, pip install
+    'rlft[vllm]', CUDA: the training model's weights, LoRA merged, are pushed into it before every rollout)."""
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of storing them (less memory)."""
+    logits_chunk_size: int = 0
+    """Compute the LM head over this many target tokens at a time in the log-prob passes (large vocabularies);
+    0: all at once. Same values. (The entropy bonus needs the full distribution and ignores it.)"""
+    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
+    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
+    Weights & Biases or Trackio (optional extras)."""
     gen_batch_size: int = 32
     """Sequences generated together by the sampler."""
     truncation_penalty: float | None = None
@@ -381,15 +394,30 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
         ref_model = load_model(cfg.ref_model or cfg.model, spec).eval().requires_grad_(False)
     use_ref = cfg.beta > 0
 
+    chunk = cfg.logits_chunk_size
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
+
     def reference_logprobs(batch):
         if ref_model is not None:
-            return batch_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size)
+            return batch_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk)
         with adapters_disabled(model):
-            return batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size)
+            return batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk)
 
     # Chat-template text carries its own BOS: the tokenizer must not add another (generation and training alike).
     templated = chat or not adds_special_tokens(cfg.prompt_template)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size, add_special_tokens=not templated)
+    if cfg.rollout_engine == "vllm":
+        from rlft.rollout.vllm import VLLMEngine
+
+        engine = VLLMEngine(cfg.model, dtype=str(spec.dtype).removeprefix("torch."), tokenizer=tokenizer, add_special_tokens=not templated)
+    else:
+        engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size, add_special_tokens=not templated)
+
+    def sync_sampler() -> None:
+        """vLLM samples from its own copy of the weights: push the current policy's (LoRA merged) into it."""
+        if cfg.rollout_engine == "vllm":
+            engine.sync_weights(merged_copy(model))
     sampling = SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
     kl_in_reward = use_ref and cfg.kl_mode == "reward"
     kl_coef = cfg.beta if use_ref and cfg.kl_mode == "loss" else 0.0
@@ -400,6 +428,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
              total_steps, cfg.prompts_per_step, cfg.k, spec.device, str(spec.dtype).removeprefix("torch."), cfg.kl_mode,
              cfg.beta, reward.kind, "; group filtering" if cfg.filter_groups else "", f"; LoRA r={lora.r}" if lora else "")
 
+    sync_sampler()
     if evaluate_on and start_step == 0 and cfg.eval_at_start:
         setup.metrics.log({"step": 0, "samples/total": 0, **source.evaluate(engine)})
 
@@ -424,7 +453,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 ref_logprobs = reference_logprobs(batch) if use_ref else None
                 old_logprobs = None
                 if cfg.ppo_epochs > 1 or kl_in_reward:
-                    old_logprobs = batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size)
+                    old_logprobs = batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk)
                 # 4. KL in the reward (the RLOO paper): R_i - beta * sum_t kl_t, before the advantages.
                 if kl_in_reward:
                     kl_seq = masked_sum(kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator), mask, dim=-1)
@@ -451,6 +480,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                         clip_low=clip_low, clip_high=clip_high, entropy_coef=cfg.entropy_coef,
                         ref_logprobs=ref_logprobs[rows] if ref_logprobs is not None else None, kl_coef=kl_coef,
                         kl_estimator=cfg.kl_estimator, num_sequences=len(flat), num_tokens=float(mask.sum()),
+                        logits_chunk_size=chunk,
                     )  # fmt: skip
                     if epoch == 0:
                         update_logprobs = logprobs  # the sampling policy's log-probs of the updated rows
@@ -460,6 +490,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                         if p.requires_grad:
                             p.grad = torch.zeros_like(p)
                 epoch_metrics.append({**loss_metrics, **optimizer_step(setup, cfg.max_grad_norm)})
+            sync_sampler()  # the next rollout (and evaluation) samples from the updated policy
             update_s = time.perf_counter() - t1
 
             # 7. Metrics.
@@ -513,6 +544,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             progress.update(bar, advance=1, info=info)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+    if tracker is not None:
+        tracker.close()
     final = save_final_model(run_dir, model, tokenizer)
     write_run_config(run_dir, cfg)
     console.print(f"[green]RL done[/]: model saved to {final}")

@@ -43,11 +43,14 @@ from rlft.console import console, training_progress
 from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
 from rlft.data.preferences import ChatExample, load_chat_examples
+from rlft.data.packing import default_pack_length, pack_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions, save_final_model
 from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
+from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
+from rlft.tracking import attach_tracker
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
 from rlft.validation import require, validate_options
@@ -136,6 +139,25 @@ class SFTConfig(LoRAOptions):
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+    packing: bool = False
+    """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
+    (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
+    loss and gradients as padding, up to float rounding."""
+    pack_length: int | None = None
+    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
+    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
+    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
+    so never more rows nor longer ones than padding."""
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of storing them (less memory,
+    about one more forward per step)."""
+    logits_chunk_size: int = 0
+    """Compute the LM head over this many target tokens at a time, recomputed in the backward pass, so
+    the full (tokens, vocab) logits never exist at once (large vocabularies, e.g. Qwen2.5's 151,936);
+    0: all at once. Same values and gradients."""
+    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
+    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
+    Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -313,8 +335,25 @@ def load_sft_examples(cfg: SFTConfig, tokenizer) -> tuple[list[TokenizedExample]
     return examples, stats
 
 
+def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: int, device, cfg: SFTConfig
+                         ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(logprobs, loss_mask, real_tokens)`` of one micro-batch: per-token log-probs and loss mask, both
+    ``(B, T)`` right-padded, or ``(R, L)`` packed rows with ``cfg.packing``, and the non-padding token count."""
+    if cfg.packing:
+        lengths = [len(e.input_ids) for e in examples]
+        packed = pack_examples(examples, pad_token_id, cfg.pack_length or default_pack_length(model, lengths)).to(device)
+        logprobs = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask, position_ids=packed.position_ids,
+                                     logits_chunk_size=cfg.logits_chunk_size)
+        return logprobs, packed.loss_mask, packed.num_tokens
+    batch = collate(examples, pad_token_id).to(device)
+    chunking = {"logits_chunk_size": cfg.logits_chunk_size} if cfg.logits_chunk_size else {}  # default: the plain call
+    logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, **chunking)
+    return logprobs, batch.loss_mask, int(batch.attention_mask.sum())
+
+
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``)."""
+    check_scale_options(cfg)
     if cfg.batch_size % cfg.micro_batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
@@ -331,6 +370,9 @@ def train_sft(cfg: SFTConfig) -> Path:
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
                              lora=cfg.lora_settings())
     model, start_step = setup.model, setup.start_step
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
     log.info("SFT: %d examples, %d steps of %d (micro-batch %d) on %s/%s", len(examples), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
 
     with training_progress("sft") as progress:
@@ -342,12 +384,11 @@ def train_sft(cfg: SFTConfig) -> Path:
             num_tokens = sum(sum(e.loss_mask) for e in chosen)
             loss_total, seen = 0.0, 0
             for start in range(0, len(chosen), cfg.micro_batch_size):
-                batch = collate(chosen[start : start + cfg.micro_batch_size], tokenizer.pad_token_id).to(spec.device)
-                logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
-                loss, _ = sft_loss(logprobs, batch.loss_mask, num_tokens=num_tokens)
+                logprobs, loss_mask, real = micro_batch_logprobs(model, chosen[start : start + cfg.micro_batch_size], tokenizer.pad_token_id, spec.device, cfg)
+                loss, _ = sft_loss(logprobs, loss_mask, num_tokens=num_tokens)
                 loss.backward()
                 loss_total += loss.item()
-                seen += int(batch.attention_mask.sum())
+                seen += real
             step_info = optimizer_step(setup, cfg.max_grad_norm)
             elapsed = time.perf_counter() - t0
             record = {
@@ -362,6 +403,8 @@ def train_sft(cfg: SFTConfig) -> Path:
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+    if tracker is not None:
+        tracker.close()
     final = save_final_model(run_dir, model, tokenizer)
     write_run_config(run_dir, cfg)
     console.print(f"[green]SFT done[/]: model saved to {final}")

@@ -102,6 +102,28 @@ def sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return rewards.squeeze(-1).float()
 
 
+def packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
+    """Reward of each sequence of packed rows (:func:`rlft.data.packing.pack_examples`), read at its last token.
+
+    Args:
+        model: a ``*ForSequenceClassification`` model with ``num_labels == 1``.
+        input_ids, position_ids: ``(R, L)`` packed rows, positions restarting at 0 at every sequence
+            (no attention mask: transformers keeps attention inside each sequence, see
+            :mod:`rlft.data.packing`).
+        last_index: ``(N,)`` flat index ``r * L + t`` of each sequence's last token.
+    Returns:
+        ``(N,)`` float32 rewards, equal to :func:`sequence_rewards` of the same sequences padded (up to
+        float rounding).
+    """
+    from rlft.ops import packed_hidden_states
+
+    hidden = packed_hidden_states(model.base_model, input_ids, position_ids)  # (R, L, H)
+    rewards = score_head(model)(hidden.flatten(0, 1)[last_index])  # (N, num_labels)
+    if rewards.shape[-1] != 1:
+        raise ValueError(f"a reward model has num_labels=1, this one has {rewards.shape[-1]}")
+    return rewards.squeeze(-1).float()
+
+
 def pad_sequences(sequences: Sequence[Sequence[int]], pad_token_id: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask)``, each ``(B, max_len)`` long, padded on ``side`` ("left"/"right")."""
     if side not in ("left", "right"):

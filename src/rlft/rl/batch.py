@@ -53,11 +53,12 @@ def micro_batches(batch: TokenBatch, size: int) -> Iterator[tuple[slice, TokenBa
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: TokenBatch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+def batch_logprobs(model, batch: TokenBatch, temperature: float, micro_batch_size: int, *, logits_chunk_size: int = 0) -> torch.Tensor:
     """``(N, T)`` log-probs of the batch's target tokens at ``temperature`` (0 off the loss mask), no grad."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for rows, mb in micro_batches(batch, micro_batch_size):
-        out[rows, : mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature)
+        out[rows, : mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature,
+                                                               logits_chunk_size=logits_chunk_size)
     return out
 
 
@@ -80,6 +81,7 @@ def policy_loss_backward(
     kl_estimator: Literal["k1", "k3"] = "k3",
     num_sequences: int | None = None,
     num_tokens: float | None = None,
+    logits_chunk_size: int = 0,
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Forward and backward of the RL loss on a batch of samples; gradients accumulate in ``model``.
 
@@ -119,7 +121,8 @@ def policy_loss_backward(
         if entropy_coef > 0:
             logprobs, entropy = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature, return_entropy=True)
         else:
-            logprobs = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature)
+            logprobs = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature,
+                                         logits_chunk_size=logits_chunk_size)
         old = logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
         loss, pg_metrics = loss_fn(
             logprobs, old, advantages[rows], mb.loss_mask,

@@ -58,6 +58,10 @@ class Sample:
     """The decoded completion, special tokens skipped."""
     finish_reason: Literal["stop", "length"]
     """"stop": an EOS id was generated; "length": max_new_tokens was reached first."""
+    logprobs: list[float] | None = None
+    """Log-probability of each of ``completion_ids`` under the sampler, when the engine reports them
+    (:class:`rlft.rollout.server.OpenAICompletionsEngine`; :class:`rlft.rollout.vllm.VLLMEngine` with
+    ``return_logprobs=True``), else None. Same length as ``completion_ids``."""
 
 
 @runtime_checkable

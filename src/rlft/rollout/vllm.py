@@ -52,13 +52,18 @@ class VLLMEngine:
         dtype: vLLM weight dtype.
         seed: vLLM's global seed (``SamplingParams.seed`` seeds each request on top of it).
         tokenizer: the HF tokenizer that tokenizes prompts; default: loaded from the model.
+        add_special_tokens: how prompts are tokenized, as :class:`~rlft.rollout.hf.HFEngine` (False for
+            chat-template-rendered prompts, which already carry their BOS).
+        return_logprobs: ask vLLM for each sampled token's log-prob (``SamplingParams(logprobs=0)``) and put
+            them in ``Sample.logprobs`` (vLLM's default logprobs mode: before temperature/top-p).
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``max_model_len``, ``enforce_eager``).
     Raises:
         ImportError: vLLM is not installed (with the install command).
     """
 
     def __init__(self, model_name_or_path: str, *, gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16",
-                 seed: int = 0, tokenizer=None, **llm_kwargs):
+                 seed: int = 0, tokenizer=None, add_special_tokens: bool = True, return_logprobs: bool = False,
+                 **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the model in this process
         try:
             import vllm
@@ -74,14 +79,18 @@ class VLLMEngine:
         if self.tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS token id")
         self.eos_ids = {self.tokenizer.eos_token_id} | _generation_config_eos(path)
+        self.add_special_tokens = add_special_tokens
+        self.return_logprobs = return_logprobs
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
         """Sample ``params.k`` completions per prompt; returns B lists of k :class:`Sample` (HFEngine's contract)."""
         params.validate()
         if not prompts:
             return []
-        prompt_ids = self.tokenizer(list(prompts))["input_ids"]
+        prompt_ids = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)["input_ids"]
         common = dict(n=params.k, max_tokens=params.max_new_tokens, stop_token_ids=sorted(self.eos_ids), skip_special_tokens=True)
+        if self.return_logprobs:
+            common["logprobs"] = 0  # the sampled token's log-prob only
         if params.greedy:
             common.update(temperature=0.0)
         else:
@@ -95,12 +104,16 @@ class VLLMEngine:
 
     def _to_sample(self, completion) -> Sample:
         ids = list(completion.token_ids)
+        logprobs = None
+        if self.return_logprobs and completion.logprobs is not None:  # one {token_id: Logprob} dict per token
+            logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs)]
         if completion.finish_reason == "stop":
             if not ids or ids[-1] not in self.eos_ids:  # make "stop" samples end with their EOS id, as HFEngine's do
                 stop = completion.stop_reason if isinstance(completion.stop_reason, int) else self.tokenizer.eos_token_id
                 ids.append(stop)
-            return Sample(ids, completion.text, "stop")
-        return Sample(ids, completion.text, "length")
+                logprobs = None  # no log-prob for an id vLLM did not return
+            return Sample(ids, completion.text, "stop", logprobs)
+        return Sample(ids, completion.text, "length", logprobs)
 
     def _runner_model(self):
         """The vLLM model object of this process (see the module docstring for the paths tried)."""

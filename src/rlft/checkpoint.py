@@ -227,7 +227,6 @@ class MetricsLog:
 
     ``resume_step`` None starts a new log (the run folder holds no earlier run: see
     :mod:`rlft.run_folder`). A line that does not parse (cut short by a kill) is dropped with a warning.
-    """
 
     ``sink``: optional callable that also receives every logged record (an experiment tracker, see
     :func:`rlft.tracking.attach_tracker`); it may be set after construction."""

@@ -123,7 +123,7 @@ def test_recipes_reject_bad_scale_options_up_front(tmp_path, field, value):
     for cls, train in ((SFTConfig, train_sft), (DPOConfig, train_dpo), (RMConfig, train_rm)):
         if field not in cls.__dataclass_fields__:
             continue
-        with pytest.raises(ValueError, match=field):
+        with pytest.raises(ValueError, match="--" + field.replace("_", "-")):
             train(cls(output_dir=str(tmp_path / cls.__name__), **{field: value}))
         assert not (tmp_path / cls.__name__).exists()  # rejected before the run folder is made
 

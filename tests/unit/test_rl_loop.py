@@ -49,7 +49,7 @@ def learned(records: list[dict], gain: float = 0.3) -> bool:
         ("reinforce", "reinforce", {"filter_groups": True}),  # Reinforce-Rej
         ("raft", "raft", {}),
         ("raft", "raft++", {"ppo_epochs": 2, "raft_threshold": 1.0}),
-        ("rloo", "reinforce", {"entropy_coef": 0.01}),
+        ("rloo", "reinforce", {"entropy_coef": 0.001}),
     ],
 )
 def test_each_estimator_and_loss_learns_the_toy_reward(tiny_model_dir, tmp_path, advantage, loss, extra):

@@ -59,16 +59,20 @@ def run_a(tiny_model_dir, tmp_path_factory, smol_tokenizer):
     """An uninterrupted run; captures the in-memory model's weights and logits when it is saved."""
     out = tmp_path_factory.mktemp("run-a")
     captured: dict = {}
-    real_save = sft_recipe.save_model_folder
+    import rlft.checkpoint as checkpoint_module
 
-    def capture(folder, model, tokenizer, extra=None):
+    real_save = checkpoint_module.save_model_folder
+
+    def capture(folder, model, tokenizer, extra=None, **kwargs):
+        if Path(folder).name != "model":  # checkpoints go through the same function
+            return real_save(folder, model, tokenizer, extra, **kwargs)
         with torch.no_grad():
             captured["logits"] = model(input_ids=probe_ids(len(smol_tokenizer))).logits.detach().clone()
         captured["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return real_save(folder, model, tokenizer, extra)
+        return real_save(folder, model, tokenizer, extra, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sft_recipe, "save_model_folder", capture)
+        mp.setattr(checkpoint_module, "save_model_folder", capture)  # save_final_model looks it up at call time
         final = train_sft(make_cfg(tiny_model_dir, out))
     return {"dir": out, "final": final, **captured}
 

@@ -72,6 +72,8 @@ RULES: dict[str, Rule] = {
     "lr": POSITIVE,
     "epochs": POSITIVE,
     "timeout": POSITIVE,
+    "judge_timeout": POSITIVE,
+    "judge_max_retries": NON_NEGATIVE,
     "weight_decay": NON_NEGATIVE,
     "max_grad_norm": NON_NEGATIVE,
     "beta": NON_NEGATIVE,

@@ -237,6 +237,11 @@ class RLConfig(LoRAOptions):
     """Model name of the remote judge (--reward remote)."""
     api_key_env: str = "NVIDIA_API_KEY"
     """Environment variable holding the remote judge's API key (never logged or written)."""
+    judge_timeout: float = 60.0
+    """--reward remote: seconds allowed for each connect and each read of one judge request."""
+    judge_max_retries: int = 5
+    """--reward remote: retries of a failed judge request (429/5xx, timeouts, non-finite or malformed rewards, with
+    backoff); a sample takes at most (judge_max_retries + 1) x judge_timeout plus the backoff delays."""
     eval_split: str | None = None
     """Chat track: split of --prompts-data (Hub id) holding the eval prompts, e.g. test_prefs or test_gen. None: the
     last eval_prompts prompts read from --prompts-data (after the max_prompt_tokens filter) are held out from training. Either way training prompts

@@ -50,7 +50,8 @@ def make_reward(cfg: RLConfig, reward_fn: RewardFunction | None = None) -> Rewar
     if reward_fn is None and cfg.reward == "remote":
         from rlft.rewards.remote import RemoteRewardJudge
 
-        judge = RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env)
+        judge = RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env, timeout_s=cfg.judge_timeout,
+                                  max_retries=cfg.judge_max_retries)
         log.info("reward: remote judge %s at %s", cfg.judge_model, cfg.base_url)
         return Reward(lambda prompts, completions: judge.score([p.messages for p in prompts], completions), "remote")
     if reward_fn is None:

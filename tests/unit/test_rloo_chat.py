@@ -247,8 +247,8 @@ def test_truncation_penalty_lowers_exactly_the_length_limited_samples(smol_token
     judges = []
 
     class StubJudge:
-        def __init__(self, base_url, model, *, api_key_env):
-            judges.append((base_url, model, api_key_env))
+        def __init__(self, base_url, model, *, api_key_env, timeout_s, max_retries):
+            judges.append((base_url, model, api_key_env, timeout_s, max_retries))
 
         def score(self, prompts, responses):
             assert all(isinstance(p, list) and p[-1]["role"] == "user" for p in prompts)
@@ -263,7 +263,7 @@ def test_truncation_penalty_lowers_exactly_the_length_limited_samples(smol_token
                    api_key_env="STUB_KEY", k=4, max_new_tokens=2, truncation_penalty=-0.5)
     train_rloo(cfg)
 
-    assert judges == [("http://judge.invalid/v1", "stub-rm", "STUB_KEY")]
+    assert judges == [("http://judge.invalid/v1", "stub-rm", "STUB_KEY", 60.0, 5)]  # the judge options reach it
     finishes = []
     for (_, samples, _), rewards in zip(recorder.batches, seen, strict=True):
         flat = [s for row in samples for s in row]

@@ -71,6 +71,7 @@ from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions, save_final_model
+from rlft.options import MemoryOptions, PackingOptions
 from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.validation import OptionError, validate_options
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
@@ -82,7 +83,7 @@ REF_CACHE = "ref_logps.pt"
 
 
 @dataclass(frozen=True)
-class DPOConfig(LoRAOptions):
+class DPOConfig(LoRAOptions, MemoryOptions, PackingOptions):
     """Preference optimisation (DPO / IPO / RPO) of a model, usually an SFT model, on chosen/rejected pairs."""
 
     model: str = "runs/sft/model"
@@ -172,26 +173,6 @@ class DPOConfig(LoRAOptions):
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
-    packing: bool = False
-    """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
-    (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
-    loss and gradients as padding, up to float rounding."""
-    pack_length: int | None = None
-    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
-    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
-    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
-    so never more rows nor longer ones than padding."""
-    gradient_checkpointing: bool = False
-    """Recompute each block's activations in the backward pass instead of storing them (less memory,
-    about one more forward per step)."""
-    logits_chunk_size: int = 0
-    """Compute the LM head over this many target tokens at a time, recomputed in the backward pass, so
-    the full (tokens, vocab) logits never exist at once (large vocabularies, e.g. Qwen2.5's 151,936);
-    0: all at once. Same values and gradients."""
-    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
-    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
-    Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
-
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_lora()

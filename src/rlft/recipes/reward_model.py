@@ -50,6 +50,7 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions, save_final_model
+from rlft.options import CheckpointingOptions, PackingOptions
 from rlft.recipes.common import TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.validation import OptionError, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
@@ -60,7 +61,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class RMConfig(LoRAOptions):
+class RMConfig(LoRAOptions, CheckpointingOptions, PackingOptions):
     """Train a scalar reward model on preference pairs with a Bradley-Terry loss."""
 
     model: str = DEFAULT_MODEL
@@ -156,22 +157,6 @@ class RMConfig(LoRAOptions):
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
-    packing: bool = False
-    """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
-    (position_ids restart at every sequence, attention stays inside each; the reward is read at each
-    sequence's last token; see rlft.data.packing). Same rewards as padding, up to float rounding."""
-    pack_length: int | None = None
-    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
-    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
-    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
-    so never more rows nor longer ones than padding."""
-    gradient_checkpointing: bool = False
-    """Recompute each block's activations in the backward pass instead of storing them (less memory,
-    about one more forward per step)."""
-    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
-    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
-    Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
-
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_lora()

@@ -68,6 +68,7 @@ import torch
 from rlft.checkpoint import read_metrics, save_checkpoint
 from rlft.console import console, training_progress
 from rlft.lora import LoRAOptions, adapters_disabled, merged_copy, save_final_model
+from rlft.options import MemoryOptions
 from rlft.losses.advantages import ADVANTAGES, raft_advantages
 from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
@@ -89,7 +90,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class RLConfig(LoRAOptions):
+class RLConfig(LoRAOptions, MemoryOptions):
     """RL fine-tuning (one loop; advantage estimator and policy loss chosen by name) on Countdown prompts with the
     rule reward, or on chat prompts with a reward model or remote judge."""
 
@@ -190,14 +191,6 @@ class RLConfig(LoRAOptions):
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """Sampler: 'hf' (transformers generate on the training model itself) or 'vllm' (colocated vLLM, pip install
     'rlft[vllm]', CUDA: the training model's weights, LoRA merged, are pushed into it before every rollout)."""
-    gradient_checkpointing: bool = False
-    """Recompute each block's activations in the backward pass instead of storing them (less memory)."""
-    logits_chunk_size: int = 0
-    """Compute the LM head over this many target tokens at a time in the log-prob passes (large vocabularies);
-    0: all at once. Same values. (The entropy bonus needs the full distribution and ignores it.)"""
-    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
-    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
-    Weights & Biases or Trackio (optional extras)."""
     gen_batch_size: int = 32
     """Sequences generated together by the sampler."""
     truncation_penalty: float | None = None

@@ -48,6 +48,7 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions, save_final_model
+from rlft.options import MemoryOptions, PackingOptions
 from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.tracking import attach_tracker
@@ -59,7 +60,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class SFTConfig(LoRAOptions):
+class SFTConfig(LoRAOptions, MemoryOptions, PackingOptions):
     """Supervised fine-tuning on prompt/completion pairs (loss on completion tokens + EOS only)."""
 
     model: str = DEFAULT_MODEL
@@ -139,26 +140,6 @@ class SFTConfig(LoRAOptions):
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
-    packing: bool = False
-    """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
-    (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
-    loss and gradients as padding, up to float rounding."""
-    pack_length: int | None = None
-    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
-    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
-    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
-    so never more rows nor longer ones than padding."""
-    gradient_checkpointing: bool = False
-    """Recompute each block's activations in the backward pass instead of storing them (less memory,
-    about one more forward per step)."""
-    logits_chunk_size: int = 0
-    """Compute the LM head over this many target tokens at a time, recomputed in the backward pass, so
-    the full (tokens, vocab) logits never exist at once (large vocabularies, e.g. Qwen2.5's 151,936);
-    0: all at once. Same values and gradients."""
-    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
-    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
-    Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
-
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_lora()

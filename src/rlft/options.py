@@ -1,0 +1,55 @@
+"""Option blocks several commands share, as dataclass mixins (their fields come first in ``--help``).
+
+- :class:`MemoryOptions`: ``--gradient-checkpointing``, ``--logits-chunk-size`` (sft, dpo, rl/rloo; the reward
+  model has no LM head to chunk and takes :class:`CheckpointingOptions`);
+- :class:`PackingOptions`: ``--packing``, ``--pack-length`` (sft, dpo, rm);
+- :class:`TrackingOptions`: ``--report-to`` (sft, dpo, rm, rl/rloo).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class TrackingOptions:
+    """``--report-to``: an experiment tracker that gets every metrics record."""
+
+    report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
+    """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
+    Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
+
+
+@dataclass(frozen=True)
+class CheckpointingOptions(TrackingOptions):
+    """``--gradient-checkpointing`` (and ``--report-to``)."""
+
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of storing them (less memory,
+    about one more forward per step)."""
+
+
+@dataclass(frozen=True)
+class MemoryOptions(CheckpointingOptions):
+    """``--logits-chunk-size`` (and ``--gradient-checkpointing``, ``--report-to``)."""
+
+    logits_chunk_size: int = 0
+    """Compute the LM head over this many target tokens at a time, recomputed in the backward pass, so
+    the full (tokens, vocab) logits never exist at once (large vocabularies, e.g. Qwen2.5's 151,936);
+    0: all at once. Same values and gradients."""
+
+
+@dataclass(frozen=True)
+class PackingOptions:
+    """``--packing``, ``--pack-length``: padding-free batches."""
+
+    packing: bool = False
+    """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
+    (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
+    loss and gradients as padding, up to float rounding."""
+    pack_length: int | None = None
+    """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
+    per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
+    block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
+    so never more rows nor longer ones than padding."""

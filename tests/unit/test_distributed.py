@@ -1,0 +1,140 @@
+"""Data-parallel training under torchrun (gloo, CPU): a 2-process run equals the 1-process run with the
+same global batch (per-step metrics and final weights), for SFT and DPO, and a 2-process SFT run stopped
+after a checkpoint resumes to the same final weights. Also the sharding helpers in one process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlft import distributed
+from rlft.checkpoint import read_metrics
+from rlft.recipes.sft import SFTConfig, train_sft
+
+from tests.conftest import load_weights
+
+torch.set_num_threads(1)
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+EXACT = ("step", "tokens", "epoch", "lr")
+"""Metrics that must agree exactly (the others to 1e-5)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _flags(cfg) -> list[str]:
+    """``--option value`` flags reproducing ``cfg`` (fields left at their defaults are skipped)."""
+    default = type(cfg)(**{k: v for k, v in asdict(cfg).items() if k in ("model",)})
+    out = []
+    for name, value in asdict(cfg).items():
+        if value == getattr(default, name) and name not in ("model", "output_dir"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else f"--no-{name.replace('_', '-')}")
+        elif value is None:
+            out += [flag, "None"]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def torchrun(command: str, cfg, nproc: int = 2) -> subprocess.CompletedProcess:
+    """Run ``rlft <command>`` with ``cfg``'s options under torchrun with ``nproc`` CPU processes (gloo)."""
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "CUDA_VISIBLE_DEVICES": ""}
+    args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", env["MASTER_PORT"],
+            "-m", "rlft.cli", *command.split(), *_flags(cfg), "--debug"]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done
+
+
+def assert_same_run(one: Path, two: Path, atol: float = 1e-5) -> None:
+    """Equal per-step metrics (within ``atol``; step/tokens/epoch/lr exactly, timings skipped) and final weights."""
+    m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [r["step"] for r in m1] == [r["step"] for r in m2] and m1
+    for r1, r2 in zip(m1, m2):
+        assert set(r1) == set(r2)
+        for key in r1:
+            if key == "tokens_per_s":
+                continue
+            if key in EXACT:
+                assert r1[key] == r2[key], (key, r1, r2)
+            else:
+                assert r1[key] == pytest.approx(r2[key], abs=atol, rel=atol), (key, r1, r2)
+    w1, w2 = load_weights(one / "model"), load_weights(two / "model")
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], atol=atol, rtol=0, msg=name)
+
+
+# --------------------------------------------------------------------------- helpers, one process
+
+
+def test_shard_splits_a_batch_into_strided_parts():
+    items = list(range(7))
+    parts = [distributed.shard(items, r, 3) for r in range(3)]
+    assert parts == [[0, 3, 6], [1, 4], [2, 5]]
+    assert sorted(sum(parts, [])) == items
+    assert distributed.shard(items[:1], 1, 2) == []
+
+
+def test_one_process_helpers_are_identities(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not distributed.init() and not distributed.active()
+    assert distributed.world() == 1 and distributed.rank() == 0 and distributed.is_main()
+    assert distributed.shard([1, 2]) == [1, 2]
+    assert distributed.all_reduce_sum(3) == 3.0 and distributed.all_reduce_sums({"a": 1.0}) == {"a": 1.0}
+    distributed.barrier()
+    model = torch.nn.Linear(2, 2)
+    assert distributed.wrap_model(model, "ddp") is model
+    with pytest.raises(ValueError, match="fsdp"):
+        distributed.wrap_model(model, "fsdp")
+
+
+def test_torchrun_refused_by_recipes_without_support(monkeypatch, tmp_path):
+    from rlft.run_folder import claim_run_dir
+    from rlft.validation import UsageError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UsageError, match="torchrun"):
+        claim_run_dir(SFTConfig(output_dir=str(tmp_path / "run")))
+
+
+# --------------------------------------------------------------------------- SFT
+
+
+def sft_cfg(model_dir: Path, output_dir: Path, **overrides) -> SFTConfig:
+    # 20 tasks, 6 per step: steps of 6, 6, 6, 2 examples; 3 per rank (micro-batches of 2 and 1), the
+    # short step 1 each.
+    cfg = SFTConfig(model=str(model_dir), data="countdown", preset="tiny", num_train=20, prompt_template="short",
+                    output_dir=str(output_dir), max_length=96, batch_size=6, micro_batch_size=2, max_steps=5,
+                    lr=3e-3, warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32")
+    return replace(cfg, **overrides)
+
+
+@pytest.fixture(scope="module")
+def sft_one(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sft-one") / "run"
+    train_sft(sft_cfg(tiny_model_dir, out))
+    return out
+
+
+def test_sft_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    torchrun("sft", sft_cfg(tiny_model_dir, out))
+    assert_same_run(sft_one, out)
+    assert (out / "config.yaml").is_file() and (out / "checkpoints" / "latest").is_file()

@@ -128,13 +128,18 @@ def all_reduce_sum(value: float | int | torch.Tensor) -> float | torch.Tensor:
 
 
 def all_reduce_sums(values: dict[str, float]) -> dict[str, float]:
-    """Sum each value of a ``{name: number}`` mapping over ranks with one all-reduce (same keys in the
-    same order on every rank); unchanged when not distributed."""
-    if not active() or not values:
+    """Sum a ``{name: number}`` mapping over ranks, key by key (a key missing on a rank counts as 0, e.g.
+    a rank whose shard of a short batch is empty; keys in rank 0's order, then any others).
+    Unchanged when not distributed. Gathers the small mappings with ``all_gather_object``."""
+    if not active():
         return values
-    t = torch.tensor([float(v) for v in values.values()], dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return dict(zip(values, t.tolist()))
+    gathered: list[dict[str, float]] = [{} for _ in range(world())]
+    dist.all_gather_object(gathered, {k: float(v) for k, v in values.items()})
+    out: dict[str, float] = {}
+    for part in gathered:
+        for key, value in part.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
 
 
 def _comm_device() -> torch.device:

@@ -138,3 +138,53 @@ def test_sft_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
     torchrun("sft", sft_cfg(tiny_model_dir, out))
     assert_same_run(sft_one, out)
     assert (out / "config.yaml").is_file() and (out / "checkpoints" / "latest").is_file()
+
+
+def test_sft_two_processes_resume_to_the_same_weights(tiny_model_dir, tmp_path):
+    # A constant rate, so that the shorter first leg (--max-steps 3, stopped after its step-2 checkpoint
+    # and the final step) has the same schedule as the whole run; the resumed leg redoes step 3 on.
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    train_sft(sft_cfg(tiny_model_dir, whole, schedule="constant"))
+    torchrun("sft", sft_cfg(tiny_model_dir, split, schedule="constant", max_steps=3))
+    assert (split / "checkpoints" / "step-00000002").is_dir()
+    torchrun("sft", sft_cfg(tiny_model_dir, split, schedule="constant", resume=True))
+    assert_same_run(whole, split)
+
+
+# --------------------------------------------------------------------------- DPO
+
+
+@pytest.fixture(scope="module")
+def dpo_inputs(tmp_path_factory, smol_tokenizer) -> tuple[Path, Path]:
+    """A tiny model whose outputs depend on the context, and 11 text pairs of varied lengths."""
+    from tests.conftest import make_scaled_tiny_model, save_model_dir, write_jsonl_rows
+
+    root = tmp_path_factory.mktemp("dpo-inputs")
+    model_dir = save_model_dir(root / "model", make_scaled_tiny_model(len(smol_tokenizer), seed=3), smol_tokenizer)
+    rows = [{"prompt": f"Q{i}: is {i} + {i} = {2 * i}?\nA:", "chosen": " yes" + ", right" * (i % 4),
+             "rejected": " no idea" + "!" * (i % 3 + 1)} for i in range(11)]
+    return model_dir, write_jsonl_rows(root / "prefs.jsonl", rows)
+
+
+def dpo_cfg(model_dir: Path, data: Path, output_dir: Path, **overrides):
+    from rlft.recipes.dpo import DPOConfig
+
+    # 11 pairs, 4 per step: steps of 4, 4, 3 pairs; 2 per rank (one micro-batch of 2), then 2 and 1.
+    cfg = DPOConfig(model=str(model_dir), data=str(data), data_format="text", output_dir=str(output_dir),
+                    max_length=64, batch_size=4, micro_batch_size=2, max_steps=4, loss_type="rpo", beta=0.5,
+                    lr=1e-2, optimizer="sgd", warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32")
+    return replace(cfg, **overrides)
+
+
+def test_dpo_two_processes_equal_one(dpo_inputs, tmp_path):
+    from rlft.recipes.dpo import train_dpo
+
+    model_dir, data = dpo_inputs
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_dpo(dpo_cfg(model_dir, data, one))
+    torchrun("dpo", dpo_cfg(model_dir, data, two))
+    assert_same_run(one, two)
+    assert (two / "ref_logps.pt").is_file()
+    moved = load_weights(two / "model")
+    start = load_weights(model_dir)
+    assert any(not torch.equal(moved[k], start[k]) for k in start)  # training did something

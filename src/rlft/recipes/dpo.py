@@ -59,6 +59,7 @@ from typing import Callable, Literal
 
 import torch
 
+from rlft import distributed
 from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data import preferences
@@ -191,6 +192,10 @@ class DPOConfig(LoRAOptions):
     report_to: Literal["none", "tensorboard", "wandb", "trackio"] = "none"
     """Also send every metrics.jsonl record, under the same names, to TensorBoard (output_dir/tensorboard),
     Weights & Biases or Trackio (optional extras: pip install 'rlft[tensorboard]' etc.)."""
+    distributed: Literal["ddp"] = "ddp"
+    """Data-parallel strategy under torchrun (`torchrun --nproc-per-node N rlft dpo ...`): 'ddp', a full
+    replica per rank, each step's pairs split across ranks, gradients summed (see rlft.distributed).
+    Ignored in a one-process run."""
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -490,7 +495,24 @@ def reference_logprobs(
     cfg: DPOConfig, pairs: list[TokenizedPair], pad_token_id: int, spec: DeviceSpec, run_dir: Path
 ) -> dict[str, torch.Tensor]:
     """Reference log-probs of all pairs, from ``run_dir/ref_logps.pt`` when resuming and it matches,
-    else computed with the reference model, which is loaded here and freed before returning."""
+    else computed with the reference model, which is loaded here and freed before returning.
+
+    Under torchrun rank 0 alone computes (or reads) them and writes the cache; the other ranks wait
+    (barrier) and read the cache it wrote, so every rank holds the same values."""
+    if distributed.active():
+        ref = _reference_logprobs(cfg, pairs, pad_token_id, spec, run_dir) if distributed.is_main() else None
+        distributed.barrier()
+        if ref is None:
+            cached = torch.load(run_dir / REF_CACHE, weights_only=True)
+            ref = {k: v for k, v in cached.items() if k != "fingerprint"}
+        return ref
+    return _reference_logprobs(cfg, pairs, pad_token_id, spec, run_dir)
+
+
+def _reference_logprobs(
+    cfg: DPOConfig, pairs: list[TokenizedPair], pad_token_id: int, spec: DeviceSpec, run_dir: Path
+) -> dict[str, torch.Tensor]:
+    """:func:`reference_logprobs` in one process (the cache read or computed and written)."""
     ref_name = cfg.ref_model or cfg.model
     path = run_dir / REF_CACHE
     fingerprint = _fingerprint(ref_name, pairs, spec.dtype)
@@ -561,24 +583,31 @@ def _validate(cfg: DPOConfig) -> None:
 
 
 def train_dpo(cfg: DPOConfig) -> Path:
-    """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``)."""
+    """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``).
+
+    Under torchrun each rank trains on its :func:`rlft.distributed.shard` of every step's pairs; each
+    micro-batch's loss is weighted by its share of the *whole* step's pairs (and the RPO NLL divided by
+    the whole step's chosen-token count), gradients are summed over ranks, so the run equals the
+    one-process run (up to float rounding); rank 0 writes every file."""
     check_scale_options(cfg)
     _validate(cfg)
     loss_fn = build_preference_loss(cfg)
+    distributed.init(pick_device(cfg.device, cfg.dtype).device.type)
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     pairs, stats = load_tokenized_pairs(cfg, tokenizer)
     run_dir = run.open()
-    (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    if distributed.is_main():
+        (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     ref = reference_logprobs(cfg, pairs, tokenizer.pad_token_id, spec, run_dir)
 
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                             optimizer=cfg.optimizer, lora=cfg.lora_settings())
+                             optimizer=cfg.optimizer, lora=cfg.lora_settings(), distributed_strategy=cfg.distributed)
     model, start_step = setup.model, setup.start_step
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -592,11 +621,12 @@ def train_dpo(cfg: DPOConfig) -> Path:
             t0 = time.perf_counter()
             indices = length_grouped(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed),
                                      lambda i: max(len(pairs[i].chosen.input_ids), len(pairs[i].rejected.input_ids)), cfg.micro_batch_size)
-            num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)
+            num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)  # of the global batch
+            local = distributed.shard(indices)  # this rank's pairs (all of them in one process)
             sums: dict[str, float] = {}
             seen = 0
-            for start in range(0, len(indices), cfg.micro_batch_size):
-                idx = indices[start : start + cfg.micro_batch_size]
+            for start in range(0, len(local), cfg.micro_batch_size):
+                idx = local[start : start + cfg.micro_batch_size]
                 weight = len(idx) / len(indices)  # micro-batch means, weighted, add up to the batch mean
                 policy = pair_logprobs(model, [pairs[i] for i in idx], tokenizer.pad_token_id, spec.device, **forward)
                 ref_mb = {k: v[idx].to(spec.device) for k, v in ref.items()}
@@ -607,6 +637,9 @@ def train_dpo(cfg: DPOConfig) -> Path:
                 for key, value in {"loss": loss.item(), **metrics}.items():
                     sums[key] = sums.get(key, 0.0) + weight * value
                 seen += sum(len(pairs[i].chosen.input_ids) + len(pairs[i].rejected.input_ids) for i in idx)
+            if distributed.active():
+                sums = distributed.all_reduce_sums({**sums, "__seen": seen})
+                seen = int(sums.pop("__seen"))
             step_info = optimizer_step(setup, cfg.max_grad_norm)
             elapsed = time.perf_counter() - t0
             record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,
@@ -614,10 +647,15 @@ def train_dpo(cfg: DPOConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+                if distributed.is_main():
+                    save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+                distributed.barrier()
     if tracker is not None:
         tracker.close()
-    final = save_final_model(run_dir, model, tokenizer)
-    write_run_config(run_dir, cfg)
-    console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
+    final = run_dir / "model"
+    if distributed.is_main():
+        final = save_final_model(run_dir, model, tokenizer)
+        write_run_config(run_dir, cfg)
+        console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
+    distributed.barrier()
     return final

@@ -402,8 +402,8 @@ def train_sft(cfg: SFTConfig) -> Path:
                 loss_total += loss.item()
                 seen += real
             if distributed.active():
-                loss_total, seen = (distributed.all_reduce_sums({"loss": loss_total, "seen": seen}).values())
-                seen = int(seen)
+                totals = distributed.all_reduce_sums({"loss": loss_total, "seen": seen})
+                loss_total, seen = totals["loss"], int(totals["seen"])
             step_info = optimizer_step(setup, cfg.max_grad_norm)
             elapsed = time.perf_counter() - t0
             record = {

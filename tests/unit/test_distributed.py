@@ -1,10 +1,15 @@
 """Data-parallel training under torchrun (gloo, CPU): a 2-process run equals the 1-process run with the
 same global batch (per-step metrics and final weights), for SFT and DPO, and a 2-process SFT run stopped
-after a checkpoint resumes to the same final weights. Also the sharding helpers in one process."""
+after a checkpoint resumes (with 2 processes or with 1) to the same final weights. Also the sharding
+helpers in one process, and the refusal of torchrun by recipes that do not support it.
+
+The 2-process runs are ``python -m torch.distributed.run --nproc-per-node 2 -m rlft.cli <command> ...``
+subprocesses on 127.0.0.1 and a free port (about 10 s each on 2 CPU cores)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -143,12 +148,16 @@ def test_sft_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
 def test_sft_two_processes_resume_to_the_same_weights(tiny_model_dir, tmp_path):
     # A constant rate, so that the shorter first leg (--max-steps 3, stopped after its step-2 checkpoint
     # and the final step) has the same schedule as the whole run; the resumed leg redoes step 3 on.
-    whole, split = tmp_path / "whole", tmp_path / "split"
+    # The same first leg also resumes in one process: checkpoints do not depend on the world size.
+    whole, split, single = tmp_path / "whole", tmp_path / "split", tmp_path / "single"
     train_sft(sft_cfg(tiny_model_dir, whole, schedule="constant"))
     torchrun("sft", sft_cfg(tiny_model_dir, split, schedule="constant", max_steps=3))
     assert (split / "checkpoints" / "step-00000002").is_dir()
+    shutil.copytree(split, single)
     torchrun("sft", sft_cfg(tiny_model_dir, split, schedule="constant", resume=True))
     assert_same_run(whole, split)
+    train_sft(sft_cfg(tiny_model_dir, single, schedule="constant", resume=True, resume_override=("output_dir",)))
+    assert_same_run(whole, single)
 
 
 # --------------------------------------------------------------------------- DPO

@@ -1,5 +1,5 @@
 """Data-parallel training under torchrun (gloo, CPU): a 2-process run equals the 1-process run with the
-same global batch (per-step metrics and final weights), for SFT and DPO, and a 2-process SFT run stopped
+same global batch (per-step metrics and final weights), for SFT, DPO and the reward model, and a 2-process SFT run stopped
 after a checkpoint resumes (with 2 processes or with 1) to the same final weights. Also the sharding
 helpers in one process, and the refusal of torchrun by recipes that do not support it.
 
@@ -197,3 +197,31 @@ def test_dpo_two_processes_equal_one(dpo_inputs, tmp_path):
     moved = load_weights(two / "model")
     start = load_weights(model_dir)
     assert any(not torch.equal(moved[k], start[k]) for k in start)  # training did something
+
+
+# --------------------------------------------------------------------------- reward model
+
+
+def test_rm_two_processes_equal_one(tiny_model_dir, tmp_path):
+    from rlft.recipes.reward_model import RMConfig, train_rm
+    from tests.conftest import write_jsonl_rows
+
+    def rows(n: int, offset: int) -> list[dict]:
+        out = []
+        for i in range(offset, offset + n):
+            prompt = [{"role": "user", "content": f"Say something about {i}."}]
+            out.append({"chosen": prompt + [{"role": "assistant", "content": "banana " * (1 + i % 3) + f"is {i}"}],
+                        "rejected": prompt + [{"role": "assistant", "content": f"no {i}" + "!" * (i % 4)}],
+                        "score_chosen": 8.0, "score_rejected": 2.0})
+        return out
+
+    train = write_jsonl_rows(tmp_path / "train.jsonl", rows(10, 0))  # steps of 4, 4, 2 pairs
+    test = write_jsonl_rows(tmp_path / "test.jsonl", rows(4, 100))
+    cfg = RMConfig(model=str(tiny_model_dir), data=str(train), eval_data=str(test), output_dir=str(tmp_path / "one"),
+                   max_length=64, batch_size=4, micro_batch_size=2, eval_batch_size=4, max_steps=4, lr=3e-3,
+                   warmup_ratio=0.0, eval_every=2, save_every=2, device="cpu", dtype="float32", seed=0)
+    train_rm(cfg)
+    torchrun("rm", replace(cfg, output_dir=str(tmp_path / "two")))
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert "eval/accuracy" in read_metrics(tmp_path / "two" / "metrics.jsonl")[1]
+    assert (tmp_path / "two" / "eval.json").is_file()

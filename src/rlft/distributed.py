@@ -155,6 +155,25 @@ def shard(items: list, of_rank: int | None = None, world_size: int | None = None
     return items if n == 1 else items[r::n]
 
 
+def gather_shards(parts: dict[str, torch.Tensor], total: int) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`shard` for per-item values: each rank holds ``parts[key]``, a ``(len(shard), ...)``
+    tensor of its items ``rank, rank + world, ...`` of ``total``; returns the full ``(total, ...)`` tensors,
+    on the CPU, in item order, on every rank (``all_gather_object``: meant for small per-item values such
+    as log-probs). Not distributed: ``parts`` unchanged."""
+    if not active():
+        return parts
+    gathered: list[dict[str, torch.Tensor]] = [{} for _ in range(world())]
+    dist.all_gather_object(gathered, {k: v.detach().cpu() for k, v in parts.items()})
+    out = {}
+    for key in parts:
+        first = gathered[0][key]
+        full = torch.empty((total, *first.shape[1:]), dtype=first.dtype)
+        for r, part in enumerate(gathered):
+            full[r::world()] = part[key]
+        out[key] = full
+    return out
+
+
 def wrap_model(model: torch.nn.Module, strategy: str = "ddp") -> torch.nn.Module:
     """Prepare ``model`` for data-parallel training; returns it (not wrapped, see the module docstring).
 

@@ -497,22 +497,10 @@ def reference_logprobs(
     """Reference log-probs of all pairs, from ``run_dir/ref_logps.pt`` when resuming and it matches,
     else computed with the reference model, which is loaded here and freed before returning.
 
-    Under torchrun rank 0 alone computes (or reads) them and writes the cache; the other ranks wait
-    (barrier) and read the cache it wrote, so every rank holds the same values."""
-    if distributed.active():
-        ref = _reference_logprobs(cfg, pairs, pad_token_id, spec, run_dir) if distributed.is_main() else None
-        distributed.barrier()
-        if ref is None:
-            cached = torch.load(run_dir / REF_CACHE, weights_only=True)
-            ref = {k: v for k, v in cached.items() if k != "fingerprint"}
-        return ref
-    return _reference_logprobs(cfg, pairs, pad_token_id, spec, run_dir)
-
-
-def _reference_logprobs(
-    cfg: DPOConfig, pairs: list[TokenizedPair], pad_token_id: int, spec: DeviceSpec, run_dir: Path
-) -> dict[str, torch.Tensor]:
-    """:func:`reference_logprobs` in one process (the cache read or computed and written)."""
+    Under torchrun every rank reads the cache (the same file, so the same decision), or computes its
+    :func:`rlft.distributed.shard` of the pairs, and the shards are gathered on every rank
+    (:func:`rlft.distributed.gather_shards`); rank 0 writes the cache. The values equal the
+    one-process ones up to float rounding (other micro-batch groupings, so other padding)."""
     ref_name = cfg.ref_model or cfg.model
     path = run_dir / REF_CACHE
     fingerprint = _fingerprint(ref_name, pairs, spec.dtype)
@@ -524,14 +512,20 @@ def _reference_logprobs(
         log.warning("%s was computed for other pairs or another reference model: recomputing", path)
     log.info("computing reference log-probs of %d pairs with %s", len(pairs), ref_name)
     model = load_model(ref_name, spec)
-    ref = compute_reference_logprobs(model, pairs, pad_token_id, spec.device, cfg.micro_batch_size, **_forward_options(cfg))
+    mine = distributed.shard(pairs)  # all of them in one process
+    if mine:
+        ref = compute_reference_logprobs(model, mine, pad_token_id, spec.device, cfg.micro_batch_size, **_forward_options(cfg))
+    else:  # more ranks than pairs
+        ref = {k: torch.zeros(0) for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}
     del model  # the only reference: training never holds the reference model
     gc.collect()
     if spec.device.type == "cuda":
         torch.cuda.empty_cache()
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({**ref, "fingerprint": fingerprint}, tmp)
-    os.replace(tmp, path)
+    ref = distributed.gather_shards(ref, len(pairs))
+    if distributed.is_main():
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save({**ref, "fingerprint": fingerprint}, tmp)
+        os.replace(tmp, path)
     return ref
 
 

@@ -147,6 +147,15 @@ def test_sft_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
     assert (out / "config.yaml").is_file() and (out / "checkpoints" / "latest").is_file()
 
 
+def test_sft_two_processes_equal_one_with_lora_packing_and_checkpointing(tiny_model_dir, tmp_path):
+    # LoRA adapters (random init: rank 0's are broadcast), packed micro-batches, recomputed activations.
+    options = {"lora_r": 4, "packing": True, "gradient_checkpointing": True, "max_steps": 3, "save_every": 0}
+    train_sft(sft_cfg(tiny_model_dir, tmp_path / "one", **options))
+    torchrun("sft", sft_cfg(tiny_model_dir, tmp_path / "two", **options))
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert (tmp_path / "two" / "adapter").is_dir()
+
+
 def test_sft_two_processes_resume_to_the_same_weights(tiny_model_dir, tmp_path):
     # A constant rate, so that the shorter first leg (--max-steps 3, stopped after its step-2 checkpoint
     # and the final step) has the same schedule as the whole run; the resumed leg redoes step 3 on.

@@ -72,18 +72,19 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init(device_type: str | None = None) -> bool:
+def init(device: str = "auto") -> bool:
     """Initialise the default process group when launched with ``WORLD_SIZE`` > 1 and not yet done.
 
-    Backend: nccl when CUDA is available (``device_type`` "cuda" or, None, ``torch.cuda.is_available()``),
-    after ``torch.cuda.set_device(LOCAL_RANK)``; gloo otherwise. Ranks other than 0 log warnings only.
-    Returns True when distributed. Idempotent; a no-op (False) without torchrun's variables.
+    ``device``: the recipe's ``--device`` ("auto", "cpu", "cuda", ...). Backend: nccl for CUDA ("cuda..."
+    or "auto" with CUDA available), after ``torch.cuda.set_device(LOCAL_RANK)``; gloo otherwise. Ranks
+    other than 0 log warnings only. Returns True when distributed. Idempotent; a no-op (False) without
+    torchrun's variables.
     """
     if active():
         return True
     if not launched():
         return False
-    cuda = torch.cuda.is_available() if device_type is None else device_type == "cuda"
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(local_rank())
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=60))

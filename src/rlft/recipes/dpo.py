@@ -586,7 +586,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
     check_scale_options(cfg)
     _validate(cfg)
     loss_fn = build_preference_loss(cfg)
-    distributed.init(pick_device(cfg.device, cfg.dtype).device.type)
+    distributed.init(cfg.device)  # under torchrun only
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)

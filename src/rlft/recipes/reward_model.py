@@ -352,7 +352,7 @@ def train_rm(cfg: RMConfig) -> Path:
     equals the one-process run (up to float rounding); rank 0 alone evaluates and writes every file."""
     check_scale_options(cfg)
     _validate(cfg)
-    distributed.init(pick_device(cfg.device, cfg.dtype).device.type)
+    distributed.init(cfg.device)  # under torchrun only
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)

@@ -365,7 +365,7 @@ def train_sft(cfg: SFTConfig) -> Path:
     check_scale_options(cfg)
     if cfg.batch_size % cfg.micro_batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
-    distributed.init(pick_device(cfg.device, cfg.dtype).device.type)
+    distributed.init(cfg.device)  # under torchrun only
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)

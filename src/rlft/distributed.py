@@ -211,11 +211,15 @@ def sum_gradients(params: list[torch.nn.Parameter]) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     buckets: dict[tuple, list[list[torch.nn.Parameter]]] = {}
+    filled: dict[tuple, int] = {}  # elements in the last bucket of each kind
     for p in live:
-        groups = buckets.setdefault((p.grad.dtype, p.grad.device), [[]])
-        if groups[-1] and sum(q.numel() for q in groups[-1]) + p.numel() > _BUCKET_ELEMENTS:
+        kind = (p.grad.dtype, p.grad.device)
+        groups = buckets.setdefault(kind, [[]])
+        if groups[-1] and filled[kind] + p.numel() > _BUCKET_ELEMENTS:
             groups.append([])
+            filled[kind] = 0
         groups[-1].append(p)
+        filled[kind] = filled.get(kind, 0) + p.numel()
     for groups in buckets.values():
         for group in groups:
             flat = torch.cat([p.grad.reshape(-1) for p in group])

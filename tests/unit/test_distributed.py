@@ -121,6 +121,44 @@ def test_torchrun_refused_by_recipes_without_support(monkeypatch, tmp_path):
         claim_run_dir(SFTConfig(output_dir=str(tmp_path / "run")))
 
 
+SUM_GRADIENTS_SCRIPT = """
+import torch
+from rlft import distributed
+
+assert distributed.init("cpu")
+rank = distributed.rank()
+distributed._BUCKET_ELEMENTS = 5  # several buckets
+params = [torch.nn.Parameter(torch.zeros(n)) for n in (3, 4, 2, 6)]
+params[0].grad = torch.full((3,), 1.0 + rank)            # on both ranks: summed
+if rank == 1:
+    params[1].grad = torch.arange(4.0)                   # on rank 1 only: rank 0 counts zeros
+params[3].grad = torch.arange(6.0) * (rank + 1)
+# params[2] has no gradient anywhere: stays None
+distributed.sum_gradients(params)
+assert torch.equal(params[0].grad, torch.full((3,), 3.0)), params[0].grad
+assert torch.equal(params[1].grad, torch.arange(4.0)), params[1].grad
+assert params[2].grad is None
+assert torch.equal(params[3].grad, torch.arange(6.0) * 3), params[3].grad
+assert distributed.all_reduce_sums({"a": 1.0, **({"b": 2.0} if rank else {})}) == {"a": 2.0, "b": 2.0}
+assert distributed.shard(list(range(5))) == list(range(5))[rank::2]
+got = distributed.gather_shards({"x": torch.tensor(distributed.shard([0.0, 1.0, 2.0, 3.0, 4.0]))}, 5)
+assert torch.equal(got["x"], torch.arange(5.0)), got
+print("ok", rank)
+"""
+
+
+def test_sum_gradients_sums_over_ranks_in_buckets(tmp_path):
+    script = tmp_path / "sum_gradients.py"
+    script.write_text(SUM_GRADIENTS_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    port = str(_free_port())
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                           "--master-addr", "127.0.0.1", "--master-port", port, str(script)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "ok 0" in done.stdout and "ok 1" in done.stdout
+
+
 # --------------------------------------------------------------------------- SFT
 
 

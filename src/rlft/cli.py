@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         print(f"rlft {name}: error: {_one_line(e)}", file=sys.stderr)
         raise SystemExit(getattr(e, "exit_code", 1)) from None
+    from rlft.distributed import shutdown
+
+    shutdown()  # under torchrun: every rank finished; nothing otherwise
 
 
 if __name__ == "__main__":

@@ -30,7 +30,10 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 def training_progress(description: str) -> Progress:
-    """A progress bar whose ``info`` field shows live metrics (loss, tokens/s, ...)."""
+    """A progress bar whose ``info`` field shows live metrics (loss, tokens/s, ...); hidden on ranks
+    other than 0 under torchrun."""
+    from rlft.distributed import is_main
+
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -40,4 +43,5 @@ def training_progress(description: str) -> Progress:
         TextColumn("{task.fields[info]}"),
         console=console,
         transient=False,
+        disable=not is_main(),
     )

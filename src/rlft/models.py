@@ -125,8 +125,13 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> DeviceSpec:
     """CUDA with bfloat16 when available, else CPU with float32; either can be overridden.
 
     ``device``: "auto", "cpu", "cuda", "cuda:1", ...; ``dtype``: "auto", "float32", "bfloat16", "float16".
+    Under torchrun (:mod:`rlft.distributed`), "auto"/"cuda" mean ``cuda:LOCAL_RANK``.
     """
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    if dev.type == "cuda" and dev.index is None:
+        from rlft.distributed import device_for_rank
+
+        dev = device_for_rank(dev)  # cuda:LOCAL_RANK under torchrun
     if dtype == "auto":
         dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     else:

@@ -3,7 +3,8 @@
 - :class:`MemoryOptions`: ``--gradient-checkpointing``, ``--logits-chunk-size`` (sft, dpo, rl/rloo; the reward
   model has no LM head to chunk and takes :class:`CheckpointingOptions`);
 - :class:`PackingOptions`: ``--packing``, ``--pack-length`` (sft, dpo, rm);
-- :class:`TrackingOptions`: ``--report-to`` (sft, dpo, rm, rl/rloo).
+- :class:`TrackingOptions`: ``--report-to`` (sft, dpo, rm, rl/rloo);
+- :class:`DistributedOptions`: ``--distributed`` (sft, dpo, rm under torchrun).
 """
 
 from __future__ import annotations
@@ -53,3 +54,13 @@ class PackingOptions:
     per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
     block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
     so never more rows nor longer ones than padding."""
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """``--distributed``: the data-parallel strategy under torchrun."""
+
+    distributed: Literal["ddp"] = "ddp"
+    """Data-parallel strategy under torchrun (`torchrun --nproc-per-node N rlft <command> ...`): 'ddp', a full
+    replica per rank, each step's batch split across ranks, gradients summed (see rlft.distributed).
+    Ignored in a one-process run."""

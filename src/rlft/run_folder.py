@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from rlft import distributed
 from rlft.checkpoint import _atomic_write_text, checkpoint_folders, count_metrics, remove_partial_saves
 from rlft.validation import OptionError, UsageError
 
@@ -125,7 +126,15 @@ class RunFolder:
 
     def open(self) -> Path:
         """Create the folder (call once inputs are validated): with ``--overwrite`` the old folder is
-        moved aside first; leftovers of saves killed mid-write are removed. Returns the path."""
+        moved aside first; leftovers of saves killed mid-write are removed. Returns the path.
+
+        Under torchrun only rank 0 touches the folder; every rank waits for it (barrier) before returning."""
+        if distributed.is_main():
+            self._open()
+        distributed.barrier()
+        return self.path
+
+    def _open(self) -> None:
         if self.overwrite and self.path.exists() and any(self.path.iterdir()):
             stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
             aside = self.path.with_name(f"{self.path.name}.replaced-{stamp}")
@@ -137,7 +146,6 @@ class RunFolder:
             log.warning("--overwrite: moved the previous contents of %s to %s", self.path, aside)
         self.path.mkdir(parents=True, exist_ok=True)
         remove_partial_saves(self.path)
-        return self.path
 
 
 def claim_run_dir(cfg: Any, output_dir: str | Path | None = None) -> RunFolder:
@@ -152,7 +160,20 @@ def claim_run_dir(cfg: Any, output_dir: str | Path | None = None) -> RunFolder:
             ``--overwrite`` is given; it holds something that is not a run and ``--overwrite`` is not
             given; ``--resume`` with options that differ from the saved ``config.yaml`` and are not
             named by ``--resume-override``.
+        UsageError: launched by torchrun (``WORLD_SIZE`` > 1) without a process group, i.e. by a recipe
+            that does not support data-parallel training (see :mod:`rlft.distributed`).
+
+    Under torchrun every rank checks the folder, then waits for the others (barrier), so that no rank
+    checks it after rank 0 has opened it.
     """
+    if distributed.launched() and not distributed.active():
+        raise UsageError("this command does not support torchrun (data-parallel training) yet: run it in one process")
+    folder = _claim_run_dir(cfg, output_dir)
+    distributed.barrier()
+    return folder
+
+
+def _claim_run_dir(cfg: Any, output_dir: str | Path | None) -> RunFolder:
     path = Path(output_dir if output_dir is not None else cfg.output_dir).expanduser()
     resume, overwrite = bool(getattr(cfg, "resume", False)), bool(getattr(cfg, "overwrite", False))
     overrides = tuple(getattr(cfg, "resume_override", ()) or ())

@@ -133,7 +133,12 @@ def open_tracker(report_to: str, run_dir: Path, config=None) -> Tracker | None:
 
 def attach_tracker(metrics, report_to: str, run_dir: Path, config=None) -> Tracker | None:
     """Open the tracker (:func:`open_tracker`) and make ``metrics`` (a :class:`rlft.checkpoint.MetricsLog`)
-    forward every record it logs to it; returns it (None for ``"none"``) so the recipe can ``close()`` it."""
+    forward every record it logs to it; returns it (None for ``"none"``) so the recipe can ``close()`` it.
+    Under torchrun only rank 0 opens a tracker (the others get None)."""
+    from rlft.distributed import is_main
+
+    if not is_main():
+        return None
     tracker = open_tracker(report_to, run_dir, config)
     if tracker is not None:
         metrics.sink = tracker.log

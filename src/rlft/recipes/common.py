@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from rlft import distributed
 from rlft.checkpoint import MetricsLog, checkpoint_folders, checkpoint_problem, count_metrics, read_trainer_state, restore_trainer_state
 from rlft.models import DeviceSpec, load_model
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
@@ -94,6 +95,7 @@ def prepare_training(
     load: Callable[[str, DeviceSpec], torch.nn.Module] | None = None,
     param_groups: Callable[[torch.nn.Module], list[dict]] | None = None,
     lora: "LoRASettings | None" = None,
+    distributed_strategy: str = "ddp",
 ) -> TrainingSetup:
     """Load the model (from the latest checkpoint when resuming), the optimizer, scheduler, metrics log.
 
@@ -108,6 +110,11 @@ def prepare_training(
     :func:`rlft.checkpoint.checkpoint_problem` or whose state or weights do not load is skipped with a
     warning naming what is wrong, and the previous one is tried. Metrics logged after the resumed step
     are dropped so the curve continues without a jump; earlier ones are kept.
+
+    Under torchrun (:mod:`rlft.distributed`): every rank loads the same checkpoint; the model is prepared
+    by :func:`rlft.distributed.wrap_model` with ``distributed_strategy`` (rank 0's weights broadcast)
+    before the optimizer is built; only rank 0 writes ``metrics.jsonl`` (the others get a log that
+    writes nothing). Not distributed: nothing changes.
 
     Raises:
         ValueError: an unknown ``optimizer``.
@@ -131,6 +138,7 @@ def prepare_training(
     if model is None:
         model = load_from(None)
     model.train()
+    model = distributed.wrap_model(model, distributed_strategy)
     if param_groups is not None:
         params = param_groups(model)
     else:
@@ -142,7 +150,10 @@ def prepare_training(
         restore_trainer_state(state, optim, scheduler)
         start_step = state["step"]
         log.info("resuming from %s at step %d", ckpt, start_step)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
+    if distributed.is_main():
+        metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
+    else:
+        metrics = NullMetricsLog()
     return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt)
 
 
@@ -173,9 +184,22 @@ def _newest_usable_checkpoint(run_dir: Path, load_from: Callable[[Path], torch.n
     return None, None, None
 
 
+class NullMetricsLog:
+    """What ranks other than 0 log metrics to: nothing is written (same ``log`` / ``sink`` as
+    :class:`rlft.checkpoint.MetricsLog`)."""
+
+    path = None
+    sink = None
+
+    def log(self, record: dict) -> None:
+        pass
+
+
 def optimizer_step(setup: TrainingSetup, max_grad_norm: float) -> dict[str, float]:
-    """Clip gradients, step optimizer and scheduler, zero gradients; returns lr used and grad norm."""
+    """Sum gradients over ranks (torchrun only: :func:`rlft.distributed.sum_gradients`), clip them, step
+    optimizer and scheduler, zero gradients; returns lr used and grad norm (of the summed gradient)."""
     params = [p for p in setup.model.parameters() if p.requires_grad]
+    distributed.sum_gradients(params)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     lr = setup.scheduler.get_last_lr()[0]  # the rate this step applies
     setup.optimizer.step()

@@ -59,6 +59,7 @@ from typing import Callable, Literal
 
 import torch
 
+from rlft import distributed
 from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data import preferences
@@ -71,7 +72,7 @@ from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions, save_final_model
-from rlft.options import MemoryOptions, PackingOptions
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions
 from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.validation import OptionError, validate_options
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
@@ -83,7 +84,7 @@ REF_CACHE = "ref_logps.pt"
 
 
 @dataclass(frozen=True)
-class DPOConfig(LoRAOptions, MemoryOptions, PackingOptions):
+class DPOConfig(LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
     """Preference optimisation (DPO / IPO / RPO) of a model, usually an SFT model, on chosen/rejected pairs."""
 
     model: str = "runs/sft/model"
@@ -471,7 +472,12 @@ def reference_logprobs(
     cfg: DPOConfig, pairs: list[TokenizedPair], pad_token_id: int, spec: DeviceSpec, run_dir: Path
 ) -> dict[str, torch.Tensor]:
     """Reference log-probs of all pairs, from ``run_dir/ref_logps.pt`` when resuming and it matches,
-    else computed with the reference model, which is loaded here and freed before returning."""
+    else computed with the reference model, which is loaded here and freed before returning.
+
+    Under torchrun every rank reads the cache (the same file, so the same decision), or computes its
+    :func:`rlft.distributed.shard` of the pairs, and the shards are gathered on every rank
+    (:func:`rlft.distributed.gather_shards`); rank 0 writes the cache. The values equal the
+    one-process ones up to float rounding (other micro-batch groupings, so other padding)."""
     ref_name = cfg.ref_model or cfg.model
     path = run_dir / REF_CACHE
     fingerprint = _fingerprint(ref_name, pairs, spec.dtype)
@@ -483,14 +489,20 @@ def reference_logprobs(
         log.warning("%s was computed for other pairs or another reference model: recomputing", path)
     log.info("computing reference log-probs of %d pairs with %s", len(pairs), ref_name)
     model = load_model(ref_name, spec)
-    ref = compute_reference_logprobs(model, pairs, pad_token_id, spec.device, cfg.micro_batch_size, **_forward_options(cfg))
+    mine = distributed.shard(pairs)  # all of them in one process
+    if mine:
+        ref = compute_reference_logprobs(model, mine, pad_token_id, spec.device, cfg.micro_batch_size, **_forward_options(cfg))
+    else:  # more ranks than pairs
+        ref = {k: torch.zeros(0) for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}
     del model  # the only reference: training never holds the reference model
     gc.collect()
     if spec.device.type == "cuda":
         torch.cuda.empty_cache()
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({**ref, "fingerprint": fingerprint}, tmp)
-    os.replace(tmp, path)
+    ref = distributed.gather_shards(ref, len(pairs))
+    if distributed.is_main():
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save({**ref, "fingerprint": fingerprint}, tmp)
+        os.replace(tmp, path)
     return ref
 
 
@@ -542,24 +554,31 @@ def _validate(cfg: DPOConfig) -> None:
 
 
 def train_dpo(cfg: DPOConfig) -> Path:
-    """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``)."""
+    """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``).
+
+    Under torchrun each rank trains on its :func:`rlft.distributed.shard` of every step's pairs; each
+    micro-batch's loss is weighted by its share of the *whole* step's pairs (and the RPO NLL divided by
+    the whole step's chosen-token count), gradients are summed over ranks, so the run equals the
+    one-process run (up to float rounding); rank 0 writes every file."""
     check_scale_options(cfg)
     _validate(cfg)
     loss_fn = build_preference_loss(cfg)
+    distributed.init(cfg.device)  # under torchrun only
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     pairs, stats = load_tokenized_pairs(cfg, tokenizer)
     run_dir = run.open()
-    (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    if distributed.is_main():
+        (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     ref = reference_logprobs(cfg, pairs, tokenizer.pad_token_id, spec, run_dir)
 
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                             optimizer=cfg.optimizer, lora=cfg.lora_settings())
+                             optimizer=cfg.optimizer, lora=cfg.lora_settings(), distributed_strategy=cfg.distributed)
     model, start_step = setup.model, setup.start_step
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -573,11 +592,12 @@ def train_dpo(cfg: DPOConfig) -> Path:
             t0 = time.perf_counter()
             indices = length_grouped(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed),
                                      lambda i: max(len(pairs[i].chosen.input_ids), len(pairs[i].rejected.input_ids)), cfg.micro_batch_size)
-            num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)
+            num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)  # of the global batch
+            local = distributed.shard(indices)  # this rank's pairs (all of them in one process)
             sums: dict[str, float] = {}
             seen = 0
-            for start in range(0, len(indices), cfg.micro_batch_size):
-                idx = indices[start : start + cfg.micro_batch_size]
+            for start in range(0, len(local), cfg.micro_batch_size):
+                idx = local[start : start + cfg.micro_batch_size]
                 weight = len(idx) / len(indices)  # micro-batch means, weighted, add up to the batch mean
                 policy = pair_logprobs(model, [pairs[i] for i in idx], tokenizer.pad_token_id, spec.device, **forward)
                 ref_mb = {k: v[idx].to(spec.device) for k, v in ref.items()}
@@ -588,6 +608,9 @@ def train_dpo(cfg: DPOConfig) -> Path:
                 for key, value in {"loss": loss.item(), **metrics}.items():
                     sums[key] = sums.get(key, 0.0) + weight * value
                 seen += sum(len(pairs[i].chosen.input_ids) + len(pairs[i].rejected.input_ids) for i in idx)
+            if distributed.active():
+                sums = distributed.all_reduce_sums({**sums, "__seen": seen})
+                seen = int(sums.pop("__seen"))
             step_info = optimizer_step(setup, cfg.max_grad_norm)
             elapsed = time.perf_counter() - t0
             record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,
@@ -595,10 +618,15 @@ def train_dpo(cfg: DPOConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+                if distributed.is_main():
+                    save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+                distributed.barrier()
     if tracker is not None:
         tracker.close()
-    final = save_final_model(run_dir, model, tokenizer)
-    write_run_config(run_dir, cfg)
-    console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
+    final = run_dir / "model"
+    if distributed.is_main():
+        final = save_final_model(run_dir, model, tokenizer)
+        write_run_config(run_dir, cfg)
+        console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
+    distributed.barrier()
     return final

@@ -43,6 +43,7 @@ from typing import Literal
 
 import torch
 
+from rlft import distributed
 from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data.packing import default_pack_length, pack_examples
@@ -50,7 +51,7 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions, save_final_model
-from rlft.options import CheckpointingOptions, PackingOptions
+from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions
 from rlft.recipes.common import TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.validation import OptionError, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
@@ -61,7 +62,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class RMConfig(LoRAOptions, CheckpointingOptions, PackingOptions):
+class RMConfig(LoRAOptions, CheckpointingOptions, PackingOptions, DistributedOptions):
     """Train a scalar reward model on preference pairs with a Bradley-Terry loss."""
 
     model: str = DEFAULT_MODEL
@@ -321,13 +322,18 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
 
     return prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                            load=load, param_groups=groups, lora=cfg.lora_settings())
+                            load=load, param_groups=groups, lora=cfg.lora_settings(), distributed_strategy=cfg.distributed)
 
 
 def train_rm(cfg: RMConfig) -> Path:
-    """Train a reward model as configured; returns the folder of the final model (``output_dir/model``)."""
+    """Train a reward model as configured; returns the folder of the final model (``output_dir/model``).
+
+    Under torchrun each rank trains on its :func:`rlft.distributed.shard` of every step's pairs, each
+    micro-batch weighted by its share of the *whole* step's pairs, gradients summed over ranks, so the run
+    equals the one-process run (up to float rounding); rank 0 alone evaluates and writes every file."""
     check_scale_options(cfg)
     _validate(cfg)
+    distributed.init(cfg.device)  # under torchrun only
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
@@ -369,10 +375,11 @@ def train_rm(cfg: RMConfig) -> Path:
             t0 = time.perf_counter()
             indices = length_grouped(batch_indices(step, len(train), cfg.batch_size, cfg.seed),
                                      lambda i: max(len(train[i].chosen.input_ids), len(train[i].rejected.input_ids)), cfg.micro_batch_size)
+            local = distributed.shard(indices)  # this rank's pairs (all of them in one process)
             sums: dict[str, float] = {}
             seen = 0
-            for start in range(0, len(indices), cfg.micro_batch_size):
-                chunk = [train[i] for i in indices[start : start + cfg.micro_batch_size]]
+            for start in range(0, len(local), cfg.micro_batch_size):
+                chunk = [train[i] for i in local[start : start + cfg.micro_batch_size]]
                 weight = len(chunk) / len(indices)  # weighted micro-batch means add up to the batch mean
                 chosen, rejected = pair_rewards(model, chunk, pad_id, spec.device, packing=cfg.packing, pack_length=cfg.pack_length)
                 margin = torch.tensor([e.margin for e in chunk], device=chosen.device) if cfg.margin_scale else None
@@ -381,24 +388,32 @@ def train_rm(cfg: RMConfig) -> Path:
                 for key, value in {"loss": loss.item(), **metrics}.items():
                     sums[key] = sums.get(key, 0.0) + weight * value
                 seen += sum(len(e.chosen.input_ids) + len(e.rejected.input_ids) for e in chunk)
+            if distributed.active():
+                sums = distributed.all_reduce_sums({**sums, "__seen": seen})
+                seen = int(sums.pop("__seen"))
             step_info = optimizer_step(setup, cfg.max_grad_norm)
             elapsed = time.perf_counter() - t0
             record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,
                       "tokens": seen, "tokens_per_s": seen / elapsed}
             info = f"loss {sums['loss']:.4f}  acc {sums['rm/accuracy']:.2f}"
             is_last = step + 1 == total_steps
-            if heldout and (is_last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)):
+            if heldout and distributed.is_main() and (is_last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)):
                 last_eval = run_eval()
                 record.update({f"eval/{k}": v for k, v in last_eval.items() if k != "n"})
                 info += f"  eval acc {last_eval['accuracy']:.3f}"
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=info)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and not is_last:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
-    if heldout and last_eval is None:  # resumed a run that had already finished its steps
-        last_eval = run_eval()
+                if distributed.is_main():
+                    save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+                distributed.barrier()
     if tracker is not None:
         tracker.close()
+    if not distributed.is_main():
+        distributed.barrier()  # rank 0 evaluates and writes the model and eval.json
+        return run_dir / "model"
+    if heldout and last_eval is None:  # resumed a run that had already finished its steps
+        last_eval = run_eval()
     final = save_final_model(run_dir, model, tokenizer)
     write_run_config(run_dir, cfg)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
@@ -408,4 +423,5 @@ def train_rm(cfg: RMConfig) -> Path:
         console.print(f"[green]RM done[/]: held-out pairwise accuracy {last_eval['accuracy']:.3f} on {last_eval['n']} pairs; model saved to {final}")
     else:
         console.print(f"[green]RM done[/]: model saved to {final} (no held-out pairs)")
+    distributed.barrier()
     return final

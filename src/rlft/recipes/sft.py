@@ -38,6 +38,7 @@ from typing import Literal
 
 import torch
 
+from rlft import distributed
 from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data.chat import ensure_chat_template, render_chat
@@ -48,7 +49,7 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions, save_final_model
-from rlft.options import MemoryOptions, PackingOptions
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions
 from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.tracking import attach_tracker
@@ -60,7 +61,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class SFTConfig(LoRAOptions, MemoryOptions, PackingOptions):
+class SFTConfig(LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
     """Supervised fine-tuning on prompt/completion pairs (loss on completion tokens + EOS only)."""
 
     model: str = DEFAULT_MODEL
@@ -333,23 +334,29 @@ def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: 
 
 
 def train_sft(cfg: SFTConfig) -> Path:
-    """Run SFT as configured; returns the folder of the final model (``output_dir/model``)."""
+    """Run SFT as configured; returns the folder of the final model (``output_dir/model``).
+
+    Under torchrun each rank trains on its :func:`rlft.distributed.shard` of every step's batch, with the
+    loss divided by the whole batch's target-token count and gradients summed over ranks, so the run
+    equals the one-process run (up to float rounding); rank 0 writes every file."""
     check_scale_options(cfg)
     if cfg.batch_size % cfg.micro_batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
+    distributed.init(cfg.device)  # under torchrun only
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     examples, stats = load_sft_examples(cfg, tokenizer)
     run_dir = run.open()
-    (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    if distributed.is_main():
+        (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
 
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                             lora=cfg.lora_settings())
+                             lora=cfg.lora_settings(), distributed_strategy=cfg.distributed)
     model, start_step = setup.model, setup.start_step
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -362,7 +369,8 @@ def train_sft(cfg: SFTConfig) -> Path:
             t0 = time.perf_counter()
             indices = batch_indices(step, len(examples), cfg.batch_size, cfg.seed)
             chosen = [examples[i] for i in length_grouped(indices, lambda i: len(examples[i].input_ids), cfg.micro_batch_size)]
-            num_tokens = sum(sum(e.loss_mask) for e in chosen)
+            num_tokens = sum(sum(e.loss_mask) for e in chosen)  # of the global batch, on every rank
+            chosen = distributed.shard(chosen)  # this rank's part (all of it in one process)
             loss_total, seen = 0.0, 0
             for start in range(0, len(chosen), cfg.micro_batch_size):
                 logprobs, loss_mask, real = micro_batch_logprobs(model, chosen[start : start + cfg.micro_batch_size], tokenizer.pad_token_id, spec.device, cfg)
@@ -370,6 +378,9 @@ def train_sft(cfg: SFTConfig) -> Path:
                 loss.backward()
                 loss_total += loss.item()
                 seen += real
+            if distributed.active():
+                totals = distributed.all_reduce_sums({"loss": loss_total, "seen": seen})
+                loss_total, seen = totals["loss"], int(totals["seen"])
             step_info = optimizer_step(setup, cfg.max_grad_norm)
             elapsed = time.perf_counter() - t0
             record = {
@@ -383,10 +394,15 @@ def train_sft(cfg: SFTConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+                if distributed.is_main():
+                    save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+                distributed.barrier()
     if tracker is not None:
         tracker.close()
-    final = save_final_model(run_dir, model, tokenizer)
-    write_run_config(run_dir, cfg)
-    console.print(f"[green]SFT done[/]: model saved to {final}")
+    final = run_dir / "model"
+    if distributed.is_main():
+        final = save_final_model(run_dir, model, tokenizer)
+        write_run_config(run_dir, cfg)
+        console.print(f"[green]SFT done[/]: model saved to {final}")
+    distributed.barrier()
     return final

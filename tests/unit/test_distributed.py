@@ -1,0 +1,287 @@
+"""Data-parallel training under torchrun (gloo, CPU): a 2-process run equals the 1-process run with the
+same global batch (per-step metrics and final weights), for SFT, DPO and the reward model, and a 2-process SFT run stopped
+after a checkpoint resumes (with 2 processes or with 1) to the same final weights. Also the sharding
+helpers in one process, and the refusal of torchrun by recipes that do not support it.
+
+The 2-process runs are ``python -m torch.distributed.run --nproc-per-node 2 -m rlft.cli <command> ...``
+subprocesses on 127.0.0.1 and a free port (about 10 s each on 2 CPU cores)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlft import distributed
+from rlft.checkpoint import read_metrics
+from rlft.recipes.sft import SFTConfig, train_sft
+
+from tests.conftest import load_weights
+
+torch.set_num_threads(1)
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+EXACT = ("step", "tokens", "epoch", "lr")
+"""Metrics that must agree exactly (the others to 1e-5)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _flags(cfg) -> list[str]:
+    """``--option value`` flags reproducing ``cfg`` (fields left at their defaults are skipped)."""
+    default = type(cfg)(**{k: v for k, v in asdict(cfg).items() if k in ("model",)})
+    out = []
+    for name, value in asdict(cfg).items():
+        if value == getattr(default, name) and name not in ("model", "output_dir"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else f"--no-{name.replace('_', '-')}")
+        elif value is None:
+            out += [flag, "None"]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _launch(args_for_port, env: dict, timeout: int) -> subprocess.CompletedProcess:
+    """Run a torchrun command line built by ``args_for_port(port)``; a launch that fails because another
+    process took the just-freed port (the one race of ``_free_port``) is retried with a new port."""
+    for _ in range(3):
+        port = str(_free_port())
+        done = subprocess.run(args_for_port(port), env={**env, "MASTER_PORT": port}, capture_output=True, text=True, timeout=timeout)
+        if done.returncode == 0 or "address already in use" not in (done.stdout + done.stderr).lower():
+            return done
+    return done
+
+
+def torchrun(command: str, cfg, nproc: int = 2) -> subprocess.CompletedProcess:
+    """Run ``rlft <command>`` with ``cfg``'s options under torchrun with ``nproc`` CPU processes (gloo)."""
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+           "MASTER_ADDR": "127.0.0.1", "CUDA_VISIBLE_DEVICES": ""}
+    done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+                                 "--master-addr", "127.0.0.1", "--master-port", port,
+                                 "-m", "rlft.cli", *command.split(), *_flags(cfg), "--debug"], env, 120)
+    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done
+
+
+def assert_same_run(one: Path, two: Path, atol: float = 1e-5) -> None:
+    """Equal per-step metrics (within ``atol``; step/tokens/epoch/lr exactly, timings skipped) and final weights."""
+    m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [r["step"] for r in m1] == [r["step"] for r in m2] and m1
+    for r1, r2 in zip(m1, m2):
+        assert set(r1) == set(r2)
+        for key in r1:
+            if key == "tokens_per_s":
+                continue
+            if key in EXACT:
+                assert r1[key] == r2[key], (key, r1, r2)
+            else:
+                assert r1[key] == pytest.approx(r2[key], abs=atol, rel=atol), (key, r1, r2)
+    w1, w2 = load_weights(one / "model"), load_weights(two / "model")
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], atol=atol, rtol=0, msg=name)
+
+
+# --------------------------------------------------------------------------- helpers, one process
+
+
+def test_shard_splits_a_batch_into_strided_parts():
+    items = list(range(7))
+    parts = [distributed.shard(items, r, 3) for r in range(3)]
+    assert parts == [[0, 3, 6], [1, 4], [2, 5]]
+    assert sorted(sum(parts, [])) == items
+    assert distributed.shard(items[:1], 1, 2) == []
+
+
+def test_one_process_helpers_are_identities(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not distributed.init() and not distributed.active()
+    assert distributed.world() == 1 and distributed.rank() == 0 and distributed.is_main()
+    assert distributed.shard([1, 2]) == [1, 2]
+    parts = {"x": torch.arange(3.0)}
+    assert distributed.gather_shards(parts, 3) is parts
+    assert distributed.all_reduce_sum(3) == 3.0 and distributed.all_reduce_sums({"a": 1.0}) == {"a": 1.0}
+    distributed.barrier()
+    model = torch.nn.Linear(2, 2)
+    assert distributed.wrap_model(model, "ddp") is model
+    with pytest.raises(ValueError, match="fsdp"):
+        distributed.wrap_model(model, "fsdp")
+
+
+def test_torchrun_refused_by_recipes_without_support(monkeypatch, tmp_path):
+    from rlft.run_folder import claim_run_dir
+    from rlft.validation import UsageError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UsageError, match="torchrun"):
+        claim_run_dir(SFTConfig(output_dir=str(tmp_path / "run")))
+
+
+SUM_GRADIENTS_SCRIPT = """
+import torch
+from rlft import distributed
+
+assert distributed.init("cpu")
+rank = distributed.rank()
+distributed._BUCKET_ELEMENTS = 5  # several buckets
+params = [torch.nn.Parameter(torch.zeros(n)) for n in (3, 4, 2, 6)]
+params[0].grad = torch.full((3,), 1.0 + rank)            # on both ranks: summed
+if rank == 1:
+    params[1].grad = torch.arange(4.0)                   # on rank 1 only: rank 0 counts zeros
+params[3].grad = torch.arange(6.0) * (rank + 1)
+# params[2] has no gradient anywhere: stays None
+distributed.sum_gradients(params)
+assert torch.equal(params[0].grad, torch.full((3,), 3.0)), params[0].grad
+assert torch.equal(params[1].grad, torch.arange(4.0)), params[1].grad
+assert params[2].grad is None
+assert torch.equal(params[3].grad, torch.arange(6.0) * 3), params[3].grad
+assert distributed.all_reduce_sums({"a": 1.0, **({"b": 2.0} if rank else {})}) == {"a": 2.0, "b": 2.0}
+assert distributed.shard(list(range(5))) == list(range(5))[rank::2]
+got = distributed.gather_shards({"x": torch.tensor(distributed.shard([0.0, 1.0, 2.0, 3.0, 4.0]))}, 5)
+assert torch.equal(got["x"], torch.arange(5.0)), got
+print("ok", rank)
+"""
+
+
+def test_sum_gradients_sums_over_ranks_in_buckets(tmp_path):
+    script = tmp_path / "sum_gradients.py"
+    script.write_text(SUM_GRADIENTS_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                                 "--master-addr", "127.0.0.1", "--master-port", port, str(script)], env, 60)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "ok 0" in done.stdout and "ok 1" in done.stdout
+
+
+# --------------------------------------------------------------------------- SFT
+
+
+def sft_cfg(model_dir: Path, output_dir: Path, **overrides) -> SFTConfig:
+    # 20 tasks, 6 per step: steps of 6, 6, 6, 2 examples; 3 per rank (micro-batches of 2 and 1), the
+    # short step 1 each.
+    cfg = SFTConfig(model=str(model_dir), data="countdown", preset="tiny", num_train=20, prompt_template="short",
+                    output_dir=str(output_dir), max_length=96, batch_size=6, micro_batch_size=2, max_steps=5,
+                    lr=3e-3, warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32")
+    return replace(cfg, **overrides)
+
+
+@pytest.fixture(scope="module")
+def sft_one(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sft-one") / "run"
+    train_sft(sft_cfg(tiny_model_dir, out))
+    return out
+
+
+def test_sft_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    torchrun("sft", sft_cfg(tiny_model_dir, out))
+    assert_same_run(sft_one, out)
+    assert (out / "config.yaml").is_file() and (out / "checkpoints" / "latest").is_file()
+
+
+def test_sft_two_processes_equal_one_with_lora_packing_and_checkpointing(tiny_model_dir, tmp_path):
+    # LoRA adapters (random init: rank 0's are broadcast), packed micro-batches, recomputed activations.
+    options = {"lora_r": 4, "packing": True, "gradient_checkpointing": True, "max_steps": 3, "save_every": 0}
+    train_sft(sft_cfg(tiny_model_dir, tmp_path / "one", **options))
+    torchrun("sft", sft_cfg(tiny_model_dir, tmp_path / "two", **options))
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert (tmp_path / "two" / "adapter").is_dir()
+
+
+def test_sft_two_processes_resume_to_the_same_weights(tiny_model_dir, tmp_path):
+    # A constant rate, so that the shorter first leg (--max-steps 3, stopped after its step-2 checkpoint
+    # and the final step) has the same schedule as the whole run; the resumed leg redoes step 3 on.
+    # The same first leg also resumes in one process: checkpoints do not depend on the world size.
+    whole, split, single = tmp_path / "whole", tmp_path / "split", tmp_path / "single"
+    train_sft(sft_cfg(tiny_model_dir, whole, schedule="constant"))
+    torchrun("sft", sft_cfg(tiny_model_dir, split, schedule="constant", max_steps=3))
+    assert (split / "checkpoints" / "step-00000002").is_dir()
+    shutil.copytree(split, single)
+    torchrun("sft", sft_cfg(tiny_model_dir, split, schedule="constant", resume=True))
+    assert_same_run(whole, split)
+    train_sft(sft_cfg(tiny_model_dir, single, schedule="constant", resume=True, resume_override=("output_dir",)))
+    assert_same_run(whole, single)
+
+
+# --------------------------------------------------------------------------- DPO
+
+
+@pytest.fixture(scope="module")
+def dpo_inputs(tmp_path_factory, smol_tokenizer) -> tuple[Path, Path]:
+    """A tiny model whose outputs depend on the context, and 11 text pairs of varied lengths."""
+    from tests.conftest import make_scaled_tiny_model, save_model_dir, write_jsonl_rows
+
+    root = tmp_path_factory.mktemp("dpo-inputs")
+    model_dir = save_model_dir(root / "model", make_scaled_tiny_model(len(smol_tokenizer), seed=3), smol_tokenizer)
+    rows = [{"prompt": f"Q{i}: is {i} + {i} = {2 * i}?\nA:", "chosen": " yes" + ", right" * (i % 4),
+             "rejected": " no idea" + "!" * (i % 3 + 1)} for i in range(11)]
+    return model_dir, write_jsonl_rows(root / "prefs.jsonl", rows)
+
+
+def dpo_cfg(model_dir: Path, data: Path, output_dir: Path, **overrides):
+    from rlft.recipes.dpo import DPOConfig
+
+    # 11 pairs, 4 per step: steps of 4, 4, 3 pairs; 2 per rank (one micro-batch of 2), then 2 and 1.
+    cfg = DPOConfig(model=str(model_dir), data=str(data), data_format="text", output_dir=str(output_dir),
+                    max_length=64, batch_size=4, micro_batch_size=2, max_steps=4, loss_type="rpo", beta=0.5,
+                    lr=1e-2, optimizer="sgd", warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32")
+    return replace(cfg, **overrides)
+
+
+def test_dpo_two_processes_equal_one(dpo_inputs, tmp_path):
+    from rlft.recipes.dpo import train_dpo
+
+    model_dir, data = dpo_inputs
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_dpo(dpo_cfg(model_dir, data, one))
+    torchrun("dpo", dpo_cfg(model_dir, data, two))
+    assert_same_run(one, two)
+    ref1, ref2 = (torch.load(run / "ref_logps.pt", weights_only=True) for run in (one, two))
+    assert ref1["fingerprint"] == ref2["fingerprint"]
+    for key in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean"):  # computed in 2 shards, gathered
+        torch.testing.assert_close(ref2[key], ref1[key], atol=1e-5, rtol=0)
+    moved = load_weights(two / "model")
+    start = load_weights(model_dir)
+    assert any(not torch.equal(moved[k], start[k]) for k in start)  # training did something
+
+
+# --------------------------------------------------------------------------- reward model
+
+
+def test_rm_two_processes_equal_one(tiny_model_dir, tmp_path):
+    from rlft.recipes.reward_model import RMConfig, train_rm
+    from tests.conftest import write_jsonl_rows
+
+    def rows(n: int, offset: int) -> list[dict]:
+        out = []
+        for i in range(offset, offset + n):
+            prompt = [{"role": "user", "content": f"Say something about {i}."}]
+            out.append({"chosen": prompt + [{"role": "assistant", "content": "banana " * (1 + i % 3) + f"is {i}"}],
+                        "rejected": prompt + [{"role": "assistant", "content": f"no {i}" + "!" * (i % 4)}],
+                        "score_chosen": 8.0, "score_rejected": 2.0})
+        return out
+
+    train = write_jsonl_rows(tmp_path / "train.jsonl", rows(10, 0))  # steps of 4, 4, 2 pairs
+    test = write_jsonl_rows(tmp_path / "test.jsonl", rows(4, 100))
+    cfg = RMConfig(model=str(tiny_model_dir), data=str(train), eval_data=str(test), output_dir=str(tmp_path / "one"),
+                   max_length=64, batch_size=4, micro_batch_size=2, eval_batch_size=4, max_steps=4, lr=3e-3,
+                   warmup_ratio=0.0, eval_every=2, save_every=2, device="cpu", dtype="float32", seed=0)
+    train_rm(cfg)
+    torchrun("rm", replace(cfg, output_dir=str(tmp_path / "two")))
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert "eval/accuracy" in read_metrics(tmp_path / "two" / "metrics.jsonl")[1]
+    assert (tmp_path / "two" / "eval.json").is_file()

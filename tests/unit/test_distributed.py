@@ -153,7 +153,11 @@ assert distributed.all_reduce_sums({"a": 1.0, **({"b": 2.0} if rank else {})}) =
 assert distributed.shard(list(range(5))) == list(range(5))[rank::2]
 got = distributed.gather_shards({"x": torch.tensor(distributed.shard([0.0, 1.0, 2.0, 3.0, 4.0]))}, 5)
 assert torch.equal(got["x"], torch.arange(5.0)), got
-print("ok", rank)
+import sys
+sys.stdout.write(f"ok {rank}\\n")  # one write per rank: the two lines never interleave
+sys.stdout.flush()
+torch.distributed.barrier()  # neither rank exits while the other still talks to it (gloo aborts otherwise)
+torch.distributed.destroy_process_group()
 """
 
 

@@ -110,9 +110,14 @@ def resolve_model(name_or_path: str) -> str:
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} exists but has no config.json: not a Hugging Face model folder")
         return str(path)
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+    if looks_like_path(name_or_path):
         raise ModelNotFoundError(f"model path {name_or_path} does not exist")
     return name_or_path
+
+
+def looks_like_path(name: str) -> bool:
+    """True when ``name`` can only be a local path, never a Hub id (``./x``, ``/x``, ``~/x``, ``a/b/c``)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@
   model has no LM head to chunk and takes :class:`CheckpointingOptions`);
 - :class:`PackingOptions`: ``--packing``, ``--pack-length`` (sft, dpo, rm);
 - :class:`TrackingOptions`: ``--report-to`` (sft, dpo, rm, rl/rloo);
-- :class:`DistributedOptions`: ``--distributed`` (sft, dpo, rm under torchrun).
+- :class:`DistributedOptions`: ``--distributed`` (sft, dpo, rm under torchrun);
+- :class:`RolloutOptions`: ``--rollout-engine``, ``--rollout-url`` (eval countdown, pairs countdown; the RL loop
+  has its own ``--rollout-engine hf|vllm``: a server's weights cannot follow the policy).
 """
 
 from __future__ import annotations
@@ -64,3 +66,15 @@ class DistributedOptions:
     """Data-parallel strategy under torchrun (`torchrun --nproc-per-node N rlft <command> ...`): 'ddp', a full
     replica per rank, each step's batch split across ranks, gradients summed (see rlft.distributed).
     Ignored in a one-process run."""
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """``--rollout-engine``, ``--rollout-url``: who generates (:func:`rlft.rollout.engines.make_engine`)."""
+
+    rollout_engine: Literal["hf", "vllm", "server"] = "hf"
+    """Who generates: 'hf' (transformers generate), 'vllm' (vLLM in this process; pip install rlft[vllm],
+    CUDA), or 'server' (an OpenAI-compatible completions server serving --model, e.g. `vllm serve`, at
+    --rollout-url)."""
+    rollout_url: str | None = None
+    """Server base URL for --rollout-engine server, e.g. http://127.0.0.1:8000/v1."""

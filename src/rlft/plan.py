@@ -20,7 +20,7 @@ DATA_FIELDS = ("data", "prompts_data", "eval_data")
 
 def describe_model(name: str) -> str:
     """Where ``name`` would load from, without loading it."""
-    from rlft.models import EMBEDDED_MODELS
+    from rlft.models import EMBEDDED_MODELS, looks_like_path
 
     if name in EMBEDDED_MODELS:
         return f"built-in {name} (wheel {EMBEDDED_MODELS[name][2]})"
@@ -29,7 +29,7 @@ def describe_model(name: str) -> str:
     path = Path(name).expanduser()
     if path.exists():
         return f"local folder {path}" + ("" if (path / "config.json").is_file() else " (no config.json yet)")
-    if name.startswith((".", "/", "~", "runs/")) or name.count("/") > 1:
+    if looks_like_path(name) or name.startswith("runs/"):
         return f"local folder {name} (written by an earlier stage; not there yet)"
     return f"Hub id {name} (downloaded when the command runs)"
 

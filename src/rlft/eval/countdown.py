@@ -19,6 +19,7 @@ from rlft.validation import validate_options
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.rollout.base import GenerationEngine, SamplingParams
 from rlft.types import CountdownTask
+from rlft.options import RolloutOptions
 
 PROMPT_TAIL_CHARS = 200
 
@@ -161,7 +162,7 @@ def paired_difference(a: list[list[float]], b: list[list[float]], *, z: float = 
 
 
 @dataclass(frozen=True)
-class EvalCountdownConfig:
+class EvalCountdownConfig(RolloutOptions):
     """Evaluate a model on held-out Countdown tasks."""
 
     model: str = "smollm2-135m"
@@ -199,12 +200,6 @@ class EvalCountdownConfig:
     """"auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16" or "float16"."""
     seed: int = 0
     """Sampling seed."""
-    rollout_engine: Literal["hf", "vllm", "server"] = "hf"
-    """Who generates: 'hf' (transformers generate), 'vllm' (vLLM in this process; pip install rlft[vllm],
-    CUDA), or 'server' (an OpenAI-compatible completions server serving --model, e.g. `vllm serve`, at
-    --rollout-url)."""
-    rollout_url: str | None = None
-    """Server base URL for --rollout-engine server, e.g. http://127.0.0.1:8000/v1."""
 
     def __post_init__(self) -> None:
         validate_options(self)

@@ -27,19 +27,19 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 from rlft.data.files import write_jsonl
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
 from rlft.types import CountdownTask
 from rlft.validation import OptionError, validate_options
+from rlft.options import RolloutOptions
 
 log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class PairsConfig:
+class PairsConfig(RolloutOptions):
     """Sample responses to Countdown training prompts, score them, and write best-vs-worst preference pairs."""
 
     model: str = "runs/sft/model"
@@ -83,12 +83,6 @@ class PairsConfig:
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
     """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
-    rollout_engine: Literal["hf", "vllm", "server"] = "hf"
-    """Who samples: 'hf' (transformers generate), 'vllm' (vLLM in this process; pip install rlft[vllm],
-    CUDA), or 'server' (an OpenAI-compatible completions server serving --model, e.g. `vllm serve`, at
-    --rollout-url)."""
-    rollout_url: str | None = None
-    """Server base URL for --rollout-engine server, e.g. http://127.0.0.1:8000/v1."""
 
     def __post_init__(self) -> None:
         validate_options(self)

@@ -416,6 +416,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
         """vLLM samples from its own copy of the weights: push the current policy's (LoRA merged) into it."""
         if cfg.rollout_engine == "vllm":
             engine.sync_weights(merged_copy(model))
+
     sampling = SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
     kl_in_reward = use_ref and cfg.kl_mode == "reward"
     kl_coef = cfg.beta if use_ref and cfg.kl_mode == "loss" else 0.0

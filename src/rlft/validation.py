@@ -89,7 +89,6 @@ RULES: dict[str, Rule] = {
     "lora_alpha": POSITIVE,
     "lora_dropout": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
     "temperature": NON_NEGATIVE,
-    "clip_eps": POSITIVE,
     # probabilities
     "warmup_ratio": PROBABILITY,
     "top_p": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]"),

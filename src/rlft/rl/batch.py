@@ -72,7 +72,6 @@ def policy_loss_backward(
     loss_mode: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum",
     old_logprobs: torch.Tensor | None = None,
     loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]] = policy_gradient_loss,
-    clip_eps: float | None = None,
     clip_low: float | None = None,
     clip_high: float | None = None,
     entropy_coef: float = 0.0,
@@ -96,7 +95,7 @@ def policy_loss_backward(
         old_logprobs: ``(N, T)`` log-probs of the sampling policy (no grad); None: the current ones
             detached (ratio 1: REINFORCE, no extra forward).
         loss_fn: a policy loss of :data:`rlft.losses.pg.POLICY_LOSSES` (default: REINFORCE/PPO).
-        clip_eps, clip_low, clip_high: PPO clipping range (all None: off); ``clip_eps`` sets both ends.
+        clip_low, clip_high: PPO clipping range (both None: off; a loss without clipping ignores them).
         entropy_coef: weight of the entropy bonus (0: off, and no entropy is computed).
         ref_logprobs: ``(N, T)`` reference log-probs; needed when ``kl_coef > 0`` (the KL-in-the-loss term).
         num_sequences, num_tokens: the loss's normalisers (None: the batch's own row count and target
@@ -113,8 +112,6 @@ def policy_loss_backward(
     num_tokens = float(batch.loss_mask.sum()) if num_tokens is None else float(num_tokens)
     own_tokens = float(batch.loss_mask.sum())
     metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "loss/entropy": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 0.0}
-    low = clip_low if clip_low is not None else clip_eps
-    high = clip_high if clip_high is not None else clip_eps
     logprobs_out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for rows, mb in micro_batches(batch, micro_batch_size):
         width = mb.input_ids.shape[1]
@@ -126,7 +123,7 @@ def policy_loss_backward(
         old = logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
         loss, pg_metrics = loss_fn(
             logprobs, old, advantages[rows], mb.loss_mask,
-            clip_low=low, clip_high=high, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens,
+            clip_low=clip_low, clip_high=clip_high, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens,
         )  # fmt: skip
         if entropy_coef > 0:
             bonus, entropy_metrics = entropy_bonus(entropy, mb.loss_mask, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens)

@@ -53,10 +53,14 @@ VARIANTS: dict[str, dict] = {
     # LoRA at its usual rates
     "grpo_filter_lora_5e5": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
                                  lora_alpha=32.0, lr=5e-5),
+    "grpo_filter_lora_1e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
+                                 lora_alpha=32.0, lr=1e-4),
     "rloo_lora_5e5": dict(kind="rl", advantage="rloo", loss="reinforce", lora_r=16, lora_alpha=32.0, lr=5e-5),
     # preference optimisation on on-policy pairs (2 samples at T=1 per prompt, ties dropped)
     "dpo": dict(kind="dpo", loss_type="dpo", lr=1e-6),
     "rpo": dict(kind="dpo", loss_type="rpo", lr=1e-6),
+    "dpo_lora_1e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4),
+    "rpo_lora_1e4": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4),
     # the baseline: SFT continued on its own dataset for the wall-clock of an RL run
     "sft_continued": dict(kind="sft", lr=2e-5),
 }
@@ -68,8 +72,24 @@ def heldout(n: int):
     return make_splits(PRESETS[PRESET], 0, n, SPLIT_SEED)[1]
 
 
-def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0) -> dict:
-    """Greedy (and sampled) evaluation of ``model_dir`` on the first n held-out tasks; cached in ``out``."""
+REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "countdown" / "train.parquet"
+"""Countdown-Tasks-3to4 rows (no stage trains on them: every training task is generated ``medium3``)."""
+
+
+def real_tasks(n_per_size: int) -> dict[str, list]:
+    """The last ``n_per_size`` 3-number rows and the last ``n_per_size`` 4-number rows of the real
+    Countdown-Tasks-3to4 file, as ``{"real3": [...], "real4": [...]}``; raises SystemExit when the file is absent."""
+    from rlft.tasks.countdown.loaders import load_countdown
+
+    if not REAL_DATA.exists():
+        raise SystemExit(f"--real needs {REAL_DATA} (Countdown-Tasks-3to4)")
+    tasks = load_countdown(str(REAL_DATA))
+    return {f"real{size}": [t for t in tasks if len(t.nums) == size][-n_per_size:] for size in (3, 4)}
+
+
+def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, real: int = 0) -> dict:
+    """Greedy (and sampled) evaluation of ``model_dir`` on the first n held-out tasks, and with ``real`` > 0
+    greedy on ``real`` 3-number and ``real`` 4-number Countdown-Tasks-3to4 rows (``real3``/``real4``); cached in ``out``."""
     from rlft.eval.countdown import evaluate_countdown
     from rlft.models import load_model, load_tokenizer, pick_device
     from rlft.rollout.base import SamplingParams
@@ -80,10 +100,16 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0) -
     if sampled:
         modes.append(("sampled", SamplingParams(k=4, temperature=0.6, top_p=0.95, max_new_tokens=MAX_NEW_TOKENS, seed=seed)))
     results = {}
-    tasks = heldout(n)
+    task_sets = {mode: heldout(n) for mode, _ in modes}
+    if real:
+        greedy = modes[0][1]
+        for name, rows in real_tasks(real).items():
+            modes.append((name, greedy))
+            task_sets[name] = rows
     model = tokenizer = None
     for mode, params in modes:
-        path = out / f"eval_{mode}_{n}.json"
+        size = real if mode.startswith("real") else n
+        path = out / f"eval_{mode}_{size}.json"
         if path.exists():
             results[mode] = json.loads(path.read_text())
             continue
@@ -92,19 +118,22 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0) -
             tokenizer, model = load_tokenizer(str(model_dir)), load_model(str(model_dir), spec)
         engine = HFEngine(model, tokenizer, batch_size=64, add_special_tokens=adds_special_tokens(PROMPT))
         t0 = time.perf_counter()
+        tasks = task_sets[mode]
         result = evaluate_countdown(engine, tasks, [render_prompt(PROMPT, t, tokenizer) for t in tasks], params)
         data = {**result.to_dict(), "eval_s": time.perf_counter() - t0}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data))
         results[mode] = data
-        log.info("%s %s on %d tasks: score %.4f", model_dir, mode, n, result.mean_score)
+        log.info("%s %s on %d tasks: score %.4f", model_dir, mode, size, result.mean_score)
     return results
 
 
-def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n: int, sampled: bool, sft_step_s: float) -> None:
+def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n: int, sampled: bool, sft_step_s: float,
+                real: int = 0) -> None:
     spec = VARIANTS[name]
     folder = out / name / f"s{seed}"
-    if (folder / f"eval_greedy_{n}.json").exists() and (not sampled or (folder / f"eval_sampled_{n}.json").exists()):
+    if ((folder / f"eval_greedy_{n}.json").exists() and (not sampled or (folder / f"eval_sampled_{n}.json").exists())
+            and (not real or (folder / f"eval_real4_{real}.json").exists())):
         return
     folder.mkdir(parents=True, exist_ok=True)
     model_dir = folder / "run" / "model"
@@ -139,7 +168,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
                                 output_dir=str(folder / "run"), batch_size=16, micro_batch_size=16, max_steps=sft_steps,
                                 schedule="constant", warmup_ratio=0.0, seed=seed, save_every=0, device="cpu", dtype="float32"))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
-    evaluate(model_dir, folder, n, sampled, seed)
+    evaluate(model_dir, folder, n, sampled, seed, real)
 
 
 def rl_wallclock(out: Path, seed: int) -> float:
@@ -160,12 +189,21 @@ def paired(a: dict, b: dict) -> dict:
 def report(out: Path, n: int, sft_dir: Path) -> str:
     """Markdown table of every finished variant/seed vs the SFT start, and a plot of score vs samples seen."""
     sft = evaluate(sft_dir, out / "sft_start", n, sampled=(out / "sft_start" / f"eval_sampled_{n}.json").exists())
-    rows = ["| variant | seed | greedy score | paired vs SFT [95% CI] | better/worse | sampled score | pass@1 | pass@4 | train s |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    def real_cells(folder: Path) -> str:  # greedy score on the real 3- and 4-number rows, when evaluated
+        cells = []
+        for size in (3, 4):
+            found = sorted(folder.glob(f"eval_real{size}_*.json"))
+            cells.append(f"{json.loads(found[-1].read_text())['mean_score']:.3f}" if found else "-")
+        return " | ".join(cells)
+
+    rows = ["| variant | seed | greedy score | paired vs SFT [95% CI] | better/worse | sampled score | pass@1 | pass@4 | "
+            "real 3-num | real 4-num | train s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     s = sft["greedy"]
     sampled = sft.get("sampled")
     rows.append(f"| SFT start | - | {s['mean_score']:.3f} | - | - | {sampled['mean_score'] if sampled else float('nan'):.3f} | "
-                f"{sampled['pass_at_k']['1'] if sampled else float('nan'):.3f} | {sampled['pass_at_k']['4'] if sampled else float('nan'):.3f} | - |")
+                f"{sampled['pass_at_k']['1'] if sampled else float('nan'):.3f} | {sampled['pass_at_k']['4'] if sampled else float('nan'):.3f} | "
+                f"{real_cells(out / 'sft_start')} | - |")
     for name in VARIANTS:
         for folder in sorted((out / name).glob("s*")) if (out / name).exists() else []:
             path = folder / f"eval_greedy_{n}.json"
@@ -182,7 +220,7 @@ def report(out: Path, n: int, sft_dir: Path) -> str:
                 extra = f"{smp['mean_score']:.3f} ({ds['diff']:+.3f} [{ds['ci_low']:+.3f}, {ds['ci_high']:+.3f}])"
             rows.append(f"| {name} | {folder.name[1:]} | {g['mean_score']:.3f} | {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | "
                         f"{d['better']}/{d['worse']} | {extra} | {smp['pass_at_k']['1'] if smp else float('nan'):.3f} | "
-                        f"{smp['pass_at_k']['4'] if smp else float('nan'):.3f} | {t:.0f} |")
+                        f"{smp['pass_at_k']['4'] if smp else float('nan'):.3f} | {real_cells(folder)} | {t:.0f} |")
     return "\n".join(rows)
 
 
@@ -267,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default: RL_BASE's)")
     parser.add_argument("--tasks", type=int, default=200, help="held-out tasks scored (the first N of the 500+ set)")
     parser.add_argument("--sampled", action="store_true", help="also the sampled evaluation (T=0.6, top-p 0.95, 4 samples)")
+    parser.add_argument("--real", type=int, default=0, help="also greedy on N 3-number and N 4-number real Countdown-Tasks-3to4 rows")
     parser.add_argument("--sft-step-s", type=float, default=6.0, help="seconds per SFT step (for the continued-SFT budget)")
     args = parser.parse_args(argv)
     from rlft.console import setup_logging
@@ -280,12 +319,12 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(f"{k}: {v}" for k, v in VARIANTS.items()))
         return
     if args.command == "run":
-        evaluate(args.sft, args.out / "sft_start", args.tasks, args.sampled)
+        evaluate(args.sft, args.out / "sft_start", args.tasks, args.sampled, real=args.real)
         for seed in args.seeds:
             for name in args.variants:
                 if name not in VARIANTS:
                     sys.exit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
-                run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s)
+                run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s, args.real)
     print(report(args.out, args.tasks, args.sft))
     if args.command == "report":
         print(plot_samples_vs_score(args.out))

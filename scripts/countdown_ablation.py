@@ -251,12 +251,8 @@ def sft_curve(run: Path, out: Path, n: int, every: int) -> list[dict]:
 def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
     """Held-out greedy score (the first ``n_curve`` tasks, logged by the RL loop every 10 steps) against
     samples generated, one line per RL variant/seed, starting at the SFT model's score; ``out/samples_vs_score.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from rlft.checkpoint import read_metrics
+    from rlft.eval.report import plot_samples_vs_score as plot_runs
 
     start = None  # the SFT model's score on the same first n_curve tasks (a prefix of a larger greedy evaluation)
     for path in sorted((out / "sft_start").glob("eval_greedy_*.json")):
@@ -264,33 +260,11 @@ def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
         if len(scores) >= n_curve:
             start = sum(row[0] for row in scores[:n_curve]) / n_curve
             break
-    fig, ax = plt.subplots(figsize=(7, 4))
-    drawn = 0
-    for name, spec in VARIANTS.items():
-        if spec["kind"] != "rl":
-            continue
-        for folder in sorted((out / name).glob("s*")) if (out / name).exists() else []:
-            records = [r for r in read_metrics(folder / "run" / "metrics.jsonl") if "eval/score" in r]
-            if not records:
-                continue
-            xs = [0] + [r["samples/total"] for r in records] if start is not None else [r["samples/total"] for r in records]
-            ys = [start] + [r["eval/score"] for r in records] if start is not None else [r["eval/score"] for r in records]
-            ax.plot(xs, ys, marker="o", label=f"{name} s{folder.name[1:]}")
-            drawn += 1
-    if not drawn:
-        plt.close(fig)
-        return None
-    if start is not None:
-        ax.axhline(start, color="grey", linestyle="--", linewidth=1, label="SFT start")
-    ax.set_xlabel("samples generated")
-    ax.set_ylabel(f"greedy score ({n_curve} held-out tasks)")
-    ax.set_title("Held-out score against samples seen")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "samples_vs_score.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    runs = {f"{name} s{folder.name[1:]}": read_metrics(folder / "run" / "metrics.jsonl")
+            for name, spec in VARIANTS.items() if spec["kind"] == "rl"
+            for folder in (sorted((out / name).glob("s*")) if (out / name).exists() else [])}
+    return plot_runs(runs, out / "samples_vs_score.png", start=start, ylabel=f"greedy score ({n_curve} held-out tasks)",
+                     title="Held-out score against samples seen")
 
 
 def main(argv: list[str] | None = None) -> None:

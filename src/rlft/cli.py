@@ -41,7 +41,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
-        "demo": (DemoConfig, run_demo, "End-to-end demo with report: Countdown (base -> SFT -> RLOO / DPO) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."),
+        "demo": (DemoConfig, run_demo, "End-to-end demo with report: Countdown (base -> SFT -> RL / DPO, medium3) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."),
         "sft": (SFTConfig, train_sft, "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."),
         "rl": (RLConfig, train_rl, "RL loop with a chosen advantage estimator (--advantage rloo|grpo|lite_ppo|dr_grpo|raft|reinforce) and loss (--loss reinforce|ppo|raft|raft++), group filtering, LoRA."),
         "rloo": (RLOOConfig, train_rloo, "RLOO (REINFORCE, leave-one-out baseline): Countdown with the rule reward, or chat prompts with a reward model."),

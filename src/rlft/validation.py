@@ -67,6 +67,7 @@ RULES: dict[str, Rule] = {
     **{name: NON_NEGATIVE for name in (
         "save_every", "eval_every", "max_retries", "start", "top_k", "max_dead_ends", "report_examples",
         "eval_prompts", "heldout_size", "passk", "passk_limit", "standard_limit", "real_limit",
+        "rl_steps", "pairs_prompts",  # the demo: 0 skips the stage
     )},
     # rates and coefficients
     "lr": POSITIVE,

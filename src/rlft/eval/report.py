@@ -30,6 +30,41 @@ def plot_curve(records: list[dict], key: str, path: Path, *, title: str, smooth:
     return path
 
 
+def plot_samples_vs_score(runs: dict[str, list[dict]], path: Path, *, start: float | None = None, start_label: str = "SFT start",
+                          ylabel: str = "greedy held-out score", title: str = "Held-out score against samples generated") -> Path | None:
+    """Held-out score against samples generated: one line per RL run; returns ``path``, or None when nothing to draw.
+
+    ``runs`` maps a label to the run's metrics records (its ``metrics.jsonl``, as the RL loop logs them): the
+    records carrying ``eval/score`` are drawn at their ``samples/total``. ``start`` is the initial model's
+    score on the same tasks: a dashed line marks it, and a run with no point at 0 samples (evaluated with
+    ``eval_at_start`` off) starts there; ``start_label`` names it in the legend.
+    """
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = 0
+    for label, records in runs.items():
+        points = [(r["samples/total"], r["eval/score"]) for r in records if "eval/score" in r and "samples/total" in r]
+        if not points:
+            continue
+        if start is not None and points[0][0] != 0:
+            points.insert(0, (0, start))
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker="o", label=label)
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    if start is not None:
+        ax.axhline(start, color="grey", linestyle="--", linewidth=1, label=start_label)
+    ax.set_xlabel("samples generated")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_grouped_bars(values: dict[str, dict[str, float]], path: Path, *, title: str, ylabel: str) -> Path:
     """Grouped bars: ``values[group][series]``, e.g. ``values["easy3"]["sft"] = 0.41``."""
     groups = list(values)

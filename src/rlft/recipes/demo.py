@@ -1,21 +1,28 @@
 """`rlft demo`: the Countdown story on one CPU.
 
-base -> SFT on solver-written reasoning traces -> RLOO, and SFT -> on-policy pairs -> DPO; every
-model is evaluated on the same held-out tasks and ``runs/<name>/report.md`` gets one table and plots.
-Evaluation sets:
+base -> SFT on a fixed dataset of solver traces -> RL (the one RL loop, `rlft rl`: by default GRPO with group
+filtering and LoRA), and SFT -> on-policy pairs -> DPO (by default RPO with LoRA); every model is evaluated on
+the same held-out tasks and ``runs/<name>/report.md`` gets the results table, the paired table (each model
+against the SFT start, task by task), the RL run's held-out score against samples generated, and plots.
+The defaults are the ``medium3`` setting and the recipes of ``docs/results/countdown-medium3``. Evaluation sets:
 
-- ``<preset> held-out``: generated tasks of the training preset that SFT never saw;
+- ``<preset> held-out``: the first ``eval_limit`` generated held-out tasks of the training preset (greedy),
+  and the first ``passk_limit`` of them sampled (``passk`` samples at T=0.6, top-p 0.95); no stage trains on
+  the first ``heldout_size`` held-out tasks;
 - ``standard (generated)``: the Countdown-Tasks-3to4 distribution (3-4 numbers in 1-99), generated;
-- ``Countdown-Tasks-3to4 (real)``: rows of the real dataset, when a local copy is given or found.
+- ``Countdown-Tasks-3to4 (real), 3 numbers`` and ``..., 4 numbers``: the last rows of each size of the real
+  dataset, when a local copy is given or found.
 
-Every finished evaluation is saved as JSON; ``--resume`` reuses those and resumes SFT from its last
-checkpoint, so a killed demo continues where it stopped.
+Time budget of the defaults (2-core CPU, SmolLM2-135M in float32; estimated, not yet measured): ~45 min, see
+the README. Every finished evaluation is saved as JSON; ``--resume`` reuses those and resumes each stage from
+its last checkpoint, so a killed demo continues where it stopped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -26,14 +33,14 @@ from typing import Literal
 from rlft.checkpoint import read_metrics
 from rlft.console import console
 from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, paired_difference, print_result
-from rlft.eval.report import markdown_table, plot_curve, plot_grouped_bars
+from rlft.eval.report import markdown_table, plot_curve, plot_grouped_bars, plot_samples_vs_score
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
 from rlft.recipes.dpo import DPOConfig, train_dpo
 from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
-from rlft.recipes.rloo import RLOOConfig, train_rloo
+from rlft.recipes.rl import AdvantageName, LossMode, PolicyLossName, RLConfig, train_rl
 from rlft.recipes.sft import SFTConfig, train_sft
 from rlft.run_folder import claim_run_dir, write_run_config
-from rlft.validation import validate_options
+from rlft.validation import require, validate_options
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.generator import PRESETS, generate_tasks, make_splits
@@ -48,7 +55,7 @@ REAL_DATA_CANDIDATES = ("../shared/data/countdown/train.parquet", "shared/data/c
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Base model -> SFT on Countdown solver traces -> evaluation -> Markdown report with plots."""
+    """Base model -> SFT on Countdown solver traces -> RL and DPO from SFT -> evaluation -> Markdown report with plots."""
 
     name: str = "countdown"
     """Run name; everything goes to <runs-dir>/<name>/."""
@@ -58,74 +65,104 @@ class DemoConfig:
     """Base model: built-in name, local HF folder or Hub id."""
     quick: bool = False
     """A few-minute smoke version: tiny data, a handful of steps, short evaluations."""
-    preset: str = "easy3"
-    """Countdown preset for training and the held-out evaluation (easy3: 3 numbers in 1-9, targets 10-30)."""
+    preset: str = "medium3"
+    """Countdown preset for training and the held-out evaluation (medium3: 3 numbers in 1-25, targets 10-75, 18,644
+    distinct solvable tasks, distinct held-out tasks; see docs/results/countdown-medium3)."""
+    heldout_size: int = 1000
+    """Generated held-out tasks (distinct for medium3) that no stage trains on: SFT, RL and the pair prompts draw
+    their tasks from the training split of make_splits(preset, ..., heldout_size, split_seed); every evaluation
+    uses a prefix of them."""
     prompt_template: str = "short"
     """Prompt template for training and evaluation: short (compact, CPU-friendly), base (TinyZero), chat."""
     trace_style: str = "direct"
     """SFT trace style: direct (solution steps) or search (dead ends, backtracking, check)."""
     max_dead_ends: int = 2
     """Dead ends shown per search trace."""
-    num_train: int = 2000
-    """Generated training tasks."""
-    sft_steps: int = 50
-    """SFT optimizer steps."""
+    num_train: int = 3000
+    """SFT's fixed dataset: one solver trace for each of the first num_train training tasks."""
+    sft_steps: int = 125
+    """SFT optimizer steps (the documented medium3 curve is flat from ~150 steps: 0.406 at 150, 0.397 at 300; 125
+    keeps the demo within its time budget)."""
     batch_size: int = 16
     """SFT examples per step."""
     micro_batch_size: int = 16
     """SFT examples per forward/backward pass."""
-    lr: float = 3e-4
+    lr: float = 2e-4
     """SFT peak learning rate (cosine decay, 5% warmup)."""
-    rloo_steps: int = 24
-    """RLOO optimizer steps on the SFT model (0 skips RLOO)."""
-    rloo_k: int = 8
-    """RLOO samples per prompt."""
-    rloo_prompts_per_step: int = 8
-    """RLOO prompts per step."""
-    rloo_lr: float = 2e-5
-    """RLOO learning rate (constant)."""
-    rloo_optimizer: Literal["adamw", "sgd"] = "adamw"
-    """RLOO optimizer (see `rlft rloo --optimizer`)."""
-    rloo_beta: float = 0.0
-    """RLOO KL coefficient (sequence-level k1 KL folded into the reward, reference = SFT model); 0 holds no reference
-    model, and groups whose k rewards are all equal cost no forward/backward."""
-    rloo_temperature: float = 0.7
-    """RLOO sampling temperature (log-probs are taken at the same temperature); below 1 the optimised sampler is
-    closer to the greedy decoding the held-out table scores."""
-    rloo_eval_every: int = 0
-    """Held-out evaluation every N RLOO steps during training (0: only the final evaluation)."""
-    pairs_prompts: int = 128
-    """Training prompts sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
-    pairs_samples: int = 4
-    """Samples per prompt; the pair is best vs worst score, ties dropped."""
+    rl_steps: int = 12
+    """RL steps on the SFT model (`rlft rl`; 0 skips RL)."""
+    rl_num_train: int = 20000
+    """Training tasks the RL prompts are drawn from (the training split; its first num_train are SFT's)."""
+    rl_k: int = 8
+    """RL samples per prompt."""
+    rl_prompts_per_step: int = 8
+    """RL prompt groups trained on per step."""
+    rl_advantage: AdvantageName = "grpo"
+    """RL advantage estimator (see `rlft rl --advantage`)."""
+    rl_loss: PolicyLossName = "ppo"
+    """RL policy loss (see `rlft rl --loss`)."""
+    rl_loss_mode: LossMode = "seq_mean"
+    """RL loss aggregation (see `rlft rl --loss-mode`)."""
+    rl_filter_groups: bool = True
+    """Drop groups whose k rewards are all equal and refill the step from further prompts (see `rlft rl --filter-groups`)."""
+    rl_max_prompt_batches: int = 3
+    """With rl_filter_groups: at most this many batches of rl_prompts_per_step prompts are sampled per step."""
+    rl_lora_r: int = 16
+    """RL LoRA rank (0: full fine-tuning)."""
+    rl_lora_alpha: float = 32.0
+    """RL LoRA alpha."""
+    rl_lr: float = 1e-4
+    """RL learning rate (constant; 1e-4 suits LoRA, full fine-tuning wants ~1e-6 to 5e-6)."""
+    rl_beta: float = 0.0
+    """RL KL coefficient (0: no reference model and no KL)."""
+    rl_temperature: float = 1.0
+    """RL sampling temperature (log-probs are taken at the same temperature)."""
+    rl_eval_every: int = 5
+    """Greedy evaluation on the first rl_eval_limit held-out tasks every N RL steps, at step 0 and at the end: the
+    points of the samples-vs-score plot (0: none)."""
+    rl_eval_limit: int = 100
+    """Held-out tasks of the in-loop RL evaluation."""
+    pairs_prompts: int = 480
+    """Training prompts (after SFT's num_train) sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
+    pairs_samples: int = 2
+    """Samples per prompt from the SFT model; the pair is best vs worst score, ties dropped."""
     pairs_temperature: float = 1.0
     """Sampling temperature of the on-policy pairs."""
-    dpo_steps: int = 20
-    """DPO optimizer steps."""
-    dpo_batch_size: int = 8
+    dpo_epochs: float = 2.0
+    """DPO epochs over the kept pairs."""
+    dpo_batch_size: int = 32
     """DPO pairs per step."""
-    dpo_lr: float = 5e-6
-    """DPO peak learning rate."""
+    dpo_lr: float = 1e-4
+    """DPO peak learning rate (cosine, 10% warmup)."""
     dpo_optimizer: Literal["adamw", "sgd"] = "adamw"
     """DPO optimizer (see `rlft dpo --optimizer`)."""
     dpo_beta: float = 0.1
     """DPO beta."""
-    dpo_loss_type: Literal["dpo", "ipo", "rpo"] = "dpo"
+    dpo_loss_type: Literal["dpo", "ipo", "rpo"] = "rpo"
     """Preference loss: dpo, ipo, or rpo (DPO + dpo_rpo_alpha * NLL of the chosen response)."""
     dpo_rpo_alpha: float = 1.0
     """Weight of the chosen-response NLL when dpo_loss_type is rpo."""
+    dpo_lora_r: int = 16
+    """DPO LoRA rank (0: full fine-tuning)."""
+    dpo_lora_alpha: float = 32.0
+    """DPO LoRA alpha."""
     passk: int = 4
-    """Samples per task for the sampled pass@k evaluation on the held-out set (0 skips it)."""
-    passk_limit: int = 50
-    """Held-out tasks in the sampled pass@k evaluation."""
-    eval_limit: int = 100
-    """Held-out tasks of the training preset to evaluate (at most SFT's heldout_size, 200)."""
+    """Samples per task of the sampled evaluation on the held-out set (mean score, pass@1, pass@k; 0 skips it)."""
+    passk_temperature: float = 0.6
+    """Sampling temperature of the sampled evaluation."""
+    passk_top_p: float = 0.95
+    """Nucleus mass of the sampled evaluation."""
+    passk_limit: int = 100
+    """Held-out tasks in the sampled evaluation (the first N)."""
+    eval_limit: int = 200
+    """Held-out tasks of the training preset evaluated greedily (the first N; at most heldout_size)."""
     standard_limit: int = 50
     """Generated standard-distribution tasks to evaluate (0 to skip)."""
     real_data: str | None = "auto"
     """Countdown-Tasks-3to4 file for the real-data evaluation; 'auto' looks for ../shared/data/countdown/train.parquet; None skips."""
     real_limit: int = 50
-    """Real tasks to evaluate (the last N rows of the file)."""
+    """Real tasks to evaluate per number count: the last N 3-number rows and the last N 4-number rows of the file,
+    reported as two sets."""
     max_new_tokens: int = 64
     """Most generated tokens per completion (traces are 30-70 tokens; the reference uses >= 1024 on GPU)."""
     eval_batch_size: int = 50
@@ -135,7 +172,7 @@ class DemoConfig:
     seed: int = 0
     """Training seed."""
     resume: bool = False
-    """Reuse finished evaluations and resume SFT from its last checkpoint."""
+    """Reuse finished evaluations, models and pairs, and resume an unfinished stage from its last checkpoint."""
     overwrite: bool = False
     """Start over in a runs_dir/name folder that holds an earlier demo: it is moved aside to <name>.replaced-<time>
     (logged). Without it (or --resume) such a folder is refused."""
@@ -201,14 +238,20 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         validate_options(self)
+        require(self.eval_limit <= self.heldout_size and self.rl_eval_limit <= self.heldout_size,
+                f"--eval-limit ({self.eval_limit}) and --rl-eval-limit ({self.rl_eval_limit}) must be <= --heldout-size "
+                f"({self.heldout_size}) so evaluation tasks are never trained on")
+        require(self.passk_limit <= self.eval_limit,
+                f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation uses a prefix of the greedy one's tasks")
 
     def effective(self) -> "DemoConfig":
         """This config, with the small sizes of ``--quick`` applied when it is set."""
         if not self.quick:
             return self
         return replace(self, num_train=64, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8,
-                       standard_limit=4, real_limit=4, max_new_tokens=32, rloo_steps=2, rloo_k=4, rloo_prompts_per_step=2,
-                       pairs_prompts=8, pairs_samples=2, dpo_steps=2, dpo_batch_size=2, passk=2, passk_limit=4,
+                       standard_limit=4, real_limit=4, max_new_tokens=32, rl_steps=2, rl_num_train=64, rl_k=4,
+                       rl_prompts_per_step=2, rl_max_prompt_batches=2, rl_eval_every=1, rl_eval_limit=4,
+                       pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk=2, passk_limit=4,
                        uf_train_pairs=16, uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16, uf_sft_steps=2,
                        uf_pref_steps=2, uf_rm_steps=2, uf_rloo_steps=2)
 
@@ -222,29 +265,40 @@ def _real_data_path(cfg: DemoConfig) -> Path | None:
 
 
 def eval_sets(cfg: DemoConfig) -> dict[str, list[CountdownTask]]:
-    """The named evaluation sets of the demo (see the module docstring)."""
+    """The named evaluation sets of the demo (see the module docstring); the held-out set comes first."""
     sets = {f"{cfg.preset} held-out": make_splits(PRESETS[cfg.preset], 0, cfg.eval_limit, cfg.split_seed)[1]}
     if cfg.standard_limit:
         sets["standard (generated)"] = generate_tasks(PRESETS["standard"], cfg.standard_limit, seed=f"demo-standard-{cfg.split_seed}")
     real = _real_data_path(cfg)
     if real is not None and cfg.real_limit:
-        sets["Countdown-Tasks-3to4 (real)"] = load_countdown(str(real))[-cfg.real_limit :]  # the last rows
+        rows = load_countdown(str(real))
+        for count in (3, 4):  # the last rows of each size: the file's tail, never trained on by any stage
+            tasks = [t for t in rows if len(t.nums) == count][-cfg.real_limit :]
+            if tasks:
+                sets[f"Countdown-Tasks-3to4 (real), {count} numbers"] = tasks
     elif cfg.real_data == "auto":
         log.info("no local Countdown-Tasks-3to4 copy found (%s); skipping the real-data evaluation", ", ".join(REAL_DATA_CANDIDATES))
     return sets
 
 
-PASSK_SET = "pass@k"
+SAMPLED_SET = "sampled"
+"""Name of the sampled evaluation (``passk`` samples on the first ``passk_limit`` held-out tasks)."""
 
 
 def _eval_jobs(cfg: DemoConfig, sets: dict[str, list[CountdownTask]]) -> dict[str, tuple[list[CountdownTask], SamplingParams]]:
-    """Every evaluation of one model: greedy on each set, plus sampled pass@k on the held-out set."""
+    """Every evaluation of one model: greedy on each set, plus the sampled evaluation on the held-out set."""
     greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     jobs = {name: (tasks, greedy) for name, tasks in sets.items()}
     if cfg.passk:
         held_out = next(iter(sets.values()))[: cfg.passk_limit]
-        jobs[PASSK_SET] = (held_out, SamplingParams(k=cfg.passk, temperature=1.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
+        jobs[SAMPLED_SET] = (held_out, SamplingParams(k=cfg.passk, temperature=cfg.passk_temperature, top_p=cfg.passk_top_p,
+                                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
     return jobs
+
+
+def eval_file(out_dir: Path, label: str, set_name: str) -> Path:
+    """Where the evaluation of model ``label`` on ``set_name`` is saved: ``medium3 held-out`` -> ``<label>--medium3-held-out.json``."""
+    return out_dir / f"{label}--{re.sub(r'[^a-z0-9]+', '-', set_name.lower()).strip('-')}.json"
 
 
 def evaluate_model(model_name: str, label: str, sets: dict[str, list[CountdownTask]], cfg: DemoConfig, out_dir: Path) -> dict[str, CountdownEvalResult]:
@@ -252,7 +306,7 @@ def evaluate_model(model_name: str, label: str, sets: dict[str, list[CountdownTa
     jobs = _eval_jobs(cfg, sets)
     results, todo = {}, {}
     for set_name in jobs:
-        path = out_dir / f"{label}--{set_name.split()[0].replace('@', 'at')}.json"
+        path = eval_file(out_dir, label, set_name)
         cached = CountdownEvalResult.from_dict(json.loads(path.read_text())) if cfg.resume and path.is_file() else None
         tasks, params = jobs[set_name]
         if cached is not None and cached.k == params.k and len(cached.task_scores) == len(tasks):
@@ -289,63 +343,109 @@ def _curve_section(title: str, metrics_path: Path, keys: list[tuple[str, str]], 
     return "\n".join(lines)
 
 
+def _paired_section(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResult]], held_out: str) -> str:
+    """Each model against the SFT start, task by task: greedy on the held-out set, and sampled when evaluated."""
+    if "sft" not in results:
+        return ""
+    sft = results["sft"]
+    header = ["comparison", "tasks", "greedy score difference", "95% CI", "tasks better", "tasks worse"]
+    if cfg.passk:
+        header += [f"sampled score difference [95% CI] ({min(cfg.passk_limit, cfg.eval_limit)} tasks)"]
+    rows = []
+    for model, by_set in results.items():
+        if model == "sft":
+            continue
+        d = paired_difference(by_set[held_out].task_scores, sft[held_out].task_scores)
+        row = [f"{model} - sft", d["n"], f"{d['diff']:+.3f}", f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]", d["better"], d["worse"]]
+        if cfg.passk:
+            s = paired_difference(by_set[SAMPLED_SET].task_scores, sft[SAMPLED_SET].task_scores)
+            row.append(f"{s['diff']:+.3f} [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]")
+        rows.append(row)
+    if not rows:
+        return ""
+    return ("## Paired against the SFT start\n\n"
+            "Each model minus SFT on the same held-out tasks: the mean per-task score difference with its 95% CI (normal\n"
+            "approximation), and the tasks where the model scores higher / lower than SFT (greedy).\n\n"
+            + markdown_table(header, rows) + "\n")
+
+
+def _samples_vs_score_section(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]], held_out: str) -> str:
+    """The RL run's held-out score against samples generated (its in-loop evaluations), from the SFT start."""
+    records = read_metrics(run_dir / "rl" / "metrics.jsonl")
+    start = None  # SFT's greedy score on the in-loop tasks (a prefix of its held-out evaluation), for a run without a step-0 point
+    if "sft" in results:
+        scores = results["sft"][held_out].task_scores[: cfg.rl_eval_limit]
+        start = sum(row[0] for row in scores) / len(scores)
+    png = plot_samples_vs_score({"rl": records}, run_dir / "samples_vs_score.png", start=start,
+                                ylabel=f"greedy score (first {cfg.rl_eval_limit} held-out tasks)",
+                                title="RL from SFT: held-out score against samples generated")
+    if png is None:
+        return ""
+    points = [(int(r["samples/total"]), r["eval/score"]) for r in records if "eval/score" in r]
+    trail = " -> ".join(f"{score:.3f} ({n:,} samples)" for n, score in points)
+    return (f"## Held-out score against samples generated (RL)\n\nGreedy score of the RL policy on the first {cfg.rl_eval_limit} "
+            f"held-out tasks, evaluated during training: {trail}. Samples generated include the groups group filtering dropped.\n\n"
+            f"![samples vs score]({png.name})\n")
+
+
 def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]], sets: dict[str, list[CountdownTask]], timings: dict[str, float], notes: list[str]) -> Path:
-    """``report.md`` with the results tables, plots and example completions; returns its path."""
+    """``report.md`` with the results tables, the paired table, plots and example completions; returns its path."""
     held_out = next(iter(sets))
     plot_grouped_bars({s: {m: results[m][s].mean_score for m in results} for s in sets}, run_dir / "scores.png", title="Countdown mean score by model (greedy)", ylabel="mean score")
     header = ["model", "mean score", "accuracy", "format rate", "truncated"]
     if cfg.passk:
-        header += [f"pass@1 (T=1)", f"pass@{cfg.passk} (T=1)"]
+        header += ["sampled score", "pass@1", f"pass@{cfg.passk}"]
     main_rows = []
     for model, by_set in results.items():
         r = by_set[held_out]
         row = [model, r.mean_score, r.accuracy, r.format_rate, r.truncated_rate]
         if cfg.passk:
-            sampled = by_set[PASSK_SET]
-            row += [sampled.pass_at_k[1], sampled.pass_at_k[cfg.passk]]
+            sampled = by_set[SAMPLED_SET]
+            row += [sampled.mean_score, sampled.pass_at_k[1], sampled.pass_at_k[cfg.passk]]
         main_rows.append(row)
-    paired_rows = []
-    if "sft" in results:
-        for model in results:
-            if model in ("base", "sft"):
-                continue
-            d = paired_difference(results[model][held_out].task_scores, results["sft"][held_out].task_scores)
-            paired_rows.append([f"{model} - sft", d["n"], f"{d['diff']:+.3f}", f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]", d["better"], d["worse"]])
-    paired = ""
-    if paired_rows:
-        paired = ("Paired against SFT on the same held-out tasks (greedy; 95% CI of the mean per-task score difference, normal\n"
-                  "approximation; tasks where the model scores higher / lower than SFT):\n\n"
-                  + markdown_table(["comparison", "tasks", "score difference", "95% CI", "tasks better", "tasks worse"], paired_rows) + "\n")
+    n_sampled = min(cfg.passk_limit, len(sets[held_out]))
+    sampled_note = (f"Sampled columns: {cfg.passk} samples per task at temperature {cfg.passk_temperature}, top-p {cfg.passk_top_p}, on the "
+                    f"first {n_sampled} held-out tasks (mean score over all samples; pass@k unbiased estimator)." if cfg.passk else "")
     other_rows = [[model, s, len(sets[s]), r.mean_score, r.accuracy, r.format_rate]
-                  for model in results for s, r in results[model].items() if s not in (held_out, PASSK_SET)]
+                  for model in results for s, r in results[model].items() if s not in (held_out, SAMPLED_SET)]
     examples = []
     for model in results:
         for ex in results[model][held_out].examples[:2]:
             examples.append(f"**{model}**, nums {ex['nums']} target {ex['target']}, score {ex['score']}:\n\n```\n{ex['completion'].strip()}\n```")
     curves = [
         _curve_section("SFT", run_dir / "sft" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
-        _curve_section("RLOO", run_dir / "rloo" / "metrics.jsonl", [("reward/mean", "mean reward per step"), ("reward/accuracy", "accuracy per step"), ("kl/mean", "KL to SFT")], run_dir),
+        _curve_section("RL", run_dir / "rl" / "metrics.jsonl", [("reward/mean", "mean reward of the samples per step"), ("reward/accuracy", "accuracy of the samples per step"),
+                                                               ("groups/kept", "varied groups kept per step"), ("kl/mean", "KL to SFT")], run_dir),
         _curve_section("DPO", run_dir / "dpo" / "metrics.jsonl", [("loss/dpo", "loss"), ("rewards/accuracy", "implicit reward accuracy")], run_dir),
     ]
+    def lora(r: int) -> str:
+        return f"LoRA r={r}" if r else "full fine-tuning"
+
+    rl_recipe = (f"RL from SFT (`rlft rl`: {cfg.rl_advantage} advantages, {cfg.rl_loss} loss ({cfg.rl_loss_mode})"
+                 f"{f', group filtering (at most {cfg.rl_max_prompt_batches} prompt batches per step)' if cfg.rl_filter_groups else ''}, "
+                 f"{lora(cfg.rl_lora_r)}, lr {cfg.rl_lr}; {cfg.rl_steps} steps of {cfg.rl_prompts_per_step} prompts x k={cfg.rl_k} "
+                 f"at temperature {cfg.rl_temperature}, beta {cfg.rl_beta})")
+    dpo_recipe = (f"{cfg.dpo_loss_type.upper()}{f' (NLL weight {cfg.dpo_rpo_alpha})' if cfg.dpo_loss_type == 'rpo' else ''} from SFT on "
+                  f"on-policy pairs ({cfg.pairs_prompts} prompts x {cfg.pairs_samples} samples of the SFT model at temperature "
+                  f"{cfg.pairs_temperature}, best vs worst, ties dropped; {cfg.dpo_epochs:g} epochs in batches of {cfg.dpo_batch_size}, "
+                  f"{lora(cfg.dpo_lora_r)}, {cfg.dpo_optimizer} lr {cfg.dpo_lr}, beta {cfg.dpo_beta})")
     text = f"""# rlft Countdown demo: {cfg.name}
 
-Base model `{cfg.model}`. SFT on {cfg.num_train} generated `{cfg.preset}` tasks with `{cfg.trace_style}`
-solver traces ({cfg.sft_steps} steps of {cfg.batch_size}, lr {cfg.lr}); RLOO from SFT ({cfg.rloo_steps} steps,
-{cfg.rloo_prompts_per_step} prompts x k={cfg.rloo_k} at temperature {cfg.rloo_temperature}, {cfg.rloo_optimizer} lr {cfg.rloo_lr}, beta {cfg.rloo_beta});
-{cfg.dpo_loss_type.upper()}{f" (NLL weight {cfg.dpo_rpo_alpha})" if cfg.dpo_loss_type == "rpo" else ""} from SFT on on-policy pairs
-({cfg.pairs_prompts} prompts x {cfg.pairs_samples} samples at temperature {cfg.pairs_temperature}, best vs worst, ties dropped;
-{cfg.dpo_steps} steps of {cfg.dpo_batch_size}, {cfg.dpo_optimizer} lr {cfg.dpo_lr}, beta {cfg.dpo_beta}). Prompt template `{cfg.prompt_template}`. Scores use the TinyZero-exact
-`compute_score` (1.0 correct, 0.1 answer present but wrong, 0 no answer).
+Base model `{cfg.model}`. SFT on a fixed dataset of {cfg.num_train} `{cfg.trace_style}` solver traces of `{cfg.preset}` training
+tasks ({cfg.sft_steps} steps of {cfg.batch_size}, lr {cfg.lr}, cosine); {rl_recipe}; {dpo_recipe}. Prompt template
+`{cfg.prompt_template}`. No stage trains on the first {cfg.heldout_size} held-out `{cfg.preset}` tasks; every evaluation uses
+a prefix of them. Scores use the TinyZero-exact `compute_score` (1.0 correct, 0.1 answer present but wrong, 0 no answer).
 
 ## Held-out tasks: {held_out} ({len(sets[held_out])} tasks, greedy, at most {cfg.max_new_tokens} new tokens)
 
 {markdown_table(header, main_rows)}
 
-{f"pass@k: {cfg.passk} samples at temperature 1.0 on the first {min(cfg.passk_limit, len(sets[held_out]))} held-out tasks (unbiased estimator)." if cfg.passk else ""}
+{sampled_note}
 
-{paired}
+{_paired_section(cfg, results, held_out)}
 ![scores](scores.png)
 
+{_samples_vs_score_section(cfg, run_dir, results, held_out)}
 ## Other evaluation sets (greedy)
 
 {markdown_table(["model", "eval set", "tasks", "mean score", "accuracy", "format rate"], other_rows) if other_rows else "none"}
@@ -404,7 +504,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     sets = eval_sets(cfg)
     timings: dict[str, float] = {}
     notes: list[str] = []
-    common = dict(split_seed=cfg.split_seed, heldout_size=max(cfg.eval_limit, SFTConfig.heldout_size), prompt_template=cfg.prompt_template,
+    common = dict(split_seed=cfg.split_seed, heldout_size=cfg.heldout_size, prompt_template=cfg.prompt_template,
                   seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype)
 
     with _Timer(timings, "evaluate base"):
@@ -421,27 +521,30 @@ def run_demo(cfg: DemoConfig) -> Path:
     with _Timer(timings, "evaluate SFT"):
         results["sft"] = evaluate_model(str(sft), "sft", sets, cfg, run_dir / "eval")
 
-    if cfg.rloo_steps:
-        rloo = run_dir / "rloo" / "model"
-        with _Timer(timings, "RLOO"):
-            if not _done(rloo, cfg):
-                rloo = train_rloo(RLOOConfig(
-                    model=str(sft), preset=cfg.preset, num_train=cfg.num_train, output_dir=str(run_dir / "rloo"), k=cfg.rloo_k,
-                    prompts_per_step=cfg.rloo_prompts_per_step, max_steps=cfg.rloo_steps, lr=cfg.rloo_lr, optimizer=cfg.rloo_optimizer, beta=cfg.rloo_beta, temperature=cfg.rloo_temperature,
-                    max_new_tokens=cfg.max_new_tokens, micro_batch_size=16, gen_batch_size=cfg.eval_batch_size,
-                    eval_every=cfg.rloo_eval_every, eval_limit=min(50, cfg.eval_limit), eval_max_new_tokens=cfg.max_new_tokens,
-                    save_every=max(cfg.rloo_steps // 3, 1), **common))
-            drop_checkpoints(rloo, cfg)
-        with _Timer(timings, "evaluate RLOO"):
-            results["rloo"] = evaluate_model(str(rloo), "rloo", sets, cfg, run_dir / "eval")
+    if cfg.rl_steps:
+        rl = run_dir / "rl" / "model"
+        with _Timer(timings, "RL"):
+            if not _done(rl, cfg):
+                rl = train_rl(RLConfig(
+                    model=str(sft), preset=cfg.preset, num_train=cfg.rl_num_train, output_dir=str(run_dir / "rl"),
+                    advantage=cfg.rl_advantage, loss=cfg.rl_loss, loss_mode=cfg.rl_loss_mode, filter_groups=cfg.rl_filter_groups,
+                    max_prompt_batches=cfg.rl_max_prompt_batches, lora_r=cfg.rl_lora_r, lora_alpha=cfg.rl_lora_alpha,
+                    k=cfg.rl_k, prompts_per_step=cfg.rl_prompts_per_step, max_steps=cfg.rl_steps, lr=cfg.rl_lr, beta=cfg.rl_beta,
+                    temperature=cfg.rl_temperature, max_new_tokens=cfg.max_new_tokens, micro_batch_size=32,
+                    gen_batch_size=cfg.rl_k * cfg.rl_prompts_per_step, eval_every=cfg.rl_eval_every, eval_at_start=True,
+                    eval_limit=cfg.rl_eval_limit, eval_max_new_tokens=cfg.max_new_tokens, save_every=max(cfg.rl_steps // 3, 1),
+                    **common))
+            drop_checkpoints(rl, cfg)
+        with _Timer(timings, "evaluate RL"):
+            results["rl"] = evaluate_model(str(rl), "rl", sets, cfg, run_dir / "eval")
 
-    if cfg.pairs_prompts and cfg.dpo_steps:
+    if cfg.pairs_prompts:
         pairs_path = run_dir / "pairs" / "countdown.jsonl"
         with _Timer(timings, "on-policy pairs"):
             if not (cfg.resume and pairs_path.is_file()):
                 make_countdown_pairs(PairsConfig(
                     model=str(sft), preset=cfg.preset, num_prompts=cfg.pairs_prompts, start=cfg.num_train,
-                    split_seed=cfg.split_seed, heldout_size=common["heldout_size"], prompt_template=cfg.prompt_template,
+                    split_seed=cfg.split_seed, heldout_size=cfg.heldout_size, prompt_template=cfg.prompt_template,
                     num_samples=cfg.pairs_samples, temperature=cfg.pairs_temperature, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
                     output=str(pairs_path), seed=cfg.seed, device=cfg.device, dtype=cfg.dtype))
         stats = json.loads(pairs_path.with_suffix(".stats.json").read_text())
@@ -453,9 +556,10 @@ def run_demo(cfg: DemoConfig) -> Path:
                 dpo = None
             elif not _done(dpo, cfg):
                 dpo = train_dpo(DPOConfig(
-                    model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type, rpo_alpha=cfg.dpo_rpo_alpha, max_length=256,
-                    batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_batch_size, max_steps=cfg.dpo_steps, lr=cfg.dpo_lr, optimizer=cfg.dpo_optimizer,
-                    save_every=max(cfg.dpo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype))
+                    model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type,
+                    rpo_alpha=cfg.dpo_rpo_alpha, lora_r=cfg.dpo_lora_r, lora_alpha=cfg.dpo_lora_alpha, max_length=256,
+                    batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_batch_size, epochs=cfg.dpo_epochs, lr=cfg.dpo_lr,
+                    optimizer=cfg.dpo_optimizer, save_every=5, seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype))
             drop_checkpoints(dpo, cfg)
         if dpo is not None:
             with _Timer(timings, "evaluate DPO"):

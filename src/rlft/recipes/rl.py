@@ -88,6 +88,13 @@ from rlft.validation import require, validate_options
 
 log = logging.getLogger("rlft")
 
+AdvantageName = Literal["rloo", "grpo", "lite_ppo", "dr_grpo", "raft", "reinforce"]
+"""Names of the advantage estimators (:data:`rlft.losses.advantages.ADVANTAGES`)."""
+PolicyLossName = Literal["reinforce", "ppo", "raft", "raft++"]
+"""Names of the policy losses (:data:`rlft.losses.pg.POLICY_LOSSES`)."""
+LossMode = Literal["seq_sum", "seq_mean", "token_mean"]
+"""Aggregations of the per-token policy loss."""
+
 
 @dataclass(frozen=True)
 class RLConfig(LoRAOptions, MemoryOptions):
@@ -155,15 +162,15 @@ class RLConfig(LoRAOptions, MemoryOptions):
     kl_estimator: Literal["k1", "k3"] = "k1"
     """Per-token KL estimator: k1 = logp - ref_logp (the paper's log-ratio), k3 = exp(ref-logp) - (ref-logp) - 1
     (>= 0, lower variance). Use k3 with --kl-mode loss: k1's expected gradient as a loss is zero."""
-    advantage: Literal["rloo", "grpo", "lite_ppo", "dr_grpo", "raft", "reinforce"] = "grpo"
+    advantage: AdvantageName = "grpo"
     """Advantage estimator (rlft.losses.advantages): 'rloo' (leave-one-out baseline), 'grpo' ((r - group mean) /
     group std), 'lite_ppo' (group mean, batch std), 'dr_grpo' (r - group mean, no std), 'raft' (1 for each group's
     best samples, or those >= --raft-threshold, else 0), 'reinforce' (the raw reward)."""
-    loss: Literal["reinforce", "ppo", "raft", "raft++"] = "reinforce"
+    loss: PolicyLossName = "reinforce"
     """Policy loss (rlft.losses.pg): 'reinforce' (-A * ratio; REINFORCE at ratio 1), 'ppo' (clipped to
     [1 - clip_low, 1 + clip_high]), 'raft' (likelihood of the samples with A > 0), 'raft++' (raft with the ratio
     clipped like ppo). RAFT = --advantage raft --loss raft; RAFT++ = --advantage raft --loss raft++."""
-    loss_mode: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum"
+    loss_mode: LossMode = "seq_sum"
     """Aggregation: 'seq_sum' sums each sequence's token losses and averages over sequences (RLOO's
     sequence-level estimator; Dr. GRPO's no-length-normalisation); 'seq_mean' averages tokens within each
     sequence, then over sequences (GRPO); 'token_mean' averages over all completion tokens of the step (DAPO)."""

@@ -141,9 +141,12 @@ def write_jsonl_rows(path: Path, rows: list) -> Path:
     return path
 
 
-def interrupt_after_checkpoints(monkeypatch, recipe_module, n: int = 2) -> list:
-    """Patch ``recipe_module.save_checkpoint`` so that a KeyboardInterrupt is raised right after the
-    ``n``-th checkpoint has been written. Returns the list of checkpoint folders written so far."""
+def interrupt_after_checkpoints(monkeypatch, n: int = 2) -> list:
+    """Patch ``rlft.recipes.common.save_checkpoint`` (every recipe saves through
+    :func:`rlft.recipes.common.save_training_checkpoint`) so that a KeyboardInterrupt is raised right after
+    the ``n``-th checkpoint has been written. Returns the list of checkpoint folders written so far."""
+    from rlft.recipes import common as recipe_module
+
     real = recipe_module.save_checkpoint
     written: list = []
 

@@ -113,17 +113,20 @@ def remove_partial_saves(run_dir: Path) -> list[str]:
     return removed
 
 
-def save_model_folder(folder: Path, model, tokenizer, extra: dict[str, object] | None = None, manifest: bool = False) -> None:
+def save_model_folder(folder: Path, model, tokenizer, extra: dict[str, object] | None = None, manifest: bool = False,
+                      state_dict: dict | None = None) -> None:
     """Save ``model`` and ``tokenizer`` as a standard HF folder, atomically (temp + rename).
 
     ``extra`` maps file names to objects saved with ``torch.save`` inside the same folder;
-    ``manifest``: write ``manifest.json`` (sizes and hashes, :func:`write_manifest`) last.
+    ``manifest``: write ``manifest.json`` (sizes and hashes, :func:`write_manifest`) last;
+    ``state_dict``: the weights to write instead of ``model.state_dict()`` (the full state dict of a
+    sharded model, :func:`rlft.distributed.full_state_dicts`).
     """
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
@@ -158,10 +161,13 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, extra_state: dict | None = None, keep: int = 2,
-                    config=None) -> Path:
+                    config=None, model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
     """Write ``run_dir/checkpoints/step-XXXXXXXX`` atomically (with its manifest), point ``latest`` at
     it, keep the newest ``keep`` checkpoints. ``config`` (the run's config dataclass): also write
     ``run_dir/config.yaml`` (:func:`rlft.run_folder.write_run_config`) once the checkpoint is complete.
+    ``model_state``, ``optimizer_state``: full state dicts of a sharded model and its optimizer
+    (:func:`rlft.distributed.full_state_dicts`; the optimizer's keyed by parameter name, recorded as
+    ``optimizer_by_name``) to write instead of the live objects' own.
 
     Returns the checkpoint folder.
     """
@@ -169,12 +175,13 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sched
     folder = ckpt_root / f"step-{step:08d}"
     state = {
         "step": step,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
+        "optimizer_by_name": optimizer_state is not None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": rng_state(),
         **(extra_state or {}),
     }
-    save_model_folder(folder, model, tokenizer, extra={TRAINER_STATE: state}, manifest=True)
+    save_model_folder(folder, model, tokenizer, extra={TRAINER_STATE: state}, manifest=True, state_dict=model_state)
     _atomic_write_text(ckpt_root / "latest", folder.name)
     if config is not None:
         from rlft.run_folder import write_run_config
@@ -203,9 +210,17 @@ def read_trainer_state(folder: Path) -> dict:
     return torch.load(Path(folder) / TRAINER_STATE, weights_only=False)
 
 
-def restore_trainer_state(state: dict, optimizer, scheduler) -> None:
-    """Restore optimizer, scheduler and RNG from a state read by :func:`read_trainer_state`."""
-    optimizer.load_state_dict(state["optimizer"])
+def restore_trainer_state(state: dict, optimizer, scheduler, model=None) -> None:
+    """Restore optimizer, scheduler and RNG from a state read by :func:`read_trainer_state`.
+
+    ``model``: the model the optimizer trains; needed for a sharded model (FSDP2) or a state saved from
+    one (``optimizer_by_name``): :func:`rlft.distributed.load_optimizer_state` maps the state by name."""
+    if model is not None:
+        from rlft.distributed import load_optimizer_state
+
+        load_optimizer_state(model, optimizer, state["optimizer"], by_name=bool(state.get("optimizer_by_name")))
+    else:
+        optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])

@@ -1,4 +1,4 @@
-"""Data-parallel training under ``torchrun``: process group, rank helpers, replicas, gradient sum.
+"""Data-parallel training under ``torchrun``: process group, rank helpers, DDP replicas or FSDP2 shards, gradient sum.
 
 Launched by ``torchrun --nproc-per-node N rlft sft ...`` (torchrun sets ``WORLD_SIZE``, ``RANK``,
 ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``); without those variables, or with ``WORLD_SIZE=1``,
@@ -9,16 +9,28 @@ batch of step ``s`` (:func:`rlft.recipes.common.batch_indices`, then
 :func:`rlft.recipes.common.length_grouped`) and takes :func:`shard` of it (rank ``r`` gets positions
 ``r, r + N, r + 2N, ...``). Loss normalisers (token counts, pair counts) are computed from the
 *global* batch, which every rank knows, so a rank's loss is its shard's sum divided by the global
-count; :func:`sum_gradients` then SUMS the gradients over ranks (one ``all_reduce`` per bucket,
-not an average), so clipping and the optimizer step see the one-process gradient (up to float
-rounding of the sum's order).
+count, and the gradients are SUMMED over ranks (not averaged), so clipping and the optimizer step see
+the one-process gradient (up to float rounding of the sum's order).
 
-Strategy ``ddp`` (the only one for now): every rank holds a full replica (:func:`wrap_model`
-broadcasts rank 0's weights), runs its micro-batches with no communication, and the gradients are
-summed once per optimizer step before clipping. That is ``DistributedDataParallel`` with
-``no_sync()`` over the whole step and a manual SUM all-reduce; the model is left unwrapped because
-the recipes call ``model.get_decoder()``, ``model.config`` and the LM head directly (packing, chunked
-LM head), which a DDP wrapper would hide. Sharded training (FSDP2) is not implemented yet.
+Strategies (``--distributed``, :func:`wrap_model`):
+
+- ``ddp``: every rank holds a full replica (rank 0's weights broadcast), runs its micro-batches with no
+  communication, and :func:`sum_gradients` sums the gradients once per optimizer step before clipping
+  (one ``all_reduce`` per bucket). That is ``DistributedDataParallel`` with ``no_sync()`` over the whole
+  step and a SUM all-reduce; the model is left unwrapped because the recipes call
+  ``model.get_decoder()``, ``model.config`` and the LM head directly (packing, chunked LM head).
+- ``fsdp2``: :func:`fully_shard_model` shards the model with torch's FSDP2 (``fully_shard`` per decoder
+  layer, then the root, on a 1-D device mesh); each group's gradient is reduce-scattered as a SUM in the
+  backward pass (gradient divide factor 1). The recipes' direct calls to the decoder and the head go
+  through :func:`root_call`, a forward method of the root, so the root's parameters are gathered. Every
+  forward and backward is collective, so every rank runs as many micro-batches as rank 0
+  (:func:`padded_micro_batches`: zero-weight fillers). Checkpoints and the final model are written from
+  full state dicts gathered on rank 0 (:func:`full_state_dicts`; the optimizer's keyed by parameter name,
+  which :func:`load_optimizer_state` loads into a sharded or an unsharded model). No LoRA (refused by
+  :class:`rlft.options.DistributedOptions`), and not the RL loop (generation would be collective).
+
+The RL loop (``ddp``) splits a step's prompt groups across ranks (whole groups) and gathers the rewards on
+every rank (:func:`gather_rows`), see :func:`rlft.recipes.rl.sample_step`.
 
 Rank 0 alone writes logs, ``metrics.jsonl``, checkpoints, ``config.yaml`` and the final model;
 every rank reads the same checkpoint on ``--resume``.
@@ -29,13 +41,14 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import types
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger("rlft")
 
-STRATEGIES = ("ddp",)
+STRATEGIES = ("ddp", "fsdp2")
 """The ``--distributed`` strategies."""
 
 _BUCKET_ELEMENTS = 1 << 25
@@ -175,14 +188,38 @@ def gather_shards(parts: dict[str, torch.Tensor], total: int) -> dict[str, torch
     return out
 
 
-def wrap_model(model: torch.nn.Module, strategy: str = "ddp") -> torch.nn.Module:
-    """Prepare ``model`` for data-parallel training; returns it (not wrapped, see the module docstring).
-
-    ``ddp``: rank 0's parameters and buffers are broadcast to every rank, so replicas start equal even if
-    they were loaded or initialised differently. Not distributed: ``model`` untouched.
+def gather_rows(rows: torch.Tensor, positions: list[int], total: int) -> torch.Tensor:
+    """The ``(total, ...)`` tensor, on the CPU and on every rank, whose rows at ``positions`` are this rank's
+    ``rows`` (``(len(positions), ...)``), for any split of ``range(total)`` over the ranks (e.g. the RL groups
+    a rank sampled; ``all_gather_object``: meant for small per-item values such as rewards). Not
+    distributed: ``rows`` on the CPU (``positions`` must then be ``range(total)``).
 
     Raises:
-        ValueError: an unknown ``strategy``.
+        ValueError: the ranks' positions do not cover ``range(total)`` exactly once.
+    """
+    if not active():
+        return rows.detach().cpu()
+    gathered: list = [None] * world()
+    dist.all_gather_object(gathered, (list(positions), rows.detach().cpu()))
+    first = next(part for _, part in gathered)
+    out = torch.empty((total, *first.shape[1:]), dtype=first.dtype)
+    if sorted(p for pos, _ in gathered for p in pos) != list(range(total)):
+        raise ValueError(f"gather_rows: the ranks' positions do not cover 0..{total - 1} once each")
+    for pos, part in gathered:
+        if pos:
+            out[torch.tensor(pos)] = part
+    return out
+
+
+def wrap_model(model: torch.nn.Module, strategy: str = "ddp") -> torch.nn.Module:
+    """Prepare ``model`` for data-parallel training and return it (see the module docstring).
+
+    Both strategies first broadcast rank 0's parameters and buffers to every rank, so replicas start equal
+    even if they were loaded or initialised differently. ``ddp``: the model is returned as it is (a full
+    replica). ``fsdp2``: :func:`fully_shard_model` shards it in place. Not distributed: ``model`` untouched.
+
+    Raises:
+        ValueError: an unknown ``strategy``; ``fsdp2`` on a model without decoder layers to shard.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown --distributed {strategy!r}; choose from {', '.join(STRATEGIES)}")
@@ -191,7 +228,134 @@ def wrap_model(model: torch.nn.Module, strategy: str = "ddp") -> torch.nn.Module
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(tensor.data, src=0)
+    return fully_shard_model(model) if strategy == "fsdp2" else model
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The transformer blocks of a Hugging Face decoder (``model.layers`` of Llama, Qwen2, Mistral, ...;
+    ``transformer.h`` of GPT-2): the first ``ModuleList`` whose name ends in ``layers`` or ``.h``.
+
+    Raises:
+        ValueError: no such list (FSDP2 would then hold the whole model in one group: no memory saved).
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) and (name.endswith("layers") or name.endswith(".h")):
+            return module
+    raise ValueError(f"--distributed fsdp2: found no decoder layers to shard in {type(model).__name__}")
+
+
+def fully_shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard ``model`` over every rank with FSDP2 (``torch.distributed.fsdp.fully_shard``), in place.
+
+    One FSDP group per decoder layer (:func:`decoder_layers`), then the root (embeddings, final norm, LM
+    or score head), as torchtune does, on a 1-D device mesh of the whole world. Parameters become
+    ``DTensor`` shards (dim 0); a group is all-gathered for its forward and backward and its gradient is
+    reduce-scattered right after its backward. The reduction is set to a SUM (gradient divide factor 1,
+    SUM collectives, so gloo works too), not FSDP's default mean, so the recipes' global-batch
+    normalisers give the one-process gradient. :func:`root_call` is registered as a forward method of
+    the root, so the recipes' direct calls to the decoder and the head run with the root's parameters
+    gathered.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+    mesh = init_device_mesh(_comm_device().type, (world(),))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    model.rlft_root_call = types.MethodType(_call, model)
+    register_fsdp_forward_method(model, "rlft_root_call")
+    log.info("FSDP2: %d decoder layers sharded over %d ranks", len(decoder_layers(model)), world())
     return model
+
+
+def _call(self, fn, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+def sharded(model: torch.nn.Module) -> bool:
+    """True when ``model`` is sharded by FSDP2 (:func:`fully_shard_model`)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def root_call(model: torch.nn.Module, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, run as a forward of ``model`` when it is sharded: FSDP2 gathers the root
+    group's parameters (embeddings, final norm, head) around it and reduce-scatters their gradients in
+    the backward pass. The recipes need this because they call ``model.get_decoder()`` and the head
+    directly (packing, chunked LM head, reward pooling) instead of ``model(...)``. Not sharded: a plain call."""
+    call = getattr(model, "rlft_root_call", None)
+    return call(fn, *args, **kwargs) if call is not None and sharded(model) else fn(*args, **kwargs)
+
+
+def padded_micro_batches(items: list, size: int, pad: bool) -> list[tuple[list, bool]]:
+    """This rank's micro-batches of a step's global list ``items``: ``[(chunk, real), ...]``.
+
+    ``chunk``: up to ``size`` consecutive items of this rank's :func:`shard` of ``items``. With ``pad``
+    (FSDP2, where every forward and backward is collective, so every rank must run as many as the
+    others) a rank with fewer chunks than the busiest rank gets filler passes ``(items[:1], False)``,
+    whose loss the caller multiplies by 0 (a zero gradient) and whose metrics it skips. Without ``pad``:
+    the real chunks only. ``items`` empty: no micro-batches.
+    """
+    mine = shard(items)
+    chunks = [(mine[i : i + size], True) for i in range(0, len(mine), size)]
+    if pad and items:
+        most = -(-(-(-len(items) // world())) // size)  # ceil(ceil(len / world) / size): rank 0's count
+        chunks += [(items[:1], False)] * (most - len(chunks))
+    return chunks
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+                     ) -> tuple[dict | None, dict | None]:
+    """``(model_state, optimizer_state)``: full, unsharded state dicts of a sharded model, gathered on rank 0
+    in CPU memory (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict`` and ``cpu_offload``);
+    the optimizer's is keyed by parameter name. Collective: every rank must call it; ranks other than 0 get
+    ``({}, {})``. Not sharded: ``(None, None)`` (save the model and optimizer as they are)."""
+    if not sharded(model):
+        return None, None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    for name in _tied_duplicates(model):  # as save_pretrained writes a tied LM head: once, under the embedding's name
+        model_state.pop(name, None)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=options) if optimizer is not None else None
+    return model_state, optim_state
+
+
+def _tied_duplicates(model: torch.nn.Module) -> list[str]:
+    """Names of parameters that are another name of an earlier parameter (a tied LM head)."""
+    first: dict[int, str] = {}
+    out = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            out.append(name)
+        first.setdefault(id(param), name)
+    return out
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, by_name: bool) -> None:
+    """Load a saved optimizer state into ``optimizer``: ``by_name`` (a state from :func:`full_state_dicts`,
+    keyed by parameter name) through ``set_optimizer_state_dict`` with ``full_state_dict``, which shards it
+    for a sharded model and also loads into an unsharded one; else (``optimizer.state_dict()`` of an unsharded
+    run, keyed by position) ``load_state_dict``, or, for a sharded model, the same state re-keyed by the
+    names of the optimizer's parameters in order first."""
+    if not by_name and not sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if not by_name:
+        names = {id(p): n for n, p in model.named_parameters()}
+        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        state = {"state": {order[i]: v for i, v in state["state"].items()},
+                 "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:

@@ -130,14 +130,20 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).merge_and_unload()
 
 
-def save_final_model(run_dir: Path, model: torch.nn.Module, tokenizer) -> Path:
+def save_final_model(run_dir: Path, model: torch.nn.Module, tokenizer, state_dict: dict | None = None) -> Path:
     """Write the run's final model to ``run_dir/model`` (atomically) and return that folder.
 
     With LoRA: ``run_dir/adapter`` gets the adapter and ``run_dir/model`` the merged plain model.
+    ``state_dict``: the full weights of a sharded model (:func:`rlft.distributed.full_state_dicts`; not with LoRA).
     """
     from rlft.checkpoint import save_model_folder
 
     run_dir = Path(run_dir)
+    if state_dict is not None:
+        if is_lora(model):
+            raise ValueError("a sharded LoRA model cannot be saved (--distributed fsdp2 does not take LoRA)")
+        save_model_folder(run_dir / "model", model, tokenizer, state_dict=state_dict)
+        return run_dir / "model"
     if is_lora(model):
         save_model_folder(run_dir / "adapter", model, tokenizer)
     save_model_folder(run_dir / "model", merged_copy(model), tokenizer)

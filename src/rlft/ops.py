@@ -183,6 +183,14 @@ def sequence_logprobs(
         ValueError: a target with no prefix in its sequence (see above), or ``position_ids`` together with
             an ``attention_mask`` (transformers would then not detect the packed sequences).
     """
+    from rlft.distributed import root_call  # a plain call unless the model is sharded (FSDP2)
+
+    return root_call(model, _sequence_logprobs, model, input_ids, attention_mask, loss_mask, temperature, position_ids,
+                     logits_chunk_size, return_entropy)
+
+
+def _sequence_logprobs(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):
+    """:func:`sequence_logprobs` itself (positional arguments, so FSDP2 can run it as a forward)."""
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no prefix to predict it from")
     if position_ids is None:

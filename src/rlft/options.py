@@ -4,7 +4,7 @@
   model has no LM head to chunk and takes :class:`CheckpointingOptions`);
 - :class:`PackingOptions`: ``--packing``, ``--pack-length`` (sft, dpo, rm);
 - :class:`TrackingOptions`: ``--report-to`` (sft, dpo, rm, rl/rloo);
-- :class:`DistributedOptions`: ``--distributed`` (sft, dpo, rm under torchrun);
+- :class:`DistributedOptions`: ``--distributed ddp|fsdp2`` (sft, dpo, rm under torchrun; rl/rloo: ddp only);
 - :class:`RolloutOptions`: ``--rollout-engine``, ``--rollout-url`` (eval countdown, pairs countdown; the RL loop
   has its own ``--rollout-engine hf|vllm``: a server's weights cannot follow the policy).
 """
@@ -62,10 +62,19 @@ class PackingOptions:
 class DistributedOptions:
     """``--distributed``: the data-parallel strategy under torchrun."""
 
-    distributed: Literal["ddp"] = "ddp"
+    distributed: Literal["ddp", "fsdp2"] = "ddp"
     """Data-parallel strategy under torchrun (`torchrun --nproc-per-node N rlft <command> ...`): 'ddp', a full
-    replica per rank, each step's batch split across ranks, gradients summed (see rlft.distributed).
-    Ignored in a one-process run."""
+    replica per rank; 'fsdp2', parameters, gradients and optimizer state sharded over the ranks per decoder
+    layer (torch FSDP2 fully_shard; no LoRA). Either way each step's batch is split across ranks and gradients
+    are summed, so the result does not depend on the number of ranks (see rlft.distributed). Ignored in a
+    one-process run."""
+
+    def _check_distributed(self) -> None:
+        """Refuse what FSDP2 cannot shard (call from ``__post_init__``)."""
+        from rlft.validation import require
+
+        require(self.distributed != "fsdp2" or not getattr(self, "lora_r", 0),
+                "--distributed fsdp2 does not take LoRA (--lora-r): the adapters are small, use --distributed ddp")
 
 
 @dataclass(frozen=True)

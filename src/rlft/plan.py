@@ -18,6 +18,13 @@ DATA_FIELDS = ("data", "prompts_data", "eval_data")
 """Options that name a dataset."""
 
 
+DISTRIBUTED_PLANS = {
+    "ddp": "a full replica per rank, each step's batch split across ranks, gradients summed",
+    "fsdp2": "FSDP2: parameters, gradients and optimizer state sharded per decoder layer, gradients summed",
+}
+"""What each ``--distributed`` strategy does, for the plan."""
+
+
 def describe_model(name: str) -> str:
     """Where ``name`` would load from, without loading it."""
     from rlft.models import EMBEDDED_MODELS, looks_like_path
@@ -63,6 +70,8 @@ def plan(command: str, cfg) -> str:
             lines.append(f"  writes: {getattr(cfg, name)}")
     if "lora_r" in names and getattr(cfg, "lora_r"):
         lines.append(f"  LoRA: r={cfg.lora_r}, alpha={cfg.lora_alpha:g}, targets {cfg.lora_target_modules}")
+    if "distributed" in names:
+        lines.append(f"  under torchrun: --distributed {cfg.distributed} ({DISTRIBUTED_PLANS[cfg.distributed]})")
     lines.append("options:")
     values = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     lines += ["  " + line for line in yaml.safe_dump(values, sort_keys=False).splitlines()]

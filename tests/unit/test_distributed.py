@@ -1,13 +1,16 @@
 """Data-parallel training under torchrun (gloo, CPU): a 2-process run equals the 1-process run with the
-same global batch (per-step metrics and final weights), for SFT, DPO and the reward model, and a 2-process SFT run stopped
-after a checkpoint resumes (with 2 processes or with 1) to the same final weights. Also the sharding
-helpers in one process, and the refusal of torchrun by recipes that do not support it.
+same global batch (per-step metrics and final weights), for SFT, DPO and the reward model with DDP and
+with FSDP2, and a 2-process SFT run stopped after a checkpoint resumes (with 2 processes or with 1, and
+across strategies) to the same final weights. The RL loop with 2 processes equals 1 process given the same
+samples (a hashing engine stands in for generation). Also the sharding helpers, and the refusal of
+torchrun or FSDP2 where they are not supported.
 
 The 2-process runs are ``python -m torch.distributed.run --nproc-per-node 2 -m rlft.cli <command> ...``
 subprocesses on 127.0.0.1 and a free port (about 10 s each on 2 CPU cores)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -72,13 +75,20 @@ def torchrun(command: str, cfg, nproc: int = 2) -> subprocess.CompletedProcess:
            "MASTER_ADDR": "127.0.0.1", "CUDA_VISIBLE_DEVICES": ""}
     done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
                                  "--master-addr", "127.0.0.1", "--master-port", port,
-                                 "-m", "rlft.cli", *command.split(), *_flags(cfg), "--debug"], env, 120)
+                                 "-m", "rlft.cli", *command.split(), *_flags(cfg), "--debug"], env, 300)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done
 
 
-def assert_same_run(one: Path, two: Path, atol: float = 1e-5) -> None:
-    """Equal per-step metrics (within ``atol``; step/tokens/epoch/lr exactly, timings skipped) and final weights."""
+NORM_RTOL_FSDP2 = 1e-4
+"""grad_norm tolerance (relative) of FSDP2 runs: the float32 norm of the tiny model's 1.5M-element embedding gradient
+is itself ~1e-5 off the float64 norm, one way in one process and another way summed from shards (measured at
+step 1: 0.9689792 and 0.9689848 for 0.9689906), while the gradients themselves agree to 1e-6."""
+
+
+def assert_same_run(one: Path, two: Path, atol: float = 1e-5, norm_rtol: float | None = None) -> None:
+    """Equal per-step metrics (within ``atol``; step/tokens/epoch/lr exactly, timings skipped; ``grad_norm``
+    within ``norm_rtol`` relative when given) and final weights."""
     m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [r["step"] for r in m1] == [r["step"] for r in m2] and m1
     for r1, r2 in zip(m1, m2):
@@ -88,6 +98,8 @@ def assert_same_run(one: Path, two: Path, atol: float = 1e-5) -> None:
                 continue
             if key in EXACT:
                 assert r1[key] == r2[key], (key, r1, r2)
+            elif key == "grad_norm" and norm_rtol is not None:
+                assert r1[key] == pytest.approx(r2[key], rel=norm_rtol), (key, r1, r2)
             else:
                 assert r1[key] == pytest.approx(r2[key], abs=atol, rel=atol), (key, r1, r2)
     w1, w2 = load_weights(one / "model"), load_weights(two / "model")
@@ -153,6 +165,13 @@ assert distributed.all_reduce_sums({"a": 1.0, **({"b": 2.0} if rank else {})}) =
 assert distributed.shard(list(range(5))) == list(range(5))[rank::2]
 got = distributed.gather_shards({"x": torch.tensor(distributed.shard([0.0, 1.0, 2.0, 3.0, 4.0]))}, 5)
 assert torch.equal(got["x"], torch.arange(5.0)), got
+positions = [0, 3, 4] if rank == 0 else [1, 2]  # any split, e.g. the RL groups each rank kept
+rows = distributed.gather_rows(torch.tensor([[10.0 * p, 1.0] for p in positions]), positions, 5)
+assert torch.equal(rows, torch.tensor([[10.0 * p, 1.0] for p in range(5)])), rows
+chunks = distributed.padded_micro_batches(list("abcde"), 2, pad=True)  # shards: a c e | b d
+expected = [(["a", "c"], True), (["e"], True)] if rank == 0 else [(["b", "d"], True), (["a"], False)]
+assert chunks == expected, chunks
+assert distributed.padded_micro_batches(list("abcde"), 2, pad=False) == [c for c in expected if c[1]]
 import sys
 sys.stdout.write(f"ok {rank}\\n")  # one write per rank: the two lines never interleave
 sys.stdout.flush()
@@ -161,7 +180,7 @@ torch.distributed.destroy_process_group()
 """
 
 
-def test_sum_gradients_sums_over_ranks_in_buckets(tmp_path):
+def test_collective_helpers_over_two_ranks(tmp_path):
     script = tmp_path / "sum_gradients.py"
     script.write_text(SUM_GRADIENTS_SCRIPT)
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
@@ -206,6 +225,16 @@ def test_sft_two_processes_equal_one_with_lora_packing_and_checkpointing(tiny_mo
     assert (tmp_path / "two" / "adapter").is_dir()
 
 
+def test_sft_fsdp2_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
+    # FSDP2: per-layer shards and a SUM reduce-scatter give the one-process update (the DPO and RM tests
+    # below cover ranks with fewer micro-batches than others).
+    out = tmp_path / "run"
+    done = torchrun("sft", sft_cfg(tiny_model_dir, out, distributed="fsdp2"))
+    assert "FSDP2: 2 decoder layers sharded over 2 ranks" in done.stdout + done.stderr
+    assert_same_run(sft_one, out, norm_rtol=NORM_RTOL_FSDP2)
+    assert (out / "checkpoints" / "latest").is_file()
+
+
 def test_sft_two_processes_resume_to_the_same_weights(tiny_model_dir, tmp_path):
     # A constant rate, so that the shorter first leg (--max-steps 3, stopped after its step-2 checkpoint
     # and the final step) has the same schedule as the whole run; the resumed leg redoes step 3 on.
@@ -219,6 +248,45 @@ def test_sft_two_processes_resume_to_the_same_weights(tiny_model_dir, tmp_path):
     assert_same_run(whole, split)
     train_sft(sft_cfg(tiny_model_dir, single, schedule="constant", resume=True, resume_override=("output_dir",)))
     assert_same_run(whole, single)
+
+
+def test_sft_fsdp2_two_processes_equal_one_with_packing_checkpointing_and_chunked_head(tiny_model_dir, tmp_path):
+    # What the recipe does beside model(...): packed rows through get_decoder(), the LM head in chunks,
+    # recomputed layer activations (FSDP2 gathers a layer again for its recomputation).
+    options = {"packing": True, "gradient_checkpointing": True, "logits_chunk_size": 16, "max_steps": 3, "save_every": 0,
+               "distributed": "fsdp2"}
+    train_sft(sft_cfg(tiny_model_dir, tmp_path / "one", **options))
+    torchrun("sft", sft_cfg(tiny_model_dir, tmp_path / "two", **options))
+    assert_same_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL_FSDP2)
+
+
+@pytest.mark.slow
+def test_sft_fsdp2_resumes_to_the_same_weights_with_any_world_size(tiny_model_dir, tmp_path):
+    # As above, under FSDP2: its checkpoints hold the gathered full weights and an optimizer state keyed by
+    # parameter name; they resume under FSDP2 and in one process, and a one-process checkpoint (optimizer
+    # state keyed by position) resumes under FSDP2.
+    options = {"schedule": "constant", "distributed": "fsdp2"}
+    whole, split, single, mixed = (tmp_path / name for name in ("whole", "split", "single", "mixed"))
+    train_sft(sft_cfg(tiny_model_dir, whole, **options))
+    torchrun("sft", sft_cfg(tiny_model_dir, split, max_steps=3, **options))
+    state = torch.load(split / "checkpoints" / "step-00000002" / "trainer_state.pt", weights_only=False)
+    assert state["optimizer_by_name"] and "model.embed_tokens.weight" in state["optimizer"]["state"]
+    assert load_weights(split / "checkpoints" / "step-00000002").keys() == load_weights(whole / "model").keys()
+    shutil.copytree(split, single)
+    torchrun("sft", sft_cfg(tiny_model_dir, split, resume=True, **options))
+    assert_same_run(whole, split, norm_rtol=NORM_RTOL_FSDP2)
+    train_sft(sft_cfg(tiny_model_dir, single, resume=True, resume_override=("output_dir",), **options))
+    assert_same_run(whole, single, norm_rtol=NORM_RTOL_FSDP2)
+    train_sft(sft_cfg(tiny_model_dir, mixed, max_steps=3, **options))
+    torchrun("sft", sft_cfg(tiny_model_dir, mixed, resume=True, **options))
+    assert_same_run(whole, mixed, norm_rtol=NORM_RTOL_FSDP2)
+
+
+def test_fsdp2_refuses_lora():
+    from rlft.validation import OptionError
+
+    with pytest.raises(OptionError, match="fsdp2 does not take LoRA"):
+        SFTConfig(distributed="fsdp2", lora_r=4)
 
 
 # --------------------------------------------------------------------------- DPO
@@ -263,10 +331,25 @@ def test_dpo_two_processes_equal_one(dpo_inputs, tmp_path):
     assert any(not torch.equal(moved[k], start[k]) for k in start)  # training did something
 
 
+def test_dpo_fsdp2_two_processes_equal_one(dpo_inputs, tmp_path):
+    # One pair per micro-batch: the 3-pair step gives rank 1 one pass fewer than rank 0 (a zero-weight filler).
+    from rlft.recipes.dpo import train_dpo
+
+    model_dir, data = dpo_inputs
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_dpo(dpo_cfg(model_dir, data, one, micro_batch_size=1, distributed="fsdp2"))
+    torchrun("dpo", dpo_cfg(model_dir, data, two, micro_batch_size=1, distributed="fsdp2"))
+    assert_same_run(one, two, norm_rtol=NORM_RTOL_FSDP2)
+    moved, start = load_weights(two / "model"), load_weights(model_dir)
+    assert any(not torch.equal(moved[k], start[k]) for k in start)
+
+
 # --------------------------------------------------------------------------- reward model
 
 
-def test_rm_two_processes_equal_one(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_rm_two_processes_equal_one(strategy, tiny_model_dir, tmp_path):
+    # fsdp2: 9 pairs, so the last step's one pair leaves rank 1 only a filler pass; every rank evaluates.
     from rlft.recipes.reward_model import RMConfig, train_rm
     from tests.conftest import write_jsonl_rows
 
@@ -279,13 +362,117 @@ def test_rm_two_processes_equal_one(tiny_model_dir, tmp_path):
                         "score_chosen": 8.0, "score_rejected": 2.0})
         return out
 
-    train = write_jsonl_rows(tmp_path / "train.jsonl", rows(10, 0))  # steps of 4, 4, 2 pairs
+    n_train = 9 if strategy == "fsdp2" else 10
+    train = write_jsonl_rows(tmp_path / "train.jsonl", rows(n_train, 0))  # 10: steps of 4, 4, 2 pairs; 9: 4, 4, 1
     test = write_jsonl_rows(tmp_path / "test.jsonl", rows(4, 100))
     cfg = RMConfig(model=str(tiny_model_dir), data=str(train), eval_data=str(test), output_dir=str(tmp_path / "one"),
                    max_length=64, batch_size=4, micro_batch_size=2, eval_batch_size=4, max_steps=4, lr=3e-3,
-                   warmup_ratio=0.0, eval_every=2, save_every=2, device="cpu", dtype="float32", seed=0)
+                   warmup_ratio=0.0, eval_every=2, save_every=2, device="cpu", dtype="float32", seed=0, distributed=strategy)
     train_rm(cfg)
     torchrun("rm", replace(cfg, output_dir=str(tmp_path / "two")))
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_same_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL_FSDP2 if strategy == "fsdp2" else None)
     assert "eval/accuracy" in read_metrics(tmp_path / "two" / "metrics.jsonl")[1]
     assert (tmp_path / "two" / "eval.json").is_file()
+
+
+# --------------------------------------------------------------------------- RL loop
+
+RL_SCRIPT = """
+import hashlib, json, sys
+import torch
+import rlft.recipes.rl as rl
+from rlft.rollout.base import Sample
+
+torch.set_num_threads(1)
+
+
+class HashEngine:
+    # Samples that depend only on (prompt, sample index, the one-process seed of the call), whichever rank
+    # draws them: 1-3 tokens of a small alphabet (upper and lower case first letters: varied groups).
+    def __init__(self, model, tokenizer, batch_size=32, add_special_tokens=True, **_):
+        self.tokenizer, self.add_special_tokens = tokenizer, add_special_tokens
+        self.ids = [tokenizer.convert_tokens_to_ids(t) for t in ("A", "b", "C", "d", "E", "f")]
+
+    def generate(self, prompts, params):
+        seed = params.seed % (1 << 40)  # drop the rank's offset
+        out = []
+        for prompt in prompts:
+            row = []
+            for j in range(params.k):
+                h = hashlib.sha256(f"{prompt}|{j}|{seed}".encode()).digest()
+                ids = [self.ids[b % len(self.ids)] for b in h[: 1 + h[31] % 3]]
+                row.append(Sample(ids, self.tokenizer.decode(ids), "length" if h[30] % 4 == 0 else "stop"))
+            out.append(row)
+        return out
+
+
+rl.HFEngine = HashEngine
+rl.train_rl(rl.RLConfig(**json.loads(sys.argv[1])))
+torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
+"""
+
+
+def run_rl_script(tmp_path: Path, options: dict, nproc: int) -> None:
+    """``train_rl(RLConfig(**options))`` with :data:`RL_SCRIPT`'s engine, in one process or under torchrun."""
+    script = tmp_path / "rl_script.py"
+    script.write_text(RL_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
+    config = json.dumps(options)
+    if nproc == 1:
+        env = {k: v for k, v in env.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+        done = subprocess.run([sys.executable, str(script), config], env=env, capture_output=True, text=True, timeout=300)
+    else:
+        done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+                                     "--master-addr", "127.0.0.1", "--master-port", port, str(script), config], env, 300)
+    assert done.returncode == 0, f"{nproc} process(es) failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+
+
+def assert_same_rl_run(one: Path, two: Path, atol: float = 1e-5) -> None:
+    """:func:`assert_same_run` for RL runs: timings and throughputs skipped, the rest within ``atol``."""
+    m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [r["step"] for r in m1] == [r["step"] for r in m2] and m1
+    for r1, r2 in zip(m1, m2):
+        keys = {k for k in r1 if not k.startswith(("time/", "tokens_per_s/"))}
+        assert keys == {k for k in r2 if not k.startswith(("time/", "tokens_per_s/"))}
+        for key in keys:
+            assert r1[key] == pytest.approx(r2[key], abs=atol, rel=atol), (key, r1, r2)
+    w1, w2 = load_weights(one / "model"), load_weights(two / "model")
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], atol=atol, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("options", [
+    # RLOO with the KL in the reward and group filtering: the keep decision and the KL-shaped rewards need
+    # every rank's groups; 5 prompts per step split 3 + 2.
+    {"advantage": "rloo", "loss": "reinforce", "loss_mode": "seq_sum", "beta": 0.05, "kl_mode": "reward",
+     "filter_groups": True, "max_prompt_batches": 3},
+    # lite_ppo (a batch-wide std), two PPO epochs, the k3 KL in the loss, token-mean: the step's token count.
+    {"advantage": "lite_ppo", "loss": "ppo", "loss_mode": "token_mean", "ppo_epochs": 2, "beta": 0.05,
+     "kl_mode": "loss", "kl_estimator": "k3"},
+], ids=["rloo-kl-reward-filtered", "lite-ppo-kl-loss"])
+def test_rl_two_processes_equal_one_given_the_same_samples(options, tiny_model_dir, tmp_path):
+    # The same samples whichever rank draws them (a hashing engine stands in for generation, whose
+    # batching and random streams do differ with the world size): then metrics and weights are equal.
+    base = {"model": str(tiny_model_dir), "reward": "uppercase_start", "preset": "tiny", "num_train": 16, "heldout_size": 8,
+            "prompt_template": "short", "k": 4, "prompts_per_step": 5, "max_steps": 3, "lr": 1e-2, "optimizer": "sgd",
+            "micro_batch_size": 3, "save_every": 2, "device": "cpu", "dtype": "float32", **options}
+    run_rl_script(tmp_path, {**base, "output_dir": str(tmp_path / "one")}, 1)
+    run_rl_script(tmp_path, {**base, "output_dir": str(tmp_path / "two")}, 2)
+    assert_same_rl_run(tmp_path / "one", tmp_path / "two")
+    records = read_metrics(tmp_path / "two" / "metrics.jsonl")
+    assert any(r["update/rows_frac"] > 0 for r in records)
+    if options.get("filter_groups"):
+        assert any(r["groups/kept"] < r["groups/tried"] for r in records), records  # some groups were dropped
+    moved, start = load_weights(tmp_path / "two" / "model"), load_weights(tiny_model_dir)
+    assert any(not torch.equal(moved[k], start[k]) for k in start)
+    assert (tmp_path / "two" / "checkpoints" / "step-00000002").is_dir()
+
+
+def test_rl_refuses_fsdp2():
+    from rlft.recipes.rl import RLConfig
+    from rlft.validation import OptionError
+
+    with pytest.raises(OptionError, match="--distributed ddp only"):
+        RLConfig(distributed="fsdp2")

@@ -273,7 +273,7 @@ def test_resume_reproduces_uninterrupted_run(tiny_model_dir, pairs_file, tmp_pat
 
     cfg_b = make_cfg(tiny_model_dir, pairs_file, tmp_path / "run-b")
     with pytest.MonkeyPatch.context() as mp:
-        interrupt_after_checkpoints(mp, dpo_recipe, 2)
+        interrupt_after_checkpoints(mp, 2)
         with pytest.raises(KeyboardInterrupt):
             train_dpo(cfg_b)
     assert latest_checkpoint(cfg_b.output_dir).name == "step-00000004"

@@ -262,7 +262,6 @@ def test_rm_recipe_learns_marker_and_reloads(tiny_model_dir, data_files, tmp_pat
 
 
 def test_rm_recipe_resume_matches_uninterrupted_run(tiny_model_dir, data_files, tmp_path):
-    import rlft.recipes.reward_model as rm_recipe
     from rlft.recipes.reward_model import train_rm
 
     train, _ = data_files
@@ -271,7 +270,7 @@ def test_rm_recipe_resume_matches_uninterrupted_run(tiny_model_dir, data_files, 
 
     cfg_b = rm_config(tiny_model_dir, train, tmp_path / "b", **short)
     with pytest.MonkeyPatch.context() as mp:
-        interrupt_after_checkpoints(mp, rm_recipe, 2)
+        interrupt_after_checkpoints(mp, 2)
         with pytest.raises(KeyboardInterrupt):
             train_rm(cfg_b)
     assert latest_checkpoint(tmp_path / "b").name == "step-00000004"

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import rlft.recipes.rl as rl_recipe
 from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.losses.pg import rloo_advantages
 from rlft.recipes.rloo import (
@@ -301,7 +300,7 @@ def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatc
     cfg_a, out_a = uninterrupted
     cfg = replace(cfg_a, output_dir=str(tmp_path / "b"))
     with monkeypatch.context() as mp:
-        interrupt_after_checkpoints(mp, rl_recipe, 2)
+        interrupt_after_checkpoints(mp, 2)
         with pytest.raises(KeyboardInterrupt):
             train_rloo(cfg)
     assert latest_checkpoint(tmp_path / "b").name == "step-00000004"

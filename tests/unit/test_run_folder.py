@@ -14,7 +14,6 @@ import pytest
 import torch
 import yaml
 
-import rlft.recipes.sft as sft_recipe
 from rlft.checkpoint import checkpoint_folders, checkpoint_problem, read_metrics
 from rlft.data.files import DataError
 from rlft.recipes.sft import train_sft
@@ -45,7 +44,7 @@ def interrupted_run(finished, tmp_path, monkeypatch) -> Path:
     """The finished run's config in a new folder, killed right after its 3rd checkpoint (step 6)."""
     cfg = replace(finished["cfg"], output_dir=str(tmp_path / "run"))
     with monkeypatch.context() as mp:
-        interrupt_after_checkpoints(mp, sft_recipe, 3)
+        interrupt_after_checkpoints(mp, 3)
         with pytest.raises(KeyboardInterrupt):
             train_sft(cfg)
     assert [c.name for c in checkpoint_folders(cfg.output_dir)] == ["step-00000006", "step-00000004", "step-00000002"]

@@ -124,7 +124,7 @@ def test_saved_model_reloads_to_identical_logits(run_a, smol_tokenizer):
 
 def _interrupt_after_second_checkpoint(monkeypatch):
     """KeyboardInterrupt right after the 2nd checkpoint (step 4) has been written."""
-    interrupt_after_checkpoints(monkeypatch, sft_recipe, 2)
+    interrupt_after_checkpoints(monkeypatch, 2)
     return 4, 4  # last checkpoint step, last logged step at the interruption
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from rlft import distributed
-from rlft.checkpoint import MetricsLog, checkpoint_folders, checkpoint_problem, count_metrics, read_trainer_state, restore_trainer_state
+from rlft.checkpoint import MetricsLog, checkpoint_folders, save_checkpoint, checkpoint_problem, count_metrics, read_trainer_state, restore_trainer_state
 from rlft.models import DeviceSpec, load_model
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
 
@@ -147,7 +147,7 @@ def prepare_training(
     scheduler = make_scheduler(schedule, optim, warmup_steps, total_steps)
     start_step = 0
     if ckpt is not None:
-        restore_trainer_state(state, optim, scheduler)
+        restore_trainer_state(state, optim, scheduler, model)
         start_step = state["step"]
         log.info("resuming from %s at step %d", ckpt, start_step)
     if distributed.is_main():
@@ -196,13 +196,39 @@ class NullMetricsLog:
 
 
 def optimizer_step(setup: TrainingSetup, max_grad_norm: float) -> dict[str, float]:
-    """Sum gradients over ranks (torchrun only: :func:`rlft.distributed.sum_gradients`), clip them, step
-    optimizer and scheduler, zero gradients; returns lr used and grad norm (of the summed gradient)."""
+    """Sum gradients over ranks (torchrun with DDP: :func:`rlft.distributed.sum_gradients`; FSDP2 has
+    already reduce-scattered them, summed, in the backward pass), clip them, step optimizer and
+    scheduler, zero gradients; returns lr used and grad norm (of the summed gradient)."""
     params = [p for p in setup.model.parameters() if p.requires_grad]
-    distributed.sum_gradients(params)
+    if not distributed.sharded(setup.model):
+        distributed.sum_gradients(params)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: the norm of the whole gradient
+        grad_norm = grad_norm.full_tensor()
     lr = setup.scheduler.get_last_lr()[0]  # the rate this step applies
     setup.optimizer.step()
     setup.scheduler.step()
     setup.optimizer.zero_grad(set_to_none=True)
     return {"lr": lr, "grad_norm": float(grad_norm)}
+
+
+def save_training_checkpoint(setup: TrainingSetup, run_dir: Path, step: int, tokenizer, *, keep: int, config) -> None:
+    """:func:`rlft.checkpoint.save_checkpoint` of ``setup`` at ``step``, written by rank 0. Call it on every
+    rank: a sharded model's full weights and optimizer state are gathered first (collective,
+    :func:`rlft.distributed.full_state_dicts`); then every rank waits for the write (barrier)."""
+    model_state, optimizer_state = distributed.full_state_dicts(setup.model, setup.optimizer)
+    if distributed.is_main():
+        save_checkpoint(run_dir, step, setup.model, tokenizer, setup.optimizer, setup.scheduler, keep=keep, config=config,
+                        model_state=model_state, optimizer_state=optimizer_state)
+    distributed.barrier()
+
+
+def save_final(run_dir: Path, model: torch.nn.Module, tokenizer) -> Path:
+    """:func:`rlft.lora.save_final_model` by rank 0; returns ``run_dir/model``. Call it on every rank: a sharded
+    model's full weights are gathered first (collective). No barrier after it (the recipes write more files)."""
+    model_state, _ = distributed.full_state_dicts(model)
+    if distributed.is_main():
+        from rlft.lora import save_final_model
+
+        return save_final_model(run_dir, model, tokenizer, state_dict=model_state)
+    return Path(run_dir) / "model"

@@ -60,7 +60,6 @@ from typing import Callable, Literal
 import torch
 
 from rlft import distributed
-from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data import preferences
 from rlft.data.chat import ensure_chat_template
@@ -71,9 +70,10 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
-from rlft.lora import LoRAOptions, save_final_model
+from rlft.lora import LoRAOptions
 from rlft.options import DistributedOptions, MemoryOptions, PackingOptions
-from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
+from rlft.recipes.common import (batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
+                                 save_training_checkpoint, write_run_config)
 from rlft.validation import OptionError, validate_options
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.tracking import attach_tracker
@@ -177,6 +177,7 @@ class DPOConfig(LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_lora()
+        self._check_distributed()
         _validate(self)
 
 
@@ -593,18 +594,19 @@ def train_dpo(cfg: DPOConfig) -> Path:
             indices = length_grouped(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed),
                                      lambda i: max(len(pairs[i].chosen.input_ids), len(pairs[i].rejected.input_ids)), cfg.micro_batch_size)
             num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)  # of the global batch
-            local = distributed.shard(indices)  # this rank's pairs (all of them in one process)
             sums: dict[str, float] = {}
             seen = 0
-            for start in range(0, len(local), cfg.micro_batch_size):
-                idx = local[start : start + cfg.micro_batch_size]
-                weight = len(idx) / len(indices)  # micro-batch means, weighted, add up to the batch mean
+            # This rank's pairs (all of them in one process); FSDP2 adds zero-weight filler passes.
+            for idx, real in distributed.padded_micro_batches(indices, cfg.micro_batch_size, distributed.sharded(model)):
+                weight = len(idx) / len(indices) if real else 0.0  # micro-batch means, weighted, add up to the batch mean
                 policy = pair_logprobs(model, [pairs[i] for i in idx], tokenizer.pad_token_id, spec.device, **forward)
                 ref_mb = {k: v[idx].to(spec.device) for k, v in ref.items()}
                 # Token-mean over the whole batch's chosen tokens, divided by the weight that scales the loss.
-                chosen_nll = -aggregate(policy.chosen_token_logps, policy.chosen_mask, num_tokens=num_chosen_tokens) / weight
+                chosen_nll = -aggregate(policy.chosen_token_logps, policy.chosen_mask, num_tokens=num_chosen_tokens) / (weight or 1.0)
                 loss, metrics = loss_fn(policy, ref_mb, chosen_nll)
                 (loss * weight).backward()
+                if not real:
+                    continue
                 for key, value in {"loss": loss.item(), **metrics}.items():
                     sums[key] = sums.get(key, 0.0) + weight * value
                 seen += sum(len(pairs[i].chosen.input_ids) + len(pairs[i].rejected.input_ids) for i in idx)
@@ -618,14 +620,11 @@ def train_dpo(cfg: DPOConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                if distributed.is_main():
-                    save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
-                distributed.barrier()
+                save_training_checkpoint(setup, run_dir, step + 1, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
     if tracker is not None:
         tracker.close()
-    final = run_dir / "model"
+    final = save_final(run_dir, model, tokenizer)
     if distributed.is_main():
-        final = save_final_model(run_dir, model, tokenizer)
         write_run_config(run_dir, cfg)
         console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
     distributed.barrier()

@@ -44,15 +44,15 @@ from typing import Literal
 import torch
 
 from rlft import distributed
-from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data.packing import default_pack_length, pack_examples
 from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
-from rlft.lora import LoRAOptions, save_final_model
+from rlft.lora import LoRAOptions
 from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions
-from rlft.recipes.common import TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
+from rlft.recipes.common import (TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
+                                 save_training_checkpoint, write_run_config)
 from rlft.validation import OptionError, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
@@ -161,6 +161,7 @@ class RMConfig(LoRAOptions, CheckpointingOptions, PackingOptions, DistributedOpt
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_lora()
+        self._check_distributed()
         _validate(self)
 
 
@@ -330,7 +331,8 @@ def train_rm(cfg: RMConfig) -> Path:
 
     Under torchrun each rank trains on its :func:`rlft.distributed.shard` of every step's pairs, each
     micro-batch weighted by its share of the *whole* step's pairs, gradients summed over ranks, so the run
-    equals the one-process run (up to float rounding); rank 0 alone evaluates and writes every file."""
+    equals the one-process run (up to float rounding); rank 0 alone evaluates (with FSDP2 every rank
+    evaluates the whole held-out set with it, as every forward is collective) and writes every file."""
     check_scale_options(cfg)
     _validate(cfg)
     distributed.init(cfg.device)  # under torchrun only
@@ -364,6 +366,8 @@ def train_rm(cfg: RMConfig) -> Path:
     log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (micro-batch %d) on %s/%s",
              len(train), len(heldout), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
 
+    sharded = distributed.sharded(model)  # FSDP2: every forward is collective, so every rank evaluates too
+
     def run_eval() -> dict[str, float] | None:
         return (evaluate(model, heldout, pad_id, spec.device, cfg.eval_batch_size, packing=cfg.packing, pack_length=cfg.pack_length)
                 if heldout else None)
@@ -375,16 +379,18 @@ def train_rm(cfg: RMConfig) -> Path:
             t0 = time.perf_counter()
             indices = length_grouped(batch_indices(step, len(train), cfg.batch_size, cfg.seed),
                                      lambda i: max(len(train[i].chosen.input_ids), len(train[i].rejected.input_ids)), cfg.micro_batch_size)
-            local = distributed.shard(indices)  # this rank's pairs (all of them in one process)
             sums: dict[str, float] = {}
             seen = 0
-            for start in range(0, len(local), cfg.micro_batch_size):
-                chunk = [train[i] for i in local[start : start + cfg.micro_batch_size]]
-                weight = len(chunk) / len(indices)  # weighted micro-batch means add up to the batch mean
+            # This rank's pairs (all of them in one process); FSDP2 adds zero-weight filler passes.
+            for idx, real in distributed.padded_micro_batches(indices, cfg.micro_batch_size, sharded):
+                chunk = [train[i] for i in idx]
+                weight = len(chunk) / len(indices) if real else 0.0  # weighted micro-batch means add up to the batch mean
                 chosen, rejected = pair_rewards(model, chunk, pad_id, spec.device, packing=cfg.packing, pack_length=cfg.pack_length)
                 margin = torch.tensor([e.margin for e in chunk], device=chosen.device) if cfg.margin_scale else None
                 loss, metrics = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
                 (loss * weight).backward()
+                if not real:
+                    continue
                 for key, value in {"loss": loss.item(), **metrics}.items():
                     sums[key] = sums.get(key, 0.0) + weight * value
                 seen += sum(len(e.chosen.input_ids) + len(e.rejected.input_ids) for e in chunk)
@@ -397,24 +403,25 @@ def train_rm(cfg: RMConfig) -> Path:
                       "tokens": seen, "tokens_per_s": seen / elapsed}
             info = f"loss {sums['loss']:.4f}  acc {sums['rm/accuracy']:.2f}"
             is_last = step + 1 == total_steps
-            if heldout and distributed.is_main() and (is_last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)):
+            if heldout and (distributed.is_main() or sharded) and (is_last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)):
                 last_eval = run_eval()
                 record.update({f"eval/{k}": v for k, v in last_eval.items() if k != "n"})
                 info += f"  eval acc {last_eval['accuracy']:.3f}"
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=info)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and not is_last:
-                if distributed.is_main():
-                    save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
-                distributed.barrier()
+                save_training_checkpoint(setup, run_dir, step + 1, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
     if tracker is not None:
         tracker.close()
-    if not distributed.is_main():
+    if not distributed.is_main() and not sharded:
         distributed.barrier()  # rank 0 evaluates and writes the model and eval.json
         return run_dir / "model"
     if heldout and last_eval is None:  # resumed a run that had already finished its steps
         last_eval = run_eval()
-    final = save_final_model(run_dir, model, tokenizer)
+    final = save_final(run_dir, model, tokenizer)
+    if not distributed.is_main():  # FSDP2: this rank took part in the evaluation and the gathering of the weights
+        distributed.barrier()
+        return final
     write_run_config(run_dir, cfg)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
     summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"loaded": loaded, "train": train_counts, "eval": eval_counts}}

@@ -65,15 +65,17 @@ from typing import Callable, Literal
 
 import torch
 
-from rlft.checkpoint import read_metrics, save_checkpoint
+from rlft import distributed
+from rlft.checkpoint import read_metrics
 from rlft.console import console, training_progress
-from rlft.lora import LoRAOptions, adapters_disabled, merged_copy, save_final_model
-from rlft.options import MemoryOptions
+from rlft.lora import LoRAOptions, adapters_disabled, merged_copy
+from rlft.options import DistributedOptions, MemoryOptions
 from rlft.losses.advantages import ADVANTAGES, raft_advantages
 from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
-from rlft.ops import masked_mean, masked_sum
-from rlft.recipes.common import batch_indices, claim_run_dir, optimizer_step, prepare_training, write_run_config
+from rlft.ops import masked_sum
+from rlft.recipes.common import (batch_indices, claim_run_dir, optimizer_step, prepare_training, save_final, save_training_checkpoint,
+                                 write_run_config)
 from rlft.recipes.memory import enable_gradient_checkpointing
 from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import batch_logprobs, generation_seed, gradient_rows, policy_loss_backward, rollout_batch, take_rows
@@ -84,7 +86,7 @@ from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import HFEngine
 from rlft.tracking import attach_tracker
 from rlft.tasks.countdown.prompts import adds_special_tokens
-from rlft.validation import require, validate_options
+from rlft.validation import UsageError, require, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -97,7 +99,7 @@ LossMode = Literal["seq_sum", "seq_mean", "token_mean"]
 
 
 @dataclass(frozen=True)
-class RLConfig(LoRAOptions, MemoryOptions):
+class RLConfig(LoRAOptions, MemoryOptions, DistributedOptions):
     """RL fine-tuning (one loop; advantage estimator and policy loss chosen by name) on Countdown prompts with the
     rule reward, or on chat prompts with a reward model or remote judge."""
 
@@ -271,6 +273,8 @@ class RLConfig(LoRAOptions, MemoryOptions):
     def __post_init__(self) -> None:
         validate_options(self)  # types, counts >= 1, rates > 0, coefficients >= 0, known presets/templates
         self._check_lora()
+        require(self.distributed == "ddp", "the RL loop takes --distributed ddp only: FSDP2 would make every generation "
+                "step collective, and each rank samples prompts of its own")
         require(self.k >= 2 or self.advantage in ("reinforce",) or (self.advantage == "raft" and self.raft_threshold is not None),
                 f"--advantage {self.advantage} needs --k >= 2 samples per prompt (a group baseline or a best sample), got {self.k}")
         require(self.temperature > 0, f"--temperature must be > 0 (RL samples; log-probs at temperature 0 are undefined), got {self.temperature}")
@@ -292,12 +296,17 @@ def advantage_function(cfg: RLConfig) -> Callable[[torch.Tensor], torch.Tensor]:
 
 @dataclass
 class StepSamples:
-    """The groups a step trains on, and what sampling them cost."""
+    """The groups a step trains on, and what sampling them cost.
+
+    ``B`` counts the step's kept groups on every rank together; under torchrun a rank holds the prompts and
+    samples of its own groups only (``local``), but every rank knows the rewards of all ``B``."""
 
     prompts: list[RLPrompt]
-    """``B`` prompts whose groups are trained on."""
+    """This rank's kept prompts (all ``B`` in one process), in the order of ``local``."""
     samples: list[list[Sample]]
-    """``B`` lists of ``k`` samples."""
+    """Their lists of ``k`` samples."""
+    local: list[int]
+    """Positions in ``0..B-1`` of this rank's groups (``range(B)`` in one process)."""
     raw: torch.Tensor
     """``(B, k)`` raw rewards of the kept groups."""
     truncated: torch.Tensor
@@ -305,6 +314,8 @@ class StepSamples:
     all_raw: torch.Tensor
     """``(G, k)`` raw rewards of every group sampled this step (G >= B)."""
     generate_s: float
+    completion_tokens: int = 0
+    """Tokens this rank generated this step."""
 
 
 def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], engine, sampling: SamplingParams, reward: Reward) -> StepSamples:
@@ -315,39 +326,69 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], engine, sampl
     ``step * max_prompt_batches + j`` (a pure function of the step, so a resumed run samples the same
     groups), keeping varied groups until ``prompts_per_step`` are found or ``max_prompt_batches`` batches
     were tried.
+
+    Under torchrun every rank takes the same batch of prompts and samples its :func:`rlft.distributed.shard`
+    of it (whole groups; seeded per rank), scores them, and the ``(groups, k)`` rewards are gathered on every
+    rank (:func:`rlft.distributed.gather_rows`), so the filtering decision, and the kept groups, are those of
+    one process given the same samples.
     """
     k = cfg.k
+    kept = 0
     kept_prompts: list[RLPrompt] = []
     kept_samples: list[list[Sample]] = []
+    local: list[int] = []
     kept_raw, kept_trunc, all_raw = [], [], []
     generate_s = 0.0
+    completion_tokens = 0
     batches = cfg.max_prompt_batches if cfg.filter_groups else 1
     for j in range(batches):
         virtual = step * cfg.max_prompt_batches + j if cfg.filter_groups else step
         chosen = batch_indices(virtual, len(prompts), cfg.prompts_per_step, cfg.seed)
-        batch_prompts = [prompts[i] for i in chosen]
+        mine = distributed.shard(list(range(len(chosen))))  # this rank's groups of the batch (all in one process)
+        batch_prompts = [prompts[chosen[b]] for b in mine]
         t0 = time.perf_counter()
-        samples = engine.generate([p.text for p in batch_prompts], replace(sampling, seed=generation_seed(cfg.seed, virtual)))
+        seed = generation_seed(cfg.seed, virtual, distributed.rank())
+        samples = engine.generate([p.text for p in batch_prompts], replace(sampling, seed=seed)) if mine else []
         generate_s += time.perf_counter() - t0
         flat = [s for row in samples for s in row]
-        scores = reward.fn([p for p in batch_prompts for _ in range(k)], [s.text for s in flat])
+        completion_tokens += sum(len(s.completion_ids) for s in flat)
+        scores = reward.fn([p for p in batch_prompts for _ in range(k)], [s.text for s in flat]) if flat else []
         if len(scores) != len(flat):
             raise ValueError(f"the reward returned {len(scores)} scores for {len(flat)} completions")
         raw = torch.tensor(scores, dtype=torch.float32).view(len(batch_prompts), k)
         truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
+        raw, truncated = (distributed.gather_rows(t, mine, len(chosen)) for t in (raw, truncated))  # (len(chosen), k)
         all_raw.append(raw)
-        keep = varied_groups(shaped_rewards(cfg, raw, truncated)) if cfg.filter_groups else torch.ones(len(batch_prompts), dtype=torch.bool)
+        keep = varied_groups(shaped_rewards(cfg, raw, truncated)) if cfg.filter_groups else torch.ones(len(chosen), dtype=torch.bool)
         for b in keep.nonzero().squeeze(1).tolist():
-            if len(kept_prompts) < cfg.prompts_per_step:
-                kept_prompts.append(batch_prompts[b])
-                kept_samples.append(samples[b])
+            if kept < cfg.prompts_per_step:
+                if b in mine:
+                    local.append(kept)
+                    kept_prompts.append(batch_prompts[mine.index(b)])
+                    kept_samples.append(samples[mine.index(b)])
                 kept_raw.append(raw[b])
                 kept_trunc.append(truncated[b])
-        if len(kept_prompts) >= cfg.prompts_per_step:
+                kept += 1
+        if kept >= cfg.prompts_per_step:
             break
     empty = torch.zeros(0, k)
-    return StepSamples(kept_prompts, kept_samples, torch.stack(kept_raw) if kept_raw else empty,
-                       torch.stack(kept_trunc) if kept_trunc else empty, torch.cat(all_raw), generate_s)
+    return StepSamples(kept_prompts, kept_samples, local, torch.stack(kept_raw) if kept_raw else empty,
+                       torch.stack(kept_trunc) if kept_trunc else empty, torch.cat(all_raw), generate_s, completion_tokens)
+
+
+def reduce_loss_metrics(metrics: dict[str, float], tokens: float) -> dict[str, float]:
+    """Combine :func:`rlft.rl.batch.policy_loss_backward`'s metrics over ranks (unchanged in one process): the
+    losses (already divided by the whole step's normalisers) are summed, ``pg/clipfrac`` and ``pg/ratio_mean``
+    are weighted by each rank's ``tokens`` (target tokens of its updated rows), as one process weights its
+    micro-batches. No tokens anywhere: clipfrac 0, ratio 1."""
+    if not distributed.active():
+        return metrics
+    weighted = {key: value * tokens if key.startswith("pg/") else value for key, value in metrics.items()}
+    sums = distributed.all_reduce_sums({**weighted, "__tokens": tokens})
+    total = sums.pop("__tokens")
+    out = {key: (value / total if total else (1.0 if key == "pg/ratio_mean" else 0.0)) if key.startswith("pg/") else value
+           for key, value in sums.items()}
+    return out
 
 
 def shaped_rewards(cfg: RLConfig, raw: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
@@ -363,7 +404,20 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
 
     ``reward_fn`` overrides the configured reward (a rule function ``(prompts, completions,
     ground_truths)``, for programmatic use and tests; see :func:`rlft.rl.rewards.make_reward`).
+
+    Under torchrun (``--distributed ddp``) each rank samples, scores and trains on its share of every step's
+    groups (:func:`sample_step`); the advantages come from every rank's rewards, the loss is divided by the
+    whole step's sample and token counts, gradients are summed over ranks and metrics are sums over ranks,
+    so given the same samples the update is the one-process update (up to float rounding). The samples
+    themselves differ from a one-process run's (each rank draws from its own seeded stream, and generation
+    batches other prompts together). Rank 0 alone evaluates and writes every file.
+
+    Raises:
+        UsageError: ``--rollout-engine vllm`` under torchrun.
     """
+    distributed.init(cfg.device)  # under torchrun only
+    if distributed.active() and cfg.rollout_engine != "hf":
+        raise UsageError("the RL loop under torchrun samples with --rollout-engine hf only")
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
@@ -390,7 +444,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     lora = cfg.lora_settings()
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * optimizer_steps), total_steps=optimizer_steps,
-                             optimizer=cfg.optimizer, lora=lora)
+                             optimizer=cfg.optimizer, lora=lora, distributed_strategy=cfg.distributed)
     model, start_step = setup.model, setup.start_step
     # The reference is the initial policy, never a checkpoint of this run: with LoRA the same model with its
     # adapters off (no second copy), else a fresh load.
@@ -435,49 +489,55 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
              cfg.beta, reward.kind, "; group filtering" if cfg.filter_groups else "", f"; LoRA r={lora.r}" if lora else "")
 
     sync_sampler()
-    if evaluate_on and start_step == 0 and cfg.eval_at_start:
+    if evaluate_on and start_step == 0 and cfg.eval_at_start and distributed.is_main():
         setup.metrics.log({"step": 0, "samples/total": 0, **source.evaluate(engine)})
 
     with training_progress("rl") as progress:
         bar = progress.add_task("rl", total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
-            # 1-2. This step's groups (filtered and refilled with --filter-groups) and their raw rewards.
+            # 1-2. This step's groups (filtered and refilled with --filter-groups) and their raw rewards: B groups
+            # on all ranks together, this rank's at positions got.local (all of them in one process).
             got = sample_step(cfg, step, prompts, engine, sampling, reward)
-            B, k = len(got.prompts), cfg.k
+            B, k, local = got.raw.shape[0], cfg.k, got.local
             generated = got.all_raw.numel()
             samples_total += generated
-            rewards = shaped_rewards(cfg, got.raw, got.truncated)
+            rewards = shaped_rewards(cfg, got.raw, got.truncated)  # (B, k)
             record: dict[str, float] = {"step": step + 1}
             t1 = time.perf_counter()
-            if B:
+            flat, rows, mask = [], torch.zeros(0, dtype=torch.long), torch.zeros(0, 1)
+            old_logprobs = ref_logprobs = None
+            kl_rewards = torch.zeros(0, k)
+            if local:
                 step_texts = [p.text for p in got.prompts]
                 flat = [s for row in got.samples for s in row]
                 # 3. Log-probs before the update: reference, and the sampling policy when needed.
                 batch = rollout_batch(tokenizer, step_texts, got.samples, add_special_tokens=engine.add_special_tokens).to(spec.device)
                 mask = batch.loss_mask
                 ref_logprobs = reference_logprobs(batch) if use_ref else None
-                old_logprobs = None
                 if cfg.ppo_epochs > 1 or kl_in_reward:
                     old_logprobs = batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk)
-                # 4. KL in the reward (the RLOO paper): R_i - beta * sum_t kl_t, before the advantages.
                 if kl_in_reward:
                     kl_seq = masked_sum(kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator), mask, dim=-1)
-                    rewards = rewards - cfg.beta * kl_seq.view(B, k).cpu()
-                # 5. Advantages.
-                advantages = advantage_fn(rewards)  # (B, k)
-                flat_adv = advantages.flatten().to(spec.device)
+                    kl_rewards = cfg.beta * kl_seq.view(len(local), k).cpu()
+            # 4. KL in the reward (the RLOO paper): R_i - beta * sum_t kl_t, before the advantages (every group's).
+            if kl_in_reward and B:
+                rewards = rewards - distributed.gather_rows(kl_rewards, local, B)
+            # 5. Advantages, per group (or over the whole batch, lite_ppo) from every rank's rewards.
+            advantages = advantage_fn(rewards) if B else torch.zeros(0, k)  # (B, k)
+            if local:
+                flat_adv = advantages[local].flatten().to(spec.device)
                 if cfg.loss in ("raft", "raft++"):
                     flat_adv = (flat_adv > 0).to(flat_adv.dtype)  # the selection: rows with weight 0 are skipped
                 # 6. Update on the rows that carry gradient; the loss keeps the full step's normalisers.
                 rows = gradient_rows(flat_adv, kl_coef, cfg.entropy_coef)
                 sub = take_rows(batch, rows)
-            else:
-                flat, rows, mask, advantages = [], torch.zeros(0, dtype=torch.long), torch.zeros(0, 1), torch.zeros(0, k)
-                old_logprobs = ref_logprobs = None
+            num_tokens = distributed.all_reduce_sum(float(mask.sum()))  # completion tokens of the whole step
+            rows_total = int(distributed.all_reduce_sum(len(rows)))
             epoch_metrics = []
             update_logprobs = None
             for epoch in range(cfg.ppo_epochs):
+                loss_metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "loss/entropy": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 1.0}
                 if len(rows):
                     loss_metrics, logprobs = policy_loss_backward(
                         model, sub, flat_adv[rows],
@@ -485,21 +545,36 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                         old_logprobs=old_logprobs[rows] if cfg.ppo_epochs > 1 else None, loss_fn=loss_fn,
                         clip_low=clip_low, clip_high=clip_high, entropy_coef=cfg.entropy_coef,
                         ref_logprobs=ref_logprobs[rows] if ref_logprobs is not None else None, kl_coef=kl_coef,
-                        kl_estimator=cfg.kl_estimator, num_sequences=len(flat), num_tokens=float(mask.sum()),
+                        kl_estimator=cfg.kl_estimator, num_sequences=B * k, num_tokens=num_tokens,
                         logits_chunk_size=chunk,
                     )  # fmt: skip
                     if epoch == 0:
                         update_logprobs = logprobs  # the sampling policy's log-probs of the updated rows
-                else:  # nothing to learn from: a zero gradient (AdamW still applies its momentum, as it would)
-                    loss_metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "loss/entropy": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 1.0}
+                elif rows_total == 0:  # nothing to learn from: a zero gradient (AdamW still applies its momentum, as it would)
                     for p in model.parameters():
                         if p.requires_grad:
                             p.grad = torch.zeros_like(p)
+                loss_metrics = reduce_loss_metrics(loss_metrics, float(sub.loss_mask.sum()) if len(rows) else 0.0)
                 epoch_metrics.append({**loss_metrics, **optimizer_step(setup, cfg.max_grad_norm)})
             sync_sampler()  # the next rollout (and evaluation) samples from the updated policy
             update_s = time.perf_counter() - t1
 
-            # 7. Metrics.
+            # 7. Metrics (sums over ranks of this rank's counts; the rewards are every rank's already).
+            if old_logprobs is not None:  # all rows when a no-grad pass computed them, else the updated rows
+                seen_logprobs, seen_mask, seen_ref = old_logprobs, mask, ref_logprobs
+            elif update_logprobs is not None:
+                seen_logprobs, seen_mask = update_logprobs, sub.loss_mask
+                seen_ref = ref_logprobs[rows] if ref_logprobs is not None else None
+            else:
+                seen_logprobs = seen_mask = seen_ref = None
+            counts = {"rows": len(rows), "update_tokens": float(batch.attention_mask.sum()) if local else 0.0,
+                      "generated_tokens": got.completion_tokens, "seen_tokens": 0.0, "logprob_sum": 0.0, "kl_sum": 0.0, "kl_rows": 0.0}
+            if seen_mask is not None:
+                counts.update(seen_tokens=float(seen_mask.sum()), logprob_sum=float(masked_sum(seen_logprobs, seen_mask)))
+                if seen_ref is not None:
+                    counts.update(kl_sum=float(masked_sum(kl_penalty(seen_logprobs, seen_ref, cfg.kl_estimator), seen_mask, dim=-1).sum()),
+                                  kl_rows=float(seen_mask.shape[0]))
+            counts = distributed.all_reduce_sums(counts)
             all_raw = got.all_raw
             record.update({
                 "reward/mean": all_raw.mean().item(),
@@ -510,37 +585,29 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 "groups/kept": B,
                 "samples/step": generated,
                 "samples/total": samples_total,
-                "update/rows_frac": len(rows) / max(len(flat), 1),
+                "update/rows_frac": counts["rows"] / max(B * k, 1),
             })  # fmt: skip
             if B:
-                completion_tokens = float(mask.sum())
-                if old_logprobs is not None:  # all rows when a no-grad pass computed them, else the updated rows
-                    seen_logprobs, seen_mask, seen_ref = old_logprobs, mask, ref_logprobs
-                elif update_logprobs is not None:
-                    seen_logprobs, seen_mask = update_logprobs, sub.loss_mask
-                    seen_ref = ref_logprobs[rows] if ref_logprobs is not None else None
-                else:
-                    seen_logprobs = seen_mask = seen_ref = None
                 record.update({
                     "reward/shaped_mean": rewards.mean().item(),
                     "adv/mean": advantages.mean().item(),
                     "adv/std": advantages.std(unbiased=False).item(),
-                    "completion/mean_tokens": completion_tokens / len(flat),
+                    "completion/mean_tokens": num_tokens / (B * k),
                     "completion/truncated_frac": got.truncated.mean().item(),
-                    "tokens_per_s/update": float(batch.attention_mask.sum()) / max(update_s, 1e-9),
+                    "tokens_per_s/update": counts["update_tokens"] / max(update_s, 1e-9),
                 })  # fmt: skip
-                if seen_mask is not None and seen_mask.sum() > 0:
-                    record["entropy"] = -masked_mean(seen_logprobs, seen_mask).item()
-                    if seen_ref is not None:
-                        record["kl/mean"] = masked_sum(kl_penalty(seen_logprobs, seen_ref, cfg.kl_estimator), seen_mask, dim=-1).mean().item()
-                record["tokens_per_s/generate"] = sum(len(s.completion_ids) for row in got.samples for s in row) / max(got.generate_s, 1e-9)
+                if counts["seen_tokens"] > 0:
+                    record["entropy"] = -counts["logprob_sum"] / counts["seen_tokens"]
+                    if counts["kl_rows"] > 0:
+                        record["kl/mean"] = counts["kl_sum"] / counts["kl_rows"]
+                record["tokens_per_s/generate"] = counts["generated_tokens"] / max(got.generate_s, 1e-9)
             for key in ("loss/policy", "loss/kl", "loss/entropy", "pg/clipfrac", "pg/ratio_mean", "grad_norm"):
                 if (key != "loss/kl" or kl_coef > 0) and (key != "loss/entropy" or cfg.entropy_coef > 0):
                     record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
             record.update({"lr": epoch_metrics[0]["lr"], "time/generate_s": got.generate_s, "time/update_s": update_s})
-            if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
+            if evaluate_on and distributed.is_main() and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
                 t2 = time.perf_counter()
-                record.update(source.evaluate(engine))
+                record.update(source.evaluate(engine))  # rank 0 alone: the others go on to the next step's rollout
                 record["time/eval_s"] = time.perf_counter() - t2
             record["time/step_s"] = time.perf_counter() - t0  # the whole step: sampling, reward, update, evaluation
             setup.metrics.log(record)
@@ -549,10 +616,12 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 info += f"  groups {B}/{record['groups/tried']}"
             progress.update(bar, advance=1, info=info)
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
+                save_training_checkpoint(setup, run_dir, step + 1, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
     if tracker is not None:
         tracker.close()
-    final = save_final_model(run_dir, model, tokenizer)
-    write_run_config(run_dir, cfg)
-    console.print(f"[green]RL done[/]: model saved to {final}")
+    final = save_final(run_dir, model, tokenizer)
+    if distributed.is_main():
+        write_run_config(run_dir, cfg)
+        console.print(f"[green]RL done[/]: model saved to {final}")
+    distributed.barrier()
     return final

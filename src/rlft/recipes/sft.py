@@ -39,7 +39,6 @@ from typing import Literal
 import torch
 
 from rlft import distributed
-from rlft.checkpoint import save_checkpoint
 from rlft.console import console, training_progress
 from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
@@ -48,9 +47,10 @@ from rlft.data.packing import default_pack_length, pack_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
-from rlft.lora import LoRAOptions, save_final_model
+from rlft.lora import LoRAOptions
 from rlft.options import DistributedOptions, MemoryOptions, PackingOptions
-from rlft.recipes.common import batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, write_run_config
+from rlft.recipes.common import (batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
+                                 save_training_checkpoint, write_run_config)
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.tracking import attach_tracker
 from rlft.ops import sequence_logprobs
@@ -144,6 +144,7 @@ class SFTConfig(LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_lora()
+        self._check_distributed()
         require(self.batch_size % self.micro_batch_size == 0,
                 f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
 
@@ -370,14 +371,17 @@ def train_sft(cfg: SFTConfig) -> Path:
             indices = batch_indices(step, len(examples), cfg.batch_size, cfg.seed)
             chosen = [examples[i] for i in length_grouped(indices, lambda i: len(examples[i].input_ids), cfg.micro_batch_size)]
             num_tokens = sum(sum(e.loss_mask) for e in chosen)  # of the global batch, on every rank
-            chosen = distributed.shard(chosen)  # this rank's part (all of it in one process)
             loss_total, seen = 0.0, 0
-            for start in range(0, len(chosen), cfg.micro_batch_size):
-                logprobs, loss_mask, real = micro_batch_logprobs(model, chosen[start : start + cfg.micro_batch_size], tokenizer.pad_token_id, spec.device, cfg)
+            # This rank's part of the batch (all of it in one process); FSDP2 adds zero-loss filler passes.
+            for part, real in distributed.padded_micro_batches(chosen, cfg.micro_batch_size, distributed.sharded(model)):
+                logprobs, loss_mask, n = micro_batch_logprobs(model, part, tokenizer.pad_token_id, spec.device, cfg)
                 loss, _ = sft_loss(logprobs, loss_mask, num_tokens=num_tokens)
+                if not real:
+                    (loss * 0.0).backward()
+                    continue
                 loss.backward()
                 loss_total += loss.item()
-                seen += real
+                seen += n
             if distributed.active():
                 totals = distributed.all_reduce_sums({"loss": loss_total, "seen": seen})
                 loss_total, seen = totals["loss"], int(totals["seen"])
@@ -394,14 +398,11 @@ def train_sft(cfg: SFTConfig) -> Path:
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                if distributed.is_main():
-                    save_checkpoint(run_dir, step + 1, model, tokenizer, setup.optimizer, setup.scheduler, keep=cfg.keep_checkpoints, config=cfg)
-                distributed.barrier()
+                save_training_checkpoint(setup, run_dir, step + 1, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
     if tracker is not None:
         tracker.close()
-    final = run_dir / "model"
+    final = save_final(run_dir, model, tokenizer)
     if distributed.is_main():
-        final = save_final_model(run_dir, model, tokenizer)
         write_run_config(run_dir, cfg)
         console.print(f"[green]SFT done[/]: model saved to {final}")
     distributed.barrier()

@@ -91,6 +91,12 @@ def sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     Returns:
         ``(B,)`` float32 rewards (differentiable when grad is enabled).
     """
+    from rlft.distributed import root_call  # a plain call unless the model is sharded (FSDP2)
+
+    return root_call(model, _sequence_rewards, model, input_ids, attention_mask)
+
+
+def _sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     mask = attention_mask.long()
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # 0 at each row's first real token
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA: the adapted HF model
@@ -115,6 +121,12 @@ def packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.
         ``(N,)`` float32 rewards, equal to :func:`sequence_rewards` of the same sequences padded (up to
         float rounding).
     """
+    from rlft.distributed import root_call  # a plain call unless the model is sharded (FSDP2)
+
+    return root_call(model, _packed_sequence_rewards, model, input_ids, position_ids, last_index)
+
+
+def _packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
     from rlft.ops import packed_hidden_states
 
     hidden = packed_hidden_states(model.base_model, input_ids, position_ids)  # (R, L, H)

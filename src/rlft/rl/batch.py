@@ -17,9 +17,10 @@ from rlft.rollout.hf import encode_prompts
 from rlft.types import TokenBatch
 
 
-def generation_seed(seed: int, step: int) -> int:
-    """The sampling seed of a step: distinct per step, the same after a resume."""
-    return seed * 1_000_003 + step
+def generation_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The sampling seed of a step: distinct per step, the same after a resume; under torchrun, distinct per
+    rank too (each rank samples other prompts; rank 0's seed is the one-process seed)."""
+    return seed * 1_000_003 + step + rank * (1 << 40)
 
 
 def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *, add_special_tokens: bool = True) -> TokenBatch:

@@ -185,7 +185,7 @@ def test_collective_helpers_over_two_ranks(tmp_path):
     script.write_text(SUM_GRADIENTS_SCRIPT)
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                                 "--master-addr", "127.0.0.1", "--master-port", port, str(script)], env, 60)
+                                 "--master-addr", "127.0.0.1", "--master-port", port, str(script)], env, 300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "ok 0" in done.stdout and "ok 1" in done.stdout
 

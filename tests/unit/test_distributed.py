@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -63,7 +64,17 @@ def _launch(args_for_port, env: dict, timeout: int) -> subprocess.CompletedProce
     process took the just-freed port (the one race of ``_free_port``) is retried with a new port."""
     for _ in range(3):
         port = str(_free_port())
-        done = subprocess.run(args_for_port(port), env={**env, "MASTER_PORT": port}, capture_output=True, text=True, timeout=timeout)
+        args = args_for_port(port)
+        # a session of its own, so a timeout kills the workers too (killing torchrun alone leaves them behind)
+        with subprocess.Popen(args, env={**env, "MASTER_PORT": port}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) as proc:
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise
+        done = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
         if done.returncode == 0 or "address already in use" not in (done.stdout + done.stderr).lower():
             return done
     return done

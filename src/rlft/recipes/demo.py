@@ -81,8 +81,9 @@ class DemoConfig:
     num_train: int = 3000
     """SFT's fixed dataset: one solver trace for each of the first num_train training tasks."""
     sft_steps: int = 125
-    """SFT optimizer steps (the documented medium3 curve is flat from ~150 steps: 0.406 at 150, 0.397 at 300; 125
-    keeps the demo within its time budget)."""
+    """SFT optimizer steps (the documented medium3 curve of 300 cosine steps rises to ~200 steps: 0.375 at 150, 0.415
+    at 200 and 300 on 200 tasks; 125 steps of a 125-step schedule keep the demo within its time budget, so the
+    demo's SFT start is not the converged one of docs/results/countdown-medium3)."""
     batch_size: int = 16
     """SFT examples per step."""
     micro_batch_size: int = 16

@@ -79,12 +79,11 @@ REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "countdown
 def real_tasks(n_per_size: int) -> dict[str, list]:
     """The last ``n_per_size`` 3-number rows and the last ``n_per_size`` 4-number rows of the real
     Countdown-Tasks-3to4 file, as ``{"real3": [...], "real4": [...]}``; raises SystemExit when the file is absent."""
-    from rlft.tasks.countdown.loaders import load_countdown
+    from rlft.tasks.countdown.loaders import load_countdown, tail_by_size
 
     if not REAL_DATA.exists():
         raise SystemExit(f"--real needs {REAL_DATA} (Countdown-Tasks-3to4)")
-    tasks = load_countdown(str(REAL_DATA))
-    return {f"real{size}": [t for t in tasks if len(t.nums) == size][-n_per_size:] for size in (3, 4)}
+    return {f"real{size}": tasks for size, tasks in tail_by_size(load_countdown(str(REAL_DATA)), n_per_size).items()}
 
 
 def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, real: int = 0) -> dict:
@@ -100,7 +99,8 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, r
     if sampled:
         modes.append(("sampled", SamplingParams(k=4, temperature=0.6, top_p=0.95, max_new_tokens=MAX_NEW_TOKENS, seed=seed)))
     results = {}
-    task_sets = {mode: heldout(n) for mode, _ in modes}
+    held = heldout(n)
+    task_sets = {mode: held for mode, _ in modes}
     if real:
         greedy = modes[0][1]
         for name, rows in real_tasks(real).items():

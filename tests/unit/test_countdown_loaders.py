@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from rlft.rewards.countdown import compute_score
-from rlft.tasks.countdown.loaders import load_countdown
+from rlft.tasks.countdown.loaders import load_countdown, tail_by_size
 from rlft.tasks.countdown.prompts import base_prompt
 from rlft.types import CountdownTask
 
@@ -151,3 +151,13 @@ def test_hub_rows_are_loaded_with_start_and_limit(monkeypatch):
     tasks = load_countdown("Jiayi-Pan/Countdown-Tasks-3to4", split="train", start=1, limit=1)
     assert calls == [("Jiayi-Pan/Countdown-Tasks-3to4", "train")]
     assert tasks == [CountdownTask(nums=(63, 95, 96), target=64)]
+
+
+def test_tail_by_size_takes_the_last_rows_of_each_size_in_order():
+    tasks = [CountdownTask(nums=tuple(range(1, size + 1)), target=i) for i, size in enumerate([3, 4, 3, 3, 4, 4, 4])]
+    tails = tail_by_size(tasks, 2)
+    assert [t.target for t in tails[3]] == [2, 3]
+    assert [t.target for t in tails[4]] == [5, 6]
+    assert [t.target for t in tail_by_size(tasks, 10)[3]] == [0, 2, 3]  # fewer than n: all of them
+    assert tail_by_size(tasks, 0) == {3: [], 4: []}  # 0 is none, not the whole list ([-0:])
+    assert tail_by_size(tasks, 2, sizes=(5,)) == {5: []}

@@ -44,7 +44,7 @@ from rlft.validation import require, validate_options
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.generator import PRESETS, generate_tasks, make_splits
-from rlft.tasks.countdown.loaders import load_countdown
+from rlft.tasks.countdown.loaders import load_countdown, tail_by_size
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.types import CountdownTask
 
@@ -272,9 +272,7 @@ def eval_sets(cfg: DemoConfig) -> dict[str, list[CountdownTask]]:
         sets["standard (generated)"] = generate_tasks(PRESETS["standard"], cfg.standard_limit, seed=f"demo-standard-{cfg.split_seed}")
     real = _real_data_path(cfg)
     if real is not None and cfg.real_limit:
-        rows = load_countdown(str(real))
-        for count in (3, 4):  # the last rows of each size: the file's tail, never trained on by any stage
-            tasks = [t for t in rows if len(t.nums) == count][-cfg.real_limit :]
+        for count, tasks in tail_by_size(load_countdown(str(real)), cfg.real_limit).items():
             if tasks:
                 sets[f"Countdown-Tasks-3to4 (real), {count} numbers"] = tasks
     elif cfg.real_data == "auto":

@@ -142,3 +142,10 @@ def load_countdown(
     if bad:
         warnings.warn(f"skipped {len(bad)} invalid rows of {source} (first: {bad[0]})", stacklevel=2)
     return tasks
+
+
+def tail_by_size(tasks: list[CountdownTask], n: int, sizes: tuple[int, ...] = (3, 4)) -> dict[int, list[CountdownTask]]:
+    """The last ``n`` tasks with each count of numbers in ``sizes``, in file order: ``{3: [...], 4: [...]}``
+    (a size with no tasks maps to an empty list). Countdown-Tasks-3to4 mixes 3- and 4-number rows; its tail is
+    the part no rlft stage trains on, and the two sizes are reported separately."""
+    return {size: [t for t in tasks if len(t.nums) == size][-n:] if n else [] for size in sizes}

@@ -55,6 +55,11 @@ VARIANTS: dict[str, dict] = {
                                  lora_alpha=32.0, lr=5e-5),
     "grpo_filter_lora_1e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
                                  lora_alpha=32.0, lr=1e-4),
+    "grpo_filter_lora_5e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
+                                 lora_alpha=32.0, lr=5e-4),
+    "dapo_lora_3e4": dict(kind="rl", advantage="grpo", loss="ppo", clip_high=0.28, loss_mode="token_mean", filter_groups=True,
+                          ppo_epochs=2, lora_r=16, lora_alpha=32.0, lr=3e-4),
+    "grpo_filter_5e6": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lr=5e-6),
     "rloo_lora_5e5": dict(kind="rl", advantage="rloo", loss="reinforce", lora_r=16, lora_alpha=32.0, lr=5e-5),
     # preference optimisation on on-policy pairs (2 samples at T=1 per prompt, ties dropped)
     "dpo": dict(kind="dpo", loss_type="dpo", lr=1e-6),

@@ -57,6 +57,12 @@ VARIANTS: dict[str, dict] = {
                                  lora_alpha=32.0, lr=1e-4),
     "grpo_filter_lora_5e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
                                  lora_alpha=32.0, lr=5e-4),
+    # rollouts at T=0.6, nearer the greedy decoder the protocol scores: groups then disagree where the top candidates compete
+    "grpo_filter_lora_2e4_t06": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
+                                     lora_alpha=32.0, lr=2e-4, temperature=0.6, max_prompt_batches=4),
+    # more prompts per update, fewer samples each (32 x k=4, no refill: all-equal groups are skipped in the update)
+    "grpo_wide_lora_2e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", k=4, prompts_per_step=32,
+                               lora_r=16, lora_alpha=32.0, lr=2e-4),
     "dapo_lora_3e4": dict(kind="rl", advantage="grpo", loss="ppo", clip_high=0.28, loss_mode="token_mean", filter_groups=True,
                           ppo_epochs=2, lora_r=16, lora_alpha=32.0, lr=3e-4),
     "grpo_filter_5e6": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lr=5e-6),

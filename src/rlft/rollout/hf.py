@@ -106,19 +106,19 @@ class HFEngine:
             with self._rng(params.seed, self.model.device), torch.no_grad(), self._progress(len(rows)) as advance:
                 for chunk in chunks:
                     batch = [prompt_ids[rows[r]] for r in chunk]
-                    for r, sample in zip(chunk, self._generate_batch(batch, params, eos_ids, pad_id, synced)):
+                    for r, sample in zip(chunk, self._generate_batch(batch, params, eos_ids, pad_id)):
                         results[r] = sample
                     advance(len(chunk))
                 for _ in range(fillers):  # after this rank's own chunks: its samples do not depend on them
-                    self._generate_batch([[pad_id]], params, eos_ids, pad_id, synced)
+                    self._generate_batch([[pad_id]], params, eos_ids, pad_id)
         finally:
             self.model.train(was_training)
         return [results[b * params.k : (b + 1) * params.k] for b in range(len(prompts))]
 
     def _generate_batch(
-        self, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int, synced: bool = False
+        self, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int
     ) -> list[Sample]:
-        """Left-pad ``batch`` (lists of prompt ids), generate (``synced``: with ``synced_gpus``, every rank
+        """Left-pad ``batch`` (lists of prompt ids), generate (a sharded model: with ``synced_gpus``, every rank
         stepping until all are done), and split off the completions."""
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -139,7 +139,7 @@ class HFEngine:
                 eos_token_id=eos_ids,
                 pad_token_id=pad_id,
                 use_cache=True,
-                synced_gpus=synced,
+                synced_gpus=distributed.sharded(self.model),
                 **sampling,
             )
         return [self._to_sample(row, set(eos_ids)) for row in output[:, width:].tolist()]

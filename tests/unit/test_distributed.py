@@ -283,9 +283,9 @@ def test_sft_two_processes_equal_one_with_lora_packing_and_checkpointing(tiny_mo
 
 def test_sft_fsdp2_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
     # FSDP2: per-layer shards and a SUM reduce-scatter give the one-process update (the DPO and RM tests
-    # below cover ranks with fewer micro-batches than others).
+    # below cover ranks with fewer micro-batches than others). No --distributed flag: the default, auto, is FSDP2.
     out = tmp_path / "run"
-    done = torchrun("sft", sft_cfg(tiny_model_dir, out, distributed="fsdp2"))
+    done = torchrun("sft", sft_cfg(tiny_model_dir, out, distributed="auto"))
     assert "FSDP2: 2 decoder layers sharded over 2 ranks" in done.stdout + done.stderr
     assert_same_run(sft_one, out, norm_rtol=NORM_RTOL_FSDP2)
     assert (out / "checkpoints" / "latest").is_file()

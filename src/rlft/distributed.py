@@ -12,7 +12,8 @@ batch of step ``s`` (:func:`rlft.recipes.common.batch_indices`, then
 count, and the gradients are SUMMED over ranks (not averaged), so clipping and the optimizer step see
 the one-process gradient (up to float rounding of the sum's order).
 
-Strategies (``--distributed``, :func:`wrap_model`):
+Strategies (``--distributed``, :func:`wrap_model`; the default ``auto`` is ``fsdp2`` with more than one rank, or
+``ddp`` when the run trains LoRA adapters: :func:`rlft.options.resolved_strategy`):
 
 - ``ddp``: every rank holds a full replica (rank 0's weights broadcast), runs its micro-batches with no
   communication, and :func:`sum_gradients` sums the gradients once per optimizer step before clipping
@@ -26,11 +27,15 @@ Strategies (``--distributed``, :func:`wrap_model`):
   forward and backward is collective, so every rank runs as many micro-batches as rank 0
   (:func:`padded_micro_batches`: zero-weight fillers). Checkpoints and the final model are written from
   full state dicts gathered on rank 0 (:func:`full_state_dicts`; the optimizer's keyed by parameter name,
-  which :func:`load_optimizer_state` loads into a sharded or an unsharded model). No LoRA (refused by
-  :class:`rlft.options.DistributedOptions`), and not the RL loop (generation would be collective).
+  which :func:`load_optimizer_state` loads into a sharded or an unsharded model). No LoRA (an explicit
+  ``fsdp2`` is refused by :class:`rlft.options.DistributedOptions`; ``auto`` picks ``ddp``).
 
-The RL loop (``ddp``) splits a step's prompt groups across ranks (whole groups) and gathers the rewards on
-every rank (:func:`gather_rows`), see :func:`rlft.recipes.rl.sample_step`.
+The RL loop splits a step's prompt groups across ranks (whole groups) and gathers the rewards on every rank
+(:func:`gather_rows`), see :func:`rlft.recipes.rl.sample_step`. Under ``fsdp2`` its generation is collective
+too: :class:`rlft.rollout.hf.HFEngine` generates with ``synced_gpus`` and as many ``generate`` calls on every
+rank (filler chunks, :func:`most`), its log-prob passes and update run as many micro-batches on every rank
+(:func:`rlft.rl.batch.synced_passes`), a separate reference model is sharded too, and every rank evaluates its
+shard of the held-out prompts. The vLLM engine is refused under torchrun.
 
 Rank 0 alone writes logs, ``metrics.jsonl``, checkpoints, ``config.yaml`` and the final model;
 every rank reads the same checkpoint on ``--resume``.
@@ -49,7 +54,7 @@ import torch.distributed as dist
 log = logging.getLogger("rlft")
 
 STRATEGIES = ("ddp", "fsdp2")
-"""The ``--distributed`` strategies."""
+"""The strategies :func:`wrap_model` applies (``--distributed auto`` resolves to one of them first)."""
 
 _BUCKET_ELEMENTS = 1 << 25
 """Most gradient elements one ``all_reduce`` carries (32M: 128 MiB of float32)."""
@@ -139,6 +144,16 @@ def all_reduce_sum(value: float | int | torch.Tensor) -> float | torch.Tensor:
     t = torch.tensor([float(value)], dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return float(t.item())
+
+
+def most(value: int) -> int:
+    """The largest ``value`` over ranks (e.g. how many collective passes the busiest rank runs); ``value`` itself
+    when not distributed."""
+    if not active():
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def all_reduce_sums(values: dict[str, float]) -> dict[str, float]:

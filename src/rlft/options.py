@@ -4,7 +4,8 @@
   model has no LM head to chunk and takes :class:`CheckpointingOptions`);
 - :class:`PackingOptions`: ``--packing``, ``--pack-length`` (sft, dpo, rm);
 - :class:`TrackingOptions`: ``--report-to`` (sft, dpo, rm, rl/rloo);
-- :class:`DistributedOptions`: ``--distributed ddp|fsdp2`` (sft, dpo, rm under torchrun; rl/rloo: ddp only);
+- :class:`DistributedOptions`: ``--distributed auto|ddp|fsdp2`` (sft, dpo, rm, rl/rloo under torchrun; auto: fsdp2,
+  or ddp with LoRA, see :func:`resolved_strategy`);
 - :class:`RolloutOptions`: ``--rollout-engine``, ``--rollout-url`` (eval countdown, pairs countdown; the RL loop
   has its own ``--rollout-engine hf|vllm``: a server's weights cannot follow the policy).
 """
@@ -62,19 +63,35 @@ class PackingOptions:
 class DistributedOptions:
     """``--distributed``: the data-parallel strategy under torchrun."""
 
-    distributed: Literal["ddp", "fsdp2"] = "ddp"
+    distributed: Literal["auto", "ddp", "fsdp2"] = "auto"
     """Data-parallel strategy under torchrun (`torchrun --nproc-per-node N rlft <command> ...`): 'ddp', a full
     replica per rank; 'fsdp2', parameters, gradients and optimizer state sharded over the ranks per decoder
-    layer (torch FSDP2 fully_shard; no LoRA). Either way each step's batch is split across ranks and gradients
-    are summed, so the result does not depend on the number of ranks (see rlft.distributed). Ignored in a
-    one-process run."""
+    layer (torch FSDP2 fully_shard; no LoRA); 'auto' (the default), fsdp2 with more than one rank, or ddp with
+    LoRA (--lora-r > 0). Either way each step's batch is split across ranks and gradients are summed, so the
+    result does not depend on the number of ranks (see rlft.distributed). Ignored in a one-process run."""
 
     def _check_distributed(self) -> None:
-        """Refuse what FSDP2 cannot shard (call from ``__post_init__``)."""
+        """Refuse what FSDP2 cannot shard (call from ``__post_init__``).
+
+        Raises:
+            OptionError: ``--distributed fsdp2`` (explicit) with LoRA (``lora_r > 0``).
+        """
         from rlft.validation import require
 
         require(self.distributed != "fsdp2" or not getattr(self, "lora_r", 0),
-                "--distributed fsdp2 does not take LoRA (--lora-r): the adapters are small, use --distributed ddp")
+                "--distributed fsdp2 does not take LoRA (--lora-r): the adapters are small, use --distributed ddp "
+                "(or auto, which picks ddp with LoRA)")
+
+
+def resolved_strategy(cfg: DistributedOptions, world_size: int) -> Literal["ddp", "fsdp2"]:
+    """The strategy ``cfg.distributed`` means with ``world_size`` ranks: 'ddp' or 'fsdp2' as given, and 'auto' is
+    'fsdp2' when ``world_size > 1`` unless the run trains LoRA adapters (``cfg.lora_r > 0``: FSDP2 does not take
+    them), then 'ddp'; with one rank 'auto' is 'ddp' (nothing is wrapped either way). A pure function of its
+    arguments: the config is never changed. Pass :func:`rlft.distributed.world` in a recipe (after
+    :func:`rlft.distributed.init`), any number > 1 for what a torchrun launch would do (the dry-run plan)."""
+    if cfg.distributed != "auto":
+        return cfg.distributed
+    return "fsdp2" if world_size > 1 and not getattr(cfg, "lora_r", 0) else "ddp"
 
 
 @dataclass(frozen=True)

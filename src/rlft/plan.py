@@ -25,6 +25,16 @@ DISTRIBUTED_PLANS = {
 """What each ``--distributed`` strategy does, for the plan."""
 
 
+def distributed_plan(cfg) -> str:
+    """What ``cfg.distributed`` does under a torchrun launch of more than one rank, e.g. ``--distributed auto = fsdp2
+    (FSDP2: ...)`` (:func:`rlft.options.resolved_strategy`)."""
+    from rlft.options import resolved_strategy
+
+    strategy = resolved_strategy(cfg, world_size=2)  # any world size > 1
+    shown = f"{cfg.distributed} = {strategy}" if cfg.distributed != strategy else strategy
+    return f"--distributed {shown} ({DISTRIBUTED_PLANS[strategy]})"
+
+
 def describe_model(name: str) -> str:
     """Where ``name`` would load from, without loading it."""
     from rlft.models import EMBEDDED_MODELS, looks_like_path
@@ -71,7 +81,7 @@ def plan(command: str, cfg) -> str:
     if "lora_r" in names and getattr(cfg, "lora_r"):
         lines.append(f"  LoRA: r={cfg.lora_r}, alpha={cfg.lora_alpha:g}, targets {cfg.lora_target_modules}")
     if "distributed" in names:
-        lines.append(f"  under torchrun: --distributed {cfg.distributed} ({DISTRIBUTED_PLANS[cfg.distributed]})")
+        lines.append(f"  under torchrun: {distributed_plan(cfg)}")
     lines.append("options:")
     values = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     lines += ["  " + line for line in yaml.safe_dump(values, sort_keys=False).splitlines()]

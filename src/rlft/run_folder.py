@@ -48,8 +48,10 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
 """Entries that make a folder hold a run (``metrics.jsonl`` only when not empty)."""
 LEFTOVERS = ("data_stats.json", "ref_logps.pt", "eval.json")
 """Files a run writes before its first checkpoint: alone, they do not make a folder hold a run."""
-RUN_CONTROL = ("resume", "overwrite", "resume_override")
-"""Fields that say how to start, not what to train: never compared on resume."""
+RUN_CONTROL = ("resume", "overwrite", "resume_override", "distributed")
+"""Fields that say how to start or run, not what to train: never compared on resume (``distributed``: the result
+does not depend on the strategy, and checkpoints resume under either; runs saved with the old default ``ddp``
+resume under the new ``auto``)."""
 
 
 class RunFolderError(UsageError):

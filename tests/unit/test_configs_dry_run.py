@@ -51,8 +51,12 @@ def test_dry_run_describes_models_and_data(capsys, tmp_path):
 def test_dry_run_names_the_distributed_strategy_and_refuses_what_fsdp2_cannot_shard(capsys, tmp_path):
     main(["sft", "--distributed", "fsdp2", "--output-dir", str(tmp_path / "out"), "--dry-run"])
     assert "under torchrun: --distributed fsdp2 (FSDP2: parameters, gradients and optimizer state sharded" in capsys.readouterr().out
+    main(["rl", "--output-dir", str(tmp_path / "out"), "--dry-run"])  # the default, auto: FSDP2 on many ranks
+    assert "under torchrun: --distributed auto = fsdp2 (FSDP2: parameters" in capsys.readouterr().out
+    main(["sft", "--lora-r", "4", "--output-dir", str(tmp_path / "out"), "--dry-run"])  # auto with LoRA: DDP
+    assert "under torchrun: --distributed auto = ddp (a full replica per rank" in capsys.readouterr().out
     for argv, why in ((["sft", "--distributed", "fsdp2", "--lora-r", "4"], "--distributed fsdp2 does not take LoRA"),
-                      (["rl", "--distributed", "fsdp2"], "the RL loop takes --distributed ddp only")):
+                      (["rl", "--distributed", "fsdp2", "--lora-r", "4"], "--distributed fsdp2 does not take LoRA")):
         with pytest.raises(SystemExit) as exit_info:
             main([*argv, "--output-dir", str(tmp_path / "out"), "--dry-run"])
         assert exit_info.value.code == 2

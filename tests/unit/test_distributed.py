@@ -1,9 +1,10 @@
 """Data-parallel training under torchrun (gloo, CPU): a 2-process run equals the 1-process run with the
 same global batch (per-step metrics and final weights), for SFT, DPO and the reward model with DDP and
 with FSDP2, and a 2-process SFT run stopped after a checkpoint resumes (with 2 processes or with 1, and
-across strategies) to the same final weights. The RL loop with 2 processes equals 1 process given the same
-samples (a hashing engine stands in for generation). Also the sharding helpers, and the refusal of
-torchrun or FSDP2 where they are not supported.
+across strategies) to the same final weights. The RL loop with 2 processes (DDP and FSDP2) equals 1 process
+given the same samples (a hashing engine stands in for generation), and the HF engine on an FSDP2-sharded
+model samples what it samples unsharded, whatever each rank's number of prompts. Also the sharding helpers,
+what ``--distributed auto`` resolves to, and the refusal of torchrun or FSDP2 where they are not supported.
 
 The 2-process runs are ``python -m torch.distributed.run --nproc-per-node 2 -m rlft.cli <command> ...``
 subprocesses on 127.0.0.1 and a free port (about 10 s each on 2 CPU cores)."""
@@ -145,6 +146,48 @@ def test_one_process_helpers_are_identities(monkeypatch):
         distributed.wrap_model(model, "fsdp")
 
 
+@pytest.mark.parametrize("requested, world, lora_r, expected", [
+    ("auto", 1, 0, "ddp"), ("auto", 2, 0, "fsdp2"), ("auto", 8, 0, "fsdp2"), ("auto", 2, 4, "ddp"), ("auto", 1, 4, "ddp"),
+    ("ddp", 2, 0, "ddp"), ("fsdp2", 1, 0, "fsdp2"), ("fsdp2", 2, 0, "fsdp2"), ("ddp", 2, 4, "ddp"),
+])
+def test_auto_strategy_is_fsdp2_on_many_ranks_unless_lora(requested, world, lora_r, expected):
+    from rlft.options import resolved_strategy
+    from rlft.recipes.rl import RLConfig
+
+    for cfg in (SFTConfig(distributed=requested, lora_r=lora_r), RLConfig(distributed=requested, lora_r=lora_r)):
+        assert resolved_strategy(cfg, world) == expected
+        assert cfg.distributed == requested  # the config is never changed
+    assert SFTConfig().distributed == "auto"
+
+
+def test_filler_passes_run_forwards_with_a_zero_gradient(smol_tokenizer):
+    # What a rank of a sharded model runs when it has fewer micro-batches than the busiest rank (here none at
+    # all): forwards (and backwards) of the filler batch, with no effect on the log-probs or the gradient.
+    from rlft.rl.batch import batch_logprobs, filler_batch, micro_batch_count, policy_loss_backward, rollout_batch, synced_passes
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model(len(smol_tokenizer))
+    calls = []
+    model.get_decoder().register_forward_hook(lambda *_: calls.append(1))  # sequence_logprobs runs the decoder itself
+    assert micro_batch_count(7, 3) == 3 and micro_batch_count(0, 3) == 0
+    assert synced_passes(model, 7, 3) is None  # not sharded: every rank runs its own micro-batches
+    filler = filler_batch(smol_tokenizer, "cpu")
+    assert filler.input_ids.shape == (1, 2) and filler.loss_mask.tolist() == [[0.0, 1.0]]
+    empty = rollout_batch(smol_tokenizer, [], [])
+    assert empty.input_ids.shape == (0, 1)
+    assert batch_logprobs(model, empty, 1.0, 3).shape == (0, 1) and not calls
+    assert batch_logprobs(model, empty, 1.0, 3, passes=2, filler=filler).shape == (0, 1) and len(calls) == 2
+    metrics, logprobs = policy_loss_backward(model, empty, torch.zeros(0), temperature=1.0, micro_batch_size=3, num_sequences=4,
+                                             num_tokens=10.0, passes=3, filler=filler)
+    assert len(calls) == 5 and logprobs.shape == (0, 1) and metrics["loss/policy"] == 0.0
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.count_nonzero(g) == 0 for g in grads)  # the backward ran, with a zero loss
+    with pytest.raises(ValueError, match="fewer than"):
+        batch_logprobs(model, filler, 1.0, 1, passes=0, filler=filler)
+    with pytest.raises(ValueError, match="filler batch"):
+        batch_logprobs(model, empty, 1.0, 3, passes=1)
+
+
 def test_torchrun_refused_by_recipes_without_support(monkeypatch, tmp_path):
     from rlft.run_folder import claim_run_dir
     from rlft.validation import UsageError
@@ -179,6 +222,7 @@ assert torch.equal(got["x"], torch.arange(5.0)), got
 positions = [0, 3, 4] if rank == 0 else [1, 2]  # any split, e.g. the RL groups each rank kept
 rows = distributed.gather_rows(torch.tensor([[10.0 * p, 1.0] for p in positions]), positions, 5)
 assert torch.equal(rows, torch.tensor([[10.0 * p, 1.0] for p in range(5)])), rows
+assert distributed.most(3 + 4 * rank) == 7
 chunks = distributed.padded_micro_batches(list("abcde"), 2, pad=True)  # shards: a c e | b d
 expected = [(["a", "c"], True), (["e"], True)] if rank == 0 else [(["b", "d"], True), (["a"], False)]
 assert chunks == expected, chunks
@@ -207,9 +251,10 @@ def test_collective_helpers_over_two_ranks(tmp_path):
 def sft_cfg(model_dir: Path, output_dir: Path, **overrides) -> SFTConfig:
     # 20 tasks, 6 per step: steps of 6, 6, 6, 2 examples; 3 per rank (micro-batches of 2 and 1), the
     # short step 1 each.
+    # DDP unless a test asks for FSDP2 (the default, auto, would be FSDP2 under torchrun).
     cfg = SFTConfig(model=str(model_dir), data="countdown", preset="tiny", num_train=20, prompt_template="short",
                     output_dir=str(output_dir), max_length=96, batch_size=6, micro_batch_size=2, max_steps=5,
-                    lr=3e-3, warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32")
+                    lr=3e-3, warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32", distributed="ddp")
     return replace(cfg, **overrides)
 
 
@@ -238,9 +283,9 @@ def test_sft_two_processes_equal_one_with_lora_packing_and_checkpointing(tiny_mo
 
 def test_sft_fsdp2_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
     # FSDP2: per-layer shards and a SUM reduce-scatter give the one-process update (the DPO and RM tests
-    # below cover ranks with fewer micro-batches than others).
+    # below cover ranks with fewer micro-batches than others). No --distributed flag: the default, auto, is FSDP2.
     out = tmp_path / "run"
-    done = torchrun("sft", sft_cfg(tiny_model_dir, out, distributed="fsdp2"))
+    done = torchrun("sft", sft_cfg(tiny_model_dir, out, distributed="auto"))
     assert "FSDP2: 2 decoder layers sharded over 2 ranks" in done.stdout + done.stderr
     assert_same_run(sft_one, out, norm_rtol=NORM_RTOL_FSDP2)
     assert (out / "checkpoints" / "latest").is_file()
@@ -321,7 +366,7 @@ def dpo_cfg(model_dir: Path, data: Path, output_dir: Path, **overrides):
     # 11 pairs, 4 per step: steps of 4, 4, 3 pairs; 2 per rank (one micro-batch of 2), then 2 and 1.
     cfg = DPOConfig(model=str(model_dir), data=str(data), data_format="text", output_dir=str(output_dir),
                     max_length=64, batch_size=4, micro_batch_size=2, max_steps=4, loss_type="rpo", beta=0.5,
-                    lr=1e-2, optimizer="sgd", warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32")
+                    lr=1e-2, optimizer="sgd", warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32", distributed="ddp")
     return replace(cfg, **overrides)
 
 
@@ -389,23 +434,30 @@ def test_rm_two_processes_equal_one(strategy, tiny_model_dir, tmp_path):
 # --------------------------------------------------------------------------- RL loop
 
 RL_SCRIPT = """
-import hashlib, json, sys
+import hashlib, json, logging, sys
+from dataclasses import replace
 import torch
 import rlft.recipes.rl as rl
 from rlft.rollout.base import Sample
+from rlft.rollout.hf import HFEngine
 
 torch.set_num_threads(1)
+logging.basicConfig(level=logging.INFO)  # rank 0 logs what it shards (the other ranks log warnings only)
+SAMPLE = len(sys.argv) > 2 and sys.argv[2] == "sample"
 
 
-class HashEngine:
+class HashEngine(HFEngine):
     # Samples that depend only on (prompt, sample index, the one-process seed of the call), whichever rank
     # draws them: 1-3 tokens of a small alphabet (upper and lower case first letters: varied groups).
+    # With "sample": the HF engine also generates first (outputs dropped), as the loop would under FSDP2.
     def __init__(self, model, tokenizer, batch_size=32, add_special_tokens=True, **_):
-        self.tokenizer, self.add_special_tokens = tokenizer, add_special_tokens
+        super().__init__(model, tokenizer, batch_size=batch_size, add_special_tokens=add_special_tokens)
         self.ids = [tokenizer.convert_tokens_to_ids(t) for t in ("A", "b", "C", "d", "E", "f")]
 
     def generate(self, prompts, params):
-        seed = params.seed % (1 << 40)  # drop the rank's offset
+        if SAMPLE:
+            super().generate(prompts, replace(params, max_new_tokens=min(params.max_new_tokens, 4)))
+        seed = (params.seed or 0) % (1 << 40)  # drop the rank's offset (greedy evaluation: no seed)
         out = []
         for prompt in prompts:
             row = []
@@ -423,31 +475,38 @@ torch.distributed.destroy_process_group() if torch.distributed.is_initialized() 
 """
 
 
-def run_rl_script(tmp_path: Path, options: dict, nproc: int) -> None:
-    """``train_rl(RLConfig(**options))`` with :data:`RL_SCRIPT`'s engine, in one process or under torchrun."""
+def run_rl_script(tmp_path: Path, options: dict, nproc: int, sample: bool = False) -> subprocess.CompletedProcess:
+    """``train_rl(RLConfig(**options))`` with :data:`RL_SCRIPT`'s engine, in one process or under torchrun;
+    ``sample``: the engine runs the HF engine's generation too (its samples dropped)."""
     script = tmp_path / "rl_script.py"
     script.write_text(RL_SCRIPT)
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
            "CUDA_VISIBLE_DEVICES": ""}
     config = json.dumps(options)
+    extra = ["sample"] if sample else []
     if nproc == 1:
         env = {k: v for k, v in env.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-        done = subprocess.run([sys.executable, str(script), config], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, str(script), config, *extra], env=env, capture_output=True, text=True, timeout=300)
     else:
         done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-                                     "--master-addr", "127.0.0.1", "--master-port", port, str(script), config], env, 300)
+                                     "--master-addr", "127.0.0.1", "--master-port", port, str(script), config, *extra], env, 300)
     assert done.returncode == 0, f"{nproc} process(es) failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done
 
 
-def assert_same_rl_run(one: Path, two: Path, atol: float = 1e-5) -> None:
-    """:func:`assert_same_run` for RL runs: timings and throughputs skipped, the rest within ``atol``."""
+def assert_same_rl_run(one: Path, two: Path, atol: float = 1e-5, norm_rtol: float | None = None) -> None:
+    """:func:`assert_same_run` for RL runs: timings and throughputs skipped, the rest within ``atol`` (``grad_norm``
+    within ``norm_rtol`` relative when given)."""
     m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [r["step"] for r in m1] == [r["step"] for r in m2] and m1
     for r1, r2 in zip(m1, m2):
         keys = {k for k in r1 if not k.startswith(("time/", "tokens_per_s/"))}
         assert keys == {k for k in r2 if not k.startswith(("time/", "tokens_per_s/"))}
         for key in keys:
-            assert r1[key] == pytest.approx(r2[key], abs=atol, rel=atol), (key, r1, r2)
+            if key == "grad_norm" and norm_rtol is not None:
+                assert r1[key] == pytest.approx(r2[key], rel=norm_rtol), (key, r1, r2)
+            else:
+                assert r1[key] == pytest.approx(r2[key], abs=atol, rel=atol), (key, r1, r2)
     w1, w2 = load_weights(one / "model"), load_weights(two / "model")
     assert w1.keys() == w2.keys()
     for name in w1:
@@ -468,7 +527,7 @@ def test_rl_two_processes_equal_one_given_the_same_samples(options, tiny_model_d
     # batching and random streams do differ with the world size): then metrics and weights are equal.
     base = {"model": str(tiny_model_dir), "reward": "uppercase_start", "preset": "tiny", "num_train": 16, "heldout_size": 8,
             "prompt_template": "short", "k": 4, "prompts_per_step": 5, "max_steps": 3, "lr": 1e-2, "optimizer": "sgd",
-            "micro_batch_size": 3, "save_every": 2, "device": "cpu", "dtype": "float32", **options}
+            "micro_batch_size": 3, "save_every": 2, "device": "cpu", "dtype": "float32", "distributed": "ddp", **options}
     run_rl_script(tmp_path, {**base, "output_dir": str(tmp_path / "one")}, 1)
     run_rl_script(tmp_path, {**base, "output_dir": str(tmp_path / "two")}, 2)
     assert_same_rl_run(tmp_path / "one", tmp_path / "two")
@@ -481,9 +540,87 @@ def test_rl_two_processes_equal_one_given_the_same_samples(options, tiny_model_d
     assert (tmp_path / "two" / "checkpoints" / "step-00000002").is_dir()
 
 
-def test_rl_refuses_fsdp2():
+def rl_fsdp2_options(model_dir: Path) -> dict:
+    # 5 prompts per step split 3 + 2 groups (12 and 8 rows: 4 and 3 micro-batches of 3), generation batches of 4
+    # rows (3 and 2 generate calls), filtered groups (further prompt batches; kept groups split unevenly), a sharded
+    # reference for the KL in the reward, 2 PPO epochs, evaluation of 5 held-out tasks split 3 + 2.
+    return {"model": str(model_dir), "reward": "uppercase_start", "preset": "tiny", "num_train": 16, "heldout_size": 8,
+            "prompt_template": "short", "k": 4, "prompts_per_step": 5, "max_steps": 3, "lr": 1e-2, "optimizer": "sgd",
+            "micro_batch_size": 3, "gen_batch_size": 4, "save_every": 2, "device": "cpu", "dtype": "float32",
+            "advantage": "grpo", "loss": "ppo", "loss_mode": "token_mean", "ppo_epochs": 2, "beta": 0.05, "kl_mode": "reward",
+            "filter_groups": True, "max_prompt_batches": 3, "eval_every": 2, "eval_limit": 5, "eval_max_new_tokens": 4,
+            "distributed": "fsdp2"}
+
+
+def test_rl_fsdp2_two_processes_equal_one_given_the_same_samples(tiny_model_dir, tmp_path):
+    # Every forward is collective under FSDP2: generation (synced_gpus, filler generate calls), the reference
+    # and pre-update log-prob passes and the update (filler micro-batches), evaluation (every rank its shard)
+    # and the checkpoints (gathered). The HF engine really generates (then the hashing engine's samples are used).
+    options = rl_fsdp2_options(tiny_model_dir)
+    run_rl_script(tmp_path, {**options, "output_dir": str(tmp_path / "one")}, 1, sample=True)
+    done = run_rl_script(tmp_path, {**options, "output_dir": str(tmp_path / "two")}, 2, sample=True)
+    assert (done.stdout + done.stderr).count("FSDP2: 2 decoder layers sharded over 2 ranks") == 2  # policy and reference
+    assert_same_rl_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL_FSDP2)
+    records = read_metrics(tmp_path / "two" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3] and "eval/score" in records[0] and "eval/score" in records[2]
+    assert any(r["groups/kept"] < r["groups/tried"] for r in records[1:]), records  # some groups were dropped
+    moved, start = load_weights(tmp_path / "two" / "model"), load_weights(tiny_model_dir)
+    assert any(not torch.equal(moved[k], start[k]) for k in start)
+    assert load_weights(tmp_path / "two" / "checkpoints" / "step-00000002").keys() == start.keys()
+
+
+HF_ENGINE_SCRIPT = """
+import copy, sys
+import torch
+from rlft import distributed
+from rlft.models import load_model, load_tokenizer, pick_device
+from rlft.rollout.base import SamplingParams
+from rlft.rollout.hf import HFEngine
+
+torch.set_num_threads(1)
+assert distributed.init("cpu")
+rank = distributed.rank()
+tokenizer = load_tokenizer(sys.argv[1])
+model = load_model(sys.argv[1], pick_device("cpu", "float32"))
+# A third of the vocabulary ends a sample: rows, and ranks, finish after different numbers of tokens.
+model.generation_config.eos_token_id = list(range(0, model.config.vocab_size, 3))
+full = copy.deepcopy(model)
+sharded = distributed.wrap_model(model, "fsdp2")
+assert distributed.sharded(sharded)
+prompts = [["Count to three:", "Hello there, how are", "x"], ["A longer prompt than the others, with more words in it"]][rank]
+lengths = set()
+# rank 0: 3 prompts x 2 samples in 3 chunks of 2 rows; rank 1: 1 chunk, then 2 filler chunks; then none at all
+for mine, params in ((prompts, SamplingParams(k=2, temperature=1.0, max_new_tokens=8, seed=7 + rank)),
+                     (prompts if rank == 0 else [], SamplingParams(k=1, temperature=0.0, max_new_tokens=6))):
+    got = HFEngine(sharded, tokenizer, batch_size=2).generate(mine, params)
+    want = HFEngine(full, tokenizer, batch_size=2).generate(mine, params)  # this rank alone: no collectives
+    pairs = [[[(s.completion_ids, s.finish_reason) for s in row] for row in out] for out in (got, want)]
+    assert pairs[0] == pairs[1], (rank, pairs)
+    lengths |= {len(s.completion_ids) for row in got for s in row}
+assert rank == 1 or len(lengths) > 1, lengths  # rank 0's samples stopped at different lengths
+sys.stdout.write(f"ok {rank}\\n")
+sys.stdout.flush()
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_hf_engine_under_fsdp2_samples_as_unsharded_with_uneven_prompts(tiny_model_dir, tmp_path):
+    script = tmp_path / "hf_engine.py"
+    script.write_text(HF_ENGINE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
+    done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                                 "--master-addr", "127.0.0.1", "--master-port", port, str(script), str(tiny_model_dir)], env, 300)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    assert "ok 0" in done.stdout and "ok 1" in done.stdout
+
+
+def test_rl_fsdp2_refuses_lora_and_auto_takes_ddp():
+    from rlft.options import resolved_strategy
     from rlft.recipes.rl import RLConfig
     from rlft.validation import OptionError
 
-    with pytest.raises(OptionError, match="--distributed ddp only"):
-        RLConfig(distributed="fsdp2")
+    with pytest.raises(OptionError, match="fsdp2 does not take LoRA"):
+        RLConfig(distributed="fsdp2", lora_r=4)
+    assert resolved_strategy(RLConfig(lora_r=4), 2) == "ddp" and resolved_strategy(RLConfig(), 2) == "fsdp2"

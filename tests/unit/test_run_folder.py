@@ -225,3 +225,12 @@ def test_checkpoint_without_manifest_that_does_not_load_falls_back(finished, tmp
     assert "--resume: skipped damaged checkpoint(s) step-00000006: does not load (" in rlft_log.text
     assert "resuming from step-00000004 instead" in rlft_log.text
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 9))
+
+
+def test_resume_does_not_compare_the_distributed_strategy():
+    # The result does not depend on it, and a run saved under the old default (ddp) resumes under the new one (auto).
+    from rlft.recipes.sft import SFTConfig
+    from rlft.run_folder import config_differences
+
+    assert config_differences({"distributed": "ddp", "lr": 0.003}, SFTConfig(lr=0.003)) == {}
+    assert config_differences({"distributed": "ddp", "lr": 0.003}, SFTConfig(lr=0.01)) == {"lr": (0.003, 0.01)}

@@ -71,7 +71,7 @@ from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions
-from rlft.options import DistributedOptions, MemoryOptions, PackingOptions
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, resolved_strategy
 from rlft.recipes.common import (batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
                                  save_training_checkpoint, write_run_config)
 from rlft.validation import OptionError, validate_options
@@ -579,7 +579,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                             optimizer=cfg.optimizer, lora=cfg.lora_settings(), distributed_strategy=cfg.distributed)
+                             optimizer=cfg.optimizer, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
     model, start_step = setup.model, setup.start_step
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)

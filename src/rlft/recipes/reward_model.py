@@ -50,7 +50,7 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions
-from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions
+from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, resolved_strategy
 from rlft.recipes.common import (TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
                                  save_training_checkpoint, write_run_config)
 from rlft.validation import OptionError, validate_options
@@ -323,7 +323,7 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
 
     return prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                            load=load, param_groups=groups, lora=cfg.lora_settings(), distributed_strategy=cfg.distributed)
+                            load=load, param_groups=groups, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
 
 
 def train_rm(cfg: RMConfig) -> Path:

@@ -69,7 +69,7 @@ from rlft import distributed
 from rlft.checkpoint import read_metrics
 from rlft.console import console, training_progress
 from rlft.lora import LoRAOptions, adapters_disabled, merged_copy
-from rlft.options import DistributedOptions, MemoryOptions
+from rlft.options import DistributedOptions, MemoryOptions, resolved_strategy
 from rlft.losses.advantages import ADVANTAGES, raft_advantages
 from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
@@ -78,7 +78,8 @@ from rlft.recipes.common import (batch_indices, claim_run_dir, optimizer_step, p
                                  write_run_config)
 from rlft.recipes.memory import enable_gradient_checkpointing
 from rlft.rewards.registry import RewardFunction
-from rlft.rl.batch import batch_logprobs, generation_seed, gradient_rows, policy_loss_backward, rollout_batch, take_rows
+from rlft.rl.batch import (batch_logprobs, filler_batch, generation_seed, gradient_rows, policy_loss_backward, rollout_batch, synced_passes,
+                           take_rows)
 from rlft.rl.groups import varied_groups
 from rlft.rl.prompts import RLPrompt, make_prompt_source
 from rlft.rl.rewards import Reward, make_reward
@@ -273,8 +274,7 @@ class RLConfig(LoRAOptions, MemoryOptions, DistributedOptions):
     def __post_init__(self) -> None:
         validate_options(self)  # types, counts >= 1, rates > 0, coefficients >= 0, known presets/templates
         self._check_lora()
-        require(self.distributed == "ddp", "the RL loop takes --distributed ddp only: FSDP2 would make every generation "
-                "step collective, and each rank samples prompts of its own")
+        self._check_distributed()
         require(self.k >= 2 or self.advantage in ("reinforce",) or (self.advantage == "raft" and self.raft_threshold is not None),
                 f"--advantage {self.advantage} needs --k >= 2 samples per prompt (a group baseline or a best sample), got {self.k}")
         require(self.temperature > 0, f"--temperature must be > 0 (RL samples; log-probs at temperature 0 are undefined), got {self.temperature}")
@@ -330,7 +330,8 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], engine, sampl
     Under torchrun every rank takes the same batch of prompts and samples its :func:`rlft.distributed.shard`
     of it (whole groups; seeded per rank), scores them, and the ``(groups, k)`` rewards are gathered on every
     rank (:func:`rlft.distributed.gather_rows`), so the filtering decision, and the kept groups, are those of
-    one process given the same samples.
+    one process given the same samples. Every rank calls ``engine.generate`` for every batch, with an empty
+    list when its shard is empty (with FSDP2 the HF engine's generation is collective).
     """
     k = cfg.k
     kept = 0
@@ -348,7 +349,8 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], engine, sampl
         batch_prompts = [prompts[chosen[b]] for b in mine]
         t0 = time.perf_counter()
         seed = generation_seed(cfg.seed, virtual, distributed.rank())
-        samples = engine.generate([p.text for p in batch_prompts], replace(sampling, seed=seed)) if mine else []
+        # every rank calls generate, with no prompts too: a sharded model's generation is collective (HFEngine)
+        samples = engine.generate([p.text for p in batch_prompts], replace(sampling, seed=seed))
         generate_s += time.perf_counter() - t0
         flat = [s for row in samples for s in row]
         completion_tokens += sum(len(s.completion_ids) for s in flat)
@@ -405,19 +407,28 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     ``reward_fn`` overrides the configured reward (a rule function ``(prompts, completions,
     ground_truths)``, for programmatic use and tests; see :func:`rlft.rl.rewards.make_reward`).
 
-    Under torchrun (``--distributed ddp``) each rank samples, scores and trains on its share of every step's
-    groups (:func:`sample_step`); the advantages come from every rank's rewards, the loss is divided by the
-    whole step's sample and token counts, gradients are summed over ranks and metrics are sums over ranks,
-    so given the same samples the update is the one-process update (up to float rounding). The samples
-    themselves differ from a one-process run's (each rank draws from its own seeded stream, and generation
-    batches other prompts together). Rank 0 alone evaluates and writes every file.
+    Under torchrun each rank samples, scores and trains on its share of every step's groups (:func:`sample_step`);
+    the advantages come from every rank's rewards, the loss is divided by the whole step's sample and token
+    counts, gradients are summed over ranks and metrics are sums over ranks, so given the same samples the
+    update is the one-process update (up to float rounding). The samples themselves differ from a one-process
+    run's (each rank draws from its own seeded stream, and generation batches other prompts together). Every
+    rank evaluates its shard of the held-out prompts (:func:`rlft.rl.prompts.evaluate_sharded`); rank 0 alone
+    writes files.
+
+    With ``--distributed fsdp2`` (the default under torchrun without LoRA, :func:`rlft.options.resolved_strategy`)
+    the policy is sharded, and so is a separate reference model (beta > 0): every forward and backward is
+    collective, so every rank runs as many as the busiest one. Generation: :class:`rlft.rollout.hf.HFEngine`
+    with ``synced_gpus`` and filler chunks; log-prob passes and the update: filler micro-batches
+    (:func:`rlft.rl.batch.synced_passes`); checkpoints and the final model: full state dicts gathered on rank 0.
 
     Raises:
-        UsageError: ``--rollout-engine vllm`` under torchrun.
+        UsageError: ``--rollout-engine vllm`` under torchrun (vLLM's weights would have to be gathered from the
+            ranks; not supported).
     """
     distributed.init(cfg.device)  # under torchrun only
     if distributed.active() and cfg.rollout_engine != "hf":
-        raise UsageError("the RL loop under torchrun samples with --rollout-engine hf only")
+        raise UsageError("the RL loop under torchrun samples with --rollout-engine hf only (vLLM would need the policy's "
+                         "weights pushed from every rank)")
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
@@ -442,26 +453,31 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     total_steps = cfg.max_steps
     optimizer_steps = total_steps * cfg.ppo_epochs
     lora = cfg.lora_settings()
+    strategy = resolved_strategy(cfg, distributed.world())
     setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
                              schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * optimizer_steps), total_steps=optimizer_steps,
-                             optimizer=cfg.optimizer, lora=lora, distributed_strategy=cfg.distributed)
+                             optimizer=cfg.optimizer, lora=lora, distributed_strategy=strategy)
     model, start_step = setup.model, setup.start_step
     # The reference is the initial policy, never a checkpoint of this run: with LoRA the same model with its
-    # adapters off (no second copy), else a fresh load.
+    # adapters off (no second copy), else a fresh load, sharded like the policy under FSDP2.
     ref_model = None
     if cfg.beta > 0 and (lora is None or cfg.ref_model is not None):
         ref_model = load_model(cfg.ref_model or cfg.model, spec).eval().requires_grad_(False)
+        if distributed.sharded(model):
+            ref_model = distributed.wrap_model(ref_model, strategy)
     use_ref = cfg.beta > 0
+    filler = filler_batch(tokenizer, spec.device)  # the input of a sharded model's filler passes
 
     chunk = cfg.logits_chunk_size
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
 
-    def reference_logprobs(batch):
+    def reference_logprobs(batch, passes):
         if ref_model is not None:
-            return batch_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk)
-        with adapters_disabled(model):
+            return batch_logprobs(ref_model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk,
+                                  passes=passes, filler=filler)
+        with adapters_disabled(model):  # LoRA: never sharded
             return batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk)
 
     # Chat-template text carries its own BOS: the tokenizer must not add another (generation and training alike).
@@ -489,7 +505,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
              cfg.beta, reward.kind, "; group filtering" if cfg.filter_groups else "", f"; LoRA r={lora.r}" if lora else "")
 
     sync_sampler()
-    if evaluate_on and start_step == 0 and cfg.eval_at_start and distributed.is_main():
+    if evaluate_on and start_step == 0 and cfg.eval_at_start:  # every rank: its shard of the held-out prompts
         setup.metrics.log({"step": 0, "samples/total": 0, **source.evaluate(engine)})
 
     with training_progress("rl") as progress:
@@ -505,40 +521,38 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             rewards = shaped_rewards(cfg, got.raw, got.truncated)  # (B, k)
             record: dict[str, float] = {"step": step + 1}
             t1 = time.perf_counter()
-            flat, rows, mask = [], torch.zeros(0, dtype=torch.long), torch.zeros(0, 1)
             old_logprobs = ref_logprobs = None
-            kl_rewards = torch.zeros(0, k)
-            if local:
-                step_texts = [p.text for p in got.prompts]
-                flat = [s for row in got.samples for s in row]
-                # 3. Log-probs before the update: reference, and the sampling policy when needed.
-                batch = rollout_batch(tokenizer, step_texts, got.samples, add_special_tokens=engine.add_special_tokens).to(spec.device)
-                mask = batch.loss_mask
-                ref_logprobs = reference_logprobs(batch) if use_ref else None
-                if cfg.ppo_epochs > 1 or kl_in_reward:
-                    old_logprobs = batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk)
-                if kl_in_reward:
-                    kl_seq = masked_sum(kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator), mask, dim=-1)
-                    kl_rewards = cfg.beta * kl_seq.view(len(local), k).cpu()
+            # 3. Log-probs before the update: reference, and the sampling policy when needed. A rank with no groups
+            # has an empty batch (FSDP2: it still runs the busiest rank's number of passes, on a filler).
+            batch = rollout_batch(tokenizer, [p.text for p in got.prompts], got.samples,
+                                  add_special_tokens=engine.add_special_tokens).to(spec.device)
+            mask = batch.loss_mask
+            passes = synced_passes(model, len(local) * k, cfg.micro_batch_size)  # None unless sharded
+            if use_ref:
+                ref_logprobs = reference_logprobs(batch, passes)
+            if cfg.ppo_epochs > 1 or kl_in_reward:
+                old_logprobs = batch_logprobs(model, batch, cfg.temperature, cfg.micro_batch_size, logits_chunk_size=chunk,
+                                              passes=passes, filler=filler)
             # 4. KL in the reward (the RLOO paper): R_i - beta * sum_t kl_t, before the advantages (every group's).
             if kl_in_reward and B:
-                rewards = rewards - distributed.gather_rows(kl_rewards, local, B)
+                kl_seq = masked_sum(kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator), mask, dim=-1)
+                rewards = rewards - distributed.gather_rows(cfg.beta * kl_seq.view(len(local), k).cpu(), local, B)
             # 5. Advantages, per group (or over the whole batch, lite_ppo) from every rank's rewards.
             advantages = advantage_fn(rewards) if B else torch.zeros(0, k)  # (B, k)
-            if local:
-                flat_adv = advantages[local].flatten().to(spec.device)
-                if cfg.loss in ("raft", "raft++"):
-                    flat_adv = (flat_adv > 0).to(flat_adv.dtype)  # the selection: rows with weight 0 are skipped
-                # 6. Update on the rows that carry gradient; the loss keeps the full step's normalisers.
-                rows = gradient_rows(flat_adv, kl_coef, cfg.entropy_coef)
-                sub = take_rows(batch, rows)
+            flat_adv = advantages[local].flatten().to(spec.device)
+            if cfg.loss in ("raft", "raft++"):
+                flat_adv = (flat_adv > 0).to(flat_adv.dtype)  # the selection: rows with weight 0 are skipped
+            # 6. Update on the rows that carry gradient; the loss keeps the full step's normalisers.
+            rows = gradient_rows(flat_adv, kl_coef, cfg.entropy_coef)
+            sub = take_rows(batch, rows)
             num_tokens = distributed.all_reduce_sum(float(mask.sum()))  # completion tokens of the whole step
             rows_total = int(distributed.all_reduce_sum(len(rows)))
+            update_passes = synced_passes(model, len(rows), cfg.micro_batch_size)  # None unless sharded; 0: no rows anywhere
             epoch_metrics = []
             update_logprobs = None
             for epoch in range(cfg.ppo_epochs):
                 loss_metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "loss/entropy": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 1.0}
-                if len(rows):
+                if len(rows) or update_passes:
                     loss_metrics, logprobs = policy_loss_backward(
                         model, sub, flat_adv[rows],
                         temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size, loss_mode=cfg.loss_mode,
@@ -546,7 +560,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                         clip_low=clip_low, clip_high=clip_high, entropy_coef=cfg.entropy_coef,
                         ref_logprobs=ref_logprobs[rows] if ref_logprobs is not None else None, kl_coef=kl_coef,
                         kl_estimator=cfg.kl_estimator, num_sequences=B * k, num_tokens=num_tokens,
-                        logits_chunk_size=chunk,
+                        logits_chunk_size=chunk, passes=update_passes, filler=filler,
                     )  # fmt: skip
                     if epoch == 0:
                         update_logprobs = logprobs  # the sampling policy's log-probs of the updated rows
@@ -567,7 +581,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 seen_ref = ref_logprobs[rows] if ref_logprobs is not None else None
             else:
                 seen_logprobs = seen_mask = seen_ref = None
-            counts = {"rows": len(rows), "update_tokens": float(batch.attention_mask.sum()) if local else 0.0,
+            counts = {"rows": len(rows), "update_tokens": float(batch.attention_mask.sum()),
                       "generated_tokens": got.completion_tokens, "seen_tokens": 0.0, "logprob_sum": 0.0, "kl_sum": 0.0, "kl_rows": 0.0}
             if seen_mask is not None:
                 counts.update(seen_tokens=float(seen_mask.sum()), logprob_sum=float(masked_sum(seen_logprobs, seen_mask)))
@@ -605,9 +619,9 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 if (key != "loss/kl" or kl_coef > 0) and (key != "loss/entropy" or cfg.entropy_coef > 0):
                     record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
             record.update({"lr": epoch_metrics[0]["lr"], "time/generate_s": got.generate_s, "time/update_s": update_s})
-            if evaluate_on and distributed.is_main() and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
+            if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
                 t2 = time.perf_counter()
-                record.update(source.evaluate(engine))  # rank 0 alone: the others go on to the next step's rollout
+                record.update(source.evaluate(engine))  # every rank: its shard of the held-out prompts
                 record["time/eval_s"] = time.perf_counter() - t2
             record["time/step_s"] = time.perf_counter() - t0  # the whole step: sampling, reward, update, evaluation
             setup.metrics.log(record)

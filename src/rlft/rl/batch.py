@@ -1,6 +1,12 @@
 """Batches of sampled sequences: teacher-forcing batch, log-prob passes, the loss's forward/backward.
 
 Shape legend: N sampled sequences (B prompts x k samples, row ``b * k + j``), T tokens.
+
+A model sharded by FSDP2 (:func:`rlft.distributed.sharded`) makes every forward and backward collective, so
+every rank must run as many passes as the others, whatever its number of rows (zero included):
+:func:`synced_passes` is that number, and :func:`batch_logprobs` and :func:`policy_loss_backward` given
+``passes`` and a :func:`filler_batch` run filler passes after their real micro-batches (results discarded,
+a zero loss), as :func:`rlft.distributed.padded_micro_batches` does for the other recipes.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from typing import Callable, Iterator, Literal
 
 import torch
 
+from rlft import distributed
 from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.pg import entropy_bonus, kl_loss, policy_gradient_loss
 from rlft.ops import sequence_logprobs
@@ -29,8 +36,11 @@ def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *,
     Prompt ids come from :func:`rlft.rollout.hf.encode_prompts`, the function :class:`HFEngine` tokenizes
     with; pass the engine's ``add_special_tokens`` (the recipe does), so the ids are those the sampler
     conditioned on. ``loss_mask`` is 1 on every generated id, the EOS included (masks come from lengths,
-    never from token values, so pad == EOS is harmless).
+    never from token values, so pad == EOS is harmless). No samples (a rank with no groups this step): a
+    ``(0, 1)`` batch, which every pass below goes through with no forward.
     """
+    if not samples:
+        return TokenBatch(torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1)))
     prompt_ids = encode_prompts(tokenizer, prompts, add_special_tokens=add_special_tokens)
     examples = [
         TokenizedExample(
@@ -53,13 +63,70 @@ def micro_batches(batch: TokenBatch, size: int) -> Iterator[tuple[slice, TokenBa
         yield rows, TokenBatch(batch.input_ids[rows, :width], batch.attention_mask[rows, :width], batch.loss_mask[rows, :width])
 
 
+def micro_batch_count(rows: int, size: int) -> int:
+    """How many micro-batches of at most ``size`` rows :func:`micro_batches` makes of ``rows`` rows."""
+    return -(-rows // size)
+
+
+def synced_passes(model, rows: int, size: int) -> int | None:
+    """The number of passes every rank runs over its ``rows`` rows in micro-batches of ``size`` when ``model`` is
+    sharded (FSDP2: the largest :func:`micro_batch_count` over the ranks; collective, so every rank must call it);
+    None when it is not (each rank runs its own micro-batches only)."""
+    if not distributed.sharded(model):
+        return None
+    return int(distributed.most(micro_batch_count(rows, size)))
+
+
+def filler_batch(tokenizer, device: torch.device | str) -> TokenBatch:
+    """A two-token sequence with one target (the pad id, else EOS, twice): the input of filler passes."""
+    token = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return TokenBatch(torch.full((1, 2), token, dtype=torch.long), torch.ones((1, 2), dtype=torch.long),
+                      torch.tensor([[0.0, 1.0]])).to(device)
+
+
+def _fillers(passes: int | None, filler: TokenBatch | None, rows: int, size: int) -> int:
+    """Filler passes to run after the real micro-batches of ``rows`` rows so that there are ``passes`` in all.
+
+    Raises:
+        ValueError: ``passes`` below the real micro-batch count, or fillers needed and no ``filler``.
+    """
+    if passes is None:
+        return 0
+    n = passes - micro_batch_count(rows, size)
+    if n < 0:
+        raise ValueError(f"passes={passes} is fewer than the {micro_batch_count(rows, size)} micro-batches of {rows} rows")
+    if n and filler is None:
+        raise ValueError("filler passes need a filler batch (filler_batch)")
+    return n
+
+
+def _filler_passes(model, filler: TokenBatch, n: int, temperature: float, logits_chunk_size: int, backward: bool) -> None:
+    """``n`` forwards of ``filler`` whose log-probs are dropped; with ``backward`` each backpropagates a zero loss
+    (a zero gradient, but the sharded model's collectives of a backward pass run)."""
+    for _ in range(n):
+        logprobs = sequence_logprobs(model, filler.input_ids, filler.attention_mask, filler.loss_mask, temperature,
+                                     logits_chunk_size=logits_chunk_size)
+        if backward:
+            (logprobs.sum() * 0.0).backward()
+
+
 @torch.no_grad()
-def batch_logprobs(model, batch: TokenBatch, temperature: float, micro_batch_size: int, *, logits_chunk_size: int = 0) -> torch.Tensor:
-    """``(N, T)`` log-probs of the batch's target tokens at ``temperature`` (0 off the loss mask), no grad."""
+def batch_logprobs(model, batch: TokenBatch, temperature: float, micro_batch_size: int, *, logits_chunk_size: int = 0,
+                   passes: int | None = None, filler: TokenBatch | None = None) -> torch.Tensor:
+    """``(N, T)`` log-probs of the batch's target tokens at ``temperature`` (0 off the loss mask), no grad.
+
+    ``passes`` (a sharded model, :func:`synced_passes`): run exactly this many forwards, the batch's micro-batches
+    and then forwards of ``filler`` (:func:`filler_batch`); None: the micro-batches only.
+
+    Raises:
+        ValueError: see :func:`_fillers`.
+    """
+    fillers = _fillers(passes, filler, batch.input_ids.shape[0], micro_batch_size)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for rows, mb in micro_batches(batch, micro_batch_size):
         out[rows, : mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature,
                                                                logits_chunk_size=logits_chunk_size)
+    _filler_passes(model, filler, fillers, temperature, logits_chunk_size, backward=False)
     return out
 
 
@@ -82,6 +149,8 @@ def policy_loss_backward(
     num_sequences: int | None = None,
     num_tokens: float | None = None,
     logits_chunk_size: int = 0,
+    passes: int | None = None,
+    filler: TokenBatch | None = None,
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Forward and backward of the RL loss on a batch of samples; gradients accumulate in ``model``.
 
@@ -102,13 +171,18 @@ def policy_loss_backward(
         num_sequences, num_tokens: the loss's normalisers (None: the batch's own row count and target
             token count). Pass the full step's values when ``batch`` holds only some of its rows (see
             :func:`gradient_rows`) so the gradient is that of the full step.
+        passes, filler: a sharded model (:func:`synced_passes`): run exactly ``passes`` forwards and backwards,
+            the batch's micro-batches (possibly none) and then passes of ``filler`` with a zero loss.
     Returns:
         ``(metrics, logprobs)``: ``loss/policy`` and ``loss/kl`` (sums over micro-batches = full-batch
         values), ``pg/clipfrac`` and ``pg/ratio_mean`` (token means over the batch), and the detached
         ``(N, T)`` log-probs this forward computed.
+    Raises:
+        ValueError: ``kl_coef > 0`` without ``ref_logprobs``; see also :func:`_fillers`.
     """
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
+    fillers = _fillers(passes, filler, batch.input_ids.shape[0], micro_batch_size)
     num_sequences = batch.input_ids.shape[0] if num_sequences is None else num_sequences
     num_tokens = float(batch.loss_mask.sum()) if num_tokens is None else float(num_tokens)
     own_tokens = float(batch.loss_mask.sum())
@@ -143,6 +217,7 @@ def policy_loss_backward(
         metrics["pg/clipfrac"] += pg_metrics["pg/clipfrac"] * share
         metrics["pg/ratio_mean"] += pg_metrics["pg/ratio_mean"] * share
         logprobs_out[rows, :width] = logprobs.detach()
+    _filler_passes(model, filler, fillers, temperature, logits_chunk_size, backward=True)
     return metrics, logprobs_out
 
 

@@ -9,6 +9,9 @@ function; the loop is given one and never looks inside. Two sources exist:
 - **Chat** (``--prompts-data``): the prompts of a preference/chat dataset rendered with the chat
   template; evaluation is the mean reward of greedy replies to held-out prompts (``eval/reward``,
   ``eval/truncated_frac``).
+
+Under torchrun every rank evaluates its shard of the held-out prompts and the means are combined
+(:func:`evaluate_sharded`): with FSDP2 generation is collective, so no rank may evaluate alone.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from rlft import distributed
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import encode_prompts
 from rlft.types import CountdownTask
@@ -162,6 +166,25 @@ def evaluate_heldout(engine, tasks: list[CountdownTask], prompts: list[str], max
     return {"eval/score": result.mean_score, "eval/accuracy": result.accuracy, "eval/format_rate": result.format_rate}
 
 
+def evaluate_sharded(engine, n: int, evaluate_part: Callable[[list[int]], dict[str, float]], params: SamplingParams) -> dict[str, float]:
+    """Metrics that are means over ``n`` held-out items, evaluated by every rank on its
+    :func:`rlft.distributed.shard` of ``range(n)``: ``evaluate_part(indices)`` gives the means over those items,
+    and the rank means weighted by their item counts are summed over ranks (the one-process means up to float
+    rounding). A part makes one ``engine.generate`` call; a rank with no items makes that call with no prompts
+    (``params``: the part's sampling), since a sharded model's generation is collective. Collective under
+    torchrun: every rank must call it. Not distributed: ``evaluate_part(list(range(n)))``."""
+    if not distributed.active():
+        return evaluate_part(list(range(n)))
+    mine = distributed.shard(list(range(n)))
+    if mine:
+        means = evaluate_part(mine)
+    else:
+        engine.generate([], params)
+        means = {}
+    sums = distributed.all_reduce_sums({key: value * len(mine) for key, value in means.items()})
+    return {key: value / n for key, value in sums.items()}
+
+
 @dataclass(frozen=True)
 class PromptSource:
     """What the RL loop samples from and how it evaluates: built once, before the loop."""
@@ -171,7 +194,8 @@ class PromptSource:
     eval: list[RLPrompt]
     """Held-out prompts (never trained on); empty: no evaluation."""
     evaluate: Callable[[object], dict[str, float]]
-    """``evaluate(engine) -> metrics`` on the held-out prompts (greedy)."""
+    """``evaluate(engine) -> metrics`` on the held-out prompts (greedy; under torchrun every rank evaluates its shard:
+    call it on every rank)."""
     kind: str
     """'countdown' or 'chat'."""
 
@@ -179,7 +203,17 @@ class PromptSource:
 def make_prompt_source(cfg: RLConfig, tokenizer, reward: "Reward") -> PromptSource:
     """The run's prompt source: chat prompts when ``cfg.prompts_data`` is set, else Countdown tasks."""
     train, held, eval_tasks = load_prompts(cfg, tokenizer)
+    params = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.eval_max_new_tokens)  # what both evaluations sample with
     if eval_tasks is None:
-        return PromptSource(train, held, lambda engine: evaluate_chat(engine, held, reward, cfg.eval_max_new_tokens), "chat")
+        def evaluate(engine):
+            return evaluate_sharded(engine, len(held), lambda part: evaluate_chat(engine, [held[i] for i in part], reward, cfg.eval_max_new_tokens),
+                                    params)
+
+        return PromptSource(train, held, evaluate, "chat")
     texts = [p.text for p in held]
-    return PromptSource(train, held, lambda engine: evaluate_heldout(engine, eval_tasks, texts, cfg.eval_max_new_tokens), "countdown")
+
+    def evaluate_countdown_tasks(engine):
+        return evaluate_sharded(engine, len(held), lambda part: evaluate_heldout(engine, [eval_tasks[i] for i in part], [texts[i] for i in part],
+                                                                                 cfg.eval_max_new_tokens), params)
+
+    return PromptSource(train, held, evaluate_countdown_tasks, "countdown")

@@ -1,4 +1,5 @@
-"""Rollouts with transformers ``generate``: batched, left-padded, KV-cached, on CPU or CUDA."""
+"""Rollouts with transformers ``generate``: batched, left-padded, KV-cached, on CPU or CUDA; also on a model
+sharded by FSDP2 under torchrun (every rank generating its own prompts, in step with the others)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 
 import torch
 
+from rlft import distributed
 from rlft.rollout.base import Sample, SamplingParams
 
 
@@ -52,6 +54,11 @@ class HFEngine:
     - ``params.seed`` seeds a forked RNG (the global RNG state is left as it was): the same seed,
       prompts and ``batch_size`` give the same samples.
     - The model runs in eval mode under ``torch.no_grad()``; its training mode is restored afterwards.
+    - A model sharded by FSDP2 (:func:`rlft.distributed.sharded`, under torchrun) makes every forward collective:
+      each rank generates its own prompts (any number, none included) with ``generate(..., synced_gpus=True)``
+      (a rank whose rows are done keeps stepping until every rank's are), and a rank with fewer chunks than
+      the busiest one generates filler chunks (one pad-token prompt, outputs dropped) after its own, so every
+      rank calls ``generate`` as often. Collective then: every rank must call :meth:`generate` together.
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False, add_special_tokens: bool = True):
@@ -77,18 +84,20 @@ class HFEngine:
                 tokenizes to nothing, or no EOS id anywhere.
         """
         params.validate()
-        if not prompts:
+        synced = distributed.sharded(self.model)
+        if not prompts and not synced:
             return []
         eos_ids = sorted(eos_token_ids(self.model, self.tokenizer))
         if not eos_ids:
             raise ValueError("neither the tokenizer nor the model's generation_config has an EOS token id")
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
-        prompt_ids = self.encode_prompts(prompts)
+        prompt_ids = self.encode_prompts(prompts) if prompts else []
         if empty := [b for b, ids in enumerate(prompt_ids) if not ids]:
             raise ValueError(f"prompts {empty} tokenize to no tokens")
         rows = [b for b in range(len(prompts)) for _ in range(params.k)]  # row -> prompt index
         order = sorted(range(len(rows)), key=lambda r: -len(prompt_ids[rows[r]]))  # longest first
         chunks = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        fillers = distributed.most(len(chunks)) - len(chunks) if synced else 0
 
         results: list[Sample | None] = [None] * len(rows)
         was_training = self.model.training
@@ -100,6 +109,8 @@ class HFEngine:
                     for r, sample in zip(chunk, self._generate_batch(batch, params, eos_ids, pad_id)):
                         results[r] = sample
                     advance(len(chunk))
+                for _ in range(fillers):  # after this rank's own chunks: its samples do not depend on them
+                    self._generate_batch([[pad_id]], params, eos_ids, pad_id)
         finally:
             self.model.train(was_training)
         return [results[b * params.k : (b + 1) * params.k] for b in range(len(prompts))]
@@ -107,7 +118,8 @@ class HFEngine:
     def _generate_batch(
         self, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int
     ) -> list[Sample]:
-        """Left-pad ``batch`` (lists of prompt ids), generate, and split off the completions."""
+        """Left-pad ``batch`` (lists of prompt ids), generate (a sharded model: with ``synced_gpus``, every rank
+        stepping until all are done), and split off the completions."""
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -127,6 +139,7 @@ class HFEngine:
                 eos_token_id=eos_ids,
                 pad_token_id=pad_id,
                 use_cache=True,
+                synced_gpus=distributed.sharded(self.model),
                 **sampling,
             )
         return [self._to_sample(row, set(eos_ids)) for row in output[:, width:].tolist()]

@@ -39,7 +39,8 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     assert "![samples vs score](samples_vs_score.png)" in text
     assert (run_dir / "samples_vs_score.png").stat().st_size > 1000
     rl_evals = [r for r in map(json.loads, (run_dir / "rl" / "metrics.jsonl").read_text().splitlines()) if "eval/score" in r]
-    assert [(r["step"], r["samples/total"] > 0) for r in rl_evals] == [(0, False), (1, True), (2, True)]  # the SFT point at 0 samples
+    assert [(r["step"], r["samples/total"] > 0) for r in rl_evals] == [(1, True), (2, True)]  # no step-0 evaluation:
+    assert "(SFT, 0 samples) -> " in text  # the curve starts from the SFT model's score on the same tasks
     # A random model's samples all score 0, so every pair ties: DPO is skipped, and the report says why.
     assert "on-policy pairs: 8 prompts tried, 0 kept, 8 dropped as ties" in text
     assert "DPO skipped" in text and "\n| dpo | " not in text
@@ -50,8 +51,10 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     steps = [json.loads(line)["step"] for line in (run_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
     evals = sorted(p.name for p in (run_dir / "eval").glob("*.json"))
-    for model in ("base", "sft", "rl"):
+    for model in ("sft", "rl"):
         assert f"{model}--medium3-held-out.json" in evals and f"{model}--sampled.json" in evals
+    assert [e for e in evals if e.startswith("base--")] == ["base--medium3-held-out.json"]  # the base model: greedy held-out only
+    assert "\n| base - sft | 8 |" in text and text.split("\n| base | ")[1].split("\n")[0].endswith("| - | - | - |")
     assert (run_dir / "rl" / "model" / "config.json").is_file() and (run_dir / "rl" / "adapter").is_dir()  # LoRA: adapter + merged model
     assert not list(run_dir.glob("*/checkpoints")), "finished stages keep no checkpoints by default"
 

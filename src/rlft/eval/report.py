@@ -66,19 +66,20 @@ def plot_samples_vs_score(runs: dict[str, list[dict]], path: Path, *, start: flo
 
 
 def plot_grouped_bars(values: dict[str, dict[str, float]], path: Path, *, title: str, ylabel: str) -> Path:
-    """Grouped bars: ``values[group][series]``, e.g. ``values["easy3"]["sft"] = 0.41``."""
+    """Grouped bars: ``values[group][series]``, e.g. ``values["easy3"]["sft"] = 0.41``; a series missing from a group
+    has no bar there."""
     groups = list(values)
     series = list(dict.fromkeys(s for g in groups for s in values[g]))
     width = 0.8 / max(len(series), 1)
     fig, ax = plt.subplots(figsize=(max(5, 1.8 * len(groups) + 2), 3.5))
     for i, name in enumerate(series):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
-        ys = [values[group].get(name, 0.0) for group in groups]
+        ys = [values[group].get(name, float("nan")) for group in groups]  # a series absent from a group: no bar
         bars = ax.bar(xs, ys, width, label=name)
-        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+        ax.bar_label(bars, labels=["" if y != y else f"{y:.2f}" for y in ys], fontsize=8)
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(ylabel)
-    ax.set_ylim(0, max(1.0, max((v for g in values.values() for v in g.values()), default=1.0)) * 1.1)
+    ax.set_ylim(0, max(1.0, max((v for g in values.values() for v in g.values() if v == v), default=1.0)) * 1.1)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

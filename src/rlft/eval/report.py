@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -76,10 +77,10 @@ def plot_grouped_bars(values: dict[str, dict[str, float]], path: Path, *, title:
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
         ys = [values[group].get(name, float("nan")) for group in groups]  # a series absent from a group: no bar
         bars = ax.bar(xs, ys, width, label=name)
-        ax.bar_label(bars, labels=["" if y != y else f"{y:.2f}" for y in ys], fontsize=8)
+        ax.bar_label(bars, labels=["" if math.isnan(y) else f"{y:.2f}" for y in ys], fontsize=8)
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(ylabel)
-    ax.set_ylim(0, max(1.0, max((v for g in values.values() for v in g.values() if v == v), default=1.0)) * 1.1)
+    ax.set_ylim(0, max(1.0, max((v for g in values.values() for v in g.values() if not math.isnan(v)), default=1.0)) * 1.1)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

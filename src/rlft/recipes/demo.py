@@ -120,8 +120,8 @@ class DemoConfig:
     rl_temperature: float = 1.0
     """RL sampling temperature (log-probs are taken at the same temperature)."""
     rl_eval_every: int = 5
-    """Greedy evaluation on the first rl_eval_limit held-out tasks every N RL steps, at step 0 and at the end: the
-    points of the samples-vs-score plot (0: none)."""
+    """Greedy evaluation on the first rl_eval_limit held-out tasks every N RL steps and at the end: the points of the
+    samples-vs-score plot, which starts from the SFT model's score on the same tasks (no step-0 evaluation; 0: none)."""
     rl_eval_limit: int = 100
     """Held-out tasks of the in-loop RL evaluation."""
     pairs_prompts: int = 480

@@ -63,6 +63,10 @@ VARIANTS: dict[str, dict] = {
     # more prompts per update, fewer samples each (32 x k=4, no refill: all-equal groups are skipped in the update)
     "grpo_wide_lora_2e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", k=4, prompts_per_step=32,
                                lora_r=16, lora_alpha=32.0, lr=2e-4),
+    # iterated RAFT (expert iteration): 64 prompts x k=4 per step, SFT-style token-mean likelihood of the correct
+    # samples, 2 passes over each batch: 4x the distinct tasks per update of the 8 x 8 runs, each sample used twice
+    "raft_wide_1e5": dict(kind="rl", advantage="raft", loss="raft", raft_threshold=1.0, k=4, prompts_per_step=64,
+                          loss_mode="token_mean", ppo_epochs=2, lr=1e-5),
     "dapo_lora_3e4": dict(kind="rl", advantage="grpo", loss="ppo", clip_high=0.28, loss_mode="token_mean", filter_groups=True,
                           ppo_epochs=2, lora_r=16, lora_alpha=32.0, lr=3e-4),
     "grpo_filter_5e6": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lr=5e-6),

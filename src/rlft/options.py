@@ -7,13 +7,45 @@
 - :class:`DistributedOptions`: ``--distributed auto|ddp|fsdp2`` (sft, dpo, rm, rl/rloo under torchrun; auto: fsdp2,
   or ddp with LoRA, see :func:`resolved_strategy`);
 - :class:`RolloutOptions`: ``--rollout-engine``, ``--rollout-url`` (eval countdown, pairs countdown; the RL loop
-  has its own ``--rollout-engine hf|vllm``: a server's weights cannot follow the policy).
+  has its own ``--rollout-engine hf|vllm``: a server's weights cannot follow the policy);
+- :class:`DeviceOptions`: ``--device``, ``--dtype`` (every command that loads a model);
+- :class:`RunOptions`: ``--save-every``, ``--keep-checkpoints``, ``--resume``, ``--overwrite``,
+  ``--resume-override`` and the device options (sft, dpo, rm, rl/rloo: the training recipes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """``--device``, ``--dtype``: where a command runs and in what precision (see :func:`rlft.models.pick_device`)."""
+
+    device: str = "auto"
+    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    dtype: str = "auto"
+    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+
+
+@dataclass(frozen=True)
+class RunOptions(DeviceOptions):
+    """A training run's folder: checkpoints, resuming, replacing (and ``--device``, ``--dtype``)."""
+
+    save_every: int = 50
+    """Write a resumable checkpoint every this many steps (0: only the final model)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    resume: bool = False
+    """Continue from the latest checkpoint in --output-dir: model, optimizer, scheduler, RNG state and data position
+    (DPO also reads its cached reference log-probs back)."""
+    overwrite: bool = False
+    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
+    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
+    resume_override: tuple[str, ...] = ()
+    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
+    difference is refused. A longer --max-steps needs no override."""
 
 
 @dataclass(frozen=True)

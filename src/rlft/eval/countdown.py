@@ -19,7 +19,7 @@ from rlft.validation import validate_options
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.rollout.base import GenerationEngine, SamplingParams
 from rlft.types import CountdownTask
-from rlft.options import RolloutOptions
+from rlft.options import DeviceOptions, RolloutOptions
 
 PROMPT_TAIL_CHARS = 200
 
@@ -162,7 +162,7 @@ def paired_difference(a: list[list[float]], b: list[list[float]], *, z: float = 
 
 
 @dataclass(frozen=True)
-class EvalCountdownConfig(RolloutOptions):
+class EvalCountdownConfig(DeviceOptions, RolloutOptions):
     """Evaluate a model on held-out Countdown tasks."""
 
     model: str = "smollm2-135m"
@@ -194,10 +194,6 @@ class EvalCountdownConfig(RolloutOptions):
     """Sequences generated together."""
     output: str | None = None
     """Write the metrics and examples to this JSON file."""
-    device: str = "auto"
-    """"auto", "cpu", "cuda", "cuda:1", ..."""
-    dtype: str = "auto"
-    """"auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16" or "float16"."""
     seed: int = 0
     """Sampling seed."""
 

@@ -36,6 +36,7 @@ from rlft.console import console
 from rlft.data.files import DataError, read_rows, write_jsonl
 from rlft.eval.report import markdown_table
 from rlft.eval.stats import Z_95
+from rlft.options import DeviceOptions
 from rlft.rewards.reward_model import Messages, as_messages
 from rlft.validation import validate_options
 
@@ -43,7 +44,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class WinrateConfig:
+class WinrateConfig(DeviceOptions):
     """Win-rate of a policy against a reference model, judged by a (local or remote) reward model."""
 
     policy: str = "runs/dpo/model"
@@ -91,10 +92,6 @@ class WinrateConfig:
     """How many example prompts report.md shows."""
     seed: int = 0
     """Sampling seed (temperature > 0)."""
-    device: str = "auto"
-    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
-    dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
 
     def __post_init__(self) -> None:
         validate_options(self)

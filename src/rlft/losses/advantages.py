@@ -104,8 +104,8 @@ def raft_advantages(rewards: torch.Tensor, threshold: float | None = None) -> to
     - ``threshold=None``: ``A_i = 1`` for the samples holding their group's maximum reward, *unless*
       the group's rewards are all equal (no sample is better than another: all 0).
 
-    Used with ``--loss reinforce`` this is RAFT (at ratio 1 the gradient is that of
-    ``-log pi`` of the selected samples); with ``--loss ppo`` it is RAFT++ (importance ratio and
+    Used with ``--loss raft`` (:func:`rlft.losses.pg.raft_loss`) this is RAFT (the gradient is that of
+    ``-log pi`` of the selected samples); with ``--loss raft++`` it is RAFT++ (importance ratio and
     clipping on the same selection).
 
     Args:

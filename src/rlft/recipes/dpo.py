@@ -71,7 +71,7 @@ from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions
-from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, resolved_strategy
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, RunOptions, resolved_strategy
 from rlft.recipes.common import (batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
                                  save_training_checkpoint, write_run_config)
 from rlft.validation import OptionError, validate_options
@@ -84,7 +84,7 @@ REF_CACHE = "ref_logps.pt"
 
 
 @dataclass(frozen=True)
-class DPOConfig(LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
+class DPOConfig(RunOptions, LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
     """Preference optimisation (DPO / IPO / RPO) of a model, usually an SFT model, on chosen/rejected pairs."""
 
     model: str = "runs/sft/model"
@@ -158,22 +158,6 @@ class DPOConfig(LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
     """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
     seed: int = 0
     """Seed for data order."""
-    save_every: int = 50
-    """Write a resumable checkpoint every this many steps (0: only the final model)."""
-    keep_checkpoints: int = 2
-    """How many recent checkpoints to keep."""
-    resume: bool = False
-    """Continue from the latest checkpoint in --output-dir (reference log-probs are read from its cache)."""
-    overwrite: bool = False
-    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
-    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
-    resume_override: tuple[str, ...] = ()
-    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
-    difference is refused. A longer --max-steps needs no override."""
-    device: str = "auto"
-    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
-    dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_lora()

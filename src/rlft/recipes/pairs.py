@@ -33,13 +33,13 @@ from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
 from rlft.types import CountdownTask
 from rlft.validation import OptionError, validate_options
-from rlft.options import RolloutOptions
+from rlft.options import DeviceOptions, RolloutOptions
 
 log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class PairsConfig(RolloutOptions):
+class PairsConfig(DeviceOptions, RolloutOptions):
     """Sample responses to Countdown training prompts, score them, and write best-vs-worst preference pairs."""
 
     model: str = "runs/sft/model"
@@ -79,10 +79,6 @@ class PairsConfig(RolloutOptions):
     """Where to write the pairs (JSONL); stats go to the same name with suffix .stats.json."""
     seed: int = 0
     """Sampling seed."""
-    device: str = "auto"
-    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
-    dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
 
     def __post_init__(self) -> None:
         validate_options(self)

@@ -50,7 +50,7 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions
-from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, resolved_strategy
+from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, RunOptions, resolved_strategy
 from rlft.recipes.common import (TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
                                  save_training_checkpoint, write_run_config)
 from rlft.validation import OptionError, validate_options
@@ -62,7 +62,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class RMConfig(LoRAOptions, CheckpointingOptions, PackingOptions, DistributedOptions):
+class RMConfig(RunOptions, LoRAOptions, CheckpointingOptions, PackingOptions, DistributedOptions):
     """Train a scalar reward model on preference pairs with a Bradley-Terry loss."""
 
     model: str = DEFAULT_MODEL
@@ -142,22 +142,6 @@ class RMConfig(LoRAOptions, CheckpointingOptions, PackingOptions, DistributedOpt
     """Evaluate held-out pairwise accuracy every this many steps (0: only at the end)."""
     seed: int = 0
     """Seed for the score-head init, the held-out split and data order."""
-    save_every: int = 50
-    """Write a resumable checkpoint every this many steps (0: only the final model)."""
-    keep_checkpoints: int = 2
-    """How many recent checkpoints to keep."""
-    resume: bool = False
-    """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, data position)."""
-    overwrite: bool = False
-    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
-    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
-    resume_override: tuple[str, ...] = ()
-    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
-    difference is refused. A longer --max-steps needs no override."""
-    device: str = "auto"
-    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
-    dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_lora()

@@ -69,7 +69,7 @@ from rlft import distributed
 from rlft.checkpoint import read_metrics
 from rlft.console import console, training_progress
 from rlft.lora import LoRAOptions, adapters_disabled, merged_copy
-from rlft.options import DistributedOptions, MemoryOptions, resolved_strategy
+from rlft.options import DistributedOptions, MemoryOptions, RunOptions, resolved_strategy
 from rlft.losses.advantages import ADVANTAGES, raft_advantages
 from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
@@ -100,7 +100,7 @@ LossMode = Literal["seq_sum", "seq_mean", "token_mean"]
 
 
 @dataclass(frozen=True)
-class RLConfig(LoRAOptions, MemoryOptions, DistributedOptions):
+class RLConfig(RunOptions, LoRAOptions, MemoryOptions, DistributedOptions):
     """RL fine-tuning (one loop; advantage estimator and policy loss chosen by name) on Countdown prompts with the
     rule reward, or on chat prompts with a reward model or remote judge."""
 
@@ -254,22 +254,8 @@ class RLConfig(LoRAOptions, MemoryOptions, DistributedOptions):
     eval_every steps, at step 0 and at the end; 0: off)."""
     save_every: int = 25
     """Write a resumable checkpoint every this many steps (0: only the final model)."""
-    keep_checkpoints: int = 2
-    """How many recent checkpoints to keep."""
-    resume: bool = False
-    """Continue from the latest checkpoint in --output-dir (model, optimizer, scheduler, RNG, step)."""
-    overwrite: bool = False
-    """Replace a run already in --output-dir: it is moved aside to <output-dir>.replaced-<time> (logged) once the
-    inputs are validated. Without it (or --resume) a folder holding a run is refused."""
-    resume_override: tuple[str, ...] = ()
-    """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
-    difference is refused. A longer --max-steps needs no override."""
     seed: int = 0
     """Seed of the prompt order and of sampling (step s samples with a seed derived from seed and s)."""
-    device: str = "auto"
-    """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
-    dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
 
     def __post_init__(self) -> None:
         validate_options(self)  # types, counts >= 1, rates > 0, coefficients >= 0, known presets/templates

@@ -266,9 +266,14 @@ def _real_data_path(cfg: DemoConfig) -> Path | None:
     return next((Path(p) for p in REAL_DATA_CANDIDATES if Path(p).is_file()), None)
 
 
+def heldout_set(cfg: DemoConfig) -> str:
+    """Name of the held-out evaluation set (``"medium3 held-out"``): every model's paired comparison is on it."""
+    return f"{cfg.preset} held-out"
+
+
 def eval_sets(cfg: DemoConfig) -> dict[str, list[CountdownTask]]:
     """The named evaluation sets of the demo (see the module docstring); the held-out set comes first."""
-    sets = {f"{cfg.preset} held-out": make_splits(PRESETS[cfg.preset], 0, cfg.eval_limit, cfg.split_seed)[1]}
+    sets = {heldout_set(cfg): make_splits(PRESETS[cfg.preset], 0, cfg.eval_limit, cfg.split_seed)[1]}
     if cfg.standard_limit:
         sets["standard (generated)"] = generate_tasks(PRESETS["standard"], cfg.standard_limit, seed=f"demo-standard-{cfg.split_seed}")
     real = _real_data_path(cfg)
@@ -290,9 +295,9 @@ def _eval_jobs(cfg: DemoConfig, sets: dict[str, list[CountdownTask]], sampled: b
     greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     jobs = {name: (tasks, greedy) for name, tasks in sets.items()}
     if cfg.passk and sampled:
-        held_out = next(iter(sets.values()))[: cfg.passk_limit]
-        jobs[SAMPLED_SET] = (held_out, SamplingParams(k=cfg.passk, temperature=cfg.passk_temperature, top_p=cfg.passk_top_p,
-                                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
+        sampling = SamplingParams(k=cfg.passk, temperature=cfg.passk_temperature, top_p=cfg.passk_top_p,
+                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+        jobs[SAMPLED_SET] = (sets[heldout_set(cfg)][: cfg.passk_limit], sampling)
     return jobs
 
 
@@ -396,7 +401,7 @@ def _samples_vs_score_section(cfg: DemoConfig, run_dir: Path, results: dict[str,
 
 def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]], sets: dict[str, list[CountdownTask]], timings: dict[str, float], notes: list[str]) -> Path:
     """``report.md`` with the results tables, the paired table, plots and example completions; returns its path."""
-    held_out = next(iter(sets))
+    held_out = heldout_set(cfg)
     plot_grouped_bars({s: {m: results[m][s].mean_score for m in results if s in results[m]} for s in sets}, run_dir / "scores.png", title="Countdown mean score by model (greedy)", ylabel="mean score")
     header = ["model", "mean score", "accuracy", "format rate", "truncated"]
     if cfg.passk:
@@ -516,7 +521,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                   seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype)
 
     with _Timer(timings, "evaluate base"):  # greedy on the held-out set only: the untuned model writes no answer
-        held_out = next(iter(sets))        # (0.000 everywhere, 250 s of the 45-minute budget when it ran every set)
+        held_out = heldout_set(cfg)        # (0.000 everywhere, 250 s of the 45-minute budget when it ran every set)
         results = {"base": evaluate_model(cfg.model, "base", {held_out: sets[held_out]}, cfg, run_dir / "eval", sampled=False)}
 
     sft = run_dir / "sft" / "model"

@@ -239,6 +239,27 @@ def report(out: Path, n: int, sft_dir: Path) -> str:
     return "\n".join(rows)
 
 
+def churn(out: Path, n: int) -> str:
+    """Which held-out tasks the finished variants flip: per run, tasks whose greedy score changed vs the SFT
+    start (up / down), the tasks changed by any run, and the mean pairwise Pearson correlation of the runs'
+    per-task differences (near 0: each run flips its own tasks; near 1: every run flips the same ones)."""
+    import itertools
+    import statistics
+
+    start = [row[0] for row in json.loads((out / "sft_start" / f"eval_greedy_{n}.json").read_text())["task_scores"]]
+    diffs = {}
+    for path in sorted(out.glob(f"*/s*/eval_greedy_{n}.json")):
+        diffs[f"{path.parent.parent.name} s{path.parent.name[1:]}"] = [
+            row[0] - s0 for row, s0 in zip(json.loads(path.read_text())["task_scores"], start)]
+    lines = [f"{name}: {sum(d != 0 for d in v)} changed ({sum(d > 0 for d in v)} up, {sum(d < 0 for d in v)} down)"
+             for name, v in diffs.items()]
+    changed = sum(any(v[i] != 0 for v in diffs.values()) for i in range(len(start)))
+    pairs = [statistics.correlation(a, b) for a, b in itertools.combinations(diffs.values(), 2)]
+    lines.append(f"tasks changed by any run: {changed} of {len(start)}; per-task differences, mean pairwise "
+                 f"correlation {statistics.fmean(pairs):.2f} (min {min(pairs):.2f}, max {max(pairs):.2f}) over {len(pairs)} pairs")
+    return "\n".join(lines)
+
+
 def sft_curve(run: Path, out: Path, n: int, every: int) -> list[dict]:
     """Greedy held-out score of an SFT run's checkpoints (every ``every`` steps) and final model: the
     convergence curve. Cached per checkpoint in ``out/sft_curve/step-N``; plotted to ``out/sft_curve.png``."""
@@ -284,7 +305,7 @@ def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "report", "list", "sft-curve"])
+    parser.add_argument("command", choices=["run", "report", "list", "sft-curve", "churn"])
     parser.add_argument("--sft-run", type=Path, default=Path("runs/exp/sft"), help="sft-curve: the SFT run folder")
     parser.add_argument("--every", type=int, default=50, help="sft-curve: evaluate every N-th step's checkpoint")
     parser.add_argument("--sft", type=Path, default=Path("runs/exp/sft/model"))
@@ -303,6 +324,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "sft-curve":
         for point in sft_curve(args.sft_run, args.out, args.tasks, args.every):
             print(point)
+        return
+    if args.command == "churn":
+        print(churn(args.out, args.tasks))
         return
     if args.command == "list":
         print("\n".join(f"{k}: {v}" for k, v in VARIANTS.items()))

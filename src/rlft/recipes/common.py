@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from rlft import distributed
+from rlft.console import console
 from rlft.checkpoint import MetricsLog, checkpoint_folders, save_checkpoint, checkpoint_problem, count_metrics, read_trainer_state, restore_trainer_state
 from rlft.models import DeviceSpec, load_model
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
@@ -221,6 +222,27 @@ def save_training_checkpoint(setup: TrainingSetup, run_dir: Path, step: int, tok
         save_checkpoint(run_dir, step, setup.model, tokenizer, setup.optimizer, setup.scheduler, keep=keep, config=config,
                         model_state=model_state, optimizer_state=optimizer_state)
     distributed.barrier()
+
+
+def checkpoint_if_due(setup: TrainingSetup, run_dir: Path, step: int, total_steps: int, tokenizer, cfg) -> None:
+    """After optimizer step ``step`` (1-based) of ``total_steps``: :func:`save_training_checkpoint` every
+    ``cfg.save_every`` steps (0: never), except after the last step (the final model is written instead), keeping
+    ``cfg.keep_checkpoints``. Call it on every rank."""
+    if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
+        save_training_checkpoint(setup, run_dir, step, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
+
+
+def finish_run(run_dir: Path, model: torch.nn.Module, tokenizer, cfg, tracker, name: str) -> Path:
+    """End of a recipe, on every rank: close the tracker, write the final model (:func:`save_final`) and, on rank 0,
+    the run's ``config.yaml`` and a "<name> done" line; then a barrier. Returns ``run_dir/model``."""
+    if tracker is not None:
+        tracker.close()
+    final = save_final(run_dir, model, tokenizer)
+    if distributed.is_main():
+        write_run_config(run_dir, cfg)
+        console.print(f"[green]{name} done[/]: model saved to {final}")
+    distributed.barrier()
+    return final
 
 
 def save_final(run_dir: Path, model: torch.nn.Module, tokenizer) -> Path:

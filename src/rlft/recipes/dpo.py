@@ -60,7 +60,7 @@ from typing import Callable, Literal
 import torch
 
 from rlft import distributed
-from rlft.console import console, training_progress
+from rlft.console import training_progress
 from rlft.data import preferences
 from rlft.data.chat import ensure_chat_template
 from rlft.data.chat import tokenize_preference_pair as tokenize_chat_sequences
@@ -72,8 +72,8 @@ from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions
 from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, RunOptions, resolved_strategy
-from rlft.recipes.common import (batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
-                                 save_training_checkpoint, write_run_config)
+from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, length_grouped,
+                                 optimizer_step, prepare_training)
 from rlft.validation import OptionError, validate_options
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.tracking import attach_tracker
@@ -603,13 +603,5 @@ def train_dpo(cfg: DPOConfig) -> Path:
                       "tokens": seen, "tokens_per_s": seen / elapsed}
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_training_checkpoint(setup, run_dir, step + 1, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
-    if tracker is not None:
-        tracker.close()
-    final = save_final(run_dir, model, tokenizer)
-    if distributed.is_main():
-        write_run_config(run_dir, cfg)
-        console.print(f"[green]{cfg.loss_type.upper()} done[/]: model saved to {final}")
-    distributed.barrier()
-    return final
+            checkpoint_if_due(setup, run_dir, step + 1, total_steps, tokenizer, cfg)
+    return finish_run(run_dir, model, tokenizer, cfg, tracker, cfg.loss_type.upper())

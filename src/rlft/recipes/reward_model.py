@@ -51,8 +51,8 @@ from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions
 from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, RunOptions, resolved_strategy
-from rlft.recipes.common import (TrainingSetup, batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
-                                 save_training_checkpoint, write_run_config)
+from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, length_grouped, optimizer_step,
+                                 prepare_training, save_final, TrainingSetup, write_run_config)
 from rlft.validation import OptionError, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
@@ -393,8 +393,7 @@ def train_rm(cfg: RMConfig) -> Path:
                 info += f"  eval acc {last_eval['accuracy']:.3f}"
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=info)
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and not is_last:
-                save_training_checkpoint(setup, run_dir, step + 1, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
+            checkpoint_if_due(setup, run_dir, step + 1, total_steps, tokenizer, cfg)
     if tracker is not None:
         tracker.close()
     if not distributed.is_main() and not sharded:

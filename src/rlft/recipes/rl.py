@@ -67,15 +67,15 @@ import torch
 
 from rlft import distributed
 from rlft.checkpoint import read_metrics
-from rlft.console import console, training_progress
+from rlft.console import training_progress
 from rlft.lora import LoRAOptions, adapters_disabled, merged_copy
 from rlft.options import DistributedOptions, MemoryOptions, RunOptions, resolved_strategy
 from rlft.losses.advantages import ADVANTAGES, raft_advantages
 from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
 from rlft.ops import masked_sum
-from rlft.recipes.common import (batch_indices, claim_run_dir, optimizer_step, prepare_training, save_final, save_training_checkpoint,
-                                 write_run_config)
+from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, optimizer_step,
+                                 prepare_training)
 from rlft.recipes.memory import enable_gradient_checkpointing
 from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import (batch_logprobs, filler_batch, generation_seed, gradient_rows, policy_loss_backward, rollout_batch, synced_passes,
@@ -615,13 +615,5 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             if cfg.filter_groups:
                 info += f"  groups {B}/{record['groups/tried']}"
             progress.update(bar, advance=1, info=info)
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_training_checkpoint(setup, run_dir, step + 1, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
-    if tracker is not None:
-        tracker.close()
-    final = save_final(run_dir, model, tokenizer)
-    if distributed.is_main():
-        write_run_config(run_dir, cfg)
-        console.print(f"[green]RL done[/]: model saved to {final}")
-    distributed.barrier()
-    return final
+            checkpoint_if_due(setup, run_dir, step + 1, total_steps, tokenizer, cfg)
+    return finish_run(run_dir, model, tokenizer, cfg, tracker, "RL")

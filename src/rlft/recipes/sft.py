@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 
 from rlft import distributed
-from rlft.console import console, training_progress
+from rlft.console import training_progress
 from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
 from rlft.data.preferences import ChatExample, load_chat_examples
@@ -49,8 +49,8 @@ from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions
 from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, RunOptions, resolved_strategy
-from rlft.recipes.common import (batch_indices, claim_run_dir, length_grouped, optimizer_step, prepare_training, save_final,
-                                 save_training_checkpoint, write_run_config)
+from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, length_grouped,
+                                 optimizer_step, prepare_training)
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.tracking import attach_tracker
 from rlft.ops import sequence_logprobs
@@ -381,13 +381,5 @@ def train_sft(cfg: SFTConfig) -> Path:
             }
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total_steps:
-                save_training_checkpoint(setup, run_dir, step + 1, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
-    if tracker is not None:
-        tracker.close()
-    final = save_final(run_dir, model, tokenizer)
-    if distributed.is_main():
-        write_run_config(run_dir, cfg)
-        console.print(f"[green]SFT done[/]: model saved to {final}")
-    distributed.barrier()
-    return final
+            checkpoint_if_due(setup, run_dir, step + 1, total_steps, tokenizer, cfg)
+    return finish_run(run_dir, model, tokenizer, cfg, tracker, "SFT")

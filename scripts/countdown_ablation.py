@@ -248,9 +248,9 @@ def churn(out: Path, n: int) -> str:
 
     start = [row[0] for row in json.loads((out / "sft_start" / f"eval_greedy_{n}.json").read_text())["task_scores"]]
     diffs = {}
-    for path in sorted(out.glob(f"*/s*/eval_greedy_{n}.json")):
-        diffs[f"{path.parent.parent.name} s{path.parent.name[1:]}"] = [
-            row[0] - s0 for row, s0 in zip(json.loads(path.read_text())["task_scores"], start)]
+    for name in VARIANTS:  # the variants' finished seeds, as report() lists them
+        for path in sorted((out / name).glob(f"s*/eval_greedy_{n}.json")):
+            diffs[f"{name} s{path.parent.name[1:]}"] = [row[0] - s0 for row, s0 in zip(json.loads(path.read_text())["task_scores"], start)]
     lines = [f"{name}: {sum(d != 0 for d in v)} changed ({sum(d > 0 for d in v)} up, {sum(d < 0 for d in v)} down)"
              for name, v in diffs.items()]
     changed = sum(any(v[i] != 0 for v in diffs.values()) for i in range(len(start)))

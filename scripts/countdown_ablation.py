@@ -70,6 +70,10 @@ VARIANTS: dict[str, dict] = {
     "dapo_lora_3e4": dict(kind="rl", advantage="grpo", loss="ppo", clip_high=0.28, loss_mode="token_mean", filter_groups=True,
                           ppo_epochs=2, lora_r=16, lora_alpha=32.0, lr=3e-4),
     "grpo_filter_5e6": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lr=5e-6),
+    # the protocol recipe above run 3x as long (60 steps, ~7.5k samples generated): the seed-0/1 runs resume from
+    # grpo_filter_lora_1e4's step-15 checkpoints (constant lr: the same trajectory), so their first 15 steps are shared
+    "grpo_filter_lora_1e4_60": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True,
+                                    lora_r=16, lora_alpha=32.0, lr=1e-4, max_steps=60),
     "rloo_lora_5e5": dict(kind="rl", advantage="rloo", loss="reinforce", lora_r=16, lora_alpha=32.0, lr=5e-5),
     # preference optimisation on on-policy pairs (2 samples at T=1 per prompt, ties dropped)
     "dpo": dict(kind="dpo", loss_type="dpo", lr=1e-6),
@@ -78,6 +82,8 @@ VARIANTS: dict[str, dict] = {
     "rpo_lora_1e4": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4),
     # the baseline: SFT continued on its own dataset for the wall-clock of an RL run
     "sft_continued": dict(kind="sft", lr=2e-5),
+    # the baseline of grpo_filter_lora_1e4_60: continued SFT for that run's summed RL step time (same seed)
+    "sft_continued_60": dict(kind="sft", lr=2e-5, budget_of="grpo_filter_lora_1e4_60"),
 }
 
 
@@ -154,7 +160,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
     model_dir = folder / "run" / "model"
     if not model_dir.exists():
         t0 = time.perf_counter()
-        options = {k: v for k, v in spec.items() if k != "kind"}
+        options = {k: v for k, v in spec.items() if k not in ("kind", "budget_of")}
         if spec["kind"] == "rl":
             from rlft.recipes.rl import RLConfig, train_rl
 
@@ -176,7 +182,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
         else:  # continued SFT for the wall-clock of the matching RL run
             from rlft.recipes.sft import SFTConfig, train_sft
 
-            budget = rl_wallclock(out, seed)
+            budget = rl_step_seconds(out / spec["budget_of"] / f"s{seed}") if "budget_of" in spec else rl_wallclock(out, seed)
             sft_steps = max(1, round(budget / sft_step_s))
             train_sft(SFTConfig(**options, model=str(sft), data="countdown", preset=PRESET, num_train=3000,
                                 heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, trace_style="direct", prompt_template=PROMPT,
@@ -184,6 +190,16 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
                                 schedule="constant", warmup_ratio=0.0, seed=seed, save_every=0, device="cpu", dtype="float32"))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     evaluate(model_dir, folder, n, sampled, seed, real)
+
+
+def rl_step_seconds(folder: Path) -> float:
+    """Summed ``time/step_s`` (sampling, reward, update, in-loop evaluation) of the finished RL run in ``folder``:
+    its wall-clock less start-up and saving, also when it was resumed (its metrics keep the earlier steps)."""
+    from rlft.checkpoint import read_metrics
+
+    if not (folder / "run" / "model").exists():
+        raise SystemExit(f"{folder} has no finished RL run (its step time is the continued-SFT budget)")
+    return sum(r["time/step_s"] for r in read_metrics(folder / "run" / "metrics.jsonl") if "time/step_s" in r)
 
 
 def rl_wallclock(out: Path, seed: int) -> float:

@@ -1,0 +1,55 @@
+"""scripts/countdown_ablation.py: the continued-SFT baseline's budget is the matching RL run's step time."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "countdown_ablation.py"
+
+
+@pytest.fixture(scope="module")
+def ablation():
+    spec = importlib.util.spec_from_file_location("countdown_ablation", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finished_rl_run(folder: Path, step_seconds: list[float | None]) -> None:
+    """A finished RL run folder: model/ and a metrics.jsonl whose records carry the given time/step_s."""
+    (folder / "run" / "model").mkdir(parents=True)
+    records = [{"step": i + 1, **({"time/step_s": s} if s is not None else {})} for i, s in enumerate(step_seconds)]
+    (folder / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_rl_step_seconds_sums_every_logged_step(ablation, tmp_path):
+    _finished_rl_run(tmp_path / "run_a", [50.0, 61.5, None, 70.25])  # a record without a step time counts 0
+    assert ablation.rl_step_seconds(tmp_path / "run_a") == pytest.approx(181.75)
+
+
+def test_rl_step_seconds_refuses_an_unfinished_run(ablation, tmp_path):
+    (tmp_path / "run_b" / "run").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="no finished RL run"):
+        ablation.rl_step_seconds(tmp_path / "run_b")
+
+
+def test_budget_of_sizes_continued_sft_to_the_named_run(ablation, tmp_path):
+    """sft_continued_60 trains round(summed step time / seconds per SFT step) steps, from the same seed's run."""
+    _finished_rl_run(tmp_path / "grpo_filter_lora_1e4_60" / "s1", [60.0] * 10)  # 600 s
+    _finished_rl_run(tmp_path / "grpo_filter_lora_1e4_60" / "s0", [10.0])  # another seed: not used
+    seen = {}
+
+    def fake_train_sft(cfg):
+        seen["max_steps"], seen["seed"], seen["lr"] = cfg.max_steps, cfg.seed, cfg.lr
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    with mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch.object(ablation, "evaluate") as evaluate:
+        ablation.run_variant("sft_continued_60", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+    assert seen == {"max_steps": round(600 / 6.5), "seed": 1, "lr": 2e-5}
+    assert evaluate.call_count == 1
+    assert json.loads((tmp_path / "sft_continued_60" / "s1" / "train_time.json").read_text())["seconds"] >= 0

@@ -187,7 +187,8 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
             train_sft(SFTConfig(**options, model=str(sft), data="countdown", preset=PRESET, num_train=3000,
                                 heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, trace_style="direct", prompt_template=PROMPT,
                                 output_dir=str(folder / "run"), batch_size=16, micro_batch_size=16, max_steps=sft_steps,
-                                schedule="constant", warmup_ratio=0.0, seed=seed, save_every=0, device="cpu", dtype="float32"))
+                                schedule="constant", warmup_ratio=0.0, seed=seed, save_every=50, keep_checkpoints=1,
+                                resume=(folder / "run" / "checkpoints").exists(), device="cpu", dtype="float32"))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     evaluate(model_dir, folder, n, sampled, seed, real)
 

@@ -320,6 +320,49 @@ def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
                      title="Held-out score against samples seen")
 
 
+def plot_paired(out: Path, n: int) -> Path | None:
+    """Every finished RL variant/seed's greedy score on the ``n`` held-out tasks, paired against the SFT start
+    (mean difference with its 95% interval), against the samples its run generated, with the issue's +0.05 bar;
+    ``out/paired_vs_samples.png`` (None when no run is finished)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlft.checkpoint import read_metrics
+
+    sft = out / "sft_start" / f"eval_greedy_{n}.json"
+    if not sft.exists():
+        return None
+    start = json.loads(sft.read_text())
+    points = {}
+    for name, spec in VARIANTS.items():
+        for folder in (sorted((out / name).glob("s*")) if spec["kind"] == "rl" and (out / name).exists() else []):
+            path, records = folder / f"eval_greedy_{n}.json", read_metrics(folder / "run" / "metrics.jsonl")
+            if path.exists() and records:
+                d = paired(json.loads(path.read_text()), start)
+                points.setdefault(name, []).append((records[-1]["samples/total"], d["diff"], d["ci_low"], d["ci_high"]))
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)
+    for name, rows in points.items():
+        xs, ys, lo, hi = zip(*rows)
+        ax.errorbar(xs, ys, yerr=[[y - l for y, l in zip(ys, lo)], [h - y for y, h in zip(ys, hi)]], fmt="o", capsize=3,
+                    label=f"{name} ({len(rows)} seed{'s' if len(rows) > 1 else ''})")
+    ax.axhline(0.0, color="grey", linestyle="--", linewidth=1, label="SFT start")
+    ax.axhline(0.05, color="black", linestyle=":", linewidth=1, label="issue's bar (+0.05)")
+    ax.set_xlabel("samples generated")
+    ax.set_ylabel(f"greedy score - SFT start ({n} tasks, 95% CI)")
+    ax.set_title("RL runs on the held-out tasks, paired against the SFT start")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path = out / "paired_vs_samples.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "report", "list", "sft-curve", "churn"])
@@ -358,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     print(report(args.out, args.tasks, args.sft))
     if args.command == "report":
         print(plot_samples_vs_score(args.out))
+        print(plot_paired(args.out, args.tasks))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ def plot_samples_vs_score(runs: dict[str, list[dict]], path: Path, *, start: flo
     score on the same tasks: a dashed line marks it, and a run with no point at 0 samples (evaluated with
     ``eval_at_start`` off) starts there; ``start_label`` names it in the legend.
     """
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)  # 20 distinct colours: an ablation draws more than tab10's 10 lines
     drawn = 0
     for label, records in runs.items():
         points = [(r["samples/total"], r["eval/score"]) for r in records if "eval/score" in r and "samples/total" in r]
@@ -59,7 +60,7 @@ def plot_samples_vs_score(runs: dict[str, list[dict]], path: Path, *, start: flo
     ax.set_xlabel("samples generated")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a line
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -70,7 +70,7 @@ VARIANTS: dict[str, dict] = {
     "dapo_lora_3e4": dict(kind="rl", advantage="grpo", loss="ppo", clip_high=0.28, loss_mode="token_mean", filter_groups=True,
                           ppo_epochs=2, lora_r=16, lora_alpha=32.0, lr=3e-4),
     "grpo_filter_5e6": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lr=5e-6),
-    # the protocol recipe above run 3x as long (60 steps, ~7.5k samples generated): the seed-0/1 runs resume from
+    # the protocol recipe above run 3x as long (60 steps, ~9k samples generated): the seed-0/1 runs resume from
     # grpo_filter_lora_1e4's step-15 checkpoints (constant lr: the same trajectory), so their first 15 steps are shared
     "grpo_filter_lora_1e4_60": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True,
                                     lora_r=16, lora_alpha=32.0, lr=1e-4, max_steps=60),
@@ -212,6 +212,13 @@ def rl_wallclock(out: Path, seed: int) -> float:
     return times[len(times) // 2]
 
 
+def seed_folders(out: Path, kind: str | None = None):
+    """``(variant name, seed folder)`` of every variant in ``VARIANTS`` order (of ``kind`` only when given), seeds sorted."""
+    for name, spec in VARIANTS.items():
+        if (kind is None or spec["kind"] == kind) and (out / name).exists():
+            yield from ((name, folder) for folder in sorted((out / name).glob("s*")))
+
+
 def paired(a: dict, b: dict) -> dict:
     from rlft.eval.countdown import paired_difference
 
@@ -236,23 +243,22 @@ def report(out: Path, n: int, sft_dir: Path) -> str:
     rows.append(f"| SFT start | - | {s['mean_score']:.3f} | - | - | {sampled['mean_score'] if sampled else float('nan'):.3f} | "
                 f"{sampled['pass_at_k']['1'] if sampled else float('nan'):.3f} | {sampled['pass_at_k']['4'] if sampled else float('nan'):.3f} | "
                 f"{real_cells(out / 'sft_start')} | - |")
-    for name in VARIANTS:
-        for folder in sorted((out / name).glob("s*")) if (out / name).exists() else []:
-            path = folder / f"eval_greedy_{n}.json"
-            if not path.exists():
-                continue
-            g = json.loads(path.read_text())
-            d = paired(g, s)
-            sp = folder / f"eval_sampled_{n}.json"
-            smp = json.loads(sp.read_text()) if sp.exists() else None
-            t = json.loads((folder / "train_time.json").read_text())["seconds"] if (folder / "train_time.json").exists() else float("nan")
-            extra = "-"
-            if smp and sampled:
-                ds = paired(smp, sampled)
-                extra = f"{smp['mean_score']:.3f} ({ds['diff']:+.3f} [{ds['ci_low']:+.3f}, {ds['ci_high']:+.3f}])"
-            rows.append(f"| {name} | {folder.name[1:]} | {g['mean_score']:.3f} | {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | "
-                        f"{d['better']}/{d['worse']} | {extra} | {smp['pass_at_k']['1'] if smp else float('nan'):.3f} | "
-                        f"{smp['pass_at_k']['4'] if smp else float('nan'):.3f} | {real_cells(folder)} | {t:.0f} |")
+    for name, folder in seed_folders(out):
+        path = folder / f"eval_greedy_{n}.json"
+        if not path.exists():
+            continue
+        g = json.loads(path.read_text())
+        d = paired(g, s)
+        sp = folder / f"eval_sampled_{n}.json"
+        smp = json.loads(sp.read_text()) if sp.exists() else None
+        t = json.loads((folder / "train_time.json").read_text())["seconds"] if (folder / "train_time.json").exists() else float("nan")
+        extra = "-"
+        if smp and sampled:
+            ds = paired(smp, sampled)
+            extra = f"{smp['mean_score']:.3f} ({ds['diff']:+.3f} [{ds['ci_low']:+.3f}, {ds['ci_high']:+.3f}])"
+        rows.append(f"| {name} | {folder.name[1:]} | {g['mean_score']:.3f} | {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | "
+                    f"{d['better']}/{d['worse']} | {extra} | {smp['pass_at_k']['1'] if smp else float('nan'):.3f} | "
+                    f"{smp['pass_at_k']['4'] if smp else float('nan'):.3f} | {real_cells(folder)} | {t:.0f} |")
     return "\n".join(rows)
 
 
@@ -265,9 +271,9 @@ def churn(out: Path, n: int) -> str:
 
     start = [row[0] for row in json.loads((out / "sft_start" / f"eval_greedy_{n}.json").read_text())["task_scores"]]
     diffs = {}
-    for name in VARIANTS:  # the variants' finished seeds, as report() lists them
-        for path in sorted((out / name).glob(f"s*/eval_greedy_{n}.json")):
-            diffs[f"{name} s{path.parent.name[1:]}"] = [row[0] - s0 for row, s0 in zip(json.loads(path.read_text())["task_scores"], start)]
+    for name, folder in seed_folders(out):  # the variants' finished seeds, as report() lists them
+        if (path := folder / f"eval_greedy_{n}.json").exists():
+            diffs[f"{name} {folder.name}"] = [row[0] - s0 for row, s0 in zip(json.loads(path.read_text())["task_scores"], start)]
     lines = [f"{name}: {sum(d != 0 for d in v)} changed ({sum(d > 0 for d in v)} up, {sum(d < 0 for d in v)} down)"
              for name, v in diffs.items()]
     changed = sum(any(v[i] != 0 for v in diffs.values()) for i in range(len(start)))
@@ -313,9 +319,7 @@ def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
         if len(scores) >= n_curve:
             start = sum(row[0] for row in scores[:n_curve]) / n_curve
             break
-    runs = {f"{name} s{folder.name[1:]}": read_metrics(folder / "run" / "metrics.jsonl")
-            for name, spec in VARIANTS.items() if spec["kind"] == "rl"
-            for folder in (sorted((out / name).glob("s*")) if (out / name).exists() else [])}
+    runs = {f"{name} s{folder.name[1:]}": read_metrics(folder / "run" / "metrics.jsonl") for name, folder in seed_folders(out, "rl")}
     return plot_runs(runs, out / "samples_vs_score.png", start=start, ylabel=f"greedy score ({n_curve} held-out tasks)",
                      title="Held-out score against samples seen")
 
@@ -336,12 +340,11 @@ def plot_paired(out: Path, n: int) -> Path | None:
         return None
     start = json.loads(sft.read_text())
     points = {}
-    for name, spec in VARIANTS.items():
-        for folder in (sorted((out / name).glob("s*")) if spec["kind"] == "rl" and (out / name).exists() else []):
-            path, records = folder / f"eval_greedy_{n}.json", read_metrics(folder / "run" / "metrics.jsonl")
-            if path.exists() and records:
-                d = paired(json.loads(path.read_text()), start)
-                points.setdefault(name, []).append((records[-1]["samples/total"], d["diff"], d["ci_low"], d["ci_high"]))
+    for name, folder in seed_folders(out, "rl"):
+        path, records = folder / f"eval_greedy_{n}.json", read_metrics(folder / "run" / "metrics.jsonl")
+        if path.exists() and records:
+            d = paired(json.loads(path.read_text()), start)
+            points.setdefault(name, []).append((records[-1]["samples/total"], d["diff"], d["ci_low"], d["ci_high"]))
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(9, 4))

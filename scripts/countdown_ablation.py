@@ -150,7 +150,7 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, r
 
 
 def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n: int, sampled: bool, sft_step_s: float,
-                real: int = 0) -> None:
+                real: int = 0, budget_from: Path | None = None) -> None:
     spec = VARIANTS[name]
     folder = out / name / f"s{seed}"
     if ((folder / f"eval_greedy_{n}.json").exists() and (not sampled or (folder / f"eval_sampled_{n}.json").exists())
@@ -182,12 +182,17 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
         else:  # continued SFT for the wall-clock of the matching RL run
             from rlft.recipes.sft import SFTConfig, train_sft
 
-            budget = rl_step_seconds(out / spec["budget_of"] / f"s{seed}") if "budget_of" in spec else rl_wallclock(out, seed)
+            if budget_from is not None:  # an archived RL run's metrics (e.g. docs/results/.../data/*_metrics.jsonl)
+                budget = summed_step_seconds(budget_from)
+            elif "budget_of" in spec:
+                budget = rl_step_seconds(out / spec["budget_of"] / f"s{seed}")
+            else:
+                budget = rl_wallclock(out, seed)
             sft_steps = max(1, round(budget / sft_step_s))
             train_sft(SFTConfig(**options, model=str(sft), data="countdown", preset=PRESET, num_train=3000,
                                 heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, trace_style="direct", prompt_template=PROMPT,
                                 output_dir=str(folder / "run"), batch_size=16, micro_batch_size=16, max_steps=sft_steps,
-                                schedule="constant", warmup_ratio=0.0, seed=seed, save_every=50, keep_checkpoints=1,
+                                schedule="constant", warmup_ratio=0.0, seed=seed, save_every=50, keep_checkpoints=20,
                                 resume=(folder / "run" / "checkpoints").exists(), device="cpu", dtype="float32"))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     evaluate(model_dir, folder, n, sampled, seed, real)
@@ -196,11 +201,21 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
 def rl_step_seconds(folder: Path) -> float:
     """Summed ``time/step_s`` (sampling, reward, update, in-loop evaluation) of the finished RL run in ``folder``:
     its wall-clock less start-up and saving, also when it was resumed (its metrics keep the earlier steps)."""
-    from rlft.checkpoint import read_metrics
-
     if not (folder / "run" / "model").exists():
         raise SystemExit(f"{folder} has no finished RL run (its step time is the continued-SFT budget)")
-    return sum(r["time/step_s"] for r in read_metrics(folder / "run" / "metrics.jsonl") if "time/step_s" in r)
+    return summed_step_seconds(folder / "run" / "metrics.jsonl")
+
+
+def summed_step_seconds(metrics: Path) -> float:
+    """Sum of ``time/step_s`` over the records of an RL run's ``metrics.jsonl``; SystemExit when there is none."""
+    from rlft.checkpoint import read_metrics
+
+    if not metrics.exists():
+        raise SystemExit(f"{metrics} does not exist (the continued-SFT budget is its summed step time)")
+    seconds = [r["time/step_s"] for r in read_metrics(metrics) if "time/step_s" in r]
+    if not seconds:
+        raise SystemExit(f"{metrics} has no time/step_s records (not an RL run's metrics)")
+    return sum(seconds)
 
 
 def rl_wallclock(out: Path, seed: int) -> float:
@@ -368,7 +383,9 @@ def plot_paired(out: Path, n: int) -> Path | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "report", "list", "sft-curve", "churn"])
+    parser.add_argument("command", choices=["run", "report", "list", "sft-curve", "churn", "compare"])
+    parser.add_argument("--pair", nargs=2, type=Path, metavar=("A", "B"),
+                        help="compare: two eval_*.json files of the same tasks; prints A minus B, paired, with its 95%% CI")
     parser.add_argument("--sft-run", type=Path, default=Path("runs/exp/sft"), help="sft-curve: the SFT run folder")
     parser.add_argument("--every", type=int, default=50, help="sft-curve: evaluate every N-th step's checkpoint")
     parser.add_argument("--sft", type=Path, default=Path("runs/exp/sft/model"))
@@ -380,6 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sampled", action="store_true", help="also the sampled evaluation (T=0.6, top-p 0.95, 4 samples)")
     parser.add_argument("--real", type=int, default=0, help="also greedy on N 3-number and N 4-number real Countdown-Tasks-3to4 rows")
     parser.add_argument("--sft-step-s", type=float, default=6.0, help="seconds per SFT step (for the continued-SFT budget)")
+    parser.add_argument("--budget-from", type=Path, default=None,
+                        help="continued SFT: the budget is this RL metrics.jsonl's summed step time (e.g. an archived run's)")
     args = parser.parse_args(argv)
     from rlft.console import setup_logging
 
@@ -387,6 +406,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "sft-curve":
         for point in sft_curve(args.sft_run, args.out, args.tasks, args.every):
             print(point)
+        return
+    if args.command == "compare":
+        if not args.pair:
+            parser.error("compare needs --pair A B")
+        a, b = (json.loads(path.read_text()) for path in args.pair)
+        d = paired(a, b)
+        print(f"{args.pair[0]} ({a['mean_score']:.3f}) minus {args.pair[1]} ({b['mean_score']:.3f}) on {d['n']} tasks: "
+              f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], better/worse {d['better']}/{d['worse']}")
         return
     if args.command == "churn":
         print(churn(args.out, args.tasks))
@@ -400,7 +427,8 @@ def main(argv: list[str] | None = None) -> None:
             for name in args.variants:
                 if name not in VARIANTS:
                     sys.exit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
-                run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s, args.real)
+                run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s, args.real,
+                            args.budget_from)
     print(report(args.out, args.tasks, args.sft))
     if args.command == "report":
         print(plot_samples_vs_score(args.out))

@@ -53,3 +53,31 @@ def test_budget_of_sizes_continued_sft_to_the_named_run(ablation, tmp_path):
     assert seen == {"max_steps": round(600 / 6.5), "seed": 1, "lr": 2e-5}
     assert evaluate.call_count == 1
     assert json.loads((tmp_path / "sft_continued_60" / "s1" / "train_time.json").read_text())["seconds"] >= 0
+
+
+def test_budget_from_an_archived_metrics_file_overrides_budget_of(ablation, tmp_path):
+    """--budget-from: the budget is that file's summed step time, even when the named run's folder is absent."""
+    archived = tmp_path / "archived_metrics.jsonl"
+    archived.write_text("".join(json.dumps({"step": i + 1, "time/step_s": 13.0}) + "\n" for i in range(10)))  # 130 s
+    seen = {}
+
+    def fake_train_sft(cfg):
+        seen["max_steps"] = cfg.max_steps
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    with mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch.object(ablation, "evaluate"):
+        ablation.run_variant("sft_continued_60", 0, Path("sft"), tmp_path, None, 500, False, 6.5, budget_from=archived)
+    assert seen == {"max_steps": 20}
+    with pytest.raises(SystemExit, match="no time/step_s"):
+        (tmp_path / "eval_only.jsonl").write_text(json.dumps({"step": 1, "eval/score": 0.4}) + "\n")
+        ablation.summed_step_seconds(tmp_path / "eval_only.jsonl")
+
+
+def test_compare_prints_the_paired_difference(ablation, tmp_path, capsys):
+    """compare --pair A B: A minus B per task (3 tasks: +1, 0, -0.5), mean +0.167, better/worse 1/1."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"mean_score": 0.5, "task_scores": [[1.0], [0.5], [0.0]]}))
+    b.write_text(json.dumps({"mean_score": 0.333, "task_scores": [[0.0], [0.5], [0.5]]}))
+    ablation.main(["compare", "--pair", str(a), str(b)])
+    out = capsys.readouterr().out
+    assert "+0.167 [" in out and "better/worse 1/1" in out and "on 3 tasks" in out

@@ -1,0 +1,116 @@
+"""Held-out greedy score against training compute after the SFT start, SFT and RL on one axis.
+
+Reads only the archived files of ``docs/results/countdown-medium3/data`` and writes
+``docs/results/countdown-medium3/compute_vs_score.png``:
+
+    python scripts/plot_compute_vs_score.py [--data DIR] [--out PNG] [--sft-step-s 6.5]
+
+x: CPU seconds of training counted from the SFT start's own first step (SFT steps at ``--sft-step-s``
+each; an RL run at its summed ``time/step_s``, in-loop evaluation included). y: greedy mean score on the
+500 protocol tasks with the 95% interval of the mean (unpaired: paired differences, in the write-up,
+are tighter). The SFT start's own curve was scored on the first 200 tasks only and is drawn dashed.
+Raises SystemExit naming the file when an archived file is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"
+START_STEPS = 300  # the SFT start's steps
+CONTINUED_STEPS = 564  # sft_continued_60 seed 1: the step-864 model the "from continued" runs start from
+
+
+def load(path: Path) -> dict:
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist (archived by the session that ran it)")
+    return json.loads(path.read_text())
+
+
+def mean_ci(path: Path) -> tuple[float, float]:
+    """Mean per-task score of an eval file and the half-width of its 95% normal interval."""
+    scores = [row[0] for row in load(path)["task_scores"]]
+    n = len(scores)
+    mean = sum(scores) / n
+    sd = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1))
+    return mean, 1.96 * sd / math.sqrt(n)
+
+
+def step_seconds(path: Path) -> float:
+    """Summed ``time/step_s`` of an RL run's archived metrics.jsonl."""
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist (archived by the session that ran it)")
+    return sum(r.get("time/step_s", 0.0) for r in map(json.loads, path.read_text().splitlines()) if r)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=DATA.parent / "compute_vs_score.png")
+    parser.add_argument("--sft-step-s", type=float, default=6.5)
+    args = parser.parse_args()
+    d, s10, step_s = args.data, args.data / "session10", args.sft_step_s
+    start_x = START_STEPS * step_s
+    conv_x = start_x + CONTINUED_STEPS * step_s
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    curve = load(d / "sft_curve.json")
+    ax.plot([c["step"] * step_s for c in curve], [c["score"] for c in curve], "--", color="grey",
+            label="SFT start's run, lr 2e-4 cosine (first 200 tasks)")
+
+    def point(x: float, path: Path, **style) -> tuple[float, float]:
+        y, half = mean_ci(path)
+        ax.errorbar([x], [y], yerr=[half], capsize=3, **style)
+        return x, y
+
+    start = point(start_x, d / "sft_start_eval_greedy_500.json", fmt="ks", label="SFT start (step 300)")
+    # continued SFT at constant 2e-5: seed 1's checkpoint curve, seed 0's end point
+    xs, ys = [start[0]], [start[1]]
+    for c in load(s10 / "continued_60_s1_curve.json"):
+        x, y = point(start_x + c["step"] * step_s, s10 / f"continued_60_s1_step-{c['step']}_eval_greedy_500.json",
+                     fmt="o", color="tab:blue", label="continued SFT, const 2e-5, seed 1" if c["step"] == 100 else None)
+        xs.append(x), ys.append(y)
+    ax.plot(xs, ys, color="tab:blue", alpha=0.6)
+    x0 = start_x + 540 * step_s
+    point(x0, d / "sft_continued_60_s0_eval_greedy_500.json", fmt="D", color="tab:cyan", label="continued SFT, seed 0")
+    ax.plot([start[0], x0], [start[1], mean_ci(d / "sft_continued_60_s0_eval_greedy_500.json")[0]], color="tab:cyan", alpha=0.6)
+    # RL from the SFT start: 20- and 60-step runs, both seeds
+    for steps, marker in (("", "^"), ("_60", "v")):
+        for seed in (0, 1):
+            name = f"grpo_filter_lora_1e4{steps}_s{seed}"
+            point(start_x + step_seconds(d / f"{name}_metrics.jsonl"), d / f"{name}_eval_greedy_500.json", fmt=marker,
+                  color="tab:red", label=f"RL from the start ({'60' if steps else '20'} steps, seeds 0/1)" if seed == 0 else None)
+    # from the step-864 continued model: RL 15 steps and continued SFT for RL's wall-clock, per seed
+    for seed in (0, 1):
+        rl = s10 / f"from_continued_grpo_filter_lora_1e4_s{seed}"
+        sft = s10 / f"from_continued_sft_continued_s{seed}"
+        if not (rl.parent / f"{rl.name}_eval_greedy_500.json").exists():
+            continue
+        point(conv_x + step_seconds(Path(f"{rl}_metrics.jsonl")), Path(f"{rl}_eval_greedy_500.json"), fmt="P",
+              color="tab:orange", label="RL 15 steps from continued SFT (per seed)" if seed == 1 else None)
+        sft_steps = sum(1 for line in Path(f"{sft}_metrics.jsonl").read_text().splitlines() if '"loss/sft"' in line)
+        point(conv_x + sft_steps * step_s, Path(f"{sft}_eval_greedy_500.json"), fmt="X", color="tab:green",
+              label="more SFT from continued SFT, RL's wall-clock (per seed)" if seed == 1 else None)
+    ax.axhline(start[1] + 0.05, color="red", lw=0.8, ls=":", label="SFT start + 0.05 (issue bar)")
+    ax.set_xlabel(f"training CPU seconds from the SFT run's first step (SFT steps at {step_s} s)")
+    ax.set_ylabel("greedy score, 500 held-out medium3 tasks (95% CI)")
+    ax.set_title("SmolLM2-135M on medium3: held-out score against training compute")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=130)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -17,12 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from countdown_ablation import summed_step_seconds  # noqa: E402  (the continued-SFT budget's own sum)
+
+from rlft.checkpoint import read_metrics  # noqa: E402
+from rlft.eval.stats import Z_95  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"
 START_STEPS = 300  # the SFT start's steps
-CONTINUED_STEPS = 564  # sft_continued_60 seed 1: the step-864 model the "from continued" runs start from
 
 
 def load(path: Path) -> dict:
@@ -37,14 +43,14 @@ def mean_ci(path: Path) -> tuple[float, float]:
     n = len(scores)
     mean = sum(scores) / n
     sd = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1))
-    return mean, 1.96 * sd / math.sqrt(n)
+    return mean, Z_95 * sd / math.sqrt(n)
 
 
-def step_seconds(path: Path) -> float:
-    """Summed ``time/step_s`` of an RL run's archived metrics.jsonl."""
-    if not path.exists():
-        raise SystemExit(f"{path} does not exist (archived by the session that ran it)")
-    return sum(r.get("time/step_s", 0.0) for r in map(json.loads, path.read_text().splitlines()) if r)
+def sft_steps(metrics: Path) -> int:
+    """How many SFT steps an archived SFT ``metrics.jsonl`` logged (records with ``loss/sft``)."""
+    if not metrics.exists():
+        raise SystemExit(f"{metrics} does not exist (archived by the session that ran it)")
+    return sum("loss/sft" in r for r in read_metrics(metrics))
 
 
 def main() -> None:
@@ -55,7 +61,8 @@ def main() -> None:
     args = parser.parse_args()
     d, s10, step_s = args.data, args.data / "session10", args.sft_step_s
     start_x = START_STEPS * step_s
-    conv_x = start_x + CONTINUED_STEPS * step_s
+    # the step-864 model the "from continued" runs start from: sft_continued_60 seed 1's end
+    conv_x = start_x + sft_steps(d / "sft_continued_60_s1_metrics.jsonl") * step_s
 
     import matplotlib
 
@@ -80,26 +87,23 @@ def main() -> None:
                      fmt="o", color="tab:blue", label="continued SFT, const 2e-5, seed 1" if c["step"] == 100 else None)
         xs.append(x), ys.append(y)
     ax.plot(xs, ys, color="tab:blue", alpha=0.6)
-    x0 = start_x + 540 * step_s
-    point(x0, d / "sft_continued_60_s0_eval_greedy_500.json", fmt="D", color="tab:cyan", label="continued SFT, seed 0")
-    ax.plot([start[0], x0], [start[1], mean_ci(d / "sft_continued_60_s0_eval_greedy_500.json")[0]], color="tab:cyan", alpha=0.6)
+    # seed 0's metrics were not archived: its steps are its budget, RL-60 seed 0's summed step time / 6.5 s (540)
+    seed0 = point(start_x + round(summed_step_seconds(d / "grpo_filter_lora_1e4_60_s0_metrics.jsonl") / 6.5) * step_s,
+                  d / "sft_continued_60_s0_eval_greedy_500.json", fmt="D", color="tab:cyan", label="continued SFT, seed 0")
+    ax.plot([start[0], seed0[0]], [start[1], seed0[1]], color="tab:cyan", alpha=0.6)
     # RL from the SFT start: 20- and 60-step runs, both seeds
     for steps, marker in (("", "^"), ("_60", "v")):
         for seed in (0, 1):
             name = f"grpo_filter_lora_1e4{steps}_s{seed}"
-            point(start_x + step_seconds(d / f"{name}_metrics.jsonl"), d / f"{name}_eval_greedy_500.json", fmt=marker,
+            point(start_x + summed_step_seconds(d / f"{name}_metrics.jsonl"), d / f"{name}_eval_greedy_500.json", fmt=marker,
                   color="tab:red", label=f"RL from the start ({'60' if steps else '20'} steps, seeds 0/1)" if seed == 0 else None)
     # from the step-864 continued model: RL 15 steps and continued SFT for RL's wall-clock, per seed
     for seed in (0, 1):
-        rl = s10 / f"from_continued_grpo_filter_lora_1e4_s{seed}"
-        sft = s10 / f"from_continued_sft_continued_s{seed}"
-        if not (rl.parent / f"{rl.name}_eval_greedy_500.json").exists():
-            continue
-        point(conv_x + step_seconds(Path(f"{rl}_metrics.jsonl")), Path(f"{rl}_eval_greedy_500.json"), fmt="P",
+        rl, sft = f"from_continued_grpo_filter_lora_1e4_s{seed}", f"from_continued_sft_continued_s{seed}"
+        point(conv_x + summed_step_seconds(s10 / f"{rl}_metrics.jsonl"), s10 / f"{rl}_eval_greedy_500.json", fmt="P",
               color="tab:orange", label="RL 15 steps from continued SFT (per seed)" if seed == 1 else None)
-        sft_steps = sum(1 for line in Path(f"{sft}_metrics.jsonl").read_text().splitlines() if '"loss/sft"' in line)
-        point(conv_x + sft_steps * step_s, Path(f"{sft}_eval_greedy_500.json"), fmt="X", color="tab:green",
-              label="more SFT from continued SFT, RL's wall-clock (per seed)" if seed == 1 else None)
+        point(conv_x + sft_steps(s10 / f"{sft}_metrics.jsonl") * step_s, s10 / f"{sft}_eval_greedy_500.json", fmt="X",
+              color="tab:green", label="more SFT from continued SFT, RL's wall-clock (per seed)" if seed == 1 else None)
     ax.axhline(start[1] + 0.05, color="red", lw=0.8, ls=":", label="SFT start + 0.05 (issue bar)")
     ax.set_xlabel(f"training CPU seconds from the SFT run's first step (SFT steps at {step_s} s)")
     ax.set_ylabel("greedy score, 500 held-out medium3 tasks (95% CI)")

@@ -440,6 +440,7 @@ import torch
 import rlft.recipes.rl as rl
 from rlft.rollout.base import Sample
 from rlft.rollout.hf import HFEngine
+from rlft.distributed import shutdown
 
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO)  # rank 0 logs what it shards (the other ranks log warnings only)
@@ -471,7 +472,7 @@ class HashEngine(HFEngine):
 
 rl.HFEngine = HashEngine
 rl.train_rl(rl.RLConfig(**json.loads(sys.argv[1])))
-torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
+shutdown()  # as `rlft rl` ends: a barrier, then destroy (a rank that exits while the other still talks to it aborts)
 """
 
 

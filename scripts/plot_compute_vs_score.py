@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DATA.parent / "compute_vs_score.png")
     parser.add_argument("--sft-step-s", type=float, default=6.5)
     args = parser.parse_args()
-    d, s10, step_s = args.data, args.data / "session10", args.sft_step_s
+    d, s10, s11, step_s = args.data, args.data / "session10", args.data / "session11", args.sft_step_s
     start_x = START_STEPS * step_s
     # the step-864 model the "from continued" runs start from: sft_continued_60 seed 1's end
     conv_x = start_x + sft_steps(d / "sft_continued_60_s1_metrics.jsonl") * step_s
@@ -87,6 +87,7 @@ def main() -> None:
                      fmt="o", color="tab:blue", label="continued SFT, const 2e-5, seed 1" if c["step"] == 100 else None)
         xs.append(x), ys.append(y)
     ax.plot(xs, ys, color="tab:blue", alpha=0.6)
+    conv_y = ys[-1]  # the curve's last checkpoint (564) is the step-864 model
     # seed 0's metrics were not archived: its steps are its budget, RL-60 seed 0's summed step time / 6.5 s (540)
     seed0 = point(start_x + round(summed_step_seconds(d / "grpo_filter_lora_1e4_60_s0_metrics.jsonl") / 6.5) * step_s,
                   d / "sft_continued_60_s0_eval_greedy_500.json", fmt="D", color="tab:cyan", label="continued SFT, seed 0")
@@ -104,7 +105,16 @@ def main() -> None:
               color="tab:orange", label="RL 15 steps from continued SFT (per seed)" if seed == 1 else None)
         point(conv_x + sft_steps(s10 / f"{sft}_metrics.jsonl") * step_s, s10 / f"{sft}_eval_greedy_500.json", fmt="X",
               color="tab:green", label="more SFT from continued SFT, RL's wall-clock (per seed)" if seed == 1 else None)
-    ax.axhline(start[1] + 0.05, color="red", lw=0.8, ls=":", label="SFT start + 0.05 (issue bar)")
+        # session 11: the same RL runs continued to 60 steps (resumed from their step-10 checkpoints)
+        rl60 = f"from_continued_grpo_filter_lora_1e4_60_s{seed}"
+        point(conv_x + summed_step_seconds(s11 / f"{rl60}_metrics.jsonl"), s11 / f"{rl60}_eval_greedy_500.json", fmt="*",
+              markersize=9, color="tab:purple", label="RL 60 steps from continued SFT (per seed)" if seed == 1 else None)
+        sft60 = f"from_continued_sft_continued_60_s{seed}"  # and more SFT for those 60 steps' summed step time
+        point(conv_x + sft_steps(s11 / f"{sft60}_metrics.jsonl") * step_s, s11 / f"{sft60}_eval_greedy_500.json",
+              fmt="p", markersize=8, color="tab:olive",
+              label="more SFT from continued SFT, RL-60's wall-clock (per seed)" if seed == 1 else None)
+    ax.axhline(start[1] + 0.05, color="red", lw=0.8, ls=":", label="step-300 SFT start + 0.05 (issue bar)")
+    ax.axhline(conv_y + 0.05, color="darkred", lw=0.8, ls="-.", label="step-864 model + 0.05 (bar from the plateau)")
     ax.set_xlabel(f"training CPU seconds from the SFT run's first step (SFT steps at {step_s} s)")
     ax.set_ylabel("greedy score, 500 held-out medium3 tasks (95% CI)")
     ax.set_title("SmolLM2-135M on medium3: held-out score against training compute")

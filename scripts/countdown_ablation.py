@@ -80,9 +80,9 @@ VARIANTS: dict[str, dict] = {
     "rpo": dict(kind="dpo", loss_type="rpo", lr=1e-6),
     "dpo_lora_1e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4),
     "rpo_lora_1e4": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4),
-    # 4x the pairs' samples (1,920 prompts x 4, best vs worst): about the samples of a 60-step RL run
+    # 4x the pairs' samples (1,920 prompts x 4, best vs worst): about the samples of a 60-step RL run; one epoch
     "dpo_wide_lora_1e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4, pair_prompts=1920,
-                              pair_samples=4),
+                              pair_samples=4, epochs=1.0),
     # the baseline: SFT continued on its own dataset for the wall-clock of an RL run
     "sft_continued": dict(kind="sft", lr=2e-5),
     # the baseline of grpo_filter_lora_1e4_60: continued SFT for that run's summed RL step time (same seed)
@@ -163,7 +163,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
     model_dir = folder / "run" / "model"
     if not model_dir.exists():
         t0 = time.perf_counter()
-        options = {k: v for k, v in spec.items() if k not in ("kind", "budget_of", "pair_prompts", "pair_samples")}
+        options = {k: v for k, v in spec.items() if k not in ("kind", "budget_of", "pair_prompts", "pair_samples", "epochs")}
         if spec["kind"] == "rl":
             from rlft.recipes.rl import RLConfig, train_rl
 
@@ -182,7 +182,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
                                                  num_samples=spec.get("pair_samples", 2), temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, batch_size=64,
                                                  output=str(pairs), seed=seed, device="cpu", dtype="float32"))
             train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
-                                batch_size=32, micro_batch_size=32, epochs=2.0, seed=seed, save_every=0, device="cpu", dtype="float32"))
+                                batch_size=32, micro_batch_size=32, epochs=spec.get("epochs", 2.0), seed=seed, save_every=0, device="cpu", dtype="float32"))
         else:  # continued SFT for the wall-clock of the matching RL run
             from rlft.recipes.sft import SFTConfig, train_sft
 

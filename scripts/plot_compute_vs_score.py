@@ -29,6 +29,7 @@ from rlft.eval.stats import Z_95  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"
 START_STEPS = 300  # the SFT start's steps
+PARALLEL_SLOWDOWN = 12.4 / 6.9  # s per SFT step: two 1-thread processes side by side vs one 2-thread process
 
 
 def load(path: Path) -> dict:
@@ -113,6 +114,14 @@ def main() -> None:
         point(conv_x + sft_steps(s11 / f"{sft60}_metrics.jsonl") * step_s, s11 / f"{sft60}_eval_greedy_500.json",
               fmt="p", markersize=8, color="tab:olive",
               label="more SFT from continued SFT, RL-60's wall-clock (per seed)" if seed == 1 else None)
+    # session 12: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs (pairs + training
+    # wall-clock, run as two 1-thread processes side by side: divided by PARALLEL_SLOWDOWN for the 2-thread axis)
+    s12 = args.data / "session12"
+    for seed in (0, 1):
+        dpo = f"from_continued_dpo_wide_lora_1e4_s{seed}"
+        point(conv_x + load(s12 / f"{dpo}_train_time.json")["seconds"] / PARALLEL_SLOWDOWN, s12 / f"{dpo}_eval_greedy_500.json",
+              fmt="h", markersize=8, color="tab:brown",
+              label="DPO from continued SFT, 7.7k samples' pairs (per seed)" if seed == 1 else None)
     ax.axhline(start[1] + 0.05, color="red", lw=0.8, ls=":", label="step-300 SFT start + 0.05 (issue bar)")
     ax.axhline(conv_y + 0.05, color="darkred", lw=0.8, ls="-.", label="step-864 model + 0.05 (bar from the plateau)")
     ax.set_xlabel(f"training CPU seconds from the SFT run's first step (SFT steps at {step_s} s)")

@@ -81,3 +81,25 @@ def test_compare_prints_the_paired_difference(ablation, tmp_path, capsys):
     ablation.main(["compare", "--pair", str(a), str(b)])
     out = capsys.readouterr().out
     assert "+0.167 [" in out and "better/worse 1/1" in out and "on 3 tasks" in out
+
+
+
+def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
+    """dpo_wide_lora_1e4: 1,920 prompts x 4 samples from the seed's own prompt offset, one epoch; dpo_lora_1e4 keeps
+    960 x 2 and two epochs; the pair options never reach DPOConfig (it would raise on an unknown field)."""
+    pairs, dpo = [], []
+
+    def fake_pairs(cfg):
+        pairs.append((cfg.num_prompts, cfg.start, cfg.num_samples, cfg.seed))
+        Path(cfg.output).write_text("")
+
+    def fake_train_dpo(cfg):
+        dpo.append((cfg.epochs, cfg.lr, cfg.lora_r, cfg.loss_type, Path(cfg.data).parent.parent.name))
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs),
+          mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate")):
+        ablation.run_variant("dpo_wide_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+        ablation.run_variant("dpo_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+    assert pairs == [(1920, 1920, 4, 1), (960, 960, 2, 1)]
+    assert dpo == [(1.0, 1e-4, 16, "dpo", "dpo_wide_lora_1e4"), (2.0, 1e-4, 16, "dpo", "dpo_lora_1e4")]

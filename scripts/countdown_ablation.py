@@ -163,7 +163,8 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
     model_dir = folder / "run" / "model"
     if not model_dir.exists():
         t0 = time.perf_counter()
-        options = {k: v for k, v in spec.items() if k not in ("kind", "budget_of", "pair_prompts", "pair_samples", "epochs")}
+        script_keys = ("kind", "budget_of", "pair_prompts", "pair_samples", "epochs")  # read here, not recipe options
+        options = {k: v for k, v in spec.items() if k not in script_keys}
         if spec["kind"] == "rl":
             from rlft.recipes.rl import RLConfig, train_rl
 
@@ -179,10 +180,12 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
                 n_prompts = spec.get("pair_prompts", 960)
                 make_countdown_pairs(PairsConfig(model=str(sft), preset=PRESET, num_prompts=n_prompts, start=seed * n_prompts,
                                                  split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
-                                                 num_samples=spec.get("pair_samples", 2), temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, batch_size=64,
+                                                 num_samples=spec.get("pair_samples", 2), temperature=1.0,
+                                                 max_new_tokens=MAX_NEW_TOKENS, batch_size=64,
                                                  output=str(pairs), seed=seed, device="cpu", dtype="float32"))
             train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
-                                batch_size=32, micro_batch_size=32, epochs=spec.get("epochs", 2.0), seed=seed, save_every=0, device="cpu", dtype="float32"))
+                                batch_size=32, micro_batch_size=32, epochs=spec.get("epochs", 2.0), seed=seed, save_every=0,
+                                device="cpu", dtype="float32"))
         else:  # continued SFT for the wall-clock of the matching RL run
             from rlft.recipes.sft import SFTConfig, train_sft
 

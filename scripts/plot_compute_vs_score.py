@@ -60,7 +60,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DATA.parent / "compute_vs_score.png")
     parser.add_argument("--sft-step-s", type=float, default=6.5)
     args = parser.parse_args()
-    d, s10, s11, step_s = args.data, args.data / "session10", args.data / "session11", args.sft_step_s
+    d, step_s = args.data, args.sft_step_s
+    s10, s11, s12 = (d / f"session{n}" for n in (10, 11, 12))
     start_x = START_STEPS * step_s
     # the step-864 model the "from continued" runs start from: sft_continued_60 seed 1's end
     conv_x = start_x + sft_steps(d / "sft_continued_60_s1_metrics.jsonl") * step_s
@@ -114,13 +115,12 @@ def main() -> None:
         point(conv_x + sft_steps(s11 / f"{sft60}_metrics.jsonl") * step_s, s11 / f"{sft60}_eval_greedy_500.json",
               fmt="p", markersize=8, color="tab:olive",
               label="more SFT from continued SFT, RL-60's wall-clock (per seed)" if seed == 1 else None)
-    # session 12: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs (pairs + training
-    # wall-clock, run as two 1-thread processes side by side: divided by PARALLEL_SLOWDOWN for the 2-thread axis)
-    s12 = args.data / "session12"
+    # session 12: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs. Its seconds (pairs +
+    # training) ran at 1 thread beside other 1-thread jobs: divided by PARALLEL_SLOWDOWN for the 2-thread axis
     for seed in (0,):  # seed 1's DPO was not run (killed for memory beside seed 0, then out of session time)
         dpo = f"from_continued_dpo_wide_lora_1e4_s{seed}"
-        point(conv_x + load(s12 / f"{dpo}_train_time.json")["seconds"] / PARALLEL_SLOWDOWN, s12 / f"{dpo}_eval_greedy_500.json",
-              fmt="h", markersize=8, color="tab:brown",
+        point(conv_x + load(s12 / f"{dpo}_train_time.json")["seconds"] / PARALLEL_SLOWDOWN,
+              s12 / f"{dpo}_eval_greedy_500.json", fmt="h", markersize=8, color="tab:brown",
               label="DPO from continued SFT, 7.7k samples' pairs (seed 0)")
     ax.axhline(start[1] + 0.05, color="red", lw=0.8, ls=":", label="step-300 SFT start + 0.05 (issue bar)")
     ax.axhline(conv_y + 0.05, color="darkred", lw=0.8, ls="-.", label="step-864 model + 0.05 (bar from the plateau)")

@@ -83,7 +83,6 @@ def test_compare_prints_the_paired_difference(ablation, tmp_path, capsys):
     assert "+0.167 [" in out and "better/worse 1/1" in out and "on 3 tasks" in out
 
 
-
 def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
     """dpo_wide_lora_1e4: 1,920 prompts x 4 samples from the seed's own prompt offset, one epoch; dpo_lora_1e4 keeps
     960 x 2 and two epochs; the pair options never reach DPOConfig (it would raise on an unknown field)."""

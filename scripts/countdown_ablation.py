@@ -20,8 +20,8 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, replace
 from pathlib import Path
+from typing import NamedTuple
 
 log = logging.getLogger("rlft")
 
@@ -29,13 +29,34 @@ PRESET = "medium3"
 SPLIT_SEED = 1234
 HELDOUT_SIZE = 1000  # every stage's training tasks exclude the first 1000 distinct test tasks; evaluation uses a prefix
 PROMPT = "short"
-MAX_NEW_TOKENS = 64
 
-# Shared by every RL variant: 8 prompts x k=8 per step, T=1, no KL (the update regime is what varies).
-RL_BASE = dict(preset=PRESET, num_train=20000, heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, prompt_template=PROMPT,
-               k=8, prompts_per_step=8, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, beta=0.0, micro_batch_size=32,
-               gen_batch_size=64, save_every=5, keep_checkpoints=1, eval_every=10, eval_limit=100, eval_max_new_tokens=MAX_NEW_TOKENS,
-               eval_at_start=False, max_steps=30, max_prompt_batches=3, device="cpu", dtype="float32")
+
+class Setting(NamedTuple):
+    """What the SFT dataset's traces look like, and the generation length that fits them (rollouts, pairs and
+    evaluation alike)."""
+
+    trace_style: str
+    max_new_tokens: int
+    give_up: float = 0.6
+
+
+SETTINGS = {
+    # sessions 5-12: 3,000 all-correct `direct` solver traces (~40 tokens)
+    "direct": Setting("direct", 64),
+    # session 13 on: 3,000 `bounded` search traces, ~48% correct (searches that give up answer their closest
+    # attempt), like cog_behav's ~43%; up to 6 tries, 144 tokens at most
+    "bounded": Setting("bounded", 144),
+}
+
+
+def rl_base(setting: Setting) -> dict:
+    """Shared by every RL variant: 8 prompts x k=8 per step, T=1, no KL (the update regime is what varies)."""
+    return dict(preset=PRESET, num_train=20000, heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, prompt_template=PROMPT,
+                k=8, prompts_per_step=8, temperature=1.0, max_new_tokens=setting.max_new_tokens, beta=0.0, micro_batch_size=32,
+                gen_batch_size=64, save_every=5, keep_checkpoints=1, eval_every=10, eval_limit=100,
+                eval_max_new_tokens=setting.max_new_tokens, eval_at_start=False, max_steps=30, max_prompt_batches=3,
+                device="cpu", dtype="float32")
+
 
 VARIANTS: dict[str, dict] = {
     # full fine-tuning at the rates small-model RL uses
@@ -55,6 +76,8 @@ VARIANTS: dict[str, dict] = {
                                  lora_alpha=32.0, lr=5e-5),
     "grpo_filter_lora_1e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
                                  lora_alpha=32.0, lr=1e-4),
+    "grpo_filter_lora_2e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
+                                 lora_alpha=32.0, lr=2e-4),
     "grpo_filter_lora_5e4": dict(kind="rl", advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, lora_r=16,
                                  lora_alpha=32.0, lr=5e-4),
     # rollouts at T=0.6, nearer the greedy decoder the protocol scores: groups then disagree where the top candidates compete
@@ -110,7 +133,8 @@ def real_tasks(n_per_size: int) -> dict[str, list]:
     return {f"real{size}": tasks for size, tasks in tail_by_size(load_countdown(str(REAL_DATA)), n_per_size).items()}
 
 
-def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, real: int = 0) -> dict:
+def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, real: int = 0,
+             setting: Setting = SETTINGS["direct"]) -> dict:
     """Greedy (and sampled) evaluation of ``model_dir`` on the first n held-out tasks, and with ``real`` > 0
     greedy on ``real`` 3-number and ``real`` 4-number Countdown-Tasks-3to4 rows (``real3``/``real4``); cached in ``out``."""
     from rlft.eval.countdown import evaluate_countdown
@@ -119,9 +143,10 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, r
     from rlft.rollout.hf import HFEngine
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
-    modes = [("greedy", SamplingParams(k=1, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS))]
+    length = setting.max_new_tokens
+    modes = [("greedy", SamplingParams(k=1, temperature=0.0, max_new_tokens=length))]
     if sampled:
-        modes.append(("sampled", SamplingParams(k=4, temperature=0.6, top_p=0.95, max_new_tokens=MAX_NEW_TOKENS, seed=seed)))
+        modes.append(("sampled", SamplingParams(k=4, temperature=0.6, top_p=0.95, max_new_tokens=length, seed=seed)))
     results = {}
     held = heldout(n)
     task_sets = {mode: held for mode, _ in modes}
@@ -153,7 +178,7 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, r
 
 
 def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n: int, sampled: bool, sft_step_s: float,
-                real: int = 0, budget_from: Path | None = None) -> None:
+                real: int = 0, budget_from: Path | None = None, setting: Setting = SETTINGS["direct"]) -> None:
     spec = VARIANTS[name]
     folder = out / name / f"s{seed}"
     if ((folder / f"eval_greedy_{n}.json").exists() and (not sampled or (folder / f"eval_sampled_{n}.json").exists())
@@ -168,7 +193,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
         if spec["kind"] == "rl":
             from rlft.recipes.rl import RLConfig, train_rl
 
-            cfg = RLConfig(**{**RL_BASE, **options, "model": str(sft), "output_dir": str(folder / "run"), "seed": seed,
+            cfg = RLConfig(**{**rl_base(setting), **options, "model": str(sft), "output_dir": str(folder / "run"), "seed": seed,
                               "resume": (folder / "run" / "checkpoints").exists(), **({"max_steps": steps} if steps else {})})
             train_rl(cfg)
         elif spec["kind"] == "dpo":
@@ -181,7 +206,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
                 make_countdown_pairs(PairsConfig(model=str(sft), preset=PRESET, num_prompts=n_prompts, start=seed * n_prompts,
                                                  split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
                                                  num_samples=spec.get("pair_samples", 2), temperature=1.0,
-                                                 max_new_tokens=MAX_NEW_TOKENS, batch_size=64,
+                                                 max_new_tokens=setting.max_new_tokens, batch_size=64,
                                                  output=str(pairs), seed=seed, device="cpu", dtype="float32"))
             train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
                                 batch_size=32, micro_batch_size=32, epochs=spec.get("epochs", 2.0), seed=seed, save_every=0,
@@ -197,12 +222,13 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
                 budget = rl_wallclock(out, seed)
             sft_steps = max(1, round(budget / sft_step_s))
             train_sft(SFTConfig(**options, model=str(sft), data="countdown", preset=PRESET, num_train=3000,
-                                heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, trace_style="direct", prompt_template=PROMPT,
+                                heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, trace_style=setting.trace_style,
+                                give_up=setting.give_up, prompt_template=PROMPT,
                                 output_dir=str(folder / "run"), batch_size=16, micro_batch_size=16, max_steps=sft_steps,
                                 schedule="constant", warmup_ratio=0.0, seed=seed, save_every=50, keep_checkpoints=20,
                                 resume=(folder / "run" / "checkpoints").exists(), device="cpu", dtype="float32"))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
-    evaluate(model_dir, folder, n, sampled, seed, real)
+    evaluate(model_dir, folder, n, sampled, seed, real, setting)
 
 
 def rl_step_seconds(folder: Path) -> float:
@@ -247,9 +273,10 @@ def paired(a: dict, b: dict) -> dict:
     return paired_difference(a["task_scores"], b["task_scores"])
 
 
-def report(out: Path, n: int, sft_dir: Path) -> str:
+def report(out: Path, n: int, sft_dir: Path, setting: Setting = SETTINGS["direct"]) -> str:
     """Markdown table of every finished variant/seed vs the SFT start, and a plot of score vs samples seen."""
-    sft = evaluate(sft_dir, out / "sft_start", n, sampled=(out / "sft_start" / f"eval_sampled_{n}.json").exists())
+    sft = evaluate(sft_dir, out / "sft_start", n, sampled=(out / "sft_start" / f"eval_sampled_{n}.json").exists(),
+                   setting=setting)
     def real_cells(folder: Path) -> str:  # greedy score on the real 3- and 4-number rows, when evaluated
         cells = []
         for size in (3, 4):
@@ -305,7 +332,7 @@ def churn(out: Path, n: int) -> str:
     return "\n".join(lines)
 
 
-def sft_curve(run: Path, out: Path, n: int, every: int) -> list[dict]:
+def sft_curve(run: Path, out: Path, n: int, every: int, setting: Setting = SETTINGS["direct"]) -> list[dict]:
     """Greedy held-out score of an SFT run's checkpoints (every ``every`` steps) and final model: the
     convergence curve. Cached per checkpoint in ``out/sft_curve/step-N``; plotted to ``out/sft_curve.png``."""
     from rlft.checkpoint import read_metrics
@@ -321,7 +348,7 @@ def sft_curve(run: Path, out: Path, n: int, every: int) -> list[dict]:
         points.append((final_step, run / "model"))
     curve = []
     for step, folder in points:
-        result = evaluate(folder, out / "sft_curve" / f"step-{step}", n, sampled=False)["greedy"]
+        result = evaluate(folder, out / "sft_curve" / f"step-{step}", n, sampled=False, setting=setting)["greedy"]
         curve.append({"step": step, "score": result["mean_score"], "accuracy": result["accuracy"]})
     (out / "sft_curve.json").write_text(json.dumps(curve, indent=2))
     plot_curve([{"step": c["step"], "eval/score": c["score"]} for c in curve], "eval/score", out / "sft_curve.png",
@@ -399,19 +426,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--variants", nargs="*", default=[])
     parser.add_argument("--seeds", nargs="*", type=int, default=[0])
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: RL_BASE's)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: rl_base()'s)")
     parser.add_argument("--tasks", type=int, default=200, help="held-out tasks scored (the first N of the 500+ set)")
     parser.add_argument("--sampled", action="store_true", help="also the sampled evaluation (T=0.6, top-p 0.95, 4 samples)")
     parser.add_argument("--real", type=int, default=0, help="also greedy on N 3-number and N 4-number real Countdown-Tasks-3to4 rows")
     parser.add_argument("--sft-step-s", type=float, default=6.0, help="seconds per SFT step (for the continued-SFT budget)")
+    parser.add_argument("--no-start-eval", action="store_true",
+                        help="run: do not evaluate the SFT start first (another process does; runs side by side)")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="direct",
+                        help="the SFT traces' style and the generation length (direct: sessions 5-12; bounded: session 13 on)")
     parser.add_argument("--budget-from", type=Path, default=None,
                         help="continued SFT: the budget is this RL metrics.jsonl's summed step time (e.g. an archived run's)")
     args = parser.parse_args(argv)
+    setting = SETTINGS[args.setting]
     from rlft.console import setup_logging
 
     setup_logging()
     if args.command == "sft-curve":
-        for point in sft_curve(args.sft_run, args.out, args.tasks, args.every):
+        for point in sft_curve(args.sft_run, args.out, args.tasks, args.every, setting):
             print(point)
         return
     if args.command == "compare":
@@ -429,14 +461,17 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(f"{k}: {v}" for k, v in VARIANTS.items()))
         return
     if args.command == "run":
-        evaluate(args.sft, args.out / "sft_start", args.tasks, args.sampled, real=args.real)
+        if not args.no_start_eval:
+            evaluate(args.sft, args.out / "sft_start", args.tasks, args.sampled, real=args.real, setting=setting)
         for seed in args.seeds:
             for name in args.variants:
                 if name not in VARIANTS:
                     sys.exit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
                 run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s, args.real,
-                            args.budget_from)
-    print(report(args.out, args.tasks, args.sft))
+                            args.budget_from, setting)
+        if args.no_start_eval:
+            return
+    print(report(args.out, args.tasks, args.sft, setting))
     if args.command == "report":
         print(plot_samples_vs_score(args.out))
         print(plot_paired(args.out, args.tasks))

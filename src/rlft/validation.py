@@ -62,6 +62,7 @@ RULES: dict[str, Rule] = {
         "batch_size", "steps", "max_steps", "limit", "k", "num_train", "num_prompts", "num_samples", "samples",
         "prompts", "max_length", "max_new_tokens", "max_prompt_length", "max_prompt_tokens", "max_concurrency",
         "ppo_epochs", "prompts_per_step", "keep_checkpoints", "train_layers", "train_pairs", "max_prompt_batches",
+        "max_tries",
     )},
     # counts where 0 means "off" / "none"
     **{name: NON_NEGATIVE for name in (
@@ -92,6 +93,7 @@ RULES: dict[str, Rule] = {
     "temperature": NON_NEGATIVE,
     # probabilities
     "warmup_ratio": PROBABILITY,
+    "give_up": PROBABILITY,
     "top_p": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]"),
     "eval_fraction": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
     "label_smoothing": (lambda v: 0.0 <= v <= 0.5, "must lie in [0, 0.5]"),
@@ -118,7 +120,7 @@ CHOICES: dict[str, tuple[Callable[[str], bool], Callable[[], str]]] = {
     "device": (lambda v: bool(_DEVICE.match(v)), lambda: "'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
     "preset": (lambda v: v in _presets(), lambda: "one of " + ", ".join(map(repr, _presets()))),
     "prompt_template": (lambda v: v in _prompt_templates(), lambda: "one of " + ", ".join(map(repr, _prompt_templates()))),
-    "trace_style": (lambda v: v in ("direct", "search"), lambda: "one of 'direct', 'search'"),
+    "trace_style": (lambda v: v in ("direct", "search", "bounded"), lambda: "one of 'direct', 'search', 'bounded'"),
 }
 """Enumerations typed ``str`` (the choices live elsewhere), by field name: ``(is valid, what is)``."""
 

@@ -102,3 +102,35 @@ def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
         ablation.run_variant("dpo_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
     assert pairs == [(1920, 1920, 4, 1), (960, 960, 2, 1)]
     assert dpo == [(1.0, 1e-4, 16, "dpo", "dpo_wide_lora_1e4"), (2.0, 1e-4, 16, "dpo", "dpo_lora_1e4")]
+
+
+def test_the_bounded_setting_reaches_every_stage(ablation, tmp_path):
+    """--setting bounded: continued SFT writes bounded traces with the setting's give-up rate, and RL rollouts, pair
+    sampling and evaluation generate the setting's 144 tokens (the direct setting keeps 64 and direct traces)."""
+    seen = {}
+
+    def fake_train_sft(cfg):
+        seen["sft"] = (cfg.trace_style, cfg.give_up)
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    def fake_train_rl(cfg):
+        seen["rl"] = (cfg.max_new_tokens, cfg.eval_max_new_tokens)
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    def fake_pairs(cfg):
+        seen["pairs"] = cfg.max_new_tokens
+        Path(cfg.output).write_text("")
+
+    def fake_train_dpo(cfg):
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    bounded = ablation.SETTINGS["bounded"]
+    _finished_rl_run(tmp_path / "grpo_filter_lora_1e4_60" / "s0", [60.0])
+    with (mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch("rlft.recipes.rl.train_rl", fake_train_rl),
+          mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs),
+          mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate") as evaluate):
+        for name in ("sft_continued_60", "grpo_filter_lora_2e4", "dpo_lora_1e4"):
+            ablation.run_variant(name, 0, Path("sft"), tmp_path, None, 500, False, 6.5, setting=bounded)
+    assert seen == {"sft": ("bounded", 0.6), "rl": (144, 144), "pairs": 144}
+    assert all(call.args[-1] is bounded for call in evaluate.call_args_list) and evaluate.call_count == 3
+    assert ablation.rl_base(ablation.SETTINGS["direct"])["max_new_tokens"] == 64

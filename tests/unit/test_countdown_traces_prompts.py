@@ -90,6 +90,78 @@ def test_search_traces_are_deterministic_and_the_knob_changes_length(tasks_by_pr
         assert all(write_trace(t, max_dead_ends=k).count(", no.") <= k for t in tasks)
 
 
+def test_bounded_trace_examples():
+    """(3, 5, 7) -> 22: the first-ranked try 3*7=21 fails (closest finish 21+5=26); the second, 3*5=15, works.
+    A searcher that always gives up answers its closest attempt (3*7+5=26, wrong: format score 0.1); one that
+    never gives up writes the whole search to the solution, the same text as ``search`` with no dead-end cap."""
+    task = CountdownTask(nums=(3, 5, 7), target=22)
+    dead_end = " 3*7=21, 21+5=26, no.\n"
+    assert write_trace(task, "bounded", give_up=1.0) == dead_end + "Closest: 3*7+5=26.</think>\n<answer>3 * 7 + 5</answer>"
+    assert write_trace(task, "bounded", give_up=0.0) == (
+        dead_end + "3*5=15, 15+7=22. Check: 3*5+7=22.</think>\n<answer>3 * 5 + 7</answer>"
+    )
+    assert write_trace(task, "bounded", give_up=0.0) == write_trace(task, "search", max_dead_ends=99)
+    assert write_trace(task, "bounded", give_up=0.0, max_tries=1) == write_trace(task, "bounded", give_up=1.0)
+    assert compute_score(short_prompt(task) + write_trace(task, "bounded", give_up=1.0), task.ground_truth()) == 0.1
+    # a first-ranked success is written the same whatever the patience
+    first = CountdownTask(nums=(3, 5, 7), target=26)
+    assert write_trace(first, "bounded", give_up=1.0) == " 3*7=21, 21+5=26. Check: 3*7+5=26.</think>\n<answer>3 * 7 + 5</answer>"
+
+
+def test_bounded_traces_score_one_or_format_and_follow_their_rules(tasks_by_preset):
+    """Every bounded trace: right arithmetic, ranked tries in order, either the solution (score 1) or a give-up
+    answering the closest attempt (score 0.1); seeded; the correct share falls with ``give_up`` and matches the
+    rank distribution (give-up draws are independent of the task)."""
+    from rlft.tasks.countdown.traces import _candidates, is_solvable
+
+    tasks = tasks_by_preset["medium3"]
+    shares = []
+    for give_up in (0.0, 0.3, 0.6, 1.0):
+        correct = 0
+        for i, task in enumerate(tasks):
+            trace = write_trace(task, "bounded", seed=i, give_up=give_up, max_tries=4)
+            assert trace == write_trace(task, "bounded", seed=i, give_up=give_up, max_tries=4)
+            score = compute_score(short_prompt(task) + trace, task.ground_truth())
+            lines = trace.split("</think>")[0].strip().split("\n")
+            tries = [line for line in lines if not line.startswith("Closest")]
+            ranked = _candidates(tuple(task.nums), task.target)
+            rank = next(r for r, (_, rest) in enumerate(ranked) if is_solvable(rest, task.target))
+            for line, (step, _) in zip(tries, ranked):  # the tries are the ranked candidates, in order
+                a, op, b, v = step
+                assert line.startswith(f"{a}{op}{b}={v},"), (line, step)
+            for a, op, b, v in STEP.findall("\n".join(t.partition(" Check:")[0] for t in tries)):
+                assert apply(int(a), op, int(b)) == int(v), trace
+            if score == 1.0:
+                correct += 1
+                assert len(tries) == rank + 1 and "Check:" in tries[-1] and not lines[-1].startswith("Closest")
+            else:
+                assert score == 0.1 and lines[-1].startswith("Closest: ") and all(t.endswith(", no.") for t in tries)
+                assert len(tries) <= min(rank, 4) and (give_up > 0 or len(tries) == 4)
+                values = [int(STEP.findall(t)[-1][3]) for t in tries]
+                closest = int(lines[-1].removesuffix(".").rsplit("=", 1)[1])
+                assert abs(closest - task.target) == min(abs(v - task.target) for v in values)
+        shares.append(correct / len(tasks))
+    assert shares == sorted(shares, reverse=True) and shares[-1] < shares[0]
+    expected = [sum((1 - give_up) ** r for r in (rank_of(t) for t in tasks) if r < 4) / len(tasks) for give_up in (0.0, 0.3, 0.6, 1.0)]
+    assert shares[0] == pytest.approx(expected[0]) and shares[-1] == pytest.approx(expected[-1])
+    assert shares[2] == pytest.approx(expected[2], abs=0.08)
+
+
+def rank_of(task: CountdownTask) -> int:
+    """0-based rank of the first ranked candidate that can still reach the target."""
+    from rlft.tasks.countdown.traces import _candidates, is_solvable
+
+    return next(r for r, (_, rest) in enumerate(_candidates(tuple(task.nums), task.target)) if is_solvable(rest, task.target))
+
+
+def test_bounded_trace_arguments_are_checked():
+    task = CountdownTask(nums=(3, 5, 7), target=22)
+    with pytest.raises(ValueError, match="give_up"):
+        write_trace(task, "bounded", give_up=1.5)
+    with pytest.raises(ValueError, match="max_tries"):
+        write_trace(task, "bounded", max_tries=0)
+
+
 def test_unsolvable_task_and_unknown_style_raise():
     with pytest.raises(ValueError, match="no solution"):
         write_trace(CountdownTask(nums=(1, 1, 1), target=100))

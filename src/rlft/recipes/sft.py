@@ -95,10 +95,16 @@ class SFTConfig(RunOptions, LoRAOptions, MemoryOptions, PackingOptions, Distribu
     heldout_size: int = 200
     """Generated tasks reserved for evaluation: training never sees the first N held-out tasks of
     `rlft eval countdown --split-seed` (evaluate with --limit <= N)."""
-    trace_style: Literal["direct", "search"] = "search"
-    """Solver trace style: 'direct' (just the solution steps) or 'search' (dead ends, backtracking, check)."""
+    trace_style: Literal["direct", "search", "bounded"] = "search"
+    """Solver trace style: 'direct' (just the solution steps), 'search' (dead ends, backtracking, check) or
+    'bounded' (the ranked search tried in order by a searcher who may give up with a wrong answer; ~48% of
+    medium3 traces correct at --give-up 0.6, like cog_behav's ~43%)."""
     max_dead_ends: int = 2
     """Most dead ends a 'search' trace shows before the solution."""
+    give_up: float = 0.6
+    """'bounded' traces: probability of giving up after each dead end (answering with the closest attempt)."""
+    max_tries: int = 6
+    """'bounded' traces: dead ends after which the searcher always gives up."""
     prompt_template: str = "base"
     """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template)."""
     output_dir: str = "runs/sft"
@@ -144,7 +150,8 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
     return [
         PromptCompletion(
             render_prompt(cfg.prompt_template, task, tokenizer),
-            write_trace(task, cfg.trace_style, max_dead_ends=cfg.max_dead_ends, seed=cfg.split_seed + i),
+            write_trace(task, cfg.trace_style, max_dead_ends=cfg.max_dead_ends, seed=cfg.split_seed + i,
+                        give_up=cfg.give_up, max_tries=cfg.max_tries),
         )
         for i, task in enumerate(train)
     ]

@@ -29,9 +29,23 @@ Styles:
   imitate), then the trace jumps to the solution. With an integer ``seed`` a seeded random subset
   of the failures is shown instead (still in ranked order), e.g. for different dead ends in each
   epoch. Either way a trace is reproducible from its arguments.
+* ``"bounded"`` - the same ranked search with no jump, by a searcher whose patience runs out: the
+  candidates are tried in rank order, each written as its line (a dead end ending ``no.``, or the
+  solution with its check); after each dead end the searcher gives up with probability
+  ``give_up`` (and always after ``max_tries`` dead ends) and answers with its closest attempt::
 
-Every number written in a trace is computed exactly; every trace scores 1.0 under
-:func:`rlft.rewards.countdown.compute_score`. Lengths with the defaults, in SmolLM2 tokens (one
+       3*7=21, 21+5=26, no.
+      Closest: 3*7+5=26.</think>
+      <answer>3 * 7 + 5</answer>
+
+  So a fixed set of these traces is, like the spec's cog_behav_all_strategies (whose completions
+  are ~43% correct), a mixture of searches that succeed and searches that stop with a wrong
+  answer; the rule reward tells them apart. With ``give_up=0.6`` about 47% of ``medium3`` traces
+  are correct (the solution is the first-ranked candidate for 38% of tasks, within the first three
+  for 67%). The give-up draws are seeded by ``seed`` and the task, so a trace is reproducible.
+
+Every number written in a trace is computed exactly; every ``direct`` and ``search`` trace scores
+1.0 under :func:`rlft.rewards.countdown.compute_score`, a ``bounded`` trace 1.0 or (given up) 0.1. Lengths with the defaults, in SmolLM2 tokens (one
 per digit): "easy3" search ~64 on average (direct ~34); 4-number "standard" search ~111.
 """
 
@@ -45,7 +59,8 @@ from typing import Literal
 from rlft.tasks.countdown.solver import OPS, Step, Tree, apply, is_solvable, render
 from rlft.types import CountdownTask, PromptCompletion
 
-TraceStyle = Literal["direct", "search"]
+TraceStyle = Literal["direct", "search", "bounded"]
+TRACE_STYLES: tuple[str, ...] = ("direct", "search", "bounded")
 
 State = tuple[int, ...]
 
@@ -114,17 +129,28 @@ def _steps_text(path: list[Step]) -> str:
 
 
 def write_trace(
-    task: CountdownTask, style: TraceStyle = "search", *, max_dead_ends: int = 2, seed: int | None = None
+    task: CountdownTask,
+    style: TraceStyle = "search",
+    *,
+    max_dead_ends: int = 2,
+    seed: int | None = None,
+    give_up: float = 0.6,
+    max_tries: int = 6,
 ) -> str:
     """The completion for ``task``: ``reasoning</think>\\n<answer>EXPR</answer>``.
 
-    ``style`` is ``"direct"`` (solution steps only) or ``"search"`` (ranked tries with up to
-    ``max_dead_ends`` dead ends, then the solution and a check). When more candidates fail, the
-    best-ranked are shown, or with an integer ``seed`` a seeded random subset of them. The same
-    arguments always give the same text. Raises ValueError for an unsolvable task.
+    ``style`` is ``"direct"`` (solution steps only), ``"search"`` (ranked tries with up to
+    ``max_dead_ends`` dead ends, then the solution and a check; when more candidates fail, the
+    best-ranked are shown, or with an integer ``seed`` a seeded random subset of them) or
+    ``"bounded"`` (ranked tries in order, giving up after each dead end with probability
+    ``give_up`` and after ``max_tries`` dead ends at the latest; see the module docstring). The
+    same arguments always give the same text. Raises ValueError for an unsolvable task, an unknown
+    style, ``give_up`` outside [0, 1] or ``max_tries`` < 1.
     """
-    if style not in ("direct", "search"):
-        raise ValueError(f"unknown trace style {style!r}; expected 'direct' or 'search'")
+    if style not in TRACE_STYLES:
+        raise ValueError(f"unknown trace style {style!r}; expected one of {', '.join(map(repr, TRACE_STYLES))}")
+    if not 0.0 <= give_up <= 1.0 or max_tries < 1:
+        raise ValueError(f"need 0 <= give_up <= 1 and max_tries >= 1, got give_up={give_up}, max_tries={max_tries}")
     nums, target = tuple(task.nums), task.target
     if not is_solvable(nums, target):
         raise ValueError(f"task {nums} -> {target} has no solution")
@@ -134,6 +160,8 @@ def write_trace(
     answer = render(_tree(nums, path))
     if style == "direct":
         return f" {_steps_text(path)}.</think>\n<answer>{answer}</answer>"
+    if style == "bounded":
+        return _bounded_trace(nums, target, random.Random(f"{seed}:{nums}:{target}"), give_up, max_tries)
 
     # Search: the candidates ranked above the solution's first step all fail; show some of them.
     candidates = _candidates(nums, target)
@@ -149,6 +177,26 @@ def write_trace(
     return " " + "\n".join(lines) + f"</think>\n<answer>{answer}</answer>"
 
 
+def _bounded_trace(nums: State, target: int, rng: random.Random, give_up: float, max_tries: int) -> str:
+    """A ``"bounded"`` trace: ranked candidates in order until the solution, or until the searcher gives up."""
+    lines, closest = [], None  # closest: (distance to target, path) of the dead ends written so far
+    for step, rest in _candidates(nums, target):
+        if is_solvable(rest, target):
+            path = [step] + _solution_path(rest, target)
+            answer = render(_tree(nums, path))
+            lines.append(f"{_steps_text(path)}. Check: {answer.replace(' ', '')}={target}.")
+            return " " + "\n".join(lines) + f"</think>\n<answer>{answer}</answer>"
+        path = [step] + _greedy_path(rest, target)
+        lines.append(f"{_steps_text(path)}, no.")
+        if closest is None or abs(path[-1][3] - target) < closest[0]:
+            closest = (abs(path[-1][3] - target), path)
+        if len(lines) >= max_tries or rng.random() < give_up:
+            break
+    answer = render(_tree(nums, closest[1]))
+    lines.append(f"Closest: {answer.replace(' ', '')}={closest[1][-1][3]}.")
+    return " " + "\n".join(lines) + f"</think>\n<answer>{answer}</answer>"
+
+
 def sft_examples(
     tasks: Iterable[CountdownTask],
     prompt_fn: Callable[[CountdownTask], str],
@@ -156,9 +204,12 @@ def sft_examples(
     *,
     max_dead_ends: int = 2,
     seed: int | None = None,
+    give_up: float = 0.6,
+    max_tries: int = 6,
 ) -> list[PromptCompletion]:
     """``PromptCompletion(prompt_fn(task), write_trace(task, ...))`` for every task."""
     return [
-        PromptCompletion(prompt_fn(task), write_trace(task, style, max_dead_ends=max_dead_ends, seed=seed))
+        PromptCompletion(prompt_fn(task), write_trace(task, style, max_dead_ends=max_dead_ends, seed=seed,
+                                                      give_up=give_up, max_tries=max_tries))
         for task in tasks
     ]

@@ -38,6 +38,9 @@ class Setting(NamedTuple):
     trace_style: str
     max_new_tokens: int
     give_up: float = 0.6
+    micro_batch_size: int = 32
+    """RL update micro-batch (exact gradient accumulation: the maths does not depend on it). At 144 tokens a
+    micro-batch of 32 takes ~13 GB, so two side-by-side runs need 8."""
 
 
 SETTINGS = {
@@ -45,14 +48,15 @@ SETTINGS = {
     "direct": Setting("direct", 64),
     # session 13 on: 3,000 `bounded` search traces, ~48% correct (searches that give up answer their closest
     # attempt), like cog_behav's ~43%; up to 6 tries, 144 tokens at most
-    "bounded": Setting("bounded", 144),
+    "bounded": Setting("bounded", 144, micro_batch_size=8),
 }
 
 
 def rl_base(setting: Setting) -> dict:
     """Shared by every RL variant: 8 prompts x k=8 per step, T=1, no KL (the update regime is what varies)."""
     return dict(preset=PRESET, num_train=20000, heldout_size=HELDOUT_SIZE, split_seed=SPLIT_SEED, prompt_template=PROMPT,
-                k=8, prompts_per_step=8, temperature=1.0, max_new_tokens=setting.max_new_tokens, beta=0.0, micro_batch_size=32,
+                k=8, prompts_per_step=8, temperature=1.0, max_new_tokens=setting.max_new_tokens, beta=0.0,
+                micro_batch_size=setting.micro_batch_size,
                 gen_batch_size=64, save_every=5, keep_checkpoints=1, eval_every=10, eval_limit=100,
                 eval_max_new_tokens=setting.max_new_tokens, eval_at_start=False, max_steps=30, max_prompt_batches=3,
                 device="cpu", dtype="float32")
@@ -194,7 +198,9 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
             from rlft.recipes.rl import RLConfig, train_rl
 
             cfg = RLConfig(**{**rl_base(setting), **options, "model": str(sft), "output_dir": str(folder / "run"), "seed": seed,
-                              "resume": (folder / "run" / "checkpoints").exists(), **({"max_steps": steps} if steps else {})})
+                              "resume": (folder / "run" / "checkpoints").exists(),
+                              # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch
+                              "resume_override": ("micro_batch_size",), **({"max_steps": steps} if steps else {})})
             train_rl(cfg)
         elif spec["kind"] == "dpo":
             from rlft.recipes.dpo import DPOConfig, train_dpo

@@ -108,6 +108,12 @@ def _presets() -> list[str]:
     return sorted(PRESETS)
 
 
+def _trace_styles() -> tuple[str, ...]:
+    from rlft.tasks.countdown.traces import TRACE_STYLES
+
+    return TRACE_STYLES
+
+
 def _prompt_templates() -> list[str]:
     from rlft.tasks.countdown.prompts import PROMPT_TEMPLATES
 
@@ -120,7 +126,7 @@ CHOICES: dict[str, tuple[Callable[[str], bool], Callable[[], str]]] = {
     "device": (lambda v: bool(_DEVICE.match(v)), lambda: "'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
     "preset": (lambda v: v in _presets(), lambda: "one of " + ", ".join(map(repr, _presets()))),
     "prompt_template": (lambda v: v in _prompt_templates(), lambda: "one of " + ", ".join(map(repr, _prompt_templates()))),
-    "trace_style": (lambda v: v in ("direct", "search", "bounded"), lambda: "one of 'direct', 'search', 'bounded'"),
+    "trace_style": (lambda v: v in _trace_styles(), lambda: "one of " + ", ".join(map(repr, _trace_styles()))),
 }
 """Enumerations typed ``str`` (the choices live elsewhere), by field name: ``(is valid, what is)``."""
 

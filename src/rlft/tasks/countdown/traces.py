@@ -40,13 +40,14 @@ Styles:
 
   So a fixed set of these traces is, like the spec's cog_behav_all_strategies (whose completions
   are ~43% correct), a mixture of searches that succeed and searches that stop with a wrong
-  answer; the rule reward tells them apart. With ``give_up=0.6`` about 47% of ``medium3`` traces
+  answer; the rule reward tells them apart. With ``give_up=0.6`` about 48% of ``medium3`` traces
   are correct (the solution is the first-ranked candidate for 38% of tasks, within the first three
   for 67%). The give-up draws are seeded by ``seed`` and the task, so a trace is reproducible.
 
 Every number written in a trace is computed exactly; every ``direct`` and ``search`` trace scores
-1.0 under :func:`rlft.rewards.countdown.compute_score`, a ``bounded`` trace 1.0 or (given up) 0.1. Lengths with the defaults, in SmolLM2 tokens (one
-per digit): "easy3" search ~64 on average (direct ~34); 4-number "standard" search ~111.
+1.0 under :func:`rlft.rewards.countdown.compute_score`, a ``bounded`` trace 1.0 or (given up)
+0.1. Lengths with the defaults, in SmolLM2 tokens (one per digit): "easy3" search ~64 on average
+(direct ~34); 4-number "standard" search ~111; "medium3" bounded ~61 (longest 144).
 """
 
 from __future__ import annotations
@@ -54,13 +55,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 from itertools import combinations
-from typing import Literal
+from typing import Literal, get_args
 
 from rlft.tasks.countdown.solver import OPS, Step, Tree, apply, is_solvable, render
 from rlft.types import CountdownTask, PromptCompletion
 
 TraceStyle = Literal["direct", "search", "bounded"]
-TRACE_STYLES: tuple[str, ...] = ("direct", "search", "bounded")
+TRACE_STYLES: tuple[str, ...] = get_args(TraceStyle)
 
 State = tuple[int, ...]
 
@@ -161,7 +162,7 @@ def write_trace(
     if style == "direct":
         return f" {_steps_text(path)}.</think>\n<answer>{answer}</answer>"
     if style == "bounded":
-        return _bounded_trace(nums, target, random.Random(f"{seed}:{nums}:{target}"), give_up, max_tries)
+        return _bounded_trace(nums, target, path, answer, random.Random(f"{seed}:{nums}:{target}"), give_up, max_tries)
 
     # Search: the candidates ranked above the solution's first step all fail; show some of them.
     candidates = _candidates(nums, target)
@@ -172,29 +173,36 @@ def write_trace(
             keep = sorted(random.Random(f"{seed}:{nums}:{target}").sample(range(len(failed)), max_dead_ends))
         failed = [failed[i] for i in keep]
     lines = [f"{_steps_text([s] + _greedy_path(r, target))}, no." for s, r in failed]
-    check = answer.replace(" ", "")
-    lines.append(f"{_steps_text(path)}. Check: {check}={target}.")
+    lines.append(_check_line(path, answer, target))
+    return _trace(lines, answer)
+
+
+def _check_line(path: list[Step], answer: str, target: int) -> str:
+    """The solution's steps and its check: ``3*5=15, 15+7=22. Check: 3*5+7=22.``"""
+    return f"{_steps_text(path)}. Check: {answer.replace(' ', '')}={target}."
+
+
+def _trace(lines: list[str], answer: str) -> str:
     return " " + "\n".join(lines) + f"</think>\n<answer>{answer}</answer>"
 
 
-def _bounded_trace(nums: State, target: int, rng: random.Random, give_up: float, max_tries: int) -> str:
-    """A ``"bounded"`` trace: ranked candidates in order until the solution, or until the searcher gives up."""
+def _bounded_trace(nums: State, target: int, path: list[Step], answer: str, rng: random.Random, give_up: float,
+                   max_tries: int) -> str:
+    """A ``"bounded"`` trace: ranked candidates in order until the solution ``path`` (whose first step is the
+    first-ranked candidate that can still reach the target; ``answer`` renders it), or until the searcher gives up."""
     lines, closest = [], None  # closest: (distance to target, path) of the dead ends written so far
     for step, rest in _candidates(nums, target):
-        if is_solvable(rest, target):
-            path = [step] + _solution_path(rest, target)
-            answer = render(_tree(nums, path))
-            lines.append(f"{_steps_text(path)}. Check: {answer.replace(' ', '')}={target}.")
-            return " " + "\n".join(lines) + f"</think>\n<answer>{answer}</answer>"
-        path = [step] + _greedy_path(rest, target)
-        lines.append(f"{_steps_text(path)}, no.")
-        if closest is None or abs(path[-1][3] - target) < closest[0]:
-            closest = (abs(path[-1][3] - target), path)
+        if step == path[0]:
+            return _trace(lines + [_check_line(path, answer, target)], answer)
+        tried = [step] + _greedy_path(rest, target)
+        lines.append(f"{_steps_text(tried)}, no.")
+        if closest is None or abs(tried[-1][3] - target) < closest[0]:
+            closest = (abs(tried[-1][3] - target), tried)
         if len(lines) >= max_tries or rng.random() < give_up:
             break
-    answer = render(_tree(nums, closest[1]))
-    lines.append(f"Closest: {answer.replace(' ', '')}={closest[1][-1][3]}.")
-    return " " + "\n".join(lines) + f"</think>\n<answer>{answer}</answer>"
+    closest_answer = render(_tree(nums, closest[1]))
+    lines.append(f"Closest: {closest_answer.replace(' ', '')}={closest[1][-1][3]}.")
+    return _trace(lines, closest_answer)
 
 
 def sft_examples(

@@ -39,8 +39,8 @@ class Setting(NamedTuple):
     max_new_tokens: int
     give_up: float = 0.6
     micro_batch_size: int = 32
-    """RL update micro-batch (exact gradient accumulation: the maths does not depend on it). At 144 tokens a
-    micro-batch of 32 takes ~13 GB, so two side-by-side runs need 8."""
+    """RL update and DPO micro-batch (exact gradient accumulation: the maths does not depend on it). At 144 tokens
+    a micro-batch of 32 takes ~13 GB in RL and over 20 GB in DPO (chosen + rejected), so side-by-side runs need 8."""
 
 
 SETTINGS = {
@@ -215,7 +215,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
                                                  max_new_tokens=setting.max_new_tokens, batch_size=64,
                                                  output=str(pairs), seed=seed, device="cpu", dtype="float32"))
             train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
-                                batch_size=32, micro_batch_size=32, epochs=spec.get("epochs", 2.0), seed=seed, save_every=0,
+                                batch_size=32, micro_batch_size=setting.micro_batch_size, epochs=spec.get("epochs", 2.0), seed=seed, save_every=0,
                                 device="cpu", dtype="float32"))
         else:  # continued SFT for the wall-clock of the matching RL run
             from rlft.recipes.sft import SFTConfig, train_sft

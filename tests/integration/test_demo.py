@@ -24,7 +24,7 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     torch.set_num_threads(1)
     real = SHARED_DATA / "countdown" / "train.parquet"
     cfg = DemoConfig(model=str(demo_model_dir), runs_dir=str(tmp_path / "runs"), name="q", quick=True,
-                     real_data=str(real) if real.is_file() else None, device="cpu")
+                     real_data=str(real) if real.is_file() else None, device="cpu", give_up=0.3, max_tries=4)
     report = run_demo(cfg)
     run_dir = tmp_path / "runs" / "q"
     assert report == run_dir / "report.md"
@@ -50,6 +50,8 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
         assert (run_dir / png).stat().st_size > 1000
     steps = [json.loads(line)["step"] for line in (run_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+    sft_config = (run_dir / "sft" / "config.yaml").read_text()  # the bounded-trace options reach the SFT stage
+    assert "give_up: 0.3\n" in sft_config and "max_tries: 4\n" in sft_config
     evals = sorted(p.name for p in (run_dir / "eval").glob("*.json"))
     for model in ("sft", "rl"):
         assert f"{model}--medium3-held-out.json" in evals and f"{model}--sampled.json" in evals

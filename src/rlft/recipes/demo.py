@@ -76,7 +76,13 @@ class DemoConfig:
     prompt_template: str = "short"
     """Prompt template for training and evaluation: short (compact, CPU-friendly), base (TinyZero), chat."""
     trace_style: str = "direct"
-    """SFT trace style: direct (solution steps) or search (dead ends, backtracking, check)."""
+    """SFT trace style: direct (solution steps), search (dead ends, backtracking, check) or bounded (a ranked
+    search that may give up and answer its closest attempt; ~48% of the traces are correct, like the spec's
+    cog_behav_all_strategies; generations need ~144 tokens: see docs/results/countdown-bounded)."""
+    give_up: float = 0.6
+    """Bounded traces: probability of giving up after each dead end."""
+    max_tries: int = 6
+    """Bounded traces: candidates tried at most before giving up."""
     max_dead_ends: int = 2
     """Dead ends shown per search trace."""
     num_train: int = 3000
@@ -529,7 +535,7 @@ def run_demo(cfg: DemoConfig) -> Path:
         if not _done(sft, cfg):
             sft = train_sft(SFTConfig(
                 model=cfg.model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, trace_style=cfg.trace_style,
-                max_dead_ends=cfg.max_dead_ends, output_dir=str(run_dir / "sft"), max_length=256, batch_size=cfg.batch_size,
+                max_dead_ends=cfg.max_dead_ends, give_up=cfg.give_up, max_tries=cfg.max_tries, output_dir=str(run_dir / "sft"), max_length=256, batch_size=cfg.batch_size,
                 micro_batch_size=cfg.micro_batch_size, max_steps=cfg.sft_steps, lr=cfg.lr, save_every=max(cfg.sft_steps // 4, 1), **common))
         drop_checkpoints(sft, cfg)
     with _Timer(timings, "evaluate SFT"):

@@ -87,12 +87,13 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
 
 
 def test_demo_defaults_are_the_medium3_setting():
-    """The defaults: medium3 with 1000 held-out tasks, the RL loop's GRPO + filtering + LoRA recipe, RPO with LoRA;
-    a stage is skipped with 0."""
+    """The defaults: medium3 with 1000 held-out tasks, the RL loop's GRPO + filtering + LoRA recipe at lr 2e-4, DPO
+    (no NLL term) with LoRA; a stage is skipped with 0."""
     cfg = DemoConfig()
     assert (cfg.preset, cfg.heldout_size, cfg.prompt_template, cfg.trace_style, cfg.num_train) == ("medium3", 1000, "short", "direct", 3000)
     assert (cfg.rl_advantage, cfg.rl_loss, cfg.rl_loss_mode, cfg.rl_filter_groups, cfg.rl_lora_r) == ("grpo", "ppo", "seq_mean", True, 16)
-    assert (cfg.dpo_loss_type, cfg.dpo_lora_r, cfg.pairs_samples) == ("rpo", 16, 2)
+    assert cfg.rl_lr == 2e-4
+    assert (cfg.dpo_loss_type, cfg.dpo_lora_r, cfg.pairs_samples) == ("dpo", 16, 2)
     assert (cfg.eval_limit, cfg.passk_limit, cfg.passk, cfg.passk_temperature, cfg.passk_top_p) == (200, 100, 4, 0.6, 0.95)
     DemoConfig(rl_steps=0, pairs_prompts=0)  # skips RL, and pairs + DPO
     with pytest.raises(OptionError, match="--eval-limit"):

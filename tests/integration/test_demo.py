@@ -98,3 +98,7 @@ def test_demo_defaults_are_the_medium3_setting():
     DemoConfig(rl_steps=0, pairs_prompts=0)  # skips RL, and pairs + DPO
     with pytest.raises(OptionError, match="--eval-limit"):
         DemoConfig(eval_limit=2000)
+    assert DemoConfig().update_micro_batch_size == 32
+    DemoConfig(update_micro_batch_size=8)  # divides the DPO batch of 32
+    with pytest.raises(OptionError, match="--update-micro-batch-size"):
+        DemoConfig(update_micro_batch_size=5)

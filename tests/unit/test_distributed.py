@@ -35,6 +35,8 @@ torch.set_num_threads(1)
 SRC = Path(__file__).resolve().parents[2] / "src"
 EXACT = ("step", "tokens", "epoch", "lr")
 """Metrics that must agree exactly (the others to 1e-5)."""
+NOISE = 1e-4
+"""DPO implicit rewards below this are rounding noise (beta x a log-ratio of a policy that has not moved)."""
 
 
 def _free_port() -> int:
@@ -92,10 +94,11 @@ def torchrun(command: str, cfg, nproc: int = 2) -> subprocess.CompletedProcess:
     return done
 
 
-NORM_RTOL_FSDP2 = 1e-4
-"""grad_norm tolerance (relative) of FSDP2 runs: the float32 norm of the tiny model's 1.5M-element embedding gradient
-is itself ~1e-5 off the float64 norm, one way in one process and another way summed from shards (measured at
-step 1: 0.9689792 and 0.9689848 for 0.9689906), while the gradients themselves agree to 1e-6."""
+NORM_RTOL = 1e-4
+"""grad_norm tolerance (relative) of FSDP2 runs and of DDP DPO: the float32 norm of the tiny model's 1.5M-element
+embedding gradient is itself ~1e-5 off the float64 norm, one way in one process and another way summed from shards
+(measured at step 1: 0.9689792 and 0.9689848 for 0.9689906); DDP DPO's step-3 norm (3 pairs split 2 + 1 over the
+ranks) measured 26.22074 against 26.22153 in one process, while losses and final weights agree to 1e-5."""
 
 
 def assert_same_run(one: Path, two: Path, atol: float = 1e-5, norm_rtol: float | None = None) -> None:
@@ -108,6 +111,8 @@ def assert_same_run(one: Path, two: Path, atol: float = 1e-5, norm_rtol: float |
         for key in r1:
             if key == "tokens_per_s":
                 continue
+            if key == "rewards/accuracy" and max(abs(r1["rewards/chosen"]), abs(r1["rewards/rejected"])) < NOISE:
+                continue  # policy == reference (DPO's first step): each pair's reward margin is float noise, its sign arbitrary
             if key in EXACT:
                 assert r1[key] == r2[key], (key, r1, r2)
             elif key == "grad_norm" and norm_rtol is not None:
@@ -287,7 +292,7 @@ def test_sft_fsdp2_two_processes_equal_one(sft_one, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     done = torchrun("sft", sft_cfg(tiny_model_dir, out, distributed="auto"))
     assert "FSDP2: 2 decoder layers sharded over 2 ranks" in done.stdout + done.stderr
-    assert_same_run(sft_one, out, norm_rtol=NORM_RTOL_FSDP2)
+    assert_same_run(sft_one, out, norm_rtol=NORM_RTOL)
     assert (out / "checkpoints" / "latest").is_file()
 
 
@@ -313,7 +318,7 @@ def test_sft_fsdp2_two_processes_equal_one_with_packing_checkpointing_and_chunke
                "distributed": "fsdp2"}
     train_sft(sft_cfg(tiny_model_dir, tmp_path / "one", **options))
     torchrun("sft", sft_cfg(tiny_model_dir, tmp_path / "two", **options))
-    assert_same_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL_FSDP2)
+    assert_same_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL)
 
 
 @pytest.mark.slow
@@ -330,12 +335,12 @@ def test_sft_fsdp2_resumes_to_the_same_weights_with_any_world_size(tiny_model_di
     assert load_weights(split / "checkpoints" / "step-00000002").keys() == load_weights(whole / "model").keys()
     shutil.copytree(split, single)
     torchrun("sft", sft_cfg(tiny_model_dir, split, resume=True, **options))
-    assert_same_run(whole, split, norm_rtol=NORM_RTOL_FSDP2)
+    assert_same_run(whole, split, norm_rtol=NORM_RTOL)
     train_sft(sft_cfg(tiny_model_dir, single, resume=True, resume_override=("output_dir",), **options))
-    assert_same_run(whole, single, norm_rtol=NORM_RTOL_FSDP2)
+    assert_same_run(whole, single, norm_rtol=NORM_RTOL)
     train_sft(sft_cfg(tiny_model_dir, mixed, max_steps=3, **options))
     torchrun("sft", sft_cfg(tiny_model_dir, mixed, resume=True, **options))
-    assert_same_run(whole, mixed, norm_rtol=NORM_RTOL_FSDP2)
+    assert_same_run(whole, mixed, norm_rtol=NORM_RTOL)
 
 
 def test_fsdp2_refuses_lora():
@@ -377,7 +382,7 @@ def test_dpo_two_processes_equal_one(dpo_inputs, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     train_dpo(dpo_cfg(model_dir, data, one))
     torchrun("dpo", dpo_cfg(model_dir, data, two))
-    assert_same_run(one, two)
+    assert_same_run(one, two, norm_rtol=NORM_RTOL)
     ref1, ref2 = (torch.load(run / "ref_logps.pt", weights_only=True) for run in (one, two))
     assert ref1["fingerprint"] == ref2["fingerprint"]
     for key in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean"):  # computed in 2 shards, gathered
@@ -395,7 +400,7 @@ def test_dpo_fsdp2_two_processes_equal_one(dpo_inputs, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     train_dpo(dpo_cfg(model_dir, data, one, micro_batch_size=1, distributed="fsdp2"))
     torchrun("dpo", dpo_cfg(model_dir, data, two, micro_batch_size=1, distributed="fsdp2"))
-    assert_same_run(one, two, norm_rtol=NORM_RTOL_FSDP2)
+    assert_same_run(one, two, norm_rtol=NORM_RTOL)
     moved, start = load_weights(two / "model"), load_weights(model_dir)
     assert any(not torch.equal(moved[k], start[k]) for k in start)
 
@@ -426,7 +431,7 @@ def test_rm_two_processes_equal_one(strategy, tiny_model_dir, tmp_path):
                    warmup_ratio=0.0, eval_every=2, save_every=2, device="cpu", dtype="float32", seed=0, distributed=strategy)
     train_rm(cfg)
     torchrun("rm", replace(cfg, output_dir=str(tmp_path / "two")))
-    assert_same_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL_FSDP2 if strategy == "fsdp2" else None)
+    assert_same_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL if strategy == "fsdp2" else None)
     assert "eval/accuracy" in read_metrics(tmp_path / "two" / "metrics.jsonl")[1]
     assert (tmp_path / "two" / "eval.json").is_file()
 
@@ -561,7 +566,7 @@ def test_rl_fsdp2_two_processes_equal_one_given_the_same_samples(tiny_model_dir,
     run_rl_script(tmp_path, {**options, "output_dir": str(tmp_path / "one")}, 1, sample=True)
     done = run_rl_script(tmp_path, {**options, "output_dir": str(tmp_path / "two")}, 2, sample=True)
     assert (done.stdout + done.stderr).count("FSDP2: 2 decoder layers sharded over 2 ranks") == 2  # policy and reference
-    assert_same_rl_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL_FSDP2)
+    assert_same_rl_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL)
     records = read_metrics(tmp_path / "two" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3] and "eval/score" in records[0] and "eval/score" in records[2]
     assert any(r["groups/kept"] < r["groups/tried"] for r in records[1:]), records  # some groups were dropped

@@ -1,10 +1,11 @@
 """`rlft demo`: the Countdown story on one CPU.
 
 base -> SFT on a fixed dataset of solver traces -> RL (the one RL loop, `rlft rl`: by default GRPO with group
-filtering and LoRA), and SFT -> on-policy pairs -> DPO (by default without RPO's NLL term, with LoRA); every model is evaluated on
-the same held-out tasks and ``runs/<name>/report.md`` gets the results table, the paired table (each model
-against the SFT start, task by task), the RL run's held-out score against samples generated, and plots.
-The defaults are the ``medium3`` setting and the recipes of ``docs/results/countdown-medium3``. Evaluation sets:
+filtering and LoRA), and SFT -> on-policy pairs -> DPO (by default without RPO's NLL term, with LoRA); every model
+is evaluated on the same held-out tasks and ``runs/<name>/report.md`` gets the results table, the paired table (each
+model against the SFT start, task by task), the RL run's held-out score against samples generated, and plots.
+The defaults are the ``medium3`` setting and the recipes of ``docs/results/countdown-medium3``, with the RL rate and
+DPO loss that did best in ``docs/results/countdown-bounded``. Evaluation sets:
 
 - ``<preset> held-out``: the first ``eval_limit`` generated held-out tasks of the training preset (greedy),
   and the first ``passk_limit`` of them sampled (``passk`` samples at T=0.6, top-p 0.95); no stage trains on
@@ -255,11 +256,17 @@ class DemoConfig:
         require(self.eval_limit <= self.heldout_size and self.rl_eval_limit <= self.heldout_size,
                 f"--eval-limit ({self.eval_limit}) and --rl-eval-limit ({self.rl_eval_limit}) must be <= --heldout-size "
                 f"({self.heldout_size}) so evaluation tasks are never trained on")
-        require(self.dpo_batch_size % min(self.update_micro_batch_size, self.dpo_batch_size) == 0,
+        # DPOConfig checks this too, but only once the DPO stage starts: here it fails before SFT and RL run
+        require(self.dpo_batch_size % self.dpo_micro_batch_size == 0,
                 f"--dpo-batch-size ({self.dpo_batch_size}) must be a multiple of --update-micro-batch-size "
                 f"({self.update_micro_batch_size}) when it is the larger")
         require(self.passk_limit <= self.eval_limit,
                 f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation uses a prefix of the greedy one's tasks")
+
+    @property
+    def dpo_micro_batch_size(self) -> int:
+        """Pairs per forward/backward pass of the DPO update: ``update_micro_batch_size``, at most ``dpo_batch_size``."""
+        return min(self.update_micro_batch_size, self.dpo_batch_size)
 
     def effective(self) -> "DemoConfig":
         """This config, with the small sizes of ``--quick`` applied when it is set."""
@@ -587,7 +594,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                 dpo = train_dpo(DPOConfig(
                     model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type,
                     rpo_alpha=cfg.dpo_rpo_alpha, lora_r=cfg.dpo_lora_r, lora_alpha=cfg.dpo_lora_alpha, max_length=256,
-                    batch_size=cfg.dpo_batch_size, micro_batch_size=min(cfg.update_micro_batch_size, cfg.dpo_batch_size), epochs=cfg.dpo_epochs, lr=cfg.dpo_lr,
+                    batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_micro_batch_size, epochs=cfg.dpo_epochs, lr=cfg.dpo_lr,
                     optimizer=cfg.dpo_optimizer, save_every=5, seed=cfg.seed, resume=cfg.resume, device=cfg.device, dtype=cfg.dtype))
             drop_checkpoints(dpo, cfg)
         if dpo is not None:

@@ -106,9 +106,10 @@ VARIANTS: dict[str, dict] = {
     "dpo": dict(kind="dpo", loss_type="dpo", lr=1e-6),
     "rpo": dict(kind="dpo", loss_type="rpo", lr=1e-6),
     "dpo_lora_1e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4),
-    "rpo_lora_1e4": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4),
+    # pairs_of: train on that variant's pairs of the same seed (sampled once, by whichever runs first)
+    "rpo_lora_1e4": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4, pairs_of="dpo_lora_1e4"),
     # DPO at the RL recipe's LoRA rate (the 1e-4 runs' margins stay at ~0.07 nats: the policy barely moves)
-    "dpo_lora_2e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=2e-4),
+    "dpo_lora_2e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=2e-4, pairs_of="dpo_lora_1e4"),
     # 4x the pairs' samples (1,920 prompts x 4, best vs worst): about the samples of a 60-step RL run; one epoch
     "dpo_wide_lora_1e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4, pair_prompts=1920,
                               pair_samples=4, epochs=1.0),
@@ -194,7 +195,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
     model_dir = folder / "run" / "model"
     if not model_dir.exists():
         t0 = time.perf_counter()
-        script_keys = ("kind", "budget_of", "pair_prompts", "pair_samples", "epochs")  # read here, not recipe options
+        script_keys = ("kind", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "epochs")  # read here, not recipe options
         options = {k: v for k, v in spec.items() if k not in script_keys}
         if spec["kind"] == "rl":
             from rlft.recipes.rl import RLConfig, train_rl
@@ -208,12 +209,14 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
             from rlft.recipes.dpo import DPOConfig, train_dpo
             from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
 
-            pairs = folder / "pairs.jsonl"
+            pair_spec = VARIANTS[spec.get("pairs_of", name)]
+            pairs = out / spec.get("pairs_of", name) / f"s{seed}" / "pairs.jsonl"
             if not pairs.exists():  # default: 960 prompts x 2 samples, as many samples as an RL run's 30 steps x 64
-                n_prompts = spec.get("pair_prompts", 960)
+                pairs.parent.mkdir(parents=True, exist_ok=True)
+                n_prompts = pair_spec.get("pair_prompts", 960)
                 make_countdown_pairs(PairsConfig(model=str(sft), preset=PRESET, num_prompts=n_prompts, start=seed * n_prompts,
                                                  split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
-                                                 num_samples=spec.get("pair_samples", 2), temperature=1.0,
+                                                 num_samples=pair_spec.get("pair_samples", 2), temperature=1.0,
                                                  max_new_tokens=setting.max_new_tokens, batch_size=64,
                                                  output=str(pairs), seed=seed, device="cpu", dtype="float32"))
             train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,

@@ -85,7 +85,8 @@ def test_compare_prints_the_paired_difference(ablation, tmp_path, capsys):
 
 def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
     """dpo_wide_lora_1e4: 1,920 prompts x 4 samples from the seed's own prompt offset, one epoch; dpo_lora_1e4 keeps
-    960 x 2 and two epochs; the pair options never reach DPOConfig (it would raise on an unknown field)."""
+    960 x 2 and two epochs; pairs_of variants train on dpo_lora_1e4's pairs of the same seed, sampling them when
+    absent; the pair options never reach DPOConfig (it would raise on an unknown field)."""
     pairs, dpo = [], []
 
     def fake_pairs(cfg):
@@ -100,8 +101,12 @@ def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
           mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate")):
         ablation.run_variant("dpo_wide_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
         ablation.run_variant("dpo_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
-    assert pairs == [(1920, 1920, 4, 1), (960, 960, 2, 1)]
-    assert dpo == [(1.0, 1e-4, 16, "dpo", "dpo_wide_lora_1e4"), (2.0, 1e-4, 16, "dpo", "dpo_lora_1e4")]
+        ablation.run_variant("dpo_lora_2e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)  # pairs_of: reuses them
+        ablation.run_variant("rpo_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)  # samples them, for seed 0
+    assert pairs == [(1920, 1920, 4, 1), (960, 960, 2, 1), (960, 0, 2, 0)]
+    assert dpo == [(1.0, 1e-4, 16, "dpo", "dpo_wide_lora_1e4"), (2.0, 1e-4, 16, "dpo", "dpo_lora_1e4"),
+                   (2.0, 2e-4, 16, "dpo", "dpo_lora_1e4"), (2.0, 1e-4, 16, "rpo", "dpo_lora_1e4")]
+    assert (tmp_path / "dpo_lora_2e4" / "s1" / "run" / "model").is_dir()
 
 
 def test_the_bounded_setting_reaches_every_stage(ablation, tmp_path):

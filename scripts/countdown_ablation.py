@@ -384,40 +384,61 @@ def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
                      title="Held-out score against samples seen")
 
 
+def samples_generated(out: Path, name: str, folder: Path) -> int | None:
+    """Samples a variant/seed generated before its update: an RL run's ``samples/total``, a DPO run's pair prompts x
+    samples per prompt (``pairs.stats.json`` of the variant whose pairs it trains on), 0 for continued SFT (it trains on
+    its fixed dataset); None when the record is missing."""
+    from rlft.checkpoint import read_metrics
+
+    spec = VARIANTS[name]
+    if spec["kind"] == "rl":
+        records = read_metrics(folder / "run" / "metrics.jsonl")
+        return records[-1]["samples/total"] if records else None
+    if spec["kind"] == "dpo":
+        stats = out / spec.get("pairs_of", name) / folder.name / "pairs.stats.json"
+        if not stats.exists():
+            return None
+        stats = json.loads(stats.read_text())
+        return stats["prompts"] * stats["samples_per_prompt"]
+    return 0
+
+
 def plot_paired(out: Path, n: int) -> Path | None:
-    """Every finished RL variant/seed's greedy score on the ``n`` held-out tasks, paired against the SFT start
-    (mean difference with its 95% interval), against the samples its run generated, with the issue's +0.05 bar;
-    ``out/paired_vs_samples.png`` (None when no run is finished)."""
+    """Every finished variant/seed's greedy score on the ``n`` held-out tasks, paired against the SFT start (mean
+    difference with its 95% interval), against the samples it generated (``samples_generated``; variants sharing an
+    x are spread a little apart, seeds too), with the issue's +0.05 bar; ``out/paired_vs_samples.png`` (None when no run is
+    finished)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from rlft.checkpoint import read_metrics
 
     sft = out / "sft_start" / f"eval_greedy_{n}.json"
     if not sft.exists():
         return None
     start = json.loads(sft.read_text())
     points = {}
-    for name, folder in seed_folders(out, "rl"):
-        path, records = folder / f"eval_greedy_{n}.json", read_metrics(folder / "run" / "metrics.jsonl")
-        if path.exists() and records:
+    for name, folder in seed_folders(out):
+        path, x = folder / f"eval_greedy_{n}.json", samples_generated(out, name, folder)
+        if path.exists() and x is not None:
             d = paired(json.loads(path.read_text()), start)
-            points.setdefault(name, []).append((records[-1]["samples/total"], d["diff"], d["ci_low"], d["ci_high"]))
+            points.setdefault(name, []).append((x, d["diff"], d["ci_low"], d["ci_high"]))
     if not points:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4))
-    ax.set_prop_cycle(color=plt.cm.tab20.colors)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.set_prop_cycle(color=plt.cm.tab10.colors)
+    span, total, j = max(x for rows in points.values() for x, *_ in rows) or 1, sum(map(len, points.values())), 0
     for name, rows in points.items():
         xs, ys, lo, hi = zip(*rows)
+        xs = [x + (j + i - total / 2) * span / 100 for i, x in enumerate(xs)]  # every point its own x
+        j += len(rows)
         ax.errorbar(xs, ys, yerr=[[y - l for y, l in zip(ys, lo)], [h - y for y, h in zip(ys, hi)]], fmt="o", capsize=3,
                     label=f"{name} ({len(rows)} seed{'s' if len(rows) > 1 else ''})")
     ax.axhline(0.0, color="grey", linestyle="--", linewidth=1, label="SFT start")
     ax.axhline(0.05, color="black", linestyle=":", linewidth=1, label="issue's bar (+0.05)")
-    ax.set_xlabel("samples generated")
+    ax.set_xlabel("samples generated (continued SFT: 0, it trains on its dataset for RL's compute)")
     ax.set_ylabel(f"greedy score - SFT start ({n} tasks, 95% CI)")
-    ax.set_title("RL runs on the held-out tasks, paired against the SFT start")
+    ax.set_title("Every run on the held-out tasks, paired against the SFT start")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path = out / "paired_vs_samples.png"

@@ -139,3 +139,30 @@ def test_the_bounded_setting_reaches_every_stage(ablation, tmp_path):
     assert seen == {"sft": ("bounded", 0.6), "rl": (144, 144), "pairs": 144}
     assert all(call.args[-1] is bounded for call in evaluate.call_args_list) and evaluate.call_count == 3
     assert ablation.rl_base(ablation.SETTINGS["direct"])["max_new_tokens"] == 64
+
+
+def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(ablation, tmp_path):
+    """x of the paired plot: RL its last samples/total, DPO its pairs' prompts x samples (the pairs_of variant's file,
+    same seed), continued SFT 0, None when the record is missing; the plot is drawn from the runs that have both."""
+    out = tmp_path
+    (out / "grpo_filter_lora_2e4" / "s0" / "run").mkdir(parents=True)
+    (out / "grpo_filter_lora_2e4" / "s0" / "run" / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "samples/total": 64}) + "\n" + json.dumps({"step": 2, "samples/total": 136}) + "\n")
+    (out / "dpo_lora_1e4" / "s1").mkdir(parents=True)
+    (out / "dpo_lora_1e4" / "s1" / "pairs.stats.json").write_text(json.dumps({"prompts": 960, "samples_per_prompt": 2}))
+    for name, seed in [("rpo_lora_1e4", 1), ("rpo_lora_1e4", 0), ("sft_continued", 0)]:
+        (out / name / f"s{seed}").mkdir(parents=True)
+    got = {(name, folder.name): ablation.samples_generated(out, name, folder) for name, folder in ablation.seed_folders(out)}
+    assert got == {("grpo_filter_lora_2e4", "s0"): 136, ("dpo_lora_1e4", "s1"): 1920, ("rpo_lora_1e4", "s0"): None,
+                   ("rpo_lora_1e4", "s1"): 1920, ("sft_continued", "s0"): 0}
+
+    assert ablation.plot_paired(out, 3) is None  # no SFT start evaluation yet
+    scores = {"sft_start": [[0.1], [1.0], [0.0]], "grpo_filter_lora_2e4/s0": [[1.0], [1.0], [0.0]],
+              "rpo_lora_1e4/s1": [[0.1], [1.0], [0.1]]}
+    for folder, task_scores in scores.items():
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        (out / folder / "eval_greedy_3.json").write_text(json.dumps({"task_scores": task_scores}))
+    drawn = []
+    with mock.patch("matplotlib.axes.Axes.errorbar", side_effect=lambda xs, ys, **kw: drawn.append((kw["label"], list(ys)))):
+        assert ablation.plot_paired(out, 3) == out / "paired_vs_samples.png"
+    assert drawn == [("grpo_filter_lora_2e4 (1 seed)", [pytest.approx(0.3)]), ("rpo_lora_1e4 (1 seed)", [pytest.approx(1 / 30)])]

@@ -184,6 +184,11 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, r
     return results
 
 
+def pairs_file(out: Path, name: str, seed: int) -> Path:
+    """The pairs a DPO variant trains on: those of its ``pairs_of`` variant (itself when unset) for ``seed``."""
+    return out / VARIANTS[name].get("pairs_of", name) / f"s{seed}" / "pairs.jsonl"
+
+
 def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n: int, sampled: bool, sft_step_s: float,
                 real: int = 0, budget_from: Path | None = None, setting: Setting = SETTINGS["direct"]) -> None:
     spec = VARIANTS[name]
@@ -210,7 +215,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
             from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
 
             pair_spec = VARIANTS[spec.get("pairs_of", name)]
-            pairs = out / spec.get("pairs_of", name) / f"s{seed}" / "pairs.jsonl"
+            pairs = pairs_file(out, name, seed)
             if not pairs.exists():  # default: 960 prompts x 2 samples, as many samples as an RL run's 30 steps x 64
                 pairs.parent.mkdir(parents=True, exist_ok=True)
                 n_prompts = pair_spec.get("pair_prompts", 960)
@@ -395,7 +400,9 @@ def samples_generated(out: Path, name: str, folder: Path) -> int | None:
         records = read_metrics(folder / "run" / "metrics.jsonl")
         return records[-1]["samples/total"] if records else None
     if spec["kind"] == "dpo":
-        stats = out / spec.get("pairs_of", name) / folder.name / "pairs.stats.json"
+        from rlft.recipes.pairs import stats_path
+
+        stats = stats_path(pairs_file(out, name, int(folder.name[1:])))
         if not stats.exists():
             return None
         stats = json.loads(stats.read_text())
@@ -427,11 +434,12 @@ def plot_paired(out: Path, n: int) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(10, 4.5))
     ax.set_prop_cycle(color=plt.cm.tab10.colors)
-    span, total, j = max(x for rows in points.values() for x, *_ in rows) or 1, sum(map(len, points.values())), 0
+    span = max(x for rows in points.values() for x, *_ in rows) or 1
+    total, drawn = sum(map(len, points.values())), 0
     for name, rows in points.items():
         xs, ys, lo, hi = zip(*rows)
-        xs = [x + (j + i - total / 2) * span / 100 for i, x in enumerate(xs)]  # every point its own x
-        j += len(rows)
+        xs = [x + (drawn + i - total / 2) * span / 100 for i, x in enumerate(xs)]  # every point its own x
+        drawn += len(rows)
         ax.errorbar(xs, ys, yerr=[[y - l for y, l in zip(ys, lo)], [h - y for y, h in zip(ys, hi)]], fmt="o", capsize=3,
                     label=f"{name} ({len(rows)} seed{'s' if len(rows) > 1 else ''})")
     ax.axhline(0.0, color="grey", linestyle="--", linewidth=1, label="SFT start")

@@ -113,6 +113,9 @@ VARIANTS: dict[str, dict] = {
     # 4x the pairs' samples (1,920 prompts x 4, best vs worst): about the samples of a 60-step RL run; one epoch
     "dpo_wide_lora_1e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4, pair_prompts=1920,
                               pair_samples=4, epochs=1.0),
+    # the spec's pairs (2 samples per prompt, ties dropped) on 4x the prompts: ~4x the pairs of dpo_lora_1e4, the same
+    # recipe otherwise (2 epochs); the samples of a ~60-step RL run
+    "dpo_4x_lora_1e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4, pair_prompts=3840),
     # the baseline: SFT continued on its own dataset for the wall-clock of an RL run
     "sft_continued": dict(kind="sft", lr=2e-5),
     # the baseline of grpo_filter_lora_1e4_60: continued SFT for that run's summed RL step time (same seed)
@@ -217,15 +220,17 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
             pair_spec = VARIANTS[spec.get("pairs_of", name)]
             pairs = pairs_file(out, name, seed)
             if not pairs.exists():  # default: 960 prompts x 2 samples, as many samples as an RL run's 30 steps x 64
+                # (a killed sampling run continues from its journal, pairs.samples.jsonl, when started again)
                 pairs.parent.mkdir(parents=True, exist_ok=True)
                 n_prompts = pair_spec.get("pair_prompts", 960)
                 make_countdown_pairs(PairsConfig(model=str(sft), preset=PRESET, num_prompts=n_prompts, start=seed * n_prompts,
                                                  split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
                                                  num_samples=pair_spec.get("pair_samples", 2), temperature=1.0,
-                                                 max_new_tokens=setting.max_new_tokens, batch_size=64,
+                                                 max_new_tokens=setting.max_new_tokens, batch_size=128,
                                                  output=str(pairs), seed=seed, device="cpu", dtype="float32"))
             train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
-                                batch_size=32, micro_batch_size=setting.micro_batch_size, epochs=spec.get("epochs", 2.0), seed=seed, save_every=0,
+                                batch_size=32, micro_batch_size=setting.micro_batch_size, epochs=spec.get("epochs", 2.0), seed=seed,
+                                save_every=5, keep_checkpoints=1, resume=(folder / "run" / "checkpoints").exists(),
                                 device="cpu", dtype="float32"))
         else:  # continued SFT for the wall-clock of the matching RL run
             from rlft.recipes.sft import SFTConfig, train_sft

@@ -84,10 +84,12 @@ def test_compare_prints_the_paired_difference(ablation, tmp_path, capsys):
 
 
 def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
-    """dpo_wide_lora_1e4: 1,920 prompts x 4 samples from the seed's own prompt offset, one epoch; dpo_lora_1e4 keeps
-    960 x 2 and two epochs; pairs_of variants train on dpo_lora_1e4's pairs of the same seed, sampling them when
-    absent; the pair options never reach DPOConfig (it would raise on an unknown field)."""
-    pairs, dpo = [], []
+    """dpo_wide_lora_1e4: 1,920 prompts x 4 samples from the seed's own prompt offset, one epoch; dpo_4x_lora_1e4:
+    3,840 x 2, two epochs; dpo_lora_1e4 keeps 960 x 2 and two epochs; pairs_of variants train on dpo_lora_1e4's pairs
+    of the same seed, sampling them when absent; the pair options never reach DPOConfig (it would raise on an unknown
+    field); every DPO run checkpoints every 5 steps and resumes when its folder has checkpoints."""
+    pairs, dpo, resumes = [], [], []
+    (tmp_path / "dpo_4x_lora_1e4" / "s0" / "run" / "checkpoints").mkdir(parents=True)  # a killed run's
 
     def fake_pairs(cfg):
         pairs.append((cfg.num_prompts, cfg.start, cfg.num_samples, cfg.seed))
@@ -95,6 +97,7 @@ def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
 
     def fake_train_dpo(cfg):
         dpo.append((cfg.epochs, cfg.lr, cfg.lora_r, cfg.loss_type, Path(cfg.data).parent.parent.name))
+        resumes.append((cfg.save_every, cfg.resume))
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
     with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs),
@@ -103,9 +106,12 @@ def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
         ablation.run_variant("dpo_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
         ablation.run_variant("dpo_lora_2e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)  # pairs_of: reuses them
         ablation.run_variant("rpo_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)  # samples them, for seed 0
-    assert pairs == [(1920, 1920, 4, 1), (960, 960, 2, 1), (960, 0, 2, 0)]
+        ablation.run_variant("dpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)
+    assert pairs == [(1920, 1920, 4, 1), (960, 960, 2, 1), (960, 0, 2, 0), (3840, 0, 2, 0)]
     assert dpo == [(1.0, 1e-4, 16, "dpo", "dpo_wide_lora_1e4"), (2.0, 1e-4, 16, "dpo", "dpo_lora_1e4"),
-                   (2.0, 2e-4, 16, "dpo", "dpo_lora_1e4"), (2.0, 1e-4, 16, "rpo", "dpo_lora_1e4")]
+                   (2.0, 2e-4, 16, "dpo", "dpo_lora_1e4"), (2.0, 1e-4, 16, "rpo", "dpo_lora_1e4"),
+                   (2.0, 1e-4, 16, "dpo", "dpo_4x_lora_1e4")]
+    assert resumes == [(5, False)] * 4 + [(5, True)]
     assert (tmp_path / "dpo_lora_2e4" / "s1" / "run" / "model").is_dir()
 
 

@@ -197,3 +197,44 @@ def test_end_to_end_with_tiny_model_and_stubbed_scorer(tmp_path, smol_tokenizer,
     # The DPO recipe reads the file as it is.
     pairs = load_text_pairs(DPOConfig(data=cfg.output, skip_invalid=True))
     assert all(isinstance(p, TextPair) for p in pairs)
+
+
+# --------------------------------------------------------------------------- killed and resumed
+
+
+def test_killed_pair_sampling_resumes_from_its_journal(tmp_path):
+    """Sampling goes in chunks of 64 prompts, each journalled; a run killed after its first chunk, started again with
+    the same options, samples only the rest and writes the same pairs as an uninterrupted run."""
+    cfg = cfg_for(tmp_path, preset="easy3", num_prompts=70)
+    tasks = load_pair_tasks(cfg)
+    plan = {}
+
+    class KeyedEngine(FakeEngine):  # texts by prompt, not by position in the call; killed on call `kill_at`
+        def __init__(self, kill_at=None):
+            super().__init__(None)
+            self.kill_at = kill_at
+
+        def generate(self, prompts, params):
+            if self.kill_at is not None and len(self.calls) == self.kill_at:
+                raise KeyboardInterrupt
+            self.calls.append((list(prompts), params))
+            return [[Sample([1, 2], text, "stop") for text in plan[p]] for p in prompts]
+
+    from rlft.tasks.countdown.prompts import render_prompt
+
+    for i, task in enumerate(tasks):
+        plan[render_prompt(cfg.prompt_template, task, None)] = [WRONG, correct(task)] if i % 3 else [NONE, NONE]
+    whole = make_countdown_pairs(replace(cfg, output=str(tmp_path / "whole" / "p.jsonl")), engine=KeyedEngine())
+
+    killed = KeyedEngine(kill_at=1)
+    with pytest.raises(KeyboardInterrupt):
+        make_countdown_pairs(cfg, engine=killed)
+    assert not Path(cfg.output).exists() and len(pairs_recipe.journal_path(cfg.output).read_text().splitlines()) == 1 + 64
+    resumed_engine = KeyedEngine()
+    resumed = make_countdown_pairs(cfg, engine=resumed_engine)
+    assert [len(p) for p, _ in resumed_engine.calls] == [6]
+    assert resumed_engine.calls[0][1].seed == cfg.seed + 1_000_003  # chunk 1's seed, as in the uninterrupted run
+    assert read_jsonl(cfg.output) == read_jsonl(tmp_path / "whole" / "p.jsonl")
+    assert (resumed["kept"], resumed["dropped_ties"]) == (whole["kept"], whole["dropped_ties"]) == (46, 24)
+    with pytest.raises(ValueError, match="differs in temperature"):  # the journal is not mixed with other options
+        make_countdown_pairs(replace(cfg, temperature=0.7), engine=KeyedEngine())

@@ -14,7 +14,10 @@ Output: a JSONL file (written atomically) with one row per kept prompt::
      "nums": [int, ...], "target": int, "chosen_finish_reason": "stop"|"length",
      "rejected_finish_reason": "stop"|"length"}
 
-and next to it ``<output stem>.stats.json`` with the counts (prompts tried, kept, dropped as ties).
+and next to it ``<output stem>.stats.json`` with the counts (prompts tried, kept, dropped as ties), and
+``<output stem>.samples.jsonl``, the journal of every sampled response (:func:`journal_path`): sampling goes in
+chunks of 64 prompts, each written there when done, and a run killed mid-way continues from it when started again
+with the same options (a journal of other options is refused).
 Responses are the generated text with special tokens skipped, so they hold no EOS; the DPO recipe's
 tokenization appends one. A response that hit ``max_new_tokens`` (finish reason ``length``) gets that
 EOS too, so the counts of such responses among kept pairs are reported.
@@ -31,6 +34,7 @@ from pathlib import Path
 from rlft.data.files import write_jsonl
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
+from rlft.rollout.journal import sample_with_journal
 from rlft.types import CountdownTask
 from rlft.validation import OptionError, validate_options
 from rlft.options import DeviceOptions, RolloutOptions
@@ -88,6 +92,18 @@ class PairsConfig(DeviceOptions, RolloutOptions):
 def stats_path(output: str | Path) -> Path:
     """``runs/pairs/countdown.jsonl`` -> ``runs/pairs/countdown.stats.json``."""
     return Path(output).with_suffix(".stats.json")
+
+
+def journal_path(output: str | Path) -> Path:
+    """``runs/pairs/countdown.jsonl`` -> ``runs/pairs/countdown.samples.jsonl``: every sampled response, chunk by
+    chunk (:mod:`rlft.rollout.journal`); a killed run resumes from it, and it is kept (all samples, not only pairs)."""
+    return Path(output).with_suffix(".samples.jsonl")
+
+
+JOURNAL_KEYS = ("model", "data", "data_split", "preset", "split_seed", "heldout_size", "start", "prompt_template",
+                "num_samples", "temperature", "top_p", "top_k", "seed", "dtype")
+"""The options a journal must share with the run that continues it (with the resolved ``max_new_tokens``; each
+journalled prompt is also checked against this run's)."""
 
 
 def _validate(cfg: PairsConfig) -> None:
@@ -154,10 +170,20 @@ def select_pairs(
 
 
 def make_pairs(
-    engine: GenerationEngine, tasks: list[CountdownTask], prompts: list[str], params: SamplingParams
+    engine: GenerationEngine, tasks: list[CountdownTask], prompts: list[str], params: SamplingParams, *,
+    journal: Path | None = None, meta: dict | None = None, progress=None,
 ) -> tuple[list[dict], dict]:
-    """Sample ``params.k`` responses per prompt, score them, keep best vs worst; returns (rows, stats)."""
-    samples = engine.generate(prompts, params)
+    """Sample ``params.k`` responses per prompt, score them, keep best vs worst; returns (rows, stats).
+
+    With ``journal``, sampling goes chunk by chunk through :func:`rlft.rollout.journal.sample_with_journal` (every
+    finished chunk on disk under ``meta``; a killed run continues where it stopped), and ``stats["sampling_seconds"]``
+    is the summed sampling time of every run that wrote it."""
+    if journal is not None:
+        samples, sampling_seconds = sample_with_journal(engine, prompts, params, journal, meta or {}, progress=progress)
+    else:
+        t0 = time.perf_counter()
+        samples = engine.generate(prompts, params)
+        sampling_seconds = time.perf_counter() - t0
     if len(samples) != len(prompts) or any(len(s) != params.k for s in samples):
         raise ValueError(f"the engine must return {len(prompts)} lists of {params.k} samples")
     scores = [
@@ -176,6 +202,7 @@ def make_pairs(
         "accuracy": sum(x == 1.0 for x in flat) / len(flat),
         "kept_chosen_truncated": sum(r["chosen_finish_reason"] == "length" for r in rows),
         "kept_rejected_truncated": sum(r["rejected_finish_reason"] == "length" for r in rows),
+        "sampling_seconds": sampling_seconds,
     }
     return rows, stats
 
@@ -208,8 +235,12 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
     params = SamplingParams(k=cfg.num_samples, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                             max_new_tokens=max_new_tokens, seed=cfg.seed)
-    log.info("sampling %d responses for each of %d prompts from %s", cfg.num_samples, len(prompts), cfg.model)
-    rows, stats = make_pairs(engine, tasks, prompts, params)
+    journal = journal_path(cfg.output)
+    meta = {**{key: getattr(cfg, key) for key in JOURNAL_KEYS}, "max_new_tokens": max_new_tokens}
+    log.info("sampling %d responses for each of %d prompts from %s (journal %s)", cfg.num_samples, len(prompts), cfg.model,
+             journal)
+    rows, stats = make_pairs(engine, tasks, prompts, params, journal=journal, meta=meta,
+                             progress=lambda done, total: log.info("pairs: sampled %d / %d prompts", done, total))
 
     write_jsonl(cfg.output, rows)
     stats = {**stats, "output": str(cfg.output), "seconds": time.perf_counter() - t0, "config": asdict(cfg)}

@@ -9,6 +9,7 @@ import torch
 
 from rlft import distributed
 from rlft.rollout.base import Sample, SamplingParams
+from rlft.rollout.decode import decode
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -54,6 +55,11 @@ class HFEngine:
     - ``params.seed`` seeds a forked RNG (the global RNG state is left as it was): the same seed,
       prompts and ``batch_size`` give the same samples.
     - The model runs in eval mode under ``torch.no_grad()``; its training mode is restored afterwards.
+    - ``drop_finished=True`` (the default) decodes with :func:`rlft.rollout.decode.decode`, which drops a row
+      from the batch and its KV cache the step it emits EOS (a chunk costs about the sum of its completions'
+      lengths, not its longest one times its rows); the token choice is ``generate``'s own (argmax, or
+      transformers' temperature/top-k/top-p warpers and a multinomial draw). False calls ``model.generate``.
+      A sharded model always uses ``generate`` (its ``synced_gpus`` keeps the ranks in step).
     - A model sharded by FSDP2 (:func:`rlft.distributed.sharded`, under torchrun) makes every forward collective:
       each rank generates its own prompts (any number, none included) with ``generate(..., synced_gpus=True)``
       (a rank whose rows are done keeps stepping until every rank's are), and a rank with fewer chunks than
@@ -61,9 +67,11 @@ class HFEngine:
       rank calls ``generate`` as often. Collective then: every rank must call :meth:`generate` together.
     """
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False, add_special_tokens: bool = True):
+    def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False, add_special_tokens: bool = True,
+                 drop_finished: bool = True):
         """``add_special_tokens``: passed to the tokenizer for every prompt (see :func:`encode_prompts`);
-        False for chat-template-rendered prompts (they already carry BOS), True for plain text."""
+        False for chat-template-rendered prompts (they already carry BOS), True for plain text.
+        ``drop_finished``: decode with :func:`rlft.rollout.decode.decode` (True) or ``model.generate`` (False)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model
@@ -71,6 +79,7 @@ class HFEngine:
         self.batch_size = batch_size
         self.show_progress = show_progress
         self.add_special_tokens = add_special_tokens
+        self.drop_finished = drop_finished
 
     def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         """The prompt ids :meth:`generate` conditions on (:func:`encode_prompts` with this engine's setting)."""
@@ -131,6 +140,9 @@ class HFEngine:
         else:
             sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
         device = self.model.device
+        if self.drop_finished and not distributed.sharded(self.model):
+            rows = decode(self.model, input_ids.to(device), attention_mask.to(device), params, eos_ids)
+            return [self._to_sample(row, set(eos_ids)) for row in rows]
         with _clean_generation_config(self.model):
             output = self.model.generate(
                 input_ids=input_ids.to(device),
@@ -149,7 +161,8 @@ class HFEngine:
             if token in eos:
                 ids = generated[: t + 1]
                 return Sample(ids, self.tokenizer.decode(ids, skip_special_tokens=True), "stop")
-        # No EOS: the row ran to max_new_tokens (generate only stops early once every row has an EOS).
+        # No EOS: the row ran to max_new_tokens (generate only stops early once every row has an EOS; it pads the
+        # rows that stopped, after their EOS, and decode() returns them without padding).
         return Sample(generated, self.tokenizer.decode(generated, skip_special_tokens=True), "length")
 
     @staticmethod

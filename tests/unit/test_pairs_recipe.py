@@ -238,3 +238,25 @@ def test_killed_pair_sampling_resumes_from_its_journal(tmp_path):
     assert (resumed["kept"], resumed["dropped_ties"]) == (whole["kept"], whole["dropped_ties"]) == (46, 24)
     with pytest.raises(ValueError, match="differs in temperature"):  # the journal is not mixed with other options
         make_countdown_pairs(replace(cfg, temperature=0.7), engine=KeyedEngine())
+
+
+def test_a_journal_from_a_model_rebuilt_at_the_same_path_is_refused(tmp_path, smol_tokenizer):
+    """The journal's meta holds the model folder's weights files (name, size, mtime): samples of an earlier model saved
+    at the same path are never mixed into a new run."""
+    import os
+
+    folder = tmp_path / "tiny"
+    model = make_tiny_model(len(smol_tokenizer), seed=0)
+    model.generation_config.eos_token_id = smol_tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    assert [name for name, *_ in pairs_recipe.weights_fingerprint(str(folder))] == ["model.safetensors"]
+    assert pairs_recipe.weights_fingerprint("smollm2-135m") == []
+    cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4, dtype="float32")
+    make_countdown_pairs(cfg)
+    Path(cfg.output).unlink()
+    make_countdown_pairs(cfg)  # the same model: everything read back from the journal
+    weights = folder / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "rebuilt"
+    with pytest.raises(ValueError, match="differs in model_weights"):
+        make_countdown_pairs(cfg)

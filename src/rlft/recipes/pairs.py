@@ -100,10 +100,21 @@ def journal_path(output: str | Path) -> Path:
     return Path(output).with_suffix(".samples.jsonl")
 
 
+def weights_fingerprint(model: str) -> list[list]:
+    """``[name, bytes, mtime_ns]`` of each weights file (``*.safetensors``, ``*.bin``) in a local model folder, sorted by
+    name; ``[]`` for a built-in name or Hub id. In a journal's meta it tells a model rebuilt at the same path (a new
+    SFT run) from the one that sampled the journal."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return []
+    files = sorted(f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern))
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
 JOURNAL_KEYS = ("model", "data", "data_split", "preset", "split_seed", "heldout_size", "start", "prompt_template",
                 "num_samples", "temperature", "top_p", "top_k", "seed", "dtype")
-"""The options a journal must share with the run that continues it (with the resolved ``max_new_tokens``; each
-journalled prompt is also checked against this run's)."""
+"""The options a journal must share with the run that continues it (with the resolved ``max_new_tokens`` and the
+model's :func:`weights_fingerprint`; each journalled prompt is also checked against this run's)."""
 
 
 def _validate(cfg: PairsConfig) -> None:
@@ -236,7 +247,8 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     params = SamplingParams(k=cfg.num_samples, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                             max_new_tokens=max_new_tokens, seed=cfg.seed)
     journal = journal_path(cfg.output)
-    meta = {**{key: getattr(cfg, key) for key in JOURNAL_KEYS}, "max_new_tokens": max_new_tokens}
+    meta = {**{key: getattr(cfg, key) for key in JOURNAL_KEYS}, "max_new_tokens": max_new_tokens,
+            "model_weights": weights_fingerprint(cfg.model)}
     log.info("sampling %d responses for each of %d prompts from %s (journal %s)", cfg.num_samples, len(prompts), cfg.model,
              journal)
     rows, stats = make_pairs(engine, tasks, prompts, params, journal=journal, meta=meta,

@@ -26,6 +26,16 @@ QWEN25_CHAT_TEMPLATE = (
 )
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test, restored after. Tiny models gain nothing from threads, and on a shared 2-core
+    box they lose ~50x to contention. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
     """The Qwen2.5 tokenizer (pad = <|endoftext|>, eos = <|im_end|>), ChatML template."""

@@ -7,22 +7,10 @@ import torch
 
 from rlft.rollout import HFEngine, SamplingParams
 from rlft.rollout.decode import decode, logits_warpers, next_tokens
-from tests.conftest import make_scaled_tiny_model
-from tests.unit.test_rollout_hf import PROMPTS
+from tests.unit.test_rollout_hf import PROMPTS, tiny_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_model(tokenizer, seed: int = 0):
-    model = make_scaled_tiny_model(len(tokenizer), seed=seed)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def ids_of(out):

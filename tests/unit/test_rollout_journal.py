@@ -17,12 +17,7 @@ PARAMS = SamplingParams(k=2, temperature=1.0, max_new_tokens=5, seed=3)
 META = {"model": "tiny", "seed": 3}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Killed(RuntimeError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from rlft.data.files import DataError
 from rlft.rollout import HFEngine, SamplingParams

@@ -116,6 +116,11 @@ VARIANTS: dict[str, dict] = {
     # the spec's pairs (2 samples per prompt, ties dropped) on 4x the prompts: ~4x the pairs of dpo_lora_1e4, the same
     # recipe otherwise (2 epochs); the samples of a ~60-step RL run
     "dpo_4x_lora_1e4": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4, pair_prompts=3840),
+    # screened on the validation tasks after dpo_4x_lora_1e4 (seed 0) ran its greedy searches past 144 tokens: RPO's NLL
+    # term on the same pairs (holds the chosen searches' likelihood), and DPO for one epoch (half the updates)
+    "rpo_4x_lora_1e4": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4, pairs_of="dpo_4x_lora_1e4"),
+    "dpo_4x_lora_1e4_1ep": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4, epochs=1.0,
+                                pairs_of="dpo_4x_lora_1e4"),
     # the baseline: SFT continued on its own dataset for the wall-clock of an RL run
     "sft_continued": dict(kind="sft", lr=2e-5),
     # the baseline of grpo_filter_lora_1e4_60: continued SFT for that run's summed RL step time (same seed)
@@ -123,10 +128,26 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def heldout(n: int):
+VALIDATION_START = 500
+"""The validation tasks are held-out tasks 500 .. 999: never trained on (every stage excludes the first 1,000), and
+disjoint from the protocol's test tasks (the first 500). Recipes are screened on them, then confirmed on the test tasks."""
+
+
+def heldout(n: int, split: str = "test"):
+    """The first ``n`` test tasks (held-out 0 ..), or with ``split="validation"`` the first ``n`` validation tasks
+    (held-out 500 ..; at most 500)."""
     from rlft.tasks.countdown.generator import PRESETS, make_splits
 
+    if split == "validation":
+        if n > HELDOUT_SIZE - VALIDATION_START:
+            raise SystemExit(f"the validation split has {HELDOUT_SIZE - VALIDATION_START} tasks, not {n}")
+        return make_splits(PRESETS[PRESET], 0, VALIDATION_START + n, SPLIT_SEED)[1][VALIDATION_START:]
     return make_splits(PRESETS[PRESET], 0, n, SPLIT_SEED)[1]
+
+
+def eval_name(mode: str, n: int, split: str = "test") -> str:
+    """``eval_greedy_500.json`` (test tasks), ``eval_val_greedy_500.json`` (validation tasks)."""
+    return f"eval_{'val_' if split == 'validation' else ''}{mode}_{n}.json"
 
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "countdown" / "train.parquet"
@@ -144,9 +165,10 @@ def real_tasks(n_per_size: int) -> dict[str, list]:
 
 
 def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, real: int = 0,
-             setting: Setting = SETTINGS["direct"]) -> dict:
-    """Greedy (and sampled) evaluation of ``model_dir`` on the first n held-out tasks, and with ``real`` > 0
-    greedy on ``real`` 3-number and ``real`` 4-number Countdown-Tasks-3to4 rows (``real3``/``real4``); cached in ``out``."""
+             setting: Setting = SETTINGS["direct"], split: str = "test") -> dict:
+    """Greedy (and sampled) evaluation of ``model_dir`` on the first n held-out tasks of ``split`` (:func:`heldout`),
+    and with ``real`` > 0 greedy on ``real`` 3-number and ``real`` 4-number Countdown-Tasks-3to4 rows
+    (``real3``/``real4``); cached in ``out`` (:func:`eval_name`)."""
     from rlft.eval.countdown import evaluate_countdown
     from rlft.models import load_model, load_tokenizer, pick_device
     from rlft.rollout.base import SamplingParams
@@ -158,7 +180,7 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, r
     if sampled:
         modes.append(("sampled", SamplingParams(k=4, temperature=0.6, top_p=0.95, max_new_tokens=length, seed=seed)))
     results = {}
-    held = heldout(n)
+    held = heldout(n, split)
     task_sets = {mode: held for mode, _ in modes}
     if real:
         greedy = modes[0][1]
@@ -167,8 +189,7 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, r
             task_sets[name] = rows
     model = tokenizer = None
     for mode, params in modes:
-        size = real if mode.startswith("real") else n
-        path = out / f"eval_{mode}_{size}.json"
+        path = out / (f"eval_{mode}_{real}.json" if mode.startswith("real") else eval_name(mode, n, split))
         if path.exists():
             results[mode] = json.loads(path.read_text())
             continue
@@ -183,7 +204,7 @@ def evaluate(model_dir: Path, out: Path, n: int, sampled: bool, seed: int = 0, r
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data))
         results[mode] = data
-        log.info("%s %s on %d tasks: score %.4f", model_dir, mode, size, result.mean_score)
+        log.info("%s %s on %d %s tasks: score %.4f", model_dir, mode, len(tasks), split, result.mean_score)
     return results
 
 
@@ -192,11 +213,33 @@ def pairs_file(out: Path, name: str, seed: int) -> Path:
     return out / VARIANTS[name].get("pairs_of", name) / f"s{seed}" / "pairs.jsonl"
 
 
+def ensure_pairs(name: str, seed: int, sft: Path, out: Path, setting: Setting) -> Path:
+    """The pairs file DPO variant ``name`` trains on for ``seed`` (:func:`pairs_file`), sampled from ``sft`` when absent:
+    the ``pairs_of`` variant's ``pair_prompts`` (default 960) training prompts from ``seed * pair_prompts`` on,
+    ``pair_samples`` (default 2) samples each at T=1 (a killed sampling run continues from its journal,
+    ``pairs.samples.jsonl``, when started again)."""
+    from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
+
+    pair_spec = VARIANTS[VARIANTS[name].get("pairs_of", name)]
+    pairs = pairs_file(out, name, seed)
+    if not pairs.exists():  # default: 960 prompts x 2 samples, as many samples as an RL run's 30 steps x 64
+        pairs.parent.mkdir(parents=True, exist_ok=True)
+        n_prompts = pair_spec.get("pair_prompts", 960)
+        make_countdown_pairs(PairsConfig(model=str(sft), preset=PRESET, num_prompts=n_prompts, start=seed * n_prompts,
+                                         split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
+                                         num_samples=pair_spec.get("pair_samples", 2), temperature=1.0,
+                                         max_new_tokens=setting.max_new_tokens, batch_size=128,
+                                         output=str(pairs), seed=seed, device="cpu", dtype="float32"))
+    return pairs
+
+
 def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n: int, sampled: bool, sft_step_s: float,
-                real: int = 0, budget_from: Path | None = None, setting: Setting = SETTINGS["direct"]) -> None:
+                real: int = 0, budget_from: Path | None = None, setting: Setting = SETTINGS["direct"],
+                split: str = "test") -> None:
+    """Train variant ``name`` for ``seed`` from ``sft`` (unless its model exists) and evaluate it on ``split``."""
     spec = VARIANTS[name]
     folder = out / name / f"s{seed}"
-    if ((folder / f"eval_greedy_{n}.json").exists() and (not sampled or (folder / f"eval_sampled_{n}.json").exists())
+    if ((folder / eval_name("greedy", n, split)).exists() and (not sampled or (folder / eval_name("sampled", n, split)).exists())
             and (not real or (folder / f"eval_real4_{real}.json").exists())):
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -215,19 +258,8 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
             train_rl(cfg)
         elif spec["kind"] == "dpo":
             from rlft.recipes.dpo import DPOConfig, train_dpo
-            from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
 
-            pair_spec = VARIANTS[spec.get("pairs_of", name)]
-            pairs = pairs_file(out, name, seed)
-            if not pairs.exists():  # default: 960 prompts x 2 samples, as many samples as an RL run's 30 steps x 64
-                # (a killed sampling run continues from its journal, pairs.samples.jsonl, when started again)
-                pairs.parent.mkdir(parents=True, exist_ok=True)
-                n_prompts = pair_spec.get("pair_prompts", 960)
-                make_countdown_pairs(PairsConfig(model=str(sft), preset=PRESET, num_prompts=n_prompts, start=seed * n_prompts,
-                                                 split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
-                                                 num_samples=pair_spec.get("pair_samples", 2), temperature=1.0,
-                                                 max_new_tokens=setting.max_new_tokens, batch_size=128,
-                                                 output=str(pairs), seed=seed, device="cpu", dtype="float32"))
+            pairs = ensure_pairs(name, seed, sft, out, setting)
             train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
                                 batch_size=32, micro_batch_size=setting.micro_batch_size, epochs=spec.get("epochs", 2.0), seed=seed,
                                 save_every=5, keep_checkpoints=1, resume=(folder / "run" / "checkpoints").exists(),
@@ -249,7 +281,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
                                 schedule="constant", warmup_ratio=0.0, seed=seed, save_every=50, keep_checkpoints=20,
                                 resume=(folder / "run" / "checkpoints").exists(), device="cpu", dtype="float32"))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
-    evaluate(model_dir, folder, n, sampled, seed, real, setting)
+    evaluate(model_dir, folder, n, sampled, seed, real, setting, split)
 
 
 def rl_step_seconds(folder: Path) -> float:
@@ -462,7 +494,9 @@ def plot_paired(out: Path, n: int) -> Path | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "report", "list", "sft-curve", "churn", "compare"])
+    parser.add_argument("command", choices=["run", "pairs", "report", "list", "sft-curve", "churn", "compare"],
+                        help="run: train and evaluate; pairs: only sample the DPO variants' pairs; report: the table "
+                             "and plots")
     parser.add_argument("--pair", nargs=2, type=Path, metavar=("A", "B"),
                         help="compare: two eval_*.json files of the same tasks; prints A minus B, paired, with its 95%% CI")
     parser.add_argument("--sft-run", type=Path, default=Path("runs/exp/sft"), help="sft-curve: the SFT run folder")
@@ -480,6 +514,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="run: do not evaluate the SFT start first (another process does; runs side by side)")
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="direct",
                         help="the SFT traces' style and the generation length (direct: sessions 5-12; bounded: session 13 on)")
+    parser.add_argument("--split", choices=["test", "validation"], default="test",
+                        help="run: evaluate on the test tasks (held-out 0 .., the protocol) or the validation tasks "
+                             "(held-out 500 .., for screening recipes)")
     parser.add_argument("--budget-from", type=Path, default=None,
                         help="continued SFT: the budget is this RL metrics.jsonl's summed step time (e.g. an archived run's)")
     args = parser.parse_args(argv)
@@ -505,15 +542,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "list":
         print("\n".join(f"{k}: {v}" for k, v in VARIANTS.items()))
         return
+    if args.command == "pairs":
+        for seed in args.seeds:
+            for name in args.variants:
+                if VARIANTS.get(name, {}).get("kind") != "dpo":
+                    sys.exit(f"pairs: {name!r} is not a DPO variant")
+                print(ensure_pairs(name, seed, args.sft, args.out, setting))
+        return
     if args.command == "run":
         if not args.no_start_eval:
-            evaluate(args.sft, args.out / "sft_start", args.tasks, args.sampled, real=args.real, setting=setting)
+            evaluate(args.sft, args.out / "sft_start", args.tasks, args.sampled, real=args.real, setting=setting,
+                     split=args.split)
         for seed in args.seeds:
             for name in args.variants:
                 if name not in VARIANTS:
                     sys.exit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
                 run_variant(name, seed, args.sft, args.out, args.steps, args.tasks, args.sampled, args.sft_step_s, args.real,
-                            args.budget_from, setting)
+                            args.budget_from, setting, args.split)
         if args.no_start_eval:
             return
     print(report(args.out, args.tasks, args.sft, setting))

@@ -143,7 +143,8 @@ def test_the_bounded_setting_reaches_every_stage(ablation, tmp_path):
         for name in ("sft_continued_60", "grpo_filter_lora_2e4", "dpo_lora_1e4"):
             ablation.run_variant(name, 0, Path("sft"), tmp_path, None, 500, False, 6.5, setting=bounded)
     assert seen == {"sft": ("bounded", 0.6), "rl": (144, 144), "pairs": 144}
-    assert all(call.args[-1] is bounded for call in evaluate.call_args_list) and evaluate.call_count == 3
+    assert all(call.args[-2] is bounded and call.args[-1] == "test" for call in evaluate.call_args_list)
+    assert evaluate.call_count == 3
     assert ablation.rl_base(ablation.SETTINGS["direct"])["max_new_tokens"] == 64
 
 

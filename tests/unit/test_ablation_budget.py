@@ -173,3 +173,39 @@ def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(ablation
     with mock.patch("matplotlib.axes.Axes.errorbar", side_effect=lambda xs, ys, **kw: drawn.append((kw["label"], list(ys)))):
         assert ablation.plot_paired(out, 3) == out / "paired_vs_samples.png"
     assert drawn == [("grpo_filter_lora_2e4 (1 seed)", [pytest.approx(0.3)]), ("rpo_lora_1e4 (1 seed)", [pytest.approx(1 / 30)])]
+
+
+def test_validation_tasks_are_held_out_500_on_and_disjoint_from_the_test_tasks(ablation):
+    from rlft.tasks.countdown.generator import task_key
+
+    test, val = ablation.heldout(500), ablation.heldout(40, "validation")
+    assert val == ablation.heldout(540)[500:]
+    assert not {task_key(t) for t in val} & {task_key(t) for t in test}
+    with pytest.raises(SystemExit, match="has 500 tasks"):
+        ablation.heldout(501, "validation")
+    assert ablation.eval_name("greedy", 500) == "eval_greedy_500.json"
+    assert ablation.eval_name("sampled", 300, "validation") == "eval_val_sampled_300.json"
+
+
+def test_run_on_the_validation_split_evaluates_there_and_pairs_only_samples(ablation, tmp_path):
+    """run --split validation: the variant's evaluation goes to the validation tasks (a test-split evaluation on disk
+    does not count as done); pairs: only the DPO variants' pairs are sampled, nothing trained or evaluated."""
+    sampled, evaluated = [], []
+
+    def fake_pairs(cfg):
+        sampled.append((cfg.num_prompts, cfg.start))
+        Path(cfg.output).write_text("")
+
+    folder = tmp_path / "dpo_4x_lora_1e4" / "s0"
+    (folder / "run" / "model").mkdir(parents=True)
+    (folder / "eval_greedy_500.json").write_text("{}")
+    with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs), mock.patch("rlft.recipes.dpo.train_dpo") as train,
+          mock.patch.object(ablation, "evaluate", lambda *args: evaluated.append(args[-1]))):
+        ablation.run_variant("dpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5, split="test")
+        ablation.run_variant("dpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5, split="validation")
+        ablation.main(["pairs", "--out", str(tmp_path), "--variants", "rpo_4x_lora_1e4", "--seeds", "1", "--setting", "bounded"])
+        with pytest.raises(SystemExit, match="not a DPO variant"):
+            ablation.main(["pairs", "--out", str(tmp_path), "--variants", "grpo_filter_lora_2e4"])
+    assert evaluated == ["validation"] and train.call_count == 0
+    assert sampled == [(3840, 3840)]  # rpo_4x's pairs are dpo_4x's: 3,840 prompts from seed 1's offset
+    assert (tmp_path / "dpo_4x_lora_1e4" / "s1" / "pairs.jsonl").exists()

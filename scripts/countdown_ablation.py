@@ -121,6 +121,11 @@ VARIANTS: dict[str, dict] = {
     "rpo_4x_lora_1e4": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4, pairs_of="dpo_4x_lora_1e4"),
     "dpo_4x_lora_1e4_1ep": dict(kind="dpo", loss_type="dpo", lora_r=16, lora_alpha=32.0, lr=1e-4, epochs=1.0,
                                 pairs_of="dpo_4x_lora_1e4"),
+    # iterative (online) RPO, round 2: new pairs sampled from round 1's model (rpo_4x_lora_1e4 of the same seed, which
+    # runs 53% of its greedy searches past 144 tokens: pairs now rank a cut search (0) below a give-up (0.1)), on
+    # prompts no earlier round saw (from 7,680 on), the same recipe trained from that model with it as the reference
+    "rpo_4x_round2": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4, start_from="rpo_4x_lora_1e4",
+                          pair_prompts=960, pair_offset=7680),
     # the baseline: SFT continued on its own dataset for the wall-clock of an RL run
     "sft_continued": dict(kind="sft", lr=2e-5),
     # the baseline of grpo_filter_lora_1e4_60: continued SFT for that run's summed RL step time (same seed)
@@ -213,11 +218,23 @@ def pairs_file(out: Path, name: str, seed: int) -> Path:
     return out / VARIANTS[name].get("pairs_of", name) / f"s{seed}" / "pairs.jsonl"
 
 
+def start_model(name: str, seed: int, sft: Path, out: Path) -> Path:
+    """The model variant ``name`` starts from for ``seed``, which is also its reference and (DPO) samples its pairs:
+    ``sft``, or with ``start_from`` that variant's finished model of the same seed (SystemExit when it is missing)."""
+    if "start_from" not in VARIANTS[name]:
+        return sft
+    model = out / VARIANTS[name]["start_from"] / f"s{seed}" / "run" / "model"
+    if not model.is_dir():
+        raise SystemExit(f"{name} starts from {model}, which does not exist: run {VARIANTS[name]['start_from']} "
+                         f"for seed {seed} first")
+    return model
+
+
 def ensure_pairs(name: str, seed: int, sft: Path, out: Path, setting: Setting) -> Path:
-    """The pairs file DPO variant ``name`` trains on for ``seed`` (:func:`pairs_file`), sampled from ``sft`` when absent:
-    the ``pairs_of`` variant's ``pair_prompts`` (default 960) training prompts from ``seed * pair_prompts`` on,
-    ``pair_samples`` (default 2) samples each at T=1 (a killed sampling run continues from its journal,
-    ``pairs.samples.jsonl``, when started again)."""
+    """The pairs file DPO variant ``name`` trains on for ``seed`` (:func:`pairs_file`), sampled when absent from its
+    start (:func:`start_model`): the ``pairs_of`` variant's ``pair_prompts`` (default 960) training prompts from
+    ``pair_offset + seed * pair_prompts`` on (offset default 0), ``pair_samples`` (default 2) samples each at T=1 (a
+    killed sampling run continues from its journal, ``pairs.samples.jsonl``, when started again)."""
     from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
 
     pair_spec = VARIANTS[VARIANTS[name].get("pairs_of", name)]
@@ -225,7 +242,8 @@ def ensure_pairs(name: str, seed: int, sft: Path, out: Path, setting: Setting) -
     if not pairs.exists():  # default: 960 prompts x 2 samples, as many samples as an RL run's 30 steps x 64
         pairs.parent.mkdir(parents=True, exist_ok=True)
         n_prompts = pair_spec.get("pair_prompts", 960)
-        make_countdown_pairs(PairsConfig(model=str(sft), preset=PRESET, num_prompts=n_prompts, start=seed * n_prompts,
+        make_countdown_pairs(PairsConfig(model=str(start_model(name, seed, sft, out)), preset=PRESET,
+                                         num_prompts=n_prompts, start=pair_spec.get("pair_offset", 0) + seed * n_prompts,
                                          split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
                                          num_samples=pair_spec.get("pair_samples", 2), temperature=1.0,
                                          max_new_tokens=setting.max_new_tokens, batch_size=128,
@@ -246,12 +264,14 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
     model_dir = folder / "run" / "model"
     if not model_dir.exists():
         t0 = time.perf_counter()
-        script_keys = ("kind", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "epochs")  # read here, not recipe options
+        script_keys = ("kind", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "pair_offset", "epochs",
+                       "start_from")  # read here, not recipe options
         options = {k: v for k, v in spec.items() if k not in script_keys}
         if spec["kind"] == "rl":
             from rlft.recipes.rl import RLConfig, train_rl
 
-            cfg = RLConfig(**{**rl_base(setting), **options, "model": str(sft), "output_dir": str(folder / "run"), "seed": seed,
+            cfg = RLConfig(**{**rl_base(setting), **options, "model": str(start_model(name, seed, sft, out)),
+                              "output_dir": str(folder / "run"), "seed": seed,
                               "resume": (folder / "run" / "checkpoints").exists(),
                               # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch
                               "resume_override": ("micro_batch_size",), **({"max_steps": steps} if steps else {})})
@@ -260,7 +280,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
             from rlft.recipes.dpo import DPOConfig, train_dpo
 
             pairs = ensure_pairs(name, seed, sft, out, setting)
-            train_dpo(DPOConfig(**options, model=str(sft), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
+            train_dpo(DPOConfig(**options, model=str(start_model(name, seed, sft, out)), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
                                 batch_size=32, micro_batch_size=setting.micro_batch_size, epochs=spec.get("epochs", 2.0), seed=seed,
                                 save_every=5, keep_checkpoints=1, resume=(folder / "run" / "checkpoints").exists(),
                                 device="cpu", dtype="float32"))
@@ -428,8 +448,8 @@ def plot_samples_vs_score(out: Path, n_curve: int = 100) -> Path | None:
 
 def samples_generated(out: Path, name: str, folder: Path) -> int | None:
     """Samples a variant/seed generated before its update: an RL run's ``samples/total``, a DPO run's pair prompts x
-    samples per prompt (``pairs.stats.json`` of the variant whose pairs it trains on), 0 for continued SFT (it trains on
-    its fixed dataset); None when the record is missing."""
+    samples per prompt (``pairs.stats.json`` of the variant whose pairs it trains on) plus those of the variant it
+    starts from (``start_from``), 0 for continued SFT (it trains on its fixed dataset); None when a record is missing."""
     from rlft.checkpoint import read_metrics
 
     spec = VARIANTS[name]
@@ -443,7 +463,11 @@ def samples_generated(out: Path, name: str, folder: Path) -> int | None:
         if not stats.exists():
             return None
         stats = json.loads(stats.read_text())
-        return stats["prompts"] * stats["samples_per_prompt"]
+        own = stats["prompts"] * stats["samples_per_prompt"]
+        if "start_from" not in spec:
+            return own
+        earlier = samples_generated(out, spec["start_from"], out / spec["start_from"] / folder.name)
+        return None if earlier is None else own + earlier
     return 0
 
 

@@ -209,3 +209,34 @@ def test_run_on_the_validation_split_evaluates_there_and_pairs_only_samples(abla
     assert evaluated == ["validation"] and train.call_count == 0
     assert sampled == [(3840, 3840)]  # rpo_4x's pairs are dpo_4x's: 3,840 prompts from seed 1's offset
     assert (tmp_path / "dpo_4x_lora_1e4" / "s1" / "pairs.jsonl").exists()
+
+
+def test_a_second_round_starts_samples_and_references_from_the_first_rounds_model(ablation, tmp_path):
+    """rpo_4x_round2: its pairs come from rpo_4x_lora_1e4's model of the same seed, on 960 prompts from 7,680 +
+    seed x 960 (after both seeds' round-1 prompts, 0 .. 7,679), and DPO starts from (and references) that model;
+    without a finished round 1 it stops with the missing folder named, before sampling anything; its samples count
+    both rounds'."""
+    from rlft.recipes.pairs import stats_path
+
+    pairs, dpo = [], []
+
+    def fake_pairs(cfg):
+        pairs.append((cfg.model, cfg.num_prompts, cfg.start, cfg.num_samples))
+        Path(cfg.output).write_text("")
+        stats_path(Path(cfg.output)).write_text(json.dumps({"prompts": cfg.num_prompts, "samples_per_prompt": 2}))
+
+    def fake_train_dpo(cfg):
+        dpo.append((cfg.model, cfg.loss_type, cfg.lr, Path(cfg.data).parent.parent.name))
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs),
+          mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate")):
+        with pytest.raises(SystemExit, match="rpo_4x_lora_1e4/s1/run/model"):
+            ablation.run_variant("rpo_4x_round2", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+        assert pairs == []
+        ablation.run_variant("rpo_4x_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+        ablation.run_variant("rpo_4x_round2", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+    round1 = str(tmp_path / "rpo_4x_lora_1e4" / "s1" / "run" / "model")
+    assert pairs == [("sft", 3840, 3840, 2), (round1, 960, 7680 + 960, 2)]
+    assert dpo == [("sft", "rpo", 1e-4, "dpo_4x_lora_1e4"), (round1, "rpo", 1e-4, "rpo_4x_round2")]
+    assert ablation.samples_generated(tmp_path, "rpo_4x_round2", tmp_path / "rpo_4x_round2" / "s1") == 3840 * 2 + 960 * 2

@@ -231,18 +231,20 @@ def start_model(name: str, seed: int, sft: Path, out: Path) -> Path:
 
 
 def ensure_pairs(name: str, seed: int, sft: Path, out: Path, setting: Setting) -> Path:
-    """The pairs file DPO variant ``name`` trains on for ``seed`` (:func:`pairs_file`), sampled when absent from its
-    start (:func:`start_model`): the ``pairs_of`` variant's ``pair_prompts`` (default 960) training prompts from
-    ``pair_offset + seed * pair_prompts`` on (offset default 0), ``pair_samples`` (default 2) samples each at T=1 (a
-    killed sampling run continues from its journal, ``pairs.samples.jsonl``, when started again)."""
+    """The pairs file DPO variant ``name`` trains on for ``seed`` (:func:`pairs_file`), sampled when absent from the
+    start (:func:`start_model`) of the variant that owns them (``pairs_of``, else ``name``): that variant's
+    ``pair_prompts`` (default 960) training prompts from ``pair_offset + seed * pair_prompts`` on (offset default 0),
+    ``pair_samples`` (default 2) samples each at T=1 (a killed sampling run continues from its journal,
+    ``pairs.samples.jsonl``, when started again)."""
     from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
 
-    pair_spec = VARIANTS[VARIANTS[name].get("pairs_of", name)]
+    owner = VARIANTS[name].get("pairs_of", name)
+    pair_spec = VARIANTS[owner]
     pairs = pairs_file(out, name, seed)
     if not pairs.exists():  # default: 960 prompts x 2 samples, as many samples as an RL run's 30 steps x 64
         pairs.parent.mkdir(parents=True, exist_ok=True)
         n_prompts = pair_spec.get("pair_prompts", 960)
-        make_countdown_pairs(PairsConfig(model=str(start_model(name, seed, sft, out)), preset=PRESET,
+        make_countdown_pairs(PairsConfig(model=str(start_model(owner, seed, sft, out)), preset=PRESET,
                                          num_prompts=n_prompts, start=pair_spec.get("pair_offset", 0) + seed * n_prompts,
                                          split_seed=SPLIT_SEED, heldout_size=HELDOUT_SIZE, prompt_template=PROMPT,
                                          num_samples=pair_spec.get("pair_samples", 2), temperature=1.0,
@@ -267,11 +269,12 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
         script_keys = ("kind", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "pair_offset", "epochs",
                        "start_from")  # read here, not recipe options
         options = {k: v for k, v in spec.items() if k not in script_keys}
+        start = start_model(name, seed, sft, out)
         if spec["kind"] == "rl":
             from rlft.recipes.rl import RLConfig, train_rl
 
-            cfg = RLConfig(**{**rl_base(setting), **options, "model": str(start_model(name, seed, sft, out)),
-                              "output_dir": str(folder / "run"), "seed": seed,
+            cfg = RLConfig(**{**rl_base(setting), **options, "model": str(start), "output_dir": str(folder / "run"),
+                              "seed": seed,
                               "resume": (folder / "run" / "checkpoints").exists(),
                               # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch
                               "resume_override": ("micro_batch_size",), **({"max_steps": steps} if steps else {})})
@@ -280,7 +283,7 @@ def run_variant(name: str, seed: int, sft: Path, out: Path, steps: int | None, n
             from rlft.recipes.dpo import DPOConfig, train_dpo
 
             pairs = ensure_pairs(name, seed, sft, out, setting)
-            train_dpo(DPOConfig(**options, model=str(start_model(name, seed, sft, out)), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
+            train_dpo(DPOConfig(**options, model=str(start), data=str(pairs), output_dir=str(folder / "run"), beta=0.1,
                                 batch_size=32, micro_batch_size=setting.micro_batch_size, epochs=spec.get("epochs", 2.0), seed=seed,
                                 save_every=5, keep_checkpoints=1, resume=(folder / "run" / "checkpoints").exists(),
                                 device="cpu", dtype="float32"))

@@ -240,3 +240,20 @@ def test_a_second_round_starts_samples_and_references_from_the_first_rounds_mode
     assert pairs == [("sft", 3840, 3840, 2), (round1, 960, 7680 + 960, 2)]
     assert dpo == [("sft", "rpo", 1e-4, "dpo_4x_lora_1e4"), (round1, "rpo", 1e-4, "rpo_4x_round2")]
     assert ablation.samples_generated(tmp_path, "rpo_4x_round2", tmp_path / "rpo_4x_round2" / "s1") == 3840 * 2 + 960 * 2
+
+
+def test_pairs_of_a_second_round_are_sampled_from_that_rounds_start(ablation, tmp_path):
+    """A variant trained on rpo_4x_round2's pairs (pairs_of) samples them, when absent, from rpo_4x_round2's start
+    (round 1's model), not from its own start (the SFT model)."""
+    models = []
+
+    def fake_pairs(cfg):
+        models.append(cfg.model)
+        Path(cfg.output).write_text("")
+
+    (tmp_path / "rpo_4x_lora_1e4" / "s0" / "run" / "model").mkdir(parents=True)
+    sibling = dict(kind="dpo", loss_type="dpo", lr=1e-4, pairs_of="rpo_4x_round2")
+    with (mock.patch.dict(ablation.VARIANTS, {"dpo_on_round2_pairs": sibling}),
+          mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs)):
+        ablation.ensure_pairs("dpo_on_round2_pairs", 0, Path("sft"), tmp_path, ablation.SETTINGS["bounded"])
+    assert models == [str(tmp_path / "rpo_4x_lora_1e4" / "s0" / "run" / "model")]

@@ -257,3 +257,21 @@ def test_pairs_of_a_second_round_are_sampled_from_that_rounds_start(ablation, tm
           mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs)):
         ablation.ensure_pairs("dpo_on_round2_pairs", 0, Path("sft"), tmp_path, ablation.SETTINGS["bounded"])
     assert models == [str(tmp_path / "rpo_4x_lora_1e4" / "s0" / "run" / "model")]
+
+
+def test_a_variant_sets_beta_and_the_others_keep_0_1(ablation, tmp_path):
+    """rpo_4x_beta05 trains RPO at beta 0.5 on dpo_4x_lora_1e4's pairs; a variant that names no beta keeps 0.1."""
+    runs = []
+
+    def fake_train_dpo(cfg):
+        runs.append((cfg.beta, cfg.loss_type, Path(cfg.data).parent.parent.name))
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    for name in ("dpo_4x_lora_1e4",):
+        (tmp_path / name / "s0").mkdir(parents=True)
+        (tmp_path / name / "s0" / "pairs.jsonl").write_text("")
+    with (mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate")):
+        ablation.run_variant("rpo_4x_beta05", 0, Path("sft"), tmp_path, None, 500, False, 6.5)
+        ablation.run_variant("rpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)
+    assert runs == [(0.5, "rpo", "dpo_4x_lora_1e4"), (0.1, "rpo", "dpo_4x_lora_1e4")]
+    assert "beta" not in ablation.VARIANTS["rpo_4x_lora_1e4"]  # the setdefault did not write into the table

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -525,11 +526,40 @@ def plot_paired(out: Path, n: int) -> Path | None:
     return path
 
 
+ARCHIVED = re.compile(r"^(?P<name>.+?)_s(?P<seed>\d+)_(?P<file>eval_.+\.json|metrics\.jsonl|pairs_stats\.json|train_time\.json)$")
+"""An archived run file, ``<variant>_s<seed>_<file>`` (docs/results/countdown-bounded/data)."""
+
+
+def unpack_archive(archive: Path, out: Path) -> int:
+    """Copy an archive's run files into the ``out/<variant>/s<seed>/`` layout that ``report`` and the plots read:
+    ``eval_*.json`` and ``train_time.json`` as they are, ``metrics.jsonl`` to ``run/metrics.jsonl``, ``pairs_stats.json``
+    to ``pairs.stats.json``; ``sft_start_eval_*.json`` to ``sft_start/``. Files of unknown variants and files already
+    in ``out`` are left alone. Returns the number of files copied."""
+    import shutil
+
+    copied = 0
+    for path in sorted(archive.iterdir()):
+        if path.name.startswith("sft_start_eval_"):
+            target = out / "sft_start" / path.name.removeprefix("sft_start_")
+        elif (m := ARCHIVED.match(path.name)) and m["name"] in VARIANTS:
+            rename = {"metrics.jsonl": "run/metrics.jsonl", "pairs_stats.json": "pairs.stats.json"}
+            target = out / m["name"] / f"s{m['seed']}" / rename.get(m["file"], m["file"])
+        else:
+            continue
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            copied += 1
+    return copied
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "pairs", "report", "list", "sft-curve", "churn", "compare"],
+    parser.add_argument("command", choices=["run", "pairs", "report", "list", "sft-curve", "churn", "compare", "unpack"],
                         help="run: train and evaluate; pairs: only sample the DPO variants' pairs; report: the table "
-                             "and plots")
+                             "and plots; unpack: copy an archive's run files (--archive) into --out, for report")
+    parser.add_argument("--archive", type=Path, default=Path("docs/results/countdown-bounded/data"),
+                        help="unpack: the folder of archived <variant>_s<seed>_<file> run files")
     parser.add_argument("--pair", nargs=2, type=Path, metavar=("A", "B"),
                         help="compare: two eval_*.json files of the same tasks; prints A minus B, paired, with its 95%% CI")
     parser.add_argument("--sft-run", type=Path, default=Path("runs/exp/sft"), help="sft-curve: the SFT run folder")
@@ -568,6 +598,9 @@ def main(argv: list[str] | None = None) -> None:
         d = paired(a, b)
         print(f"{args.pair[0]} ({a['mean_score']:.3f}) minus {args.pair[1]} ({b['mean_score']:.3f}) on {d['n']} tasks: "
               f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], better/worse {d['better']}/{d['worse']}")
+        return
+    if args.command == "unpack":
+        print(f"{unpack_archive(args.archive, args.out)} files copied from {args.archive} into {args.out}")
         return
     if args.command == "churn":
         print(churn(args.out, args.tasks))

@@ -275,3 +275,23 @@ def test_a_variant_sets_beta_and_the_others_keep_0_1(ablation, tmp_path):
         ablation.run_variant("rpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)
     assert runs == [(0.5, "rpo", "dpo_4x_lora_1e4"), (0.1, "rpo", "dpo_4x_lora_1e4")]
     assert "beta" not in ablation.VARIANTS["rpo_4x_lora_1e4"]  # the setdefault did not write into the table
+
+
+def test_unpack_lays_archived_run_files_out_for_the_report(ablation, tmp_path):
+    """Archived <variant>_s<seed>_<file> files land where report and the plots read them; unknown variants, pairs files
+    and files already unpacked are left alone."""
+    archive, out = tmp_path / "data", tmp_path / "out"
+    archive.mkdir()
+    for name in ("rpo_4x_beta05_s1_eval_greedy_500.json", "dpo_4x_lora_1e4_1ep_s0_metrics.jsonl",
+                 "dpo_4x_lora_1e4_s0_pairs_stats.json", "grpo_filter_lora_2e4_s0_train_time.json",
+                 "sft_start_eval_val_greedy_500.json", "nosuchvariant_s0_eval_greedy_500.json", "pairs_4x_s0.jsonl"):
+        (archive / name).write_text(name)
+    (out / "rpo_4x_beta05" / "s1").mkdir(parents=True)
+    (out / "rpo_4x_beta05" / "s1" / "eval_greedy_500.json").write_text("newer")
+    assert ablation.unpack_archive(archive, out) == 4
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "dpo_4x_lora_1e4/s0/pairs.stats.json", "dpo_4x_lora_1e4_1ep/s0/run/metrics.jsonl",
+        "grpo_filter_lora_2e4/s0/train_time.json", "rpo_4x_beta05/s1/eval_greedy_500.json",
+        "sft_start/eval_val_greedy_500.json"]
+    assert (out / "dpo_4x_lora_1e4_1ep" / "s0" / "run" / "metrics.jsonl").read_text() == "dpo_4x_lora_1e4_1ep_s0_metrics.jsonl"
+    assert (out / "rpo_4x_beta05" / "s1" / "eval_greedy_500.json").read_text() == "newer"

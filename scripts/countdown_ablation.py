@@ -367,13 +367,16 @@ def report(out: Path, n: int, sft_dir: Path, setting: Setting = SETTINGS["direct
             cells.append(f"{json.loads(found[-1].read_text())['mean_score']:.3f}" if found else "-")
         return " | ".join(cells)
 
+    def pass_cells(result: dict | None) -> str:  # sampled pass@1 and pass@4, when evaluated
+        return " | ".join(f"{result['pass_at_k'][k]:.3f}" if result else "-" for k in ("1", "4"))
+
     rows = ["| variant | seed | greedy score | paired vs SFT [95% CI] | better/worse | sampled score | pass@1 | pass@4 | "
             "real 3-num | real 4-num | train s |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     s = sft["greedy"]
     sampled = sft.get("sampled")
-    rows.append(f"| SFT start | - | {s['mean_score']:.3f} | - | - | {sampled['mean_score'] if sampled else float('nan'):.3f} | "
-                f"{sampled['pass_at_k']['1'] if sampled else float('nan'):.3f} | {sampled['pass_at_k']['4'] if sampled else float('nan'):.3f} | "
+    sampled_cell = f"{sampled['mean_score']:.3f}" if sampled else "-"
+    rows.append(f"| SFT start | - | {s['mean_score']:.3f} | - | - | {sampled_cell} | {pass_cells(sampled)} | "
                 f"{real_cells(out / 'sft_start')} | - |")
     for name, folder in seed_folders(out):
         path = folder / f"eval_greedy_{n}.json"
@@ -389,8 +392,7 @@ def report(out: Path, n: int, sft_dir: Path, setting: Setting = SETTINGS["direct
             ds = paired(smp, sampled)
             extra = f"{smp['mean_score']:.3f} ({ds['diff']:+.3f} [{ds['ci_low']:+.3f}, {ds['ci_high']:+.3f}])"
         rows.append(f"| {name} | {folder.name[1:]} | {g['mean_score']:.3f} | {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | "
-                    f"{d['better']}/{d['worse']} | {extra} | {smp['pass_at_k']['1'] if smp else float('nan'):.3f} | "
-                    f"{smp['pass_at_k']['4'] if smp else float('nan'):.3f} | {real_cells(folder)} | {t:.0f} |")
+                    f"{d['better']}/{d['worse']} | {extra} | {pass_cells(smp)} | {real_cells(folder)} | {t:.0f} |")
     return "\n".join(rows)
 
 

@@ -132,6 +132,9 @@ VARIANTS: dict[str, dict] = {
     # a larger beta saturates DPO's sigmoid at a smaller log-ratio margin, i.e. holds the policy nearer the SFT start
     "rpo_4x_beta05": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4, beta=0.5,
                           pairs_of="dpo_4x_lora_1e4"),
+    # beta's sensitivity, one step further toward the SFT start (a validation screen after rpo_4x_beta05's confirmation)
+    "rpo_4x_beta1": dict(kind="dpo", loss_type="rpo", lora_r=16, lora_alpha=32.0, lr=1e-4, beta=1.0,
+                         pairs_of="dpo_4x_lora_1e4"),
     # the baseline: SFT continued on its own dataset for the wall-clock of an RL run
     "sft_continued": dict(kind="sft", lr=2e-5),
     # the baseline of grpo_filter_lora_1e4_60: continued SFT for that run's summed RL step time (same seed)

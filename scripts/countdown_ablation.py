@@ -533,6 +533,8 @@ def plot_paired(out: Path, n: int) -> Path | None:
 
 ARCHIVED = re.compile(r"^(?P<name>.+?)_s(?P<seed>\d+)_(?P<file>eval_.+\.json|metrics\.jsonl|pairs_stats\.json|train_time\.json)$")
 """An archived run file, ``<variant>_s<seed>_<file>`` (docs/results/countdown-bounded/data)."""
+UNPACKED_AS = {"metrics.jsonl": "run/metrics.jsonl", "pairs_stats.json": "pairs.stats.json"}
+"""Where an archived file goes inside ``<variant>/s<seed>/`` when its run folder names it differently."""
 
 
 def unpack_archive(archive: Path, out: Path) -> int:
@@ -547,8 +549,7 @@ def unpack_archive(archive: Path, out: Path) -> int:
         if path.name.startswith("sft_start_eval_"):
             target = out / "sft_start" / path.name.removeprefix("sft_start_")
         elif (m := ARCHIVED.match(path.name)) and m["name"] in VARIANTS:
-            rename = {"metrics.jsonl": "run/metrics.jsonl", "pairs_stats.json": "pairs.stats.json"}
-            target = out / m["name"] / f"s{m['seed']}" / rename.get(m["file"], m["file"])
+            target = out / m["name"] / f"s{m['seed']}" / UNPACKED_AS.get(m["file"], m["file"])
         else:
             continue
         if not target.exists():

@@ -64,15 +64,15 @@ PY
 test -n "$(ls "$OUT/sft/tensorboard")" || { echo "no TensorBoard events written" >&2; exit 1; }
 
 stage "2. RLOO"
-RLOO_ENGINE=()
-if (( HAVE_VLLM )); then RLOO_ENGINE=(--rollout-engine vllm); fi
+ENGINE_ARGS=()
+if (( HAVE_VLLM )); then ENGINE_ARGS=(--rollout-engine vllm); fi
 rlft rloo --model "$OUT/sft/model" --output-dir "$OUT/rloo" --max-steps 8 --prompts-per-step 16 --k 4 \
-  --max-new-tokens "$MAX_NEW_TOKENS" --save-every 0 ${RLOO_ENGINE[@]+"${RLOO_ENGINE[@]}"}
+  --max-new-tokens "$MAX_NEW_TOKENS" --save-every 0 ${ENGINE_ARGS[@]+"${ENGINE_ARGS[@]}"}
 
 stage "3. RL loop: GRPO + PPO-clip + group filtering + LoRA"
 rlft rl --model "$OUT/sft/model" --output-dir "$OUT/rl" --advantage grpo --loss ppo --loss-mode seq_mean \
   --filter-groups --max-prompt-batches 3 --lora-r 16 --lora-alpha 32 --lr 2e-4 --max-steps 4 --prompts-per-step 16 \
-  --k 8 --max-new-tokens "$MAX_NEW_TOKENS" --save-every 2 --no-eval-at-start ${RLOO_ENGINE[@]+"${RLOO_ENGINE[@]}"}
+  --k 8 --max-new-tokens "$MAX_NEW_TOKENS" --save-every 2 --no-eval-at-start ${ENGINE_ARGS[@]+"${ENGINE_ARGS[@]}"}
 test -f "$OUT/rl/model/config.json" || { echo "the RL run wrote no merged model" >&2; exit 1; }
 
 stage "4. on-policy Countdown pairs, and RPO with LoRA on chat pairs"

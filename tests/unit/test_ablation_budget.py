@@ -267,9 +267,8 @@ def test_a_variant_sets_beta_and_the_others_keep_0_1(ablation, tmp_path):
         runs.append((cfg.beta, cfg.loss_type, Path(cfg.data).parent.parent.name))
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
-    for name in ("dpo_4x_lora_1e4",):
-        (tmp_path / name / "s0").mkdir(parents=True)
-        (tmp_path / name / "s0" / "pairs.jsonl").write_text("")
+    (tmp_path / "dpo_4x_lora_1e4" / "s0").mkdir(parents=True)
+    (tmp_path / "dpo_4x_lora_1e4" / "s0" / "pairs.jsonl").write_text("")
     with (mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate")):
         ablation.run_variant("rpo_4x_beta05", 0, Path("sft"), tmp_path, None, 500, False, 6.5)
         ablation.run_variant("rpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)

@@ -9,6 +9,8 @@
 - :class:`RolloutOptions`: ``--rollout-engine``, ``--rollout-url`` (eval countdown, pairs countdown; the RL loop
   has its own ``--rollout-engine hf|vllm``: a server's weights cannot follow the policy);
 - :class:`DeviceOptions`: ``--device``, ``--dtype`` (every command that loads a model);
+- :class:`OptimizerOptions`: ``--lr``, ``--optimizer``, ``--weight-decay``, ``--warmup-ratio``, ``--schedule``,
+  ``--max-grad-norm`` (sft, dpo, rm, rl/rloo; each recipe overrides the defaults it needs, e.g. its ``lr``);
 - :class:`RunOptions`: ``--save-every``, ``--keep-checkpoints``, ``--resume``, ``--overwrite``,
   ``--resume-override`` and the device options (sft, dpo, rm, rl/rloo: the training recipes).
 """
@@ -46,6 +48,27 @@ class RunOptions(DeviceOptions):
     resume_override: tuple[str, ...] = ()
     """With --resume: options allowed to differ from the run's saved config.yaml (e.g. lr batch_size); any other
     difference is refused. A longer --max-steps needs no override."""
+
+
+@dataclass(frozen=True)
+class OptimizerOptions:
+    """The optimizer and its learning-rate schedule (:func:`rlft.recipes.common.prepare_training`)."""
+
+    lr: float = 1e-5
+    """Peak learning rate."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """'adamw', or 'sgd' (plain SGD: each update is lr x the clipped gradient). AdamW moves every weight by ~lr per
+    step whatever its gradient (its first steps are sign descent), which for a handful of steps on a sparse,
+    noisy gradient spreads the update over all weights; SGD's update follows the gradient's direction
+    and size. With SGD, lr is the length of a step whose gradient norm reaches max_grad_norm = 1 (try ~1e-2)."""
+    weight_decay: float = 0.0
+    """Weight decay."""
+    warmup_ratio: float = 0.0
+    """Fraction of optimizer steps spent warming the learning rate up linearly from 0."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Learning-rate decay after warmup."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from rlft.models import pick_device
+from rlft.options import OptimizerOptions
 from rlft.recipes.common import optimizer_step, prepare_training
 
 
 def _setup(tiny_model_dir, tmp_path, optimizer):
-    return prepare_training(str(tiny_model_dir), tmp_path, pick_device("cpu", "float32"), resume=False, lr=0.5,
-                            weight_decay=0.0, schedule="constant", warmup_steps=0, total_steps=3, optimizer=optimizer)
+    return prepare_training(str(tiny_model_dir), tmp_path, pick_device("cpu", "float32"),
+                            OptimizerOptions(lr=0.5, optimizer=optimizer, schedule="constant"), resume=False, total_steps=3)
 
 
 def test_sgd_step_is_lr_times_the_clipped_gradient(tiny_model_dir, tmp_path):

@@ -22,6 +22,7 @@ from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_
 
 if TYPE_CHECKING:
     from rlft.lora import LoRASettings
+    from rlft.options import OptimizerOptions
 
 log = logging.getLogger("rlft")
 
@@ -85,14 +86,10 @@ def prepare_training(
     model_name: str,
     run_dir: Path,
     spec: DeviceSpec,
+    options: "OptimizerOptions",
     *,
     resume: bool,
-    lr: float,
-    weight_decay: float,
-    schedule: str,
-    warmup_steps: int,
     total_steps: int,
-    optimizer: str = "adamw",
     load: Callable[[str, DeviceSpec], torch.nn.Module] | None = None,
     param_groups: Callable[[torch.nn.Module], list[dict]] | None = None,
     lora: "LoRASettings | None" = None,
@@ -100,9 +97,10 @@ def prepare_training(
 ) -> TrainingSetup:
     """Load the model (from the latest checkpoint when resuming), the optimizer, scheduler, metrics log.
 
-    ``optimizer``: "adamw" (default) or "sgd" (plain SGD, no momentum: the update is ``lr`` times the
-    clipped gradient, so its size follows the gradient's; see ``RLOOConfig.optimizer``). Raises
-    ``ValueError`` for another name. ``load(name_or_folder, spec)`` builds the model (None: a causal LM
+    ``options`` (:class:`rlft.options.OptimizerOptions`, usually the run's config): ``optimizer`` "adamw" or
+    "sgd" (plain SGD, no momentum: the update is ``lr`` times the clipped gradient), ``lr``, ``weight_decay``,
+    and the ``schedule`` over ``total_steps`` optimizer steps after ``int(warmup_ratio * total_steps)`` warmup
+    steps. ``load(name_or_folder, spec)`` builds the model (None: a causal LM
     by :func:`rlft.models.load_model`; the reward-model recipe passes its own); ``param_groups(model)``
     gives optimizer parameter groups (e.g. a separate rate for a new head; None: every parameter at
     ``lr``). ``lora``: wrap the model in LoRA adapters (:mod:`rlft.lora`; only they train; a resumed
@@ -122,8 +120,8 @@ def prepare_training(
         RunFolderError: ``resume`` and no usable checkpoint while ``metrics.jsonl`` holds records
             (restarting would silently replace that run).
     """
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adamw' or 'sgd'")
+    if options.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {options.optimizer!r}; choose 'adamw' or 'sgd'")
     build = load or load_model
 
     def load_from(folder: Path | None) -> torch.nn.Module:
@@ -144,8 +142,8 @@ def prepare_training(
         params = param_groups(model)
     else:
         params = [p for p in model.parameters() if p.requires_grad]
-    optim = OPTIMIZERS[optimizer](params, lr=lr, weight_decay=weight_decay)
-    scheduler = make_scheduler(schedule, optim, warmup_steps, total_steps)
+    optim = OPTIMIZERS[options.optimizer](params, lr=options.lr, weight_decay=options.weight_decay)
+    scheduler = make_scheduler(options.schedule, optim, int(options.warmup_ratio * total_steps), total_steps)
     start_step = 0
     if ckpt is not None:
         restore_trainer_state(state, optim, scheduler, model)

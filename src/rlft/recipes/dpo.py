@@ -71,7 +71,7 @@ from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions
-from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, RunOptions, resolved_strategy
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, resolved_strategy
 from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, length_grouped,
                                  optimizer_step, prepare_training)
 from rlft.validation import OptionError, validate_options
@@ -84,7 +84,7 @@ REF_CACHE = "ref_logps.pt"
 
 
 @dataclass(frozen=True)
-class DPOConfig(RunOptions, LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
+class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
     """Preference optimisation (DPO / IPO / RPO) of a model, usually an SFT model, on chosen/rejected pairs."""
 
     model: str = "runs/sft/model"
@@ -142,20 +142,10 @@ class DPOConfig(RunOptions, LoRAOptions, MemoryOptions, PackingOptions, Distribu
     max_steps: int | None = None
     """Total optimizer steps (overrides --epochs)."""
     lr: float = 1e-6
-    """Peak learning rate (AdamW). DPO wants small rates: 5e-7 to 1e-6 is typical for a 0.5B model;
+    """Peak learning rate. DPO wants small rates: 5e-7 to 1e-6 is typical for a 0.5B model;
     small CPU demo models tolerate more (e.g. 1e-5)."""
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    """'adamw', or 'sgd' (plain SGD: each update is lr x the clipped gradient; see RLOOConfig.optimizer). For a
-    few dozen steps on a few dozen pairs AdamW's sign-like first steps move every weight by ~lr; SGD moves along
-    the gradient (try lr ~1e-2)."""
-    weight_decay: float = 0.0
-    """Weight decay."""
     warmup_ratio: float = 0.1
-    """Fraction of steps spent warming the learning rate up linearly from 0."""
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    """Learning-rate decay after warmup."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
+    """Fraction of optimizer steps spent warming the learning rate up linearly from 0."""
     seed: int = 0
     """Seed for data order."""
     def __post_init__(self) -> None:
@@ -561,9 +551,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
 
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                             optimizer=cfg.optimizer, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
+    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
     model, start_step = setup.model, setup.start_step
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)

@@ -50,7 +50,7 @@ from rlft.data.tokenize import TokenizedExample, collate
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions
-from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, RunOptions, resolved_strategy
+from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, OptimizerOptions, RunOptions, resolved_strategy
 from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, length_grouped, optimizer_step,
                                  prepare_training, save_final, TrainingSetup, write_run_config)
 from rlft.validation import OptionError, validate_options
@@ -62,7 +62,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class RMConfig(RunOptions, LoRAOptions, CheckpointingOptions, PackingOptions, DistributedOptions):
+class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, PackingOptions, DistributedOptions):
     """Train a scalar reward model on preference pairs with a Bradley-Terry loss."""
 
     model: str = DEFAULT_MODEL
@@ -130,14 +130,8 @@ class RMConfig(RunOptions, LoRAOptions, CheckpointingOptions, PackingOptions, Di
     train_layers: int | None = None
     """Train only the top N transformer blocks (plus the final norm and the score head); embeddings and lower blocks
     stay frozen, which makes a step about one forward plus N/L of a backward. None: train everything."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
     warmup_ratio: float = 0.03
-    """Fraction of steps spent warming the learning rate up linearly from 0."""
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    """Learning-rate decay after warmup."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
+    """Fraction of optimizer steps spent warming the learning rate up linearly from 0."""
     eval_every: int = 50
     """Evaluate held-out pairwise accuracy every this many steps (0: only at the end)."""
     seed: int = 0
@@ -305,9 +299,7 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
         body = [p for p in model.parameters() if p.requires_grad and all(p is not h for h in head)]
         return [{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr or cfg.lr}]
 
-    return prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                            load=load, param_groups=groups, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
+    return prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, load=load, param_groups=groups, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
 
 
 def train_rm(cfg: RMConfig) -> Path:

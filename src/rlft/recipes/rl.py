@@ -69,7 +69,7 @@ from rlft import distributed
 from rlft.checkpoint import read_metrics
 from rlft.console import training_progress
 from rlft.lora import LoRAOptions, adapters_disabled, merged_copy
-from rlft.options import DistributedOptions, MemoryOptions, RunOptions, resolved_strategy
+from rlft.options import DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions, resolved_strategy
 from rlft.losses.advantages import ADVANTAGES, raft_advantages
 from rlft.losses.pg import CLIPPED_LOSSES, POLICY_LOSSES, kl_penalty
 from rlft.models import DEFAULT_MODEL, load_model, load_tokenizer, pick_device
@@ -100,7 +100,7 @@ LossMode = Literal["seq_sum", "seq_mean", "token_mean"]
 
 
 @dataclass(frozen=True)
-class RLConfig(RunOptions, LoRAOptions, MemoryOptions, DistributedOptions):
+class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, DistributedOptions):
     """RL fine-tuning (one loop; advantage estimator and policy loss chosen by name) on Countdown prompts with the
     rule reward, or on chat prompts with a reward model or remote judge."""
 
@@ -138,19 +138,8 @@ class RLConfig(RunOptions, LoRAOptions, MemoryOptions, DistributedOptions):
     lr: float = 1e-5
     """Peak learning rate (AdamW). 1e-5 is the published RLOO Countdown setting for Qwen2.5-0.5B
     (k=8, KL 0.001, ~100 steps); larger rates quickly destabilise a pretrained policy."""
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    """'adamw', or 'sgd' (plain SGD: each update is lr x the clipped gradient). AdamW moves every weight by ~lr per
-    step whatever its gradient (its first steps are sign descent), which for a handful of steps on a sparse,
-    noisy policy gradient spreads the update over all weights; SGD's update follows the gradient's direction
-    and size. With SGD, lr is the length of a step whose gradient norm reaches max_grad_norm = 1 (try ~1e-2)."""
-    weight_decay: float = 0.0
-    """Weight decay."""
-    warmup_ratio: float = 0.0
-    """Fraction of optimizer steps spent warming the learning rate up linearly from 0."""
     schedule: Literal["cosine", "linear", "constant"] = "constant"
     """Learning-rate decay after warmup."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
     temperature: float = 1.0
     """Sampling temperature (> 0); policy and reference log-probs are computed at this temperature too."""
     top_p: float = 1.0
@@ -440,9 +429,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     optimizer_steps = total_steps * cfg.ppo_epochs
     lora = cfg.lora_settings()
     strategy = resolved_strategy(cfg, distributed.world())
-    setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * optimizer_steps), total_steps=optimizer_steps,
-                             optimizer=cfg.optimizer, lora=lora, distributed_strategy=strategy)
+    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=optimizer_steps, lora=lora, distributed_strategy=strategy)
     model, start_step = setup.model, setup.start_step
     # The reference is the initial policy, never a checkpoint of this run: with LoRA the same model with its
     # adapters off (no second copy), else a fresh load, sharded like the policy under FSDP2.

@@ -48,7 +48,7 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
 from rlft.lora import LoRAOptions
-from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, RunOptions, resolved_strategy
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, resolved_strategy
 from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, length_grouped,
                                  optimizer_step, prepare_training)
 from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
@@ -61,7 +61,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class SFTConfig(RunOptions, LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
+class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
     """Supervised fine-tuning on prompt/completion pairs (loss on completion tokens + EOS only)."""
 
     model: str = DEFAULT_MODEL
@@ -120,15 +120,9 @@ class SFTConfig(RunOptions, LoRAOptions, MemoryOptions, PackingOptions, Distribu
     max_steps: int | None = None
     """Total optimizer steps (overrides --epochs)."""
     lr: float = 1e-4
-    """Peak learning rate (AdamW)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Peak learning rate."""
     warmup_ratio: float = 0.05
-    """Fraction of steps spent warming the learning rate up linearly from 0."""
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    """Learning-rate decay after warmup."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
+    """Fraction of optimizer steps spent warming the learning rate up linearly from 0."""
     seed: int = 0
     """Seed for model init randomness and data order."""
     def __post_init__(self) -> None:
@@ -346,9 +340,7 @@ def train_sft(cfg: SFTConfig) -> Path:
 
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    setup = prepare_training(cfg.model, run_dir, spec, resume=cfg.resume, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                             schedule=cfg.schedule, warmup_steps=int(cfg.warmup_ratio * total_steps), total_steps=total_steps,
-                             lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
+    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
     model, start_step = setup.model, setup.start_step
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)

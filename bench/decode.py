@@ -1,7 +1,7 @@
 """Sampling throughput: rlft's decoding loop (finished rows leave the batch) vs transformers ``generate``.
 
 Both sides are :class:`rlft.rollout.hf.HFEngine` on the same model, prompts, chunk size and sampling parameters;
-only ``drop_finished`` differs (True: :func:`rlft.rollout.decode.decode`; False: ``model.generate``, which keeps
+only ``decoder`` differs (True: :func:`rlft.rollout.decode.decode`; False: ``model.generate``, which keeps
 every row of a chunk in the forward pass until the chunk's last row stops). Prompts are Countdown training tasks
 (``--preset``, ``--prompt-template``), k samples each. Prints, per side: wall seconds, completions/s, generated
 tokens/s (tokens of the completions, EOS included: the useful work), mean and longest completion, and the peak
@@ -48,7 +48,7 @@ def main() -> None:
     tasks, _ = make_splits(PRESETS[args.preset], args.prompts, 1000, 1234)
     prompts = [render_prompt(args.prompt_template, task, tokenizer) for task in tasks]
     engine = HFEngine(model, tokenizer, batch_size=args.batch_size, add_special_tokens=adds_special_tokens(args.prompt_template),
-                      drop_finished=args.path == "rlft")
+                      decoder="drop" if args.path == "rlft" else "generate")
     params = SamplingParams(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     engine.generate(prompts[:2], SamplingParams(k=1, temperature=0.0, max_new_tokens=4))  # warm-up
     t0 = time.perf_counter()

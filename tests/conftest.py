@@ -6,10 +6,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Tests run in float32 on every machine: `--dtype auto` would otherwise turn on bfloat16 mixed precision on a CPU
+# with native bf16 (rlft.precision) and change the numbers the oracles compare. Tests of mixed precision set it.
+os.environ.setdefault("RLFT_CPU_BF16", "0")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ASSETS = Path(__file__).resolve().parent / "assets"

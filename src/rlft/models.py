@@ -122,15 +122,37 @@ def looks_like_path(name: str) -> bool:
 
 @dataclass(frozen=True)
 class DeviceSpec:
+    """Where a model runs and in what precision (:mod:`rlft.precision`)."""
+
     device: torch.device
     dtype: torch.dtype
+    """The weights' dtype (and so the optimizer state's)."""
+    compute_dtype: torch.dtype | None = None
+    """Mixed precision: forwards run under ``torch.autocast`` in this dtype (None: in ``dtype``)."""
+
+    def for_inference(self) -> "DeviceSpec":
+        """The spec of a model that only generates or scores (no optimizer): weights stored in the compute dtype
+        (no autocast casting them at every step); unchanged without mixed precision."""
+        return DeviceSpec(self.device, self.compute_dtype) if self.compute_dtype is not None else self
+
+    @property
+    def label(self) -> str:
+        """``"float32"``, ``"bfloat16"``, or ``"float32 weights, bfloat16 compute"`` (logs, plans, cache keys)."""
+        from rlft.precision import dtype_name
+
+        if self.compute_dtype is None:
+            return dtype_name(self.dtype)
+        return f"{dtype_name(self.dtype)} weights, {dtype_name(self.compute_dtype)} compute"
 
 
 def pick_device(device: str = "auto", dtype: str = "auto") -> DeviceSpec:
-    """CUDA with bfloat16 when available, else CPU with float32; either can be overridden.
+    """The device and precision of ``--device`` / ``--dtype``.
 
-    ``device``: "auto", "cpu", "cuda", "cuda:1", ...; ``dtype``: "auto", "float32", "bfloat16", "float16".
-    Under torchrun (:mod:`rlft.distributed`), "auto"/"cuda" mean ``cuda:LOCAL_RANK``.
+    ``device``: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ...; under torchrun
+    (:mod:`rlft.distributed`), "auto"/"cuda" mean ``cuda:LOCAL_RANK``. ``dtype``: "auto" is bfloat16 weights on
+    CUDA; on a CPU with native bfloat16 (:func:`rlft.precision.cpu_bf16_native`) float32 weights with bfloat16
+    compute (autocast: mixed precision); else float32. "float32", "bfloat16", "float16": weights in that dtype,
+    no autocast.
     """
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
     if dev.type == "cuda" and dev.index is None:
@@ -138,10 +160,12 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> DeviceSpec:
 
         dev = device_for_rank(dev)  # cuda:LOCAL_RANK under torchrun
     if dtype == "auto":
-        dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    else:
-        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    return DeviceSpec(dev, dt)
+        if dev.type == "cuda":
+            return DeviceSpec(dev, torch.bfloat16)
+        from rlft.precision import cpu_bf16_native
+
+        return DeviceSpec(dev, torch.float32, torch.bfloat16 if dev.type == "cpu" and cpu_bf16_native() else None)
+    return DeviceSpec(dev, {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
 
 
 def load_tokenizer(name_or_path: str):
@@ -158,7 +182,8 @@ def load_tokenizer(name_or_path: str):
 
 
 def load_model(name_or_path: str, spec: DeviceSpec | None = None):
-    """Load a causal LM in the chosen device/dtype.
+    """Load a causal LM in the chosen device/dtype; ``spec.compute_dtype`` is recorded on it
+    (:func:`rlft.precision.mark`) for the log-prob forwards' autocast.
 
     Raises:
         ModelNotFoundError: nothing loadable under that name (offline Hub id, bad folder, missing wheel).
@@ -177,4 +202,6 @@ def load_model(name_or_path: str, spec: DeviceSpec | None = None):
     # transformers builds the input embedding with padding_idx = config.pad_token_id, which freezes that
     # row; when pad == eos (SmolLM2, Qwen) the EOS embedding would never train.
     model.get_input_embeddings().padding_idx = None
-    return model.to(spec.device)
+    from rlft.precision import mark
+
+    return mark(model.to(spec.device), spec.compute_dtype)

@@ -190,9 +190,18 @@ def sequence_logprobs(
 
 
 def _sequence_logprobs(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):
-    """:func:`sequence_logprobs` itself (positional arguments, so FSDP2 can run it as a forward)."""
+    """:func:`sequence_logprobs` itself (positional arguments, so FSDP2 can run it as a forward), under the model's
+    mixed-precision autocast when it has one (:func:`rlft.precision.compute_context`)."""
+    from rlft.precision import compute_context
+
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no prefix to predict it from")
+    with compute_context(model):
+        return _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size,
+                                     return_entropy)
+
+
+def _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):
     if position_ids is None:
         hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     else:

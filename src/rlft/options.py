@@ -28,7 +28,9 @@ class DeviceOptions:
     device: str = "auto"
     """'auto' (CUDA if present, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'."""
+    """'auto': bfloat16 on CUDA; on a CPU with native bfloat16 (avx512_bf16 or AMX, detected at run time) float32
+    weights and optimizer state with bfloat16 compute (autocast), generation from bfloat16 weights; else float32.
+    'float32' forces float32 everywhere; 'bfloat16', 'float16': weights in that dtype."""
 
 
 @dataclass(frozen=True)

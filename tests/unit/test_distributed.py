@@ -601,7 +601,7 @@ for mine, params in ((prompts, SamplingParams(k=2, temperature=1.0, max_new_toke
     got = HFEngine(sharded, tokenizer, batch_size=2).generate(mine, params)
     # this rank alone: no collectives; generate, the path a sharded model takes (decode's row dropping draws
     # its random numbers for fewer rows, so its samples differ from generate's under the same seed)
-    want = HFEngine(full, tokenizer, batch_size=2, drop_finished=False).generate(mine, params)
+    want = HFEngine(full, tokenizer, batch_size=2, decoder="generate").generate(mine, params)
     pairs = [[[(s.completion_ids, s.finish_reason) for s in row] for row in out] for out in (got, want)]
     assert pairs[0] == pairs[1], (rank, pairs)
     lengths |= {len(s.completion_ids) for row in got for s in row}

@@ -21,7 +21,7 @@ def stop_tokens_at_varied_steps(model, tokenizer, params) -> list[int]:
     """Stop tokens taken from the greedy completions of PROMPTS (no early stop): completion r's token at step r + 2,
     for every completion but the last. Made EOS ids, they end rows at different steps (a token may also end
     another row sooner) and leave the last row running unless one of them ends it too."""
-    out = HFEngine(model, tokenizer, drop_finished=False).generate(PROMPTS, params)
+    out = HFEngine(model, tokenizer, decoder="generate").generate(PROMPTS, params)
     rows = [s.completion_ids for samples in out for s in samples]
     return [row[r + 1] for r, row in enumerate(rows[:-1])]
 
@@ -33,7 +33,7 @@ def test_greedy_equals_generate_while_rows_stop_at_different_steps(tok_name, req
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=12)
     stops = stop_tokens_at_varied_steps(model, tokenizer, params)
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
-    expected = HFEngine(model, tokenizer, batch_size=8, drop_finished=False).generate(PROMPTS, params)
+    expected = HFEngine(model, tokenizer, batch_size=8, decoder="generate").generate(PROMPTS, params)
     got = HFEngine(model, tokenizer, batch_size=8).generate(PROMPTS, params)
     assert ids_of(got) == ids_of(expected)
     lengths = {len(s.completion_ids) for samples in got for s in samples if s.finish_reason == "stop"}
@@ -54,7 +54,7 @@ def test_finished_rows_leave_the_batch(smol_tokenizer):
     sizes = []
     handle = model.lm_head.register_forward_hook(lambda module, inputs, output: sizes.append(inputs[0].shape[0]))
     try:
-        rows = decode(model, input_ids, attention_mask, params, [smol_tokenizer.eos_token_id, *stops])
+        rows = [d.token_ids for d in decode(model, input_ids, attention_mask, params, [smol_tokenizer.eos_token_id, *stops])]
     finally:
         handle.remove()
     assert sizes[0] == len(PROMPTS)
@@ -70,7 +70,7 @@ def test_sampling_equals_generate_draw_for_draw_while_no_row_stops(smol_tokenize
     numbers as ``generate`` (temperature, top-k, top-p in generate's order), so the samples are identical."""
     model = tiny_model(smol_tokenizer)
     params = SamplingParams(k=3, temperature=0.7, top_p=0.9, top_k=40, max_new_tokens=6, seed=3)
-    expected = HFEngine(model, smol_tokenizer, batch_size=16, drop_finished=False).generate(PROMPTS, params)
+    expected = HFEngine(model, smol_tokenizer, batch_size=16, decoder="generate").generate(PROMPTS, params)
     assert all(s.finish_reason == "length" for samples in expected for s in samples)  # no row stopped
     got = HFEngine(model, smol_tokenizer, batch_size=16).generate(PROMPTS, params)
     assert ids_of(got) == ids_of(expected)
@@ -100,7 +100,7 @@ def test_lora_model_greedy_equals_generate(smol_tokenizer):
     model = get_peft_model(tiny_model(smol_tokenizer), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                                    init_lora_weights=False))
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=8)
-    expected = HFEngine(model, smol_tokenizer, drop_finished=False).generate(PROMPTS, params)
+    expected = HFEngine(model, smol_tokenizer, decoder="generate").generate(PROMPTS, params)
     assert ids_of(HFEngine(model, smol_tokenizer).generate(PROMPTS, params)) == ids_of(expected)
 
 

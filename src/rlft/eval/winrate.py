@@ -230,7 +230,7 @@ def generate_responses(model_name: str, prompts: list[Messages], cfg: WinrateCon
     tokenizer = load_tokenizer(model_name)
     if cfg.chat_template is not None:
         ensure_chat_template(tokenizer, cfg.chat_template)
-    model = load_model(model_name, spec)
+    model = load_model(model_name, spec.for_inference())
     texts = [render_generation_prompt(tokenizer, m) for m in prompts]
     params = SamplingParams(k=1, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     log.info("generating %d responses with %s", len(texts), model_name)

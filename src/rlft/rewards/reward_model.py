@@ -97,6 +97,13 @@ def sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 
 def _sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    from rlft.precision import compute_context
+
+    with compute_context(model):
+        return _padded_rewards(model, input_ids, attention_mask)
+
+
+def _padded_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     mask = attention_mask.long()
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # 0 at each row's first real token
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA: the adapted HF model
@@ -128,9 +135,11 @@ def packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.
 
 def _packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
     from rlft.ops import packed_hidden_states
+    from rlft.precision import compute_context
 
-    hidden = packed_hidden_states(model.base_model, input_ids, position_ids)  # (R, L, H)
-    rewards = score_head(model)(hidden.flatten(0, 1)[last_index])  # (N, num_labels)
+    with compute_context(model):
+        hidden = packed_hidden_states(model.base_model, input_ids, position_ids)  # (R, L, H)
+        rewards = score_head(model)(hidden.flatten(0, 1)[last_index])  # (N, num_labels)
     if rewards.shape[-1] != 1:
         raise ValueError(f"a reward model has num_labels=1, this one has {rewards.shape[-1]}")
     return rewards.squeeze(-1).float()
@@ -246,7 +255,9 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
     embeddings = model.get_input_embeddings()
     if getattr(embeddings, "padding_idx", None) is not None:
         embeddings.padding_idx = None
-    return model.to(spec.device)
+    from rlft.precision import mark
+
+    return mark(model.to(spec.device), spec.compute_dtype)
 
 
 class RewardModelScorer:
@@ -287,7 +298,8 @@ class RewardModelScorer:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if isinstance(model_or_path, (str, Path)):
             self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(model_or_path))
-            self.model = load_reward_model(str(model_or_path), pick_device(device, dtype), pad_token_id=self.tokenizer.pad_token_id)
+            self.model = load_reward_model(str(model_or_path), pick_device(device, dtype).for_inference(),
+                                           pad_token_id=self.tokenizer.pad_token_id)
         else:
             if tokenizer is None:
                 raise ValueError("pass the tokenizer along with an already loaded model")

@@ -60,8 +60,13 @@ class Sample:
     """"stop": an EOS id was generated; "length": max_new_tokens was reached first."""
     logprobs: list[float] | None = None
     """Log-probability of each of ``completion_ids`` under the sampler, when the engine reports them
-    (:class:`rlft.rollout.server.OpenAICompletionsEngine`; :class:`rlft.rollout.vllm.VLLMEngine` with
+    (:class:`rlft.rollout.hf.HFEngine`'s row-dropping decoder: under ``softmax(logits / T)``, untruncated;
+    :class:`rlft.rollout.server.OpenAICompletionsEngine`; :class:`rlft.rollout.vllm.VLLMEngine` with
     ``return_logprobs=True``), else None. Same length as ``completion_ids``."""
+    self_certainty: float | None = None
+    """Mean over the completion's tokens of ``KL(U || p)`` of the sampler's next-token distribution (Kang et al.
+    2025; higher: more certain), when the engine reports it (:class:`rlft.rollout.hf.HFEngine`'s row-dropping
+    decoder), else None."""
 
 
 @runtime_checkable

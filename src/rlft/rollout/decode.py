@@ -10,15 +10,48 @@ Token choice is transformers' own: greedy is the argmax of the float32 logits; s
 draws with ``torch.multinomial`` from the softmax. So the distribution a row is sampled from is exactly the one
 ``generate`` would use for the same logits; only which random numbers a row receives differs (rows leave the
 batch), so the same seed gives different samples from ``generate``'s, and the same samples again from ``decode``.
+
+Each row also gets, from the logits the loop already has (no second pass): the log-probability of every token it
+chose under the tempered, untruncated distribution ``softmax(logits / T)`` (T = 1 for greedy), the quantity the RL
+loss recomputes (the sampler/trainer mismatch is their difference), and the sum over its tokens of the
+*self-certainty* ``KL(U || p) = -log V - (1/V) sum_v log p_v`` of the untempered next-token distribution
+(Kang et al. 2025, "Scalable Best-of-N Selection for Large Language Models via Self-Certainty", eq. 3).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+from dataclasses import dataclass, field
 
 import torch
 
 from rlft.rollout.base import SamplingParams
+
+
+@dataclass
+class Decoded:
+    """One decoded row."""
+
+    token_ids: list[int] = field(default_factory=list)
+    """The generated ids: ends with an EOS id, or has ``max_new_tokens`` ids and no EOS."""
+    logprobs: list[float] = field(default_factory=list)
+    """Per token, ``log softmax(logits / T)`` at the chosen id (T = 1 when greedy); same length as ``token_ids``."""
+    certainty_sum: float = 0.0
+    """Sum over the tokens of the self-certainty ``KL(U || p)`` of the untempered distribution (nats); divide by
+    the length for Kang et al.'s per-sample score."""
+
+
+def token_statistics(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``logits`` ``(N, V)`` and chosen ``tokens`` ``(N,)``: the log-prob of the token under
+    ``softmax(logits / temperature)`` (temperature 0 is read as 1) and the self-certainty
+    ``KL(U || p) = -log V - mean_v log p_v`` of ``p = softmax(logits)`` (>= 0; 0 for a uniform p). Both ``(N,)``
+    float32, in nats (Kang et al. 2025, eq. 3)."""
+    logits = logits.float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    certainty = -math.log(logits.shape[-1]) - log_p.mean(dim=-1)
+    tempered = log_p if temperature in (0.0, 1.0) else torch.log_softmax(logits / temperature, dim=-1)
+    return tempered.gather(-1, tokens[:, None]).squeeze(1), certainty
 
 
 def cache_keyword(model) -> str:
@@ -58,8 +91,9 @@ def next_tokens(logits: torch.Tensor, params: SamplingParams, warpers=None) -> t
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-           eos_ids: list[int]) -> list[list[int]]:
-    """Generate up to ``params.max_new_tokens`` tokens for each left-padded row; returns each row's tokens.
+           eos_ids: list[int]) -> list[Decoded]:
+    """Generate up to ``params.max_new_tokens`` tokens for each left-padded row; returns each row's tokens and
+    their statistics (:class:`Decoded`).
 
     Args:
         model: a transformers causal LM (or a peft model wrapping one) whose forward takes ``position_ids``,
@@ -72,7 +106,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params:
         eos_ids: a row stops after the first of these it generates (the EOS is kept in its list).
 
     Returns:
-        N lists of token ids: each ends with an EOS id, or has ``max_new_tokens`` ids and no EOS.
+        N :class:`Decoded`: token ids that end with an EOS id, or ``max_new_tokens`` ids and no EOS; their
+        log-probs; their self-certainty sum.
 
     Raises:
         ValueError: ``input_ids`` and ``attention_mask`` of different shapes, or no row.
@@ -86,7 +121,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params:
     device = input_ids.device
     warpers = logits_warpers(params)
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
-    completions: list[list[int]] = [[] for _ in range(n)]
+    completions = [Decoded() for _ in range(n)]
     rows = torch.arange(n, device=device)  # original row of each live batch row
     mask = attention_mask.long()
     positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
@@ -95,9 +130,13 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params:
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **with_cache)
     position = positions[:, -1]
     for step in range(params.max_new_tokens):
-        tokens = next_tokens(out.logits[:, -1, :], params, warpers)
-        for row, token in zip(rows.tolist(), tokens.tolist()):
-            completions[row].append(token)
+        logits = out.logits[:, -1, :]
+        tokens = next_tokens(logits, params, warpers)
+        logprobs, certainty = token_statistics(logits, tokens, params.temperature)
+        for row, token, logprob, c in zip(rows.tolist(), tokens.tolist(), logprobs.tolist(), certainty.tolist()):
+            completions[row].token_ids.append(token)
+            completions[row].logprobs.append(logprob)
+            completions[row].certainty_sum += c
         if step == params.max_new_tokens - 1:
             break
         live = ~torch.isin(tokens, eos)

@@ -23,7 +23,8 @@ def make_engine(kind: str, model_name: str, tokenizer, spec, *, url: str | None 
 
     Args:
         tokenizer: the model's HF tokenizer (every engine tokenizes prompts with it).
-        spec: :class:`rlft.models.DeviceSpec` (hf: device and dtype; vllm: dtype).
+        spec: :class:`rlft.models.DeviceSpec` (hf: device and dtype, the weights loaded in the compute dtype under
+            mixed precision, :meth:`~rlft.models.DeviceSpec.for_inference`; vllm: dtype).
         url: the server for ``server``.
         batch_size, show_progress: hf only (vLLM and the server schedule their own batches).
         add_special_tokens: how prompts are tokenized (False for chat-template-rendered prompts).
@@ -34,7 +35,7 @@ def make_engine(kind: str, model_name: str, tokenizer, spec, *, url: str | None 
         from rlft.models import load_model
         from rlft.rollout.hf import HFEngine
 
-        return HFEngine(load_model(model_name, spec), tokenizer, batch_size=batch_size, show_progress=show_progress,
+        return HFEngine(load_model(model_name, spec.for_inference()), tokenizer, batch_size=batch_size, show_progress=show_progress,
                         add_special_tokens=add_special_tokens)
     if kind == "vllm":
         from rlft.rollout.vllm import VLLMEngine

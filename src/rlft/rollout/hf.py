@@ -4,12 +4,19 @@ sharded by FSDP2 under torchrun (every rank generating its own prompts, in step 
 from __future__ import annotations
 
 import contextlib
+from typing import Literal
 
 import torch
 
 from rlft import distributed
 from rlft.rollout.base import Sample, SamplingParams
-from rlft.rollout.decode import decode
+from rlft.rollout.decode import Decoded, decode
+
+Decoder = Literal["auto", "drop", "generate", "static"]
+"""How :class:`HFEngine` decodes: 'drop' (:func:`rlft.rollout.decode.decode`, rows leave the batch as they
+finish), 'generate' (``model.generate`` with its dynamic cache), 'static' (``model.generate`` with
+``cache_implementation="static"``: fixed shapes, which transformers compiles into CUDA graphs on a GPU), 'auto'
+('static' on CUDA, 'drop' elsewhere; a model sharded by FSDP2 always uses 'generate')."""
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -55,11 +62,19 @@ class HFEngine:
     - ``params.seed`` seeds a forked RNG (the global RNG state is left as it was): the same seed,
       prompts and ``batch_size`` give the same samples.
     - The model runs in eval mode under ``torch.no_grad()``; its training mode is restored afterwards.
-    - ``drop_finished=True`` (the default) decodes with :func:`rlft.rollout.decode.decode`, which drops a row
+    - ``decoder`` (:data:`Decoder`): on CPU by default 'drop', :func:`rlft.rollout.decode.decode`, which drops a row
       from the batch and its KV cache the step it emits EOS (a chunk costs about the sum of its completions'
-      lengths, not its longest one times its rows); the token choice is ``generate``'s own (argmax, or
-      transformers' temperature/top-k/top-p warpers and a multinomial draw). False calls ``model.generate``.
-      A sharded model always uses ``generate`` (its ``synced_gpus`` keeps the ranks in step).
+      lengths, not its longest one times its rows) and reports each token's log-prob and the self-certainty of
+      each sample; on CUDA 'static', transformers' static-cache ``generate`` (compiled to CUDA graphs: fast at
+      small batches, where eager decoding is launch-bound). The token choice is ``generate``'s own either way
+      (argmax, or transformers' temperature/top-k/top-p warpers and a multinomial draw), so greedy outputs are
+      the same. A sharded model always uses ``generate`` (its ``synced_gpus`` keeps the ranks in step).
+    - ``copy_weights``: sample from a plain copy of the model (LoRA adapters merged, weights cast to
+      ``copy_dtype`` when given, e.g. bfloat16 under CPU mixed precision) instead of the model itself. The copy is
+      made at the first :meth:`generate` after construction or :meth:`sync_weights` (the RL loop calls it after
+      every update), so it follows the policy; merged LoRA weights also sample faster than adapters applied on
+      the fly. Without a copy, a model with a mixed-precision compute dtype (:mod:`rlft.precision`) decodes
+      under its autocast.
     - A model sharded by FSDP2 (:func:`rlft.distributed.sharded`, under torchrun) makes every forward collective:
       each rank generates its own prompts (any number, none included) with ``generate(..., synced_gpus=True)``
       (a rank whose rows are done keeps stepping until every rank's are), and a rank with fewer chunks than
@@ -68,18 +83,57 @@ class HFEngine:
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False, add_special_tokens: bool = True,
-                 drop_finished: bool = True):
+                 decoder: Decoder = "auto", copy_weights: bool = False, copy_dtype: torch.dtype | None = None):
         """``add_special_tokens``: passed to the tokenizer for every prompt (see :func:`encode_prompts`);
         False for chat-template-rendered prompts (they already carry BOS), True for plain text.
-        ``drop_finished``: decode with :func:`rlft.rollout.decode.decode` (True) or ``model.generate`` (False)."""
+        ``decoder``: see :data:`Decoder`. ``copy_weights``, ``copy_dtype``: see the class docstring.
+
+        Raises:
+            ValueError: ``batch_size < 1`` or an unknown ``decoder``.
+        """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if decoder not in ("auto", "drop", "generate", "static"):
+            raise ValueError(f"unknown decoder {decoder!r}; choose auto, drop, generate or static")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.show_progress = show_progress
         self.add_special_tokens = add_special_tokens
-        self.drop_finished = drop_finished
+        self.decoder = decoder
+        self.copy_weights = copy_weights
+        self.copy_dtype = copy_dtype
+        self._sampler = None  # the copy, when copy_weights (made lazily)
+
+    def sync_weights(self) -> None:
+        """Forget the sampling copy (``copy_weights``): the next :meth:`generate` copies the model's current weights."""
+        self._sampler = None
+
+    def sampler(self):
+        """The module :meth:`generate` decodes with: the model, or its plain (merged, cast) copy."""
+        if not self.copy_weights or distributed.sharded(self.model):
+            return self.model
+        if self._sampler is None:
+            import copy
+
+            from rlft.lora import is_lora
+
+            plain = copy.deepcopy(self.model).merge_and_unload() if is_lora(self.model) else copy.deepcopy(self.model)
+            if self.copy_dtype is not None:
+                plain = plain.to(self.copy_dtype)
+            from rlft.precision import mark
+
+            self._sampler = mark(plain, None).eval().requires_grad_(False)
+        return self._sampler
+
+    def decoder_for(self, model) -> str:
+        """The decoder :meth:`generate` uses for ``model``: 'generate' when sharded, else ``decoder`` with 'auto'
+        resolved by the model's device."""
+        if distributed.sharded(model):
+            return "generate"
+        if self.decoder != "auto":
+            return self.decoder
+        return "static" if next(model.parameters()).device.type == "cuda" else "drop"
 
     def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         """The prompt ids :meth:`generate` conditions on (:func:`encode_prompts` with this engine's setting)."""
@@ -109,26 +163,30 @@ class HFEngine:
         fillers = distributed.most(len(chunks)) - len(chunks) if synced else 0
 
         results: list[Sample | None] = [None] * len(rows)
-        was_training = self.model.training
-        self.model.eval()
+        model = self.sampler()
+        was_training = model.training
+        model.eval()
+        from rlft.precision import compute_context
+
         try:
-            with self._rng(params.seed, self.model.device), torch.no_grad(), self._progress(len(rows)) as advance:
+            with self._rng(params.seed, model.device), torch.no_grad(), compute_context(model), \
+                    self._progress(len(rows)) as advance:
                 for chunk in chunks:
                     batch = [prompt_ids[rows[r]] for r in chunk]
-                    for r, sample in zip(chunk, self._generate_batch(batch, params, eos_ids, pad_id)):
+                    for r, sample in zip(chunk, self._generate_batch(model, batch, params, eos_ids, pad_id)):
                         results[r] = sample
                     advance(len(chunk))
                 for _ in range(fillers):  # after this rank's own chunks: its samples do not depend on them
-                    self._generate_batch([[pad_id]], params, eos_ids, pad_id)
+                    self._generate_batch(model, [[pad_id]], params, eos_ids, pad_id)
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         return [results[b * params.k : (b + 1) * params.k] for b in range(len(prompts))]
 
     def _generate_batch(
-        self, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int
+        self, model, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int
     ) -> list[Sample]:
-        """Left-pad ``batch`` (lists of prompt ids), generate (a sharded model: with ``synced_gpus``, every rank
-        stepping until all are done), and split off the completions."""
+        """Left-pad ``batch`` (lists of prompt ids), generate with ``model`` (a sharded model: with ``synced_gpus``,
+        every rank stepping until all are done), and split off the completions."""
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -139,31 +197,36 @@ class HFEngine:
             sampling = dict(do_sample=False)
         else:
             sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
-        device = self.model.device
-        if self.drop_finished and not distributed.sharded(self.model):
-            rows = decode(self.model, input_ids.to(device), attention_mask.to(device), params, eos_ids)
-            return [self._to_sample(row, set(eos_ids)) for row in rows]
-        with _clean_generation_config(self.model):
-            output = self.model.generate(
+        device = model.device
+        decoder = self.decoder_for(model)
+        if decoder == "drop":
+            rows = decode(model, input_ids.to(device), attention_mask.to(device), params, eos_ids)
+            return [self._to_sample(row.token_ids, set(eos_ids), row) for row in rows]
+        static = dict(cache_implementation="static") if decoder == "static" else {}
+        with _clean_generation_config(model):
+            output = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),  # pad may equal EOS: the mask, not the id, marks padding
                 max_new_tokens=params.max_new_tokens,
                 eos_token_id=eos_ids,
                 pad_token_id=pad_id,
                 use_cache=True,
-                synced_gpus=distributed.sharded(self.model),
+                synced_gpus=distributed.sharded(model),
+                **static,
                 **sampling,
             )
         return [self._to_sample(row, set(eos_ids)) for row in output[:, width:].tolist()]
 
-    def _to_sample(self, generated: list[int], eos: set[int]) -> Sample:
-        for t, token in enumerate(generated):
-            if token in eos:
-                ids = generated[: t + 1]
-                return Sample(ids, self.tokenizer.decode(ids, skip_special_tokens=True), "stop")
+    def _to_sample(self, generated: list[int], eos: set[int], decoded: Decoded | None = None) -> Sample:
+        """The :class:`Sample` of one row's generated ids (cut after the first EOS); ``decoded``: its statistics."""
+        end = next((t + 1 for t, token in enumerate(generated) if token in eos), None)
         # No EOS: the row ran to max_new_tokens (generate only stops early once every row has an EOS; it pads the
         # rows that stopped, after their EOS, and decode() returns them without padding).
-        return Sample(generated, self.tokenizer.decode(generated, skip_special_tokens=True), "length")
+        ids = generated if end is None else generated[:end]
+        stats = {}
+        if decoded is not None:
+            stats = dict(logprobs=decoded.logprobs[: len(ids)], self_certainty=decoded.certainty_sum / max(len(ids), 1))
+        return Sample(ids, self.tokenizer.decode(ids, skip_special_tokens=True), "length" if end is None else "stop", **stats)
 
     @staticmethod
     @contextlib.contextmanager

@@ -7,6 +7,7 @@ Layout of a run directory::
       checkpoints/latest           text file naming the newest complete checkpoint
       model/                       the final model, a standard HF folder
       metrics.jsonl                one JSON object per logged step
+      config.yaml                  the run's options (:func:`write_run_config`), with the first checkpoint
 
 A checkpoint is written to a temporary folder and renamed into place, and ``latest`` is replaced
 atomically afterwards, so a kill at any moment leaves either the old or the new checkpoint, never a
@@ -15,6 +16,9 @@ half-written one. ``trainer_state.pt`` holds the optimizer, scheduler, RNG state
 checkpoint damaged later (a file deleted or cut short, a disk error) is recognised
 (:func:`checkpoint_problem`) and resuming falls back to the previous one. Hidden ``.step-*`` /
 ``.model.*`` folders are saves killed mid-write; :func:`remove_partial_saves` deletes them.
+
+Single files are written atomically by :mod:`rlft.fsio`. Which folder may hold a run, and whether a resume
+matches the saved ``config.yaml``, is :mod:`rlft.run_folder`'s part (it builds on this module).
 """
 
 from __future__ import annotations
@@ -26,25 +30,43 @@ import os
 import random
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
+import yaml
+
+from rlft.fsio import atomic_write_text
 
 log = logging.getLogger("rlft")
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.pt"
+CONFIG = "config.yaml"
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def config_dict(cfg: Any) -> dict:
+    """``asdict(cfg)`` with tuples as lists and paths as strings: what ``config.yaml`` holds."""
+
+    def plain(value):
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        return value
+
+    return {k: plain(v) for k, v in asdict(cfg).items()}
+
+
+def write_run_config(run_dir: str | Path, cfg: Any) -> Path:
+    """Write ``run_dir/config.yaml`` (:func:`config_dict` of the config dataclass ``cfg``) atomically; returns its path."""
+    path = Path(run_dir) / CONFIG
+    atomic_write_text(path, yaml.safe_dump(config_dict(cfg), sort_keys=False))
+    return path
 
 
 def _sha256(path: Path) -> str:
@@ -60,7 +82,7 @@ def write_manifest(folder: Path) -> None:
     folder = Path(folder)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
     entries = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
-    _atomic_write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1))
+    atomic_write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1))
 
 
 def checkpoint_problem(folder: Path) -> str | None:
@@ -164,7 +186,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sched
                     config=None, model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
     """Write ``run_dir/checkpoints/step-XXXXXXXX`` atomically (with its manifest), point ``latest`` at
     it, keep the newest ``keep`` checkpoints. ``config`` (the run's config dataclass): also write
-    ``run_dir/config.yaml`` (:func:`rlft.run_folder.write_run_config`) once the checkpoint is complete.
+    ``run_dir/config.yaml`` (:func:`write_run_config`) once the checkpoint is complete.
     ``model_state``, ``optimizer_state``: full state dicts of a sharded model and its optimizer
     (:func:`rlft.distributed.full_state_dicts`; the optimizer's keyed by parameter name, recorded as
     ``optimizer_by_name``) to write instead of the live objects' own.
@@ -182,10 +204,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sched
         **(extra_state or {}),
     }
     save_model_folder(folder, model, tokenizer, extra={TRAINER_STATE: state}, manifest=True, state_dict=model_state)
-    _atomic_write_text(ckpt_root / "latest", folder.name)
+    atomic_write_text(ckpt_root / "latest", folder.name)
     if config is not None:
-        from rlft.run_folder import write_run_config
-
         write_run_config(run_dir, config)
     for old in sorted(p for p in ckpt_root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -266,7 +286,7 @@ class MetricsLog:
                     kept.append(line)
             if torn:
                 log.warning("%s: dropped %d unreadable line(s) (cut short by a kill?)", self.path, torn)
-            _atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, record: dict) -> None:
         with self.path.open("a") as f:

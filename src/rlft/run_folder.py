@@ -31,19 +31,19 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rlft import distributed
-from rlft.checkpoint import _atomic_write_text, checkpoint_folders, count_metrics, remove_partial_saves
+from rlft.checkpoint import CONFIG, checkpoint_folders, count_metrics, remove_partial_saves
+from rlft.checkpoint import config_dict, write_run_config  # noqa: F401 (re-exported: config.yaml is part of a run folder)
 from rlft.validation import OptionError, UsageError
 
 log = logging.getLogger("rlft")
 
-CONFIG = "config.yaml"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
 """Entries that make a folder hold a run (``metrics.jsonl`` only when not empty)."""
 LEFTOVERS = ("data_stats.json", "ref_logps.pt", "eval.json")
@@ -56,28 +56,6 @@ resume under the new ``auto``)."""
 
 class RunFolderError(UsageError):
     """The output folder holds another run, or resuming it would mix two different runs."""
-
-
-def config_dict(cfg: Any) -> dict:
-    """``asdict(cfg)`` with tuples as lists and paths as strings: what ``config.yaml`` holds."""
-
-    def plain(value):
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, os.PathLike):
-            return os.fspath(value)
-        return value
-
-    return {k: plain(v) for k, v in asdict(cfg).items()}
-
-
-def write_run_config(run_dir: str | Path, cfg: Any) -> Path:
-    """Write ``run_dir/config.yaml`` atomically; returns its path."""
-    path = Path(run_dir) / CONFIG
-    _atomic_write_text(path, yaml.safe_dump(config_dict(cfg), sort_keys=False))
-    return path
 
 
 def run_contents(path: Path) -> list[str]:

@@ -130,8 +130,9 @@ def test_resume_refuses_changed_options_unless_overridden(finished, tmp_path, rl
     before = tree(run)
     with pytest.raises(RunFolderError) as info:
         train_sft(replace(cfg, resume=True, lr=1e-2, batch_size=4))
-    assert str(info.value) == (f"--resume: options differ from the run in {run} (--batch-size 8 -> 4; --lr 0.003 -> 0.01); "
-                               "pass --resume-override batch-size lr to resume with the new values anyway")
+    # listed in the config's field order (OptimizerOptions' --lr comes before SFTConfig's own --batch-size)
+    assert str(info.value) == (f"--resume: options differ from the run in {run} (--lr 0.003 -> 0.01; --batch-size 8 -> 4); "
+                               "pass --resume-override lr batch-size to resume with the new values anyway")
     assert tree(run) == before
     with pytest.raises(RunFolderError, match=r"\(--max-steps 4 -> 3\)"):  # shorter: a difference
         train_sft(replace(cfg, resume=True, max_steps=3))

@@ -14,6 +14,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlft.fsio import atomic_open
+
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 GZIP_SUFFIXES = (".jsonl", ".json")
 """Formats also read gzip-compressed (``.jsonl.gz``, ``.json.gz``)."""
@@ -178,11 +180,9 @@ def _read_local(path: Path, columns: list[str] | None) -> list:
 
 
 def write_jsonl(path: str | Path, rows) -> None:
-    """Write rows (dicts) as JSONL atomically (temp file + rename)."""
+    """Write rows (dicts) as JSONL atomically (:func:`rlft.fsio.atomic_open`), creating the folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
+    with atomic_open(path) as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    tmp.replace(path)

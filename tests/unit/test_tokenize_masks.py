@@ -1,4 +1,4 @@
-"""Loss masks token by token, per tokenizer and per Countdown prompt template (DESIGN.md pitfalls 1-2),
+"""Loss masks token by token, per tokenizer and per Countdown prompt template (docs/design.md pitfalls 1-2),
 collation, truncation."""
 
 from __future__ import annotations

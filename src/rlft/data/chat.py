@@ -2,7 +2,7 @@
 
 Masks are built by rendering prefixes of the conversation and diffing token positions, never from
 ``{% generation %}`` tags / ``return_assistant_tokens_mask`` (silently empty or wrong for Qwen2.5;
-DESIGN.md pitfall 2). For an assistant turn ``i``:
+docs/design.md pitfall 2). For an assistant turn ``i``:
 
 1. ``P = render(messages[:i], add_generation_prompt=True)`` and ``F = render(messages[:i + 1])``;
    ``F`` must start with ``P`` (the template's *prefix property*; if not, ValueError naming the
@@ -21,7 +21,7 @@ tokens of the vocabulary, or ``eos_token``) inside the turn's tokens; a template
 not single tokens gets its whole turn diff trained. A sequence ends at its last trained token: the
 ChatML ``"\\n"`` after the final ``<|im_end|>`` and any later non-assistant turns are not part of it.
 The mask comes from positions, never token values, so the final end-of-turn token is trained even
-when ``pad_token_id == eos_token_id`` (DESIGN.md pitfall 1).
+when ``pad_token_id == eos_token_id`` (docs/design.md pitfall 1).
 
 **Tokenization**: text is rendered with ``apply_chat_template(..., tokenize=False)`` and encoded with
 ``tokenizer(text, add_special_tokens=False)``: the template writes any BOS itself, so the tokenizer

@@ -3,7 +3,7 @@
 Prompt and completion are tokenized separately and concatenated: the prompt exactly as generation
 will see it (the tokenizer's default special tokens, e.g. a BOS for Llama-3), the completion with no
 special tokens, then one EOS. The loss mask is built from these lengths, never from token values, so
-the final EOS is trained even when ``pad_token_id == eos_token_id`` (DESIGN.md pitfall 1).
+the final EOS is trained even when ``pad_token_id == eos_token_id`` (docs/design.md pitfall 1).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ responses from the model at a non-zero temperature, score each with the TinyZero
 (:func:`rlft.rewards.countdown.score_completions`: 1.0 correct, 0.1 answer but wrong, 0.0 no answer),
 and keep ``chosen`` = the highest-scoring response and ``rejected`` = the lowest-scoring one. When the
 best and the worst score are equal (all responses tie: very common with scores 0 / 0.1 / 1), the prompt
-is dropped and counted (DESIGN.md pitfall 4). Among equal best (or worst) responses the first sampled
+is dropped and counted (docs/design.md pitfall 4). Among equal best (or worst) responses the first sampled
 one is taken.
 
 Output: a JSONL file (written atomically) with one row per kept prompt::

@@ -7,7 +7,7 @@ LM body plus a linear ``score`` head). Its reward for a conversation is the head
 Why not ``model(...).logits``: transformers pools at "the rightmost token that is not
 ``pad_token_id``", which is wrong when ``pad_token_id == eos_token_id`` (Qwen, SmolLM2): the real EOS
 that ends every response counts as padding, so the reward is read one token early, and differently
-for a response that was cut before its EOS (DESIGN.md pitfalls 1 and 3). :func:`sequence_rewards`
+for a response that was cut before its EOS (docs/design.md pitfalls 1 and 3). :func:`sequence_rewards`
 runs the body itself and takes the position from the attention mask, whatever the padding side, with
 position ids counted from the first real token, so a score does not depend on the batch size, the
 amount of padding or the padding side (up to float rounding).

@@ -51,7 +51,7 @@ def main() -> int:
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
 
-    from rlft.eval.countdown import EvalCountdownConfig, load_eval_tasks
+    from rlft.eval.countdown_command import EvalCountdownConfig, load_eval_tasks
     from rlft.models import load_model, load_tokenizer, pick_device
     from rlft.ops import sequence_logprobs
     from rlft.rollout.base import SamplingParams

@@ -29,22 +29,26 @@ from rlft.console import console, setup_logging
 from rlft.validation import OptionError, UsageError
 
 
-def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
+def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type, Callable[[Any], Any], str, dict[str, Any]]]:
+    """Command name -> ``(config class, run function, one-line help[, defaults])``: ``defaults`` (a dict of field
+    values) replace the class's own defaults, under ``--config`` values and flags."""
     from rlft.eval.countdown import EvalCountdownConfig, run_eval_countdown
     from rlft.eval.winrate import WinrateConfig, run_winrate
     from rlft.recipes.demo import DemoConfig, run_demo
     from rlft.recipes.reward_model import RMConfig, train_rm
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
+    from rlft.losses.advantages import ADVANTAGES
+    from rlft.losses.pg import POLICY_LOSSES
     from rlft.recipes.rl import RLConfig, train_rl
-    from rlft.recipes.rloo import RLOOConfig, train_rloo
+    from rlft.rl.config import RLOO_DEFAULTS
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
         "demo": (DemoConfig, run_demo, "End-to-end demo with report: Countdown (base -> SFT -> RL / DPO, medium3) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."),
         "sft": (SFTConfig, train_sft, "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."),
-        "rl": (RLConfig, train_rl, "RL loop with a chosen advantage estimator (--advantage rloo|grpo|lite_ppo|dr_grpo|raft|reinforce) and loss (--loss reinforce|ppo|raft|raft++), group filtering, LoRA."),
-        "rloo": (RLOOConfig, train_rloo, "RLOO (REINFORCE, leave-one-out baseline): Countdown with the rule reward, or chat prompts with a reward model."),
+        "rl": (RLConfig, train_rl, f"RL loop with a chosen advantage estimator (--advantage {'|'.join(ADVANTAGES)}) and loss (--loss {'|'.join(POLICY_LOSSES)}), group filtering, LoRA."),
+        "rloo": (RLConfig, train_rl, "RLOO (REINFORCE, leave-one-out baseline): `rlft rl` with --advantage rloo --loss reinforce --loss-mode seq_sum --output-dir runs/rloo as defaults.", RLOO_DEFAULTS),
         "pairs countdown": (PairsConfig, make_countdown_pairs, "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."),
         "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data (UltraFeedback, HH)."),
         "rm": (RMConfig, train_rm, "Bradley-Terry reward model (scalar head on a causal LM) on preference pairs."),
@@ -56,7 +60,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
 def _usage(commands) -> str:
     lines = ["usage: rlft <command> [--config FILE.yaml] [options]", "", "commands:"]
     width = max(len(name) for name in commands)
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in commands.items()]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_, *_) in commands.items()]
     lines += ["", "Run `rlft <command> --help` for a command's options; `--config FILE.yaml` supplies defaults;",
               "`--dry-run` parses and validates the options and prints the plan without running; `--debug` shows tracebacks."]
     return "\n".join(lines)
@@ -99,8 +103,9 @@ def _coerce(value: Any, annotation: Any) -> Any:
     return value
 
 
-def load_config_defaults(cls: type, path: str):
-    """Build ``cls`` from a YAML mapping (keys are field names, ``-`` or ``_``).
+def load_config_defaults(cls: type, path: str, preset: dict[str, Any] | None = None):
+    """Build ``cls`` from a YAML mapping (keys are field names, ``-`` or ``_``) over ``preset`` (a command's
+    defaults, e.g. ``rlft rloo``'s; None: the class's own).
 
     Values are checked like flags: the config's ``__post_init__`` validates types and ranges.
 
@@ -128,7 +133,7 @@ def load_config_defaults(cls: type, path: str):
     hints = typing.get_type_hints(cls)
     values = {k: _coerce(v, hints.get(k)) for k, v in values.items()}
     try:
-        return cls(**values)
+        return cls(**{**(preset or {}), **values})
     except ValueError as e:
         raise OptionError(f"--config {path}: {e}") from None
 
@@ -207,10 +212,11 @@ def main(argv: list[str] | None = None) -> None:
         hint = f"; `rlft {argv[0]}` has: {', '.join(n.split()[1] for n in group)}" if group else ""
         print(f"rlft: unknown command {' '.join(argv[:2])!r}{hint}\n\n{_usage(commands)}", file=sys.stderr)
         raise SystemExit(2)
-    cls, run, help_ = commands[name]
+    cls, run, help_, *preset = commands[name]
+    preset = preset[0] if preset else None
     try:
         config_path, rest = _pop_config(argv[len(name.split()) :])
-        default = load_config_defaults(cls, config_path) if config_path else None
+        default = load_config_defaults(cls, config_path, preset) if config_path else (cls(**preset) if preset else None)
         cfg = parse_config(cls, rest, name, help_, default)
     except OptionError as e:
         if debug:

@@ -7,14 +7,8 @@ import json
 import pytest
 import torch
 
-from rlft.eval.countdown import (
-    CountdownEvalResult,
-    EvalCountdownConfig,
-    evaluate_countdown,
-    paired_difference,
-    pass_at_k_sizes,
-    run_eval_countdown,
-)
+from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, paired_difference, pass_at_k_sizes
+from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
 from rlft.rollout import GenerationEngine, Sample, SamplingParams
 from rlft.types import CountdownTask
 from tests.conftest import make_tiny_model
@@ -195,7 +189,7 @@ def test_run_eval_countdown_from_file(tmp_path, smol_tokenizer):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cfg = EvalCountdownConfig(model=str(model_dir), data=str(data), limit=2, max_new_tokens=3, device="cpu")
+        cfg = EvalCountdownConfig(model=str(model_dir), data=str(data), split="all", limit=2, max_new_tokens=3, device="cpu")
         result = run_eval_countdown(cfg)
     finally:
         torch.set_num_threads(threads)

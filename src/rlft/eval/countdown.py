@@ -6,20 +6,14 @@ Scores come from :func:`rlft.rewards.countdown.score_completions` (the TinyZero-
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
-from typing import Literal
 
 from rlft.eval.passk import mean_pass_at_k
 from rlft.eval.stats import Z_95
-from rlft.rewards.countdown import score_completions
-from rlft.validation import validate_options
-from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
+from rlft.rewards.countdown import answer_value, score_completions
 from rlft.rollout.base import GenerationEngine, SamplingParams
 from rlft.types import CountdownTask
-from rlft.options import DeviceOptions, RolloutOptions
 
 PROMPT_TAIL_CHARS = 200
 
@@ -49,6 +43,21 @@ class CountdownEvalResult:
     task_scores: list[list[float]] = field(default_factory=list)
     """Per task, in task order, the scores of its k samples: shape (num_tasks, k). Paired comparisons
     of two models on the same tasks read it (:func:`paired_difference`)."""
+    tasks: list[dict] = field(default_factory=list)
+    """Per task, in task order: ``{"nums": [...], "target": n}`` (so an archived evaluation names its tasks)."""
+    task_truncated: list[list[bool]] = field(default_factory=list)
+    """(num_tasks, k): True where the sample hit max_new_tokens without EOS."""
+    task_tokens: list[list[int]] = field(default_factory=list)
+    """(num_tasks, k): generated tokens of each sample (the cost of test-time selection)."""
+    task_values: list[list[float | None]] = field(default_factory=list)
+    """(num_tasks, k): the value of each sample's answer expression (:func:`rlft.rewards.countdown.answer_value`),
+    None where there is no answer or it does not parse (majority voting reads it)."""
+    task_certainty: list[list[float | None]] = field(default_factory=list)
+    """(num_tasks, k): each sample's self-certainty (mean KL(U || p) over its tokens, Kang et al. 2025) when the
+    engine reports it, else None."""
+    by_size: dict[str, dict] = field(default_factory=dict)
+    """Per count of numbers (``"3"``, ``"4"``) and ``"all"``: ``n`` tasks, ``score``, ``accuracy``, ``format_rate``,
+    ``truncated_rate`` over that subset's samples (:func:`size_summary`)."""
 
     def to_dict(self) -> dict:
         """A JSON-ready dict (``json.dump`` turns the pass_at_k keys into strings; see :meth:`from_dict`)."""
@@ -119,7 +128,8 @@ def evaluate_countdown(
         }
         for task, prompt, row, row_scores in list(zip(tasks, prompts, samples, scores))[:num_examples]
     ]
-    return CountdownEvalResult(
+    truncated = [[s.finish_reason == "length" for s in row] for row in samples]
+    result = CountdownEvalResult(
         num_tasks=len(tasks),
         k=params.k,
         mode="greedy" if greedy else "sampled",
@@ -131,7 +141,41 @@ def evaluate_countdown(
         truncated_rate=sum(s.finish_reason == "length" for s in flat_samples) / len(flat_samples),
         examples=examples,
         task_scores=scores,
+        tasks=[{"nums": list(task.nums), "target": task.target} for task in tasks],
+        task_truncated=truncated,
+        task_tokens=[[len(s.completion_ids) for s in row] for row in samples],
+        task_values=[[answer_value(prompt, s.text) for s in row] for prompt, row in zip(prompts, samples)],
+        task_certainty=[[s.self_certainty for s in row] for row in samples],
     )
+    result.by_size = size_summary(result)
+    return result
+
+
+def size_summary(result: CountdownEvalResult) -> dict[str, dict]:
+    """Metrics per count of numbers (``"3"``, ``"4"``, ...) and over all tasks (``"all"``): ``n`` (tasks),
+    ``score`` (mean over the subset's samples), ``accuracy`` (score 1.0), ``format_rate`` (score >= 0.1),
+    ``truncated_rate`` (hit max_new_tokens). Reads ``tasks``, ``task_scores`` and ``task_truncated``; a result
+    without ``tasks`` (an older file) gets ``"all"`` only."""
+    groups: dict[str, list[int]] = {}
+    for i, task in enumerate(result.tasks):
+        groups.setdefault(str(len(task["nums"])), []).append(i)
+    groups = dict(sorted(groups.items(), key=lambda kv: int(kv[0])))
+    groups["all"] = list(range(len(result.task_scores)))
+    out = {}
+    for name, rows in groups.items():
+        scores = [x for i in rows for x in result.task_scores[i]]
+        cut = [x for i in rows for x in result.task_truncated[i]] if result.task_truncated else []
+        out[name] = {"n": len(rows), "score": sum(scores) / len(scores), "accuracy": sum(x == 1.0 for x in scores) / len(scores),
+                     "format_rate": sum(x >= 0.1 for x in scores) / len(scores),
+                     "truncated_rate": sum(cut) / len(cut) if cut else float("nan")}
+    return out
+
+
+def subset(result: CountdownEvalResult, size: int | None) -> list[list[float]]:
+    """``task_scores`` of the tasks with ``size`` numbers (None: every task), in task order."""
+    if size is None:
+        return result.task_scores
+    return [row for task, row in zip(result.tasks, result.task_scores) if len(task["nums"]) == size]
 
 
 def paired_difference(a: list[list[float]], b: list[list[float]], *, z: float = Z_95) -> dict:
@@ -161,104 +205,8 @@ def paired_difference(a: list[list[float]], b: list[list[float]], *, z: float = 
             "better": sum(x > 0 for x in d), "worse": sum(x < 0 for x in d)}
 
 
-@dataclass(frozen=True)
-class EvalCountdownConfig(DeviceOptions, RolloutOptions):
-    """Evaluate a model on held-out Countdown tasks."""
-
-    model: str = "smollm2-135m"
-    """Built-in model name, local Hugging Face folder, or Hub id."""
-    data: str | None = None
-    """None: the generated held-out split of `preset` (the same make_splits(split_seed) that training
-    uses); else a Countdown JSONL/Parquet file or Hub dataset with target + nums/numbers."""
-    split: str = "test"
-    """Split to read when `data` is a Hub id."""
-    preset: str = "easy3"
-    """Generator preset for the held-out split when `data` is None."""
-    split_seed: int = 1234
-    """Seed of make_splits when `data` is None; keep it equal to training's."""
-    limit: int | None = 100
-    """Evaluate the first `limit` tasks (None: all)."""
-    prompt_template: str = "base"
-    """Prompt template name: "base" (TinyZero text), "chat" (the model's chat template) or "short"."""
-    mode: Literal["greedy", "sampled"] = "greedy"
-    """greedy: one temperature-0 completion per task; sampled: `k` samples at `temperature`/`top_p`."""
-    k: int = 1
-    """Samples per task in sampled mode (pass@1..pass@k are reported)."""
-    temperature: float = 1.0
-    """Sampling temperature in sampled mode."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in sampled mode."""
-    max_new_tokens: int | None = None
-    """Most tokens per completion; None: 1024 on CUDA, 256 on CPU (the reference evaluates with >= 1024)."""
-    batch_size: int = 32
-    """Sequences generated together."""
-    output: str | None = None
-    """Write the metrics and examples to this JSON file."""
-    seed: int = 0
-    """Sampling seed."""
-
-    def __post_init__(self) -> None:
-        validate_options(self)
-
-
-DEFAULT_TEST_SIZE = 1024
-"""Held-out tasks generated when ``data`` is None and ``limit`` is None."""
-
-
-def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
-    """The tasks ``cfg`` names: a file/Hub dataset, or the held-out split of a generator preset.
-
-    Generated: the first ``limit`` tasks of ``make_splits(PRESETS[preset], ..., seed=split_seed)``'s
-    test split. Its test stream does not depend on ``n_train`` and is prefix-stable, so these are held
-    out from a training run with the same preset and seed whenever that run's ``n_test >= limit``.
-    """
-    if cfg.data is not None:
-        from rlft.tasks.countdown.loaders import load_countdown
-
-        return load_countdown(cfg.data, split=cfg.split, limit=cfg.limit)
-    from rlft.tasks.countdown.generator import PRESETS, make_splits
-
-    if cfg.preset not in PRESETS:
-        raise ValueError(f"unknown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
-    n_test = cfg.limit if cfg.limit is not None else DEFAULT_TEST_SIZE
-    _, test = make_splits(PRESETS[cfg.preset], n_train=0, n_test=n_test, seed=cfg.split_seed)
-    return test
-
-
-def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
-    """Load the model, build tasks and prompts, evaluate, print a table, write ``cfg.output`` if set.
-
-    Raises:
-        rlft.models.ModelNotFoundError: the model cannot be loaded.
-        ValueError: unknown preset or prompt template, or no tasks.
-    """
-    from rlft.models import load_tokenizer, pick_device
-    from rlft.rollout.engines import make_engine
-
-    spec = pick_device(cfg.device, cfg.dtype)
-    tokenizer = load_tokenizer(cfg.model)
-    tasks = load_eval_tasks(cfg)
-    prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
-    engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, url=cfg.rollout_url, batch_size=cfg.batch_size,
-                         show_progress=True, add_special_tokens=adds_special_tokens(cfg.prompt_template))
-    max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
-    if cfg.mode == "greedy":
-        params = SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=cfg.seed)
-    else:
-        params = SamplingParams(
-            k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens, seed=cfg.seed
-        )
-    result = evaluate_countdown(engine, tasks, prompts, params)
-    print_result(result, title=f"Countdown eval: {cfg.model}")
-    if cfg.output:
-        path = Path(cfg.output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**result.to_dict(), "config": asdict(cfg)}, indent=2))
-    return result
-
-
 def print_result(result: CountdownEvalResult, title: str = "Countdown eval") -> None:
-    """Print the metrics as a rich table."""
+    """Print the metrics as a rich table, then the per-size table when the tasks have several sizes."""
     from rich.console import Console
     from rich.table import Table
 
@@ -277,3 +225,11 @@ def print_result(result: CountdownEvalResult, title: str = "Countdown eval") -> 
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
+    if len(result.by_size) > 2:  # sizes and "all"
+        sizes = Table(title="by count of numbers")
+        for column in ("numbers", "tasks", "score", "accuracy", "format rate", "truncated rate"):
+            sizes.add_column(column, justify="right")
+        for name, m in result.by_size.items():
+            sizes.add_row(name, str(m["n"]), f"{m['score']:.4f}", f"{m['accuracy']:.4f}", f"{m['format_rate']:.4f}",
+                          f"{m['truncated_rate']:.4f}")
+        Console().print(sizes)

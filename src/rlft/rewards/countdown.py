@@ -344,9 +344,33 @@ def score_completions(
         raise ValueError(
             f"got {len(prompts)} prompts, {len(completions)} completions and {len(ground_truths)} ground truths"
         )
-    scores = []
-    for prompt, completion, ground_truth in zip(prompts, completions, ground_truths):
-        has_marker = any(marker in prompt for marker in _ASSISTANT_MARKERS)
-        text = prompt + completion if has_marker else _ASSISTANT_MARKERS[0] + completion
-        scores.append(compute_score(text, ground_truth, format_score=format_score, score=score))
-    return scores
+    return [compute_score(_scored_text(prompt, completion), ground_truth, format_score=format_score, score=score)
+            for prompt, completion, ground_truth in zip(prompts, completions, ground_truths)]
+
+
+def _scored_text(prompt: str, completion: str) -> str:
+    """The text :func:`score_completions` scores: ``prompt + completion`` when the prompt has an assistant marker,
+    else ``"Assistant:" + completion``."""
+    has_marker = any(marker in prompt for marker in _ASSISTANT_MARKERS)
+    return prompt + completion if has_marker else _ASSISTANT_MARKERS[0] + completion
+
+
+def answer_value(prompt: str, completion: str) -> float | None:
+    """The value of the answer :func:`score_completions` would score for ``(prompt, completion)``, as a float; None
+    when there is no answer on the last line, or it does not evaluate to a real number (bad characters, syntax,
+    division by zero, a complex power, bounded-work refusals). The numbers used are not checked: two answers
+    that equal the same value (e.g. the target) agree, which is what a majority vote over answers counts."""
+    answer = extract_solution(_scored_text(prompt, completion))
+    if answer is None or len(answer) > MAX_EXPRESSION_CHARS:
+        return None
+    try:
+        value = evaluate_expression(answer)
+    except ValueError:
+        return None
+    if isinstance(value, complex):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None

@@ -24,7 +24,7 @@ demo: install
 	$(BIN)/rlft demo
 
 demo-quick: install
-	$(BIN)/rlft demo --quick --name countdown-quick
+	$(BIN)/rlft demo --quick --output-dir runs/countdown-quick
 
 test: install
 	$(BIN)/python -m pytest -m "not slow" -q

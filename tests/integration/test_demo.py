@@ -23,7 +23,7 @@ def demo_model_dir(tmp_path, smol_tokenizer):
 def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     torch.set_num_threads(1)
     real = SHARED_DATA / "countdown" / "train.parquet"
-    cfg = DemoConfig(model=str(demo_model_dir), runs_dir=str(tmp_path / "runs"), name="q", quick=True,
+    cfg = DemoConfig(model=str(demo_model_dir), output_dir=str(tmp_path / "runs" / "q"), quick=True,
                      real_data=str(real) if real.is_file() else None, device="cpu", give_up=0.3, max_tries=4)
     report = run_demo(cfg)
     run_dir = tmp_path / "runs" / "q"

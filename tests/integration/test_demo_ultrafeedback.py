@@ -71,16 +71,17 @@ def test_compare_judged_counts_identical_responses_as_ties():
     assert (s["wins"], s["ties"], s["losses"], s["win_rate"]) == (1, 1, 1, 0.5)
 
 
-def test_quick_ultrafeedback_demo(demo_model_dir, tmp_path):
+def test_quick_ultrafeedback_demo(demo_model_dir, tmp_path, monkeypatch):
     torch.set_num_threads(1)
+    monkeypatch.chdir(tmp_path)  # no --output-dir: runs/demo-ultrafeedback, under tmp_path
     data = UF
     if not UF.is_file():  # CI has ../shared; elsewhere a hand-made H4 file
         data = tmp_path / "h4.jsonl"
         write_jsonl_rows(data, _h4_rows(40))
     args = ["demo", "--track", "ultrafeedback", "--quick", "--model", str(demo_model_dir), "--data", str(data),
-            "--runs-dir", str(tmp_path / "runs"), "--device", "cpu", "--uf-sft-data", str(tmp_path / "no_smoltalk.jsonl")]
+            "--device", "cpu", "--uf-sft-data", str(tmp_path / "no_smoltalk.jsonl")]
     main(args)
-    run_dir = tmp_path / "runs" / "ultrafeedback"  # the default name follows the track
+    run_dir = tmp_path / "runs" / "demo-ultrafeedback"  # the default output folder follows the track
     text = (run_dir / "report.md").read_text()
     quick = DemoConfig(quick=True).effective()
     for model in ("base", "sft", "dpo", "rloo"):

@@ -209,7 +209,7 @@ def test_demo_folder_holding_an_earlier_demo_is_refused(tmp_path):
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text("name: countdown\n")
     with pytest.raises(RunFolderError) as info:
-        run_demo(DemoConfig(runs_dir=str(tmp_path / "runs")))
+        run_demo(DemoConfig(output_dir=str(folder)))
     assert str(info.value).startswith(f"output folder {folder} already holds a run (config.yaml); pass --resume")
     assert (folder / "config.yaml").read_text() == "name: countdown\n"
 

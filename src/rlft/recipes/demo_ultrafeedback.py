@@ -53,26 +53,24 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
-
 
 from rlft.checkpoint import read_metrics
 from rlft.console import console
-from rlft.data.files import write_jsonl
 from rlft.eval.report import markdown_table, plot_curve
 from rlft.eval.winrate import WinrateConfig, load_prompts, prompt_key, run_winrate, winrate_label, winrate_summary
-from rlft.recipes.demo import DemoConfig, _done, _Timer, drop_checkpoints
+from rlft.recipes.demo_config import DemoConfig
+from rlft.recipes.demo_ultrafeedback_data import READ_LIMIT, generate_responses, read_jsonl, resolve_data, sft_data
+from rlft.recipes.demo_ultrafeedback_data import split_preferences  # noqa: F401  (part of this track's interface)
+from rlft.recipes.pipeline import run_stage
 
 log = logging.getLogger("rlft")
 
-UF_CANDIDATES = ("../shared/data/ultrafeedback/train_clean.jsonl", "shared/data/ultrafeedback/train_clean.jsonl")
-"""Local copies of the flattened UltraFeedback sample looked for when --data is None."""
-UF_HUB = "HuggingFaceH4/ultrafeedback_binarized"
-"""The Hub dataset read when --data is None and no local copy exists (split --uf-data-split)."""
-READ_LIMIT = 2000
-"""Rows read from --data: the demo samples its pairs from these."""
+UF_OUTPUT_DIR = "runs/demo-ultrafeedback"
+"""The run folder when --output-dir is left at the Countdown track's default."""
+
 BATCH = 8
 """SFT conversations, DPO pairs and reward-model pairs per optimizer step."""
 DPO_MICRO = 4
@@ -88,129 +86,7 @@ EXAMPLES = 3
 """Held-out prompts shown with every model's response in the report."""
 
 
-# --------------------------------------------------------------------------- data
-
-
-def resolve_data(cfg: DemoConfig) -> tuple[str, str]:
-    """``(source, split)`` of the preference pairs: --data, else a local copy, else the H4 Hub dataset."""
-    if cfg.data is not None:
-        return cfg.data, cfg.uf_data_split
-    local = next((p for p in UF_CANDIDATES if Path(p).is_file()), None)
-    if local is None:
-        log.info("no local UltraFeedback copy (%s): reading %s from the Hub", ", ".join(UF_CANDIDATES), UF_HUB)
-        return UF_HUB, cfg.uf_data_split
-    return local, cfg.uf_data_split
-
-
-def _h4_row(pair) -> dict:
-    """A pair in the H4 layout (chosen/rejected conversations), which every loader of the library reads."""
-    return {
-        "prompt": pair.prompt[-1]["content"],
-        "chosen": [*pair.prompt, {"role": "assistant", "content": pair.chosen}],
-        "rejected": [*pair.prompt, {"role": "assistant", "content": pair.rejected}],
-        "score_chosen": pair.score_chosen,
-        "score_rejected": pair.score_rejected,
-    }
-
-
-def _is_tie(pair) -> bool:
-    return pair.score_chosen is not None and pair.score_chosen == pair.score_rejected
-
-
-def split_preferences(source: str, split: str, tokenizer, out_dir: Path, *, train_pairs: int, eval_prompts: int,
-                      max_prompt_tokens: int, seed: int, read_limit: int = READ_LIMIT) -> dict:
-    """Write ``out_dir/train.jsonl`` and ``out_dir/eval.jsonl`` (H4 layout) and ``out_dir/split.json``.
-
-    Reads the first ``read_limit`` rows of ``source`` (invalid rows skipped and counted, ties kept),
-    sets aside pairs whose prompt, rendered with ``tokenizer``'s chat template and the generation
-    prompt, is longer than ``max_prompt_tokens``, then shuffles the distinct prompts with ``seed``: the
-    first ``eval_prompts`` are held out (all their pairs go to eval.jsonl), and ``train_pairs`` pairs of
-    the other prompts, in a seeded order, go to train.jsonl. Returns the counts written to split.json.
-
-    Raises:
-        ValueError: too few usable prompts to hold ``eval_prompts`` out and train on the rest.
-    """
-    from rlft.data.chat import render_generation_prompt
-    from rlft.data.preferences import load_preference_pairs
-
-    pairs, counts = load_preference_pairs(source, split=split, limit=read_limit, skip_invalid=True, drop_ties=False)
-    texts = [render_generation_prompt(tokenizer, p.prompt) for p in pairs]
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
-    usable = [p for p, n in zip(pairs, lengths) if n <= max_prompt_tokens]
-    keys = list(dict.fromkeys(prompt_key(p.prompt) for p in usable))
-    if len(keys) <= eval_prompts:
-        raise ValueError(f"{source}: {len(keys)} distinct prompts of at most {max_prompt_tokens} tokens among {len(pairs)} valid pairs: "
-                         f"too few to hold out {eval_prompts} and train on the rest (lower --uf-eval-prompts or raise --uf-max-length)")
-    rng = random.Random(seed)
-    rng.shuffle(keys)
-    held = set(keys[:eval_prompts])
-    eval_set = [p for p in usable if prompt_key(p.prompt) in held]
-    pool = [p for p in usable if prompt_key(p.prompt) not in held]
-    rng.shuffle(pool)
-    train = pool[:train_pairs]
-    write_jsonl(out_dir / "train.jsonl", (_h4_row(p) for p in train))
-    write_jsonl(out_dir / "eval.jsonl", (_h4_row(p) for p in eval_set))
-    stats = {
-        "source": str(source), "split": split, "rows_read": counts["rows"], "skipped_invalid": counts["skipped_invalid"],
-        "valid": len(pairs), "ties": counts["ties"], "max_prompt_tokens": max_prompt_tokens,
-        "long_prompts_set_aside": len(pairs) - len(usable), "usable": len(usable), "eval_prompts": len(held),
-        "eval_pairs": len(eval_set), "eval_ties": sum(map(_is_tie, eval_set)), "train_pairs": len(train),
-        "train_ties": sum(map(_is_tie, train)), "unused": len(pool) - len(train), "seed": seed,
-    }
-    (out_dir / "split.json").write_text(json.dumps(stats, indent=2) + "\n")
-    log.info("split of %s: %s", source, stats)
-    return stats
-
-
-def _sft_data(cfg: DemoConfig, data_dir: Path, train_path: Path) -> dict:
-    """The SFT data: SmolTalk rows copied from --uf-sft-data when it can be read, else Pref-FT on train.jsonl.
-    The decision is saved in ``data_dir/sft_source.json`` (the report reads it on resumed runs)."""
-    from rlft.data.files import HubUnavailableError
-    from rlft.data.preferences import load_chat_examples
-
-    choice = {"kind": "pref-ft", "data": str(train_path), "note": None}
-    if cfg.uf_sft_data is not None:
-        wanted = cfg.uf_sft_steps * BATCH
-        try:
-            examples, counts = load_chat_examples(cfg.uf_sft_data, split="train", limit=wanted, skip_invalid=True, layout="chat")
-            if not examples:
-                raise ValueError(f"no conversations in the first {wanted} rows")
-        except (HubUnavailableError, OSError, ValueError) as e:
-            choice["note"] = f"SmolTalk source {cfg.uf_sft_data} could not be read ({type(e).__name__}: {str(e)[:200]}): Pref-FT instead"
-            log.warning("%s", choice["note"])
-        else:
-            path = data_dir / "sft_smoltalk.jsonl"
-            write_jsonl(path, ({"messages": ex.messages} for ex in examples))
-            choice = {"kind": "smoltalk", "data": str(path), "note": f"SFT on the first {len(examples)} conversations of {cfg.uf_sft_data} "
-                      f"({counts['skipped_invalid']} invalid rows skipped)"}
-    (data_dir / "sft_source.json").write_text(json.dumps(choice, indent=2) + "\n")
-    return choice
-
-
-# --------------------------------------------------------------------------- responses and win-rates
-
-
-def generate_responses(model_name: str, prompts: list, cfg: DemoConfig, path: Path, chat_template: str | None = None) -> None:
-    """Greedy responses of one model to the held-out prompts, as ``{"prompt", "response", "truncated"}``
-    rows (the precomputed-responses format of ``rlft eval winrate``); the model is freed afterwards."""
-    from rlft.data.chat import ensure_chat_template, render_generation_prompt
-    from rlft.models import load_model, load_tokenizer, pick_device
-    from rlft.rollout import HFEngine, SamplingParams
-
-    spec = pick_device(cfg.device, cfg.dtype)
-    tokenizer = load_tokenizer(model_name)
-    if chat_template is not None:
-        ensure_chat_template(tokenizer, chat_template)
-    model = load_model(model_name, spec)
-    texts = [render_generation_prompt(tokenizer, m) for m in prompts]
-    params = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.uf_max_new_tokens, seed=cfg.seed)
-    log.info("generating %d responses with %s", len(texts), model_name)
-    samples = HFEngine(model, tokenizer, batch_size=cfg.eval_batch_size, show_progress=True, add_special_tokens=False).generate(texts, params)
-    write_jsonl(path, ({"prompt": m, "response": s[0].text, "truncated": s[0].finish_reason == "length"} for m, s in zip(prompts, samples)))
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+# --------------------------------------------------------------------------- win-rates
 
 
 def compare_judged(policy_rows: list[dict], reference_rows: list[dict]) -> dict:
@@ -377,7 +253,7 @@ def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str,
 
     targets = [f"- {m} vs SFT: {vs_sft[m]['win_rate']:.3f} {_ci(vs_sft[m])}: {_verdict(vs_sft[m])}" for m in ("dpo", "rloo") if m in vs_sft]
     sft_what = ("SmolTalk conversations" if sft_choice.get("kind") == "smoltalk" else "the chosen replies of the training pairs (Pref-FT)")
-    text = f"""# rlft UltraFeedback demo: {cfg.name}
+    text = f"""# rlft UltraFeedback demo: {run_dir.name}
 
 Base model `{cfg.model}`; data `{split['source']}`. SFT on {sft_what} ({cfg.uf_sft_steps} steps of {BATCH}, lr {LR['sft']});
 DPO from SFT on the training pairs ({cfg.uf_pref_steps} steps of {BATCH}, lr {LR['dpo']}, beta {cfg.dpo_beta}); a Bradley-Terry
@@ -440,25 +316,26 @@ def _validate(cfg: DemoConfig) -> None:
 
 
 def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
-    """Run the UltraFeedback track (see the module docstring); returns the report path."""
+    """Run the UltraFeedback track (see the module docstring); returns the report path. With --resume, every stage
+    whose outputs are there is skipped (:func:`rlft.recipes.pipeline.run_stage`)."""
     from rlft.models import load_tokenizer
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.reward_model import RMConfig, train_rm
-    from rlft.recipes.rloo import RLOOConfig, train_rloo
+    from rlft.recipes.rl import RLConfig, train_rl
     from rlft.recipes.sft import SFTConfig, train_sft
-
-    cfg = cfg.effective()
-    if cfg.name == DemoConfig.name:
-        cfg = replace(cfg, name="ultrafeedback")
-    _validate(cfg)
     from rlft.run_folder import claim_run_dir, write_run_config
 
-    run_dir = claim_run_dir(cfg, Path(cfg.runs_dir) / cfg.name).open()  # an earlier demo: --resume or --overwrite
+    cfg = cfg.effective()
+    if cfg.output_dir == DemoConfig.output_dir:
+        cfg = replace(cfg, output_dir=UF_OUTPUT_DIR)
+    _validate(cfg)
+    run_dir = claim_run_dir(cfg).open()  # an earlier demo: --resume or --overwrite
     data_dir = run_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, cfg)
     timings: dict[str, float] = {}
     notes: list[str] = []
+    stage = partial(run_stage, timings=timings, resume=cfg.resume, keep_checkpoints=cfg.keep_checkpoints)
     device = dict(device=cfg.device, dtype=cfg.dtype)
     train_path, eval_path = data_dir / "train.jsonl", data_dir / "eval.jsonl"
     max_prompt_tokens = cfg.uf_max_length - cfg.uf_max_new_tokens
@@ -472,83 +349,62 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
         ensure_chat_template(tokenizer, template)
         notes.append(f"{cfg.model} has no chat template: ChatML is used for every stage")
 
-    with _Timer(timings, "data split"):
-        if cfg.resume and (data_dir / "split.json").is_file() and train_path.is_file() and eval_path.is_file():
-            split = _json(data_dir / "split.json")
-            log.info("reusing the data split in %s", data_dir)
-        else:
-            source, data_split = resolve_data(cfg)
-            split = split_preferences(source, data_split, tokenizer, data_dir, train_pairs=cfg.uf_train_pairs, eval_prompts=cfg.uf_eval_prompts,
-                                      max_prompt_tokens=max_prompt_tokens, seed=cfg.split_seed)
+    stage("data split", [data_dir / "split.json", train_path, eval_path], lambda: split_preferences(
+        *resolve_data(cfg), tokenizer, data_dir, train_pairs=cfg.uf_train_pairs, eval_prompts=cfg.uf_eval_prompts,
+        max_prompt_tokens=max_prompt_tokens, seed=cfg.split_seed))
+    split = _json(data_dir / "split.json")
 
-    sft = run_dir / "sft" / "model"
-    with _Timer(timings, "SFT"):
-        if not _done(sft, cfg):
-            choice = _sft_data(cfg, data_dir, train_path)
-            sft = train_sft(SFTConfig(
-                model=cfg.model, data=choice["data"], data_format="chat", chat_template=template, output_dir=str(run_dir / "sft"),
-                max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=BATCH, max_steps=cfg.uf_sft_steps, lr=LR["sft"],
-                limit=cfg.uf_sft_steps * BATCH,  # one epoch; Pref-FT: the chosen replies of the first training pairs
-                save_every=max(cfg.uf_sft_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
-        drop_checkpoints(sft, cfg)
+    def sft_stage():
+        choice = sft_data(cfg, data_dir, train_path, limit=cfg.uf_sft_steps * BATCH)
+        return train_sft(SFTConfig(
+            model=cfg.model, data=choice["data"], data_format="chat", chat_template=template, output_dir=str(run_dir / "sft"),
+            max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=BATCH, max_steps=cfg.uf_sft_steps, lr=LR["sft"],
+            limit=cfg.uf_sft_steps * BATCH,  # one epoch; Pref-FT: the chosen replies of the first training pairs
+            save_every=max(cfg.uf_sft_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
+
+    sft = stage("SFT", run_dir / "sft" / "model", sft_stage)
     if note := _json(data_dir / "sft_source.json").get("note"):
         notes.append(note)
 
-    dpo = run_dir / "dpo" / "model"
-    with _Timer(timings, "DPO"):
-        if not _done(dpo, cfg):
-            dpo = train_dpo(DPOConfig(
-                model=str(sft), data=str(train_path), data_format="chat", drop_ties=True, output_dir=str(run_dir / "dpo"),
-                beta=cfg.dpo_beta, max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=DPO_MICRO,
-                max_steps=cfg.uf_pref_steps, limit=cfg.uf_pref_steps * BATCH, lr=LR["dpo"], save_every=max(cfg.uf_pref_steps // 3, 1), seed=cfg.seed,
-                resume=cfg.resume, **device))
-        drop_checkpoints(dpo, cfg)
+    dpo = stage("DPO", run_dir / "dpo" / "model", lambda: train_dpo(DPOConfig(
+        model=str(sft), data=str(train_path), data_format="chat", drop_ties=True, output_dir=str(run_dir / "dpo"),
+        beta=cfg.dpo_beta, max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=DPO_MICRO,
+        max_steps=cfg.uf_pref_steps, limit=cfg.uf_pref_steps * BATCH, lr=LR["dpo"], save_every=max(cfg.uf_pref_steps // 3, 1),
+        seed=cfg.seed, resume=cfg.resume, **device)))
 
-    rm = run_dir / "rm" / "model"
-    with _Timer(timings, "reward model"):
-        if not (_done(rm, cfg) and (run_dir / "rm" / "eval.json").is_file()):
-            rm = train_rm(RMConfig(
-                model=cfg.model, data=str(train_path), eval_data=str(eval_path), drop_ties=True, eval_limit=None,
-                chat_template=template, output_dir=str(run_dir / "rm"), max_length=cfg.uf_max_length, batch_size=BATCH,
-                micro_batch_size=BATCH, eval_batch_size=BATCH, max_steps=cfg.uf_rm_steps, lr=LR["rm"], head_lr=cfg.uf_rm_head_lr,
-                head_init=cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0,
-                save_every=max(cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
-        drop_checkpoints(rm, cfg)
+    rm = stage("reward model", [run_dir / "rm" / "model", run_dir / "rm" / "eval.json"], lambda: train_rm(RMConfig(
+        model=cfg.model, data=str(train_path), eval_data=str(eval_path), drop_ties=True, eval_limit=None,
+        chat_template=template, output_dir=str(run_dir / "rm"), max_length=cfg.uf_max_length, batch_size=BATCH,
+        micro_batch_size=BATCH, eval_batch_size=BATCH, max_steps=cfg.uf_rm_steps, lr=LR["rm"], head_lr=cfg.uf_rm_head_lr,
+        head_init=cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0,
+        save_every=max(cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
 
-    rloo = run_dir / "rloo" / "model"
-    with _Timer(timings, "RLOO"):
-        if not _done(rloo, cfg):
-            rloo = train_rloo(RLOOConfig(
-                model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"),
-                k=cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps, lr=LR["rloo"], beta=cfg.uf_rloo_beta,
-                max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.uf_truncation_penalty, eval_every=0, eval_prompts=0,
-                max_prompt_tokens=max_prompt_tokens, micro_batch_size=8, gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k,
-                save_every=max(cfg.uf_rloo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
-        drop_checkpoints(rloo, cfg)
+    rloo = stage("RLOO", run_dir / "rloo" / "model", lambda: train_rl(RLConfig(  # RLOO: the RL loop's rloo + reinforce
+        model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"),
+        advantage="rloo", loss="reinforce", k=cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps,
+        lr=LR["rloo"], beta=cfg.uf_rloo_beta, max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.uf_truncation_penalty,
+        eval_every=0, eval_prompts=0, max_prompt_tokens=max_prompt_tokens, micro_batch_size=8,
+        gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k, save_every=max(cfg.uf_rloo_steps // 3, 1), seed=cfg.seed,
+        resume=cfg.resume, **device)))
 
     prompts = load_prompts(str(eval_path), limit=None)
     models = {"base": cfg.model, "sft": str(sft), "dpo": str(dpo), "rloo": str(rloo)}
     responses: dict[str, list[dict]] = {}
     for label, name in models.items():
-        path = run_dir / "responses" / f"{label}.jsonl"
-        with _Timer(timings, f"generate {label}"):
-            if not (cfg.resume and path.is_file()):
-                generate_responses(name, prompts, cfg, path, chat_template=template if label == "base" else None)
-        responses[label] = _read_jsonl(path)
+        path = stage(f"generate {label}", run_dir / "responses" / f"{label}.jsonl", lambda: generate_responses(
+            name, prompts, cfg, run_dir / "responses" / f"{label}.jsonl", chat_template=template if label == "base" else None))
+        responses[label] = read_jsonl(path)
 
     vs_base: dict[str, dict] = {}
     judged: dict[str, list[dict]] = {}
     for label in ("sft", "dpo", "rloo"):
         out = run_dir / "winrate" / f"{label}_vs_base"
-        with _Timer(timings, f"judge {label} vs base"):
-            if cfg.resume and (out / "winrate.json").is_file() and (out / "winrate.jsonl").is_file():
-                vs_base[label] = _json(out / "winrate.json")
-            else:
-                vs_base[label] = run_winrate(WinrateConfig(
-                    policy=str(run_dir / "responses" / f"{label}.jsonl"), reference=str(run_dir / "responses" / "base.jsonl"),
-                    judge=str(rm), data=None, limit=None, max_new_tokens=cfg.uf_max_new_tokens, batch_size=cfg.eval_batch_size,
-                    output_dir=str(out), seed=cfg.seed, **device))
-        judged[label] = _read_jsonl(out / "winrate.jsonl")
+        stage(f"judge {label} vs base", [out / "winrate.json", out / "winrate.jsonl"], lambda: run_winrate(WinrateConfig(
+            policy=str(run_dir / "responses" / f"{label}.jsonl"), reference=str(run_dir / "responses" / "base.jsonl"),
+            judge=str(rm), data=None, limit=None, max_new_tokens=cfg.uf_max_new_tokens, batch_size=cfg.eval_batch_size,
+            output_dir=str(out), seed=cfg.seed, **device)))
+        vs_base[label] = _json(out / "winrate.json")
+        judged[label] = read_jsonl(out / "winrate.jsonl")
     vs_sft: dict[str, dict] = {}
     for label in ("dpo", "rloo"):
         vs_sft[label] = {**compare_judged(judged[label], judged["sft"]), "policy": label, "reference": "sft", "judge": str(rm)}

@@ -1,0 +1,163 @@
+"""rlft.recipes.pipeline: stages skipped when done, timed, checkpoints dropped; evaluations cached under a key that a
+rebuilt model, other sampling or other tasks do not match."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from rlft.eval.countdown import CountdownEvalResult
+import rlft.models
+from rlft.recipes.pipeline import EvalJob, Timer, done, drop_checkpoints, evaluate_cached, finished, run_stage
+from rlft.rollout.base import Sample, SamplingParams
+from rlft.types import CountdownTask
+
+
+def _model_folder(folder: Path, weights: bytes = b"0123") -> Path:
+    """A finished model folder: config.json and one weights file, its checkpoints/ beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder.parent / "checkpoints" / "step-1").mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_timer_records_seconds_also_when_the_block_raises():
+    timings = {}
+    with mock.patch("time.perf_counter", side_effect=[10.0, 12.5, 20.0, 21.0]):
+        with Timer(timings, "a"):
+            pass
+        with pytest.raises(RuntimeError), Timer(timings, "b"):
+            raise RuntimeError("x")
+    assert timings == {"a": 2.5, "b": 1.0}
+
+
+def test_done_needs_resume_and_every_output(tmp_path):
+    model, data = tmp_path / "model", tmp_path / "split.json"
+    assert not finished(model) and not finished(data)
+    model.mkdir()
+    assert not finished(model)  # a folder without config.json: a save cut short
+    (model / "config.json").write_text("{}")
+    assert finished(model)
+    assert not done(True, model, data)
+    data.write_text("{}")
+    assert done(True, model, data) and not done(False, model, data)
+
+
+def test_drop_checkpoints_only_beside_a_finished_model(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "model").mkdir()
+    drop_checkpoints(run / "model")  # no config.json yet: kept
+    drop_checkpoints(None)
+    assert (run / "checkpoints").is_dir()
+    _model_folder(run / "model")
+    drop_checkpoints(run / "model", keep=True)
+    assert (run / "checkpoints").is_dir()
+    drop_checkpoints(run / "model")
+    assert not (run / "checkpoints").exists()
+
+
+def test_run_stage_builds_unless_done_and_returns_the_first_output(tmp_path):
+    timings, calls = {}, []
+    model = tmp_path / "sft" / "model"
+
+    def build():
+        calls.append("built")
+        _model_folder(model)
+        return "ignored"
+
+    assert run_stage("SFT", model, build, timings=timings, resume=True) == model
+    assert calls == ["built"] and "SFT" in timings
+    assert (tmp_path / "sft" / "checkpoints").is_dir()  # keep_checkpoints defaults to True
+    assert run_stage("SFT", [model], build, timings=timings, resume=True, keep_checkpoints=False) == model
+    assert calls == ["built"] and not (tmp_path / "sft" / "checkpoints").exists()  # done: skipped, checkpoints dropped
+    run_stage("SFT", model, build, timings=timings, resume=False)  # without resume a stage always runs
+    assert calls == ["built", "built"]
+    extra = tmp_path / "sft" / "eval.json"  # a second output missing: not done
+    run_stage("SFT", [model, extra], build, timings=timings, resume=True)
+    assert calls == ["built"] * 3
+
+
+class FakeEngine:
+    """Every sample answers ``1 + 2``; counts its generate calls."""
+
+    calls = 0
+
+    def __init__(self, model, tokenizer, **kwargs):
+        self.kwargs = kwargs
+
+    def generate(self, prompts, params):
+        FakeEngine.calls += 1
+        return [[Sample([1], "</think><answer>1 + 2</answer>", "stop")] * params.k for _ in prompts]
+
+
+@pytest.fixture
+def fake_loading():
+    FakeEngine.calls = 0
+    with (mock.patch("rlft.models.load_tokenizer", return_value=None), mock.patch("rlft.models.load_model"),
+          mock.patch("rlft.models.pick_device"), mock.patch("rlft.rollout.hf.HFEngine", FakeEngine)):
+        yield
+
+
+TASKS = [CountdownTask((1, 2), 3), CountdownTask((1, 2), 4), CountdownTask((2, 1), 5)]
+
+
+def _evaluate(model, path, tasks=TASKS, params=SamplingParams(k=1, temperature=0.0, max_new_tokens=8), reuse=True):
+    return evaluate_cached(model, {"held-out": EvalJob(path, tasks, params)}, prompt_template="short", batch_size=4,
+                           reuse=reuse)["held-out"]
+
+
+def test_evaluate_cached_writes_the_eval_countdown_format_and_reuses_it(tmp_path, fake_loading):
+    """"1 + 2" is correct for target 3 only (score 1.0) and a wrong answer elsewhere (0.1): mean (1 + 0.1 + 0.1) / 3."""
+    model, path = _model_folder(tmp_path / "run" / "model"), tmp_path / "eval" / "greedy.json"
+    result = _evaluate(model, path)
+    assert result.task_scores == [[1.0], [0.1], [0.1]] and result.mean_score == pytest.approx(0.4)
+    data = json.loads(path.read_text())
+    assert CountdownEvalResult.from_dict(data) == result
+    assert data["model"] == str(model) and data["eval_s"] >= 0
+    assert data["cache_key"]["model_weights"] == [["model.safetensors", 4, (model / "model.safetensors").stat().st_mtime_ns]]
+    assert data["cache_key"]["sampling"]["max_new_tokens"] == 8 and data["cache_key"]["prompt_template"] == "short"
+    assert _evaluate(model, path) == result and FakeEngine.calls == 1  # reused: no generation
+    _evaluate(model, path, reuse=False)
+    assert FakeEngine.calls == 2
+
+
+def test_a_rebuilt_model_other_sampling_or_other_tasks_evaluate_again(tmp_path, fake_loading, rlft_log):
+    model, path = _model_folder(tmp_path / "model"), tmp_path / "greedy.json"
+    _evaluate(model, path)
+    _model_folder(model, weights=b"01234")  # a new run saved at the same path
+    _evaluate(model, path)
+    assert FakeEngine.calls == 2 and "(model_weights differ)" in rlft_log.text
+    _evaluate(model, path, params=SamplingParams(k=1, temperature=0.0, max_new_tokens=16))
+    assert FakeEngine.calls == 3 and "(sampling differ)" in rlft_log.text
+    _evaluate(model, path, tasks=TASKS[::-1])
+    assert FakeEngine.calls == 4 and "(sampling, tasks_sha256 differ)" in rlft_log.text  # back to 8 tokens, too
+    os.utime(model / "model.safetensors", ns=(1, 1))  # same size, other mtime: rebuilt too
+    _evaluate(model, path, tasks=TASKS[::-1])
+    assert FakeEngine.calls == 5
+
+
+def test_a_file_without_a_cache_key_is_reused_when_its_size_fits(tmp_path, fake_loading):
+    """Evaluations written before keys were recorded (or archived ones) are taken as they are, unless their samples
+    per task or number of tasks differ from the job's."""
+    path = tmp_path / "greedy.json"
+    legacy = {"num_tasks": 3, "k": 1, "mode": "greedy", "mean_score": 0.5, "accuracy": 0.5, "format_rate": 1.0,
+              "pass_at_k": {"1": 0.5}, "mean_completion_tokens": 3.0, "truncated_rate": 0.0, "task_scores": [[1.0], [0.1], [0.4]]}
+    path.write_text(json.dumps(legacy))
+    assert _evaluate("no-such-model", path).mean_score == 0.5 and FakeEngine.calls == 0
+    path.write_text(json.dumps({**legacy, "task_scores": [[1.0], [0.1]]}))
+    assert _evaluate("no-such-model", path).mean_score == pytest.approx(0.4) and FakeEngine.calls == 1
+
+
+def test_the_model_is_loaded_once_for_every_job_left(tmp_path, fake_loading):
+    greedy, sampled = SamplingParams(k=1, temperature=0.0, max_new_tokens=8), SamplingParams(k=2, temperature=0.6, max_new_tokens=8)
+    jobs = {"greedy": EvalJob(tmp_path / "g.json", TASKS, greedy), "sampled": EvalJob(tmp_path / "s.json", TASKS[:2], sampled)}
+    results = evaluate_cached("m", jobs, prompt_template="short", batch_size=4)
+    assert rlft.models.load_model.call_count == 1
+    assert list(results) == ["greedy", "sampled"] and results["sampled"].k == 2 and results["sampled"].num_tasks == 2
+    assert FakeEngine.calls == 2

@@ -34,9 +34,9 @@ from rlft.rewards.countdown import score_completions
 
 def rloo_config(args, out: Path):
     """rlft's RLOO config for this benchmark (the TRL side reads its prompts and their order from it too)."""
-    from rlft.recipes.rloo import RLOOConfig
+    from rlft.rl.config import rloo_config as rlft_rloo_config
 
-    return RLOOConfig(
+    return rlft_rloo_config(
         model=args.model, preset=args.preset, num_train=args.num_train, split_seed=args.split_seed, prompt_template=args.prompt_template,
         output_dir=str(out), k=args.k, prompts_per_step=args.prompts_per_step, max_steps=args.steps + 1, lr=args.lr, beta=0.0,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size,
@@ -46,9 +46,9 @@ def rloo_config(args, out: Path):
 
 def run_rlft(args, out: Path) -> list[dict]:
     """Per-step records ``{"step_s", "completions", "completion_tokens"}`` from rlft's RLOO recipe."""
-    from rlft.recipes.rloo import train_rloo
+    from rlft.recipes.rl import train_rl
 
-    train_rloo(rloo_config(args, out))
+    train_rl(rloo_config(args, out))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     n = args.prompts_per_step * args.k
     return [{"step_s": r["time/step_s"], "completions": n, "completion_tokens": r["completion/mean_tokens"] * n} for r in rows]
@@ -62,7 +62,7 @@ def run_trl(args, out: Path) -> list[dict]:
 
     from rlft.models import load_model, load_tokenizer
     from rlft.recipes.common import batch_indices
-    from rlft.recipes.rloo import load_prompts
+    from rlft.rl.prompts import load_prompts
 
     spec = pick_device()
     tokenizer = load_tokenizer(args.model)

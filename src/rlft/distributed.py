@@ -31,7 +31,7 @@ Strategies (``--distributed``, :func:`wrap_model`; the default ``auto`` is ``fsd
   ``fsdp2`` is refused by :class:`rlft.options.DistributedOptions`; ``auto`` picks ``ddp``).
 
 The RL loop splits a step's prompt groups across ranks (whole groups) and gathers the rewards on every rank
-(:func:`gather_rows`), see :func:`rlft.recipes.rl.sample_step`. Under ``fsdp2`` its generation is collective
+(:func:`gather_rows`), see :func:`rlft.rl.sampling.sample_step`. Under ``fsdp2`` its generation is collective
 too: :class:`rlft.rollout.hf.HFEngine` generates with ``synced_gpus`` and as many ``generate`` calls on every
 rank (filler chunks, :func:`most`), its log-prob passes and update run as many micro-batches on every rank
 (:func:`rlft.rl.batch.synced_passes`), a separate reference model is sharded too, and every rank evaluates its

@@ -168,7 +168,8 @@ def test_auto_strategy_is_fsdp2_on_many_ranks_unless_lora(requested, world, lora
 def test_filler_passes_run_forwards_with_a_zero_gradient(smol_tokenizer):
     # What a rank of a sharded model runs when it has fewer micro-batches than the busiest rank (here none at
     # all): forwards (and backwards) of the filler batch, with no effect on the log-probs or the gradient.
-    from rlft.rl.batch import batch_logprobs, filler_batch, micro_batch_count, policy_loss_backward, rollout_batch, synced_passes
+    from rlft.losses.pg import PolicyObjective
+    from rlft.rl.batch import LossContext, PassPlan, batch_logprobs, filler_batch, micro_batch_count, policy_loss_backward, rollout_batch, synced_passes
     from tests.conftest import make_tiny_model
 
     model = make_tiny_model(len(smol_tokenizer))
@@ -180,17 +181,18 @@ def test_filler_passes_run_forwards_with_a_zero_gradient(smol_tokenizer):
     assert filler.input_ids.shape == (1, 2) and filler.loss_mask.tolist() == [[0.0, 1.0]]
     empty = rollout_batch(smol_tokenizer, [], [])
     assert empty.input_ids.shape == (0, 1)
-    assert batch_logprobs(model, empty, 1.0, 3).shape == (0, 1) and not calls
-    assert batch_logprobs(model, empty, 1.0, 3, passes=2, filler=filler).shape == (0, 1) and len(calls) == 2
-    metrics, logprobs = policy_loss_backward(model, empty, torch.zeros(0), temperature=1.0, micro_batch_size=3, num_sequences=4,
-                                             num_tokens=10.0, passes=3, filler=filler)
+    plan = PassPlan(temperature=1.0, micro_batch_size=3)
+    assert batch_logprobs(model, empty, plan).shape == (0, 1) and not calls
+    assert batch_logprobs(model, empty, replace(plan, passes=2, filler=filler)).shape == (0, 1) and len(calls) == 2
+    metrics, logprobs = policy_loss_backward(model, empty, torch.zeros(0), PolicyObjective(), replace(plan, passes=3, filler=filler),
+                                             LossContext(num_sequences=4, num_tokens=10.0))
     assert len(calls) == 5 and logprobs.shape == (0, 1) and metrics["loss/policy"] == 0.0
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.count_nonzero(g) == 0 for g in grads)  # the backward ran, with a zero loss
     with pytest.raises(ValueError, match="fewer than"):
-        batch_logprobs(model, filler, 1.0, 1, passes=0, filler=filler)
+        batch_logprobs(model, filler, PassPlan(1.0, 1, passes=0, filler=filler))
     with pytest.raises(ValueError, match="filler batch"):
-        batch_logprobs(model, empty, 1.0, 3, passes=1)
+        batch_logprobs(model, empty, replace(plan, passes=1))
 
 
 def test_torchrun_refused_by_recipes_without_support(monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""rlft.losses.pg: leave-one-out advantages, KL estimators, the REINFORCE / PPO-clip policy loss, and the
+"""rlft.losses.pg (and rlft.losses.advantages): leave-one-out advantages, KL estimators, the REINFORCE / PPO-clip policy loss, and the
 ``seq_sum`` reduction of rlft.ops.aggregate. Hand-derived values (maths in the comments), a naive loop,
 and gradient properties."""
 
@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from rlft.losses.pg import kl_loss, kl_penalty, policy_gradient_loss, rloo_advantages
+from rlft.losses.advantages import rloo_advantages
+from rlft.losses.pg import kl_loss, kl_penalty, policy_gradient_loss
 from rlft.ops import aggregate
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""The RL loop (rlft.recipes.rl): every advantage estimator and loss learns a toy reward on a tiny
+"""The RL loop (rlft.recipes.rl, rlft.rl.sampling): every advantage estimator and loss learns a toy reward on a tiny
 model; group filtering keeps exactly the varied groups and refills; LoRA's reference and merged
 model are exact."""
 
@@ -13,11 +13,13 @@ import torch
 from rlft.checkpoint import read_metrics
 from rlft.lora import LoRASettings, adapters_disabled, apply_lora, merged_copy
 from rlft.models import load_model, pick_device
-from rlft.recipes.rl import RLConfig, sample_step, train_rl
+from rlft.recipes.common import batch_indices
+from rlft.recipes.rl import RLConfig, train_rl
 from rlft.rl.groups import varied_groups
 from rlft.rl.prompts import RLPrompt
 from rlft.rl.rewards import Reward
-from rlft.rollout.base import Sample, SamplingParams
+from rlft.rl.sampling import sample_step
+from rlft.rollout.base import Sample
 
 from tests.conftest import make_tiny_model
 
@@ -66,6 +68,11 @@ def test_each_estimator_and_loss_learns_the_toy_reward(tiny_model_dir, tmp_path,
 # --------------------------------------------------------------------------- group filtering
 
 
+def uniform_order(cfg: RLConfig, prompts: list):
+    """The loop's prompt order: a seeded permutation of the prompts per epoch."""
+    return lambda virtual: batch_indices(virtual, len(prompts), cfg.prompts_per_step, cfg.seed)
+
+
 class ScriptedEngine:
     """Returns one-token samples whose text is scripted per prompt: prompt text 'p<i>' -> the k texts of SCRIPT[i]."""
 
@@ -86,7 +93,7 @@ def test_filtering_keeps_exactly_the_varied_groups_and_refills():
     reward = Reward(lambda ps, cs: [1.0 if c[:1].isupper() else 0.0 for c in cs], "rule")
     cfg = RLConfig(k=2, prompts_per_step=3, filter_groups=True, max_prompt_batches=4, seed=5)
     engine = ScriptedEngine(script)
-    got = sample_step(cfg, 0, prompts, engine, SamplingParams(k=2, temperature=1.0, max_new_tokens=1), reward)
+    got = sample_step(cfg, 0, prompts, uniform_order(cfg, prompts), engine, reward)
     tried = [p for call in engine.calls for p in call]
     expected = [p for p in tried if int(p[1:]) in varied][:3]
     assert [p.text for p in got.prompts] == expected
@@ -98,7 +105,7 @@ def test_filtering_keeps_exactly_the_varied_groups_and_refills():
     if len(engine.calls) > 1:
         assert sum(int(p[1:]) in varied for p in tried[:-3]) < 3
     # a second call for the same step samples the same groups (resume-safe)
-    again = sample_step(cfg, 0, prompts, ScriptedEngine(script), SamplingParams(k=2, temperature=1.0, max_new_tokens=1), reward)
+    again = sample_step(cfg, 0, prompts, uniform_order(cfg, prompts), ScriptedEngine(script), reward)
     assert [p.text for p in again.prompts] == [p.text for p in got.prompts]
 
 
@@ -106,12 +113,12 @@ def test_filtering_without_varied_groups_gives_an_empty_step_and_no_filtering_ke
     script = {f"p{i}": ["A", "A"] for i in range(6)}
     prompts = [RLPrompt(f"p{i}", None, {}) for i in range(6)]
     reward = Reward(lambda ps, cs: [1.0] * len(cs), "rule")
-    params = SamplingParams(k=2, temperature=1.0, max_new_tokens=1)
     cfg = RLConfig(k=2, prompts_per_step=2, filter_groups=True, max_prompt_batches=3)
     engine = ScriptedEngine(script)
-    got = sample_step(cfg, 0, prompts, engine, params, reward)
+    got = sample_step(cfg, 0, prompts, uniform_order(cfg, prompts), engine, reward)
     assert got.prompts == [] and got.raw.shape == (0, 2) and got.all_raw.shape == (6, 2) and len(engine.calls) == 3
-    unfiltered = sample_step(replace(cfg, filter_groups=False), 0, prompts, ScriptedEngine(script), params, reward)
+    unfiltered_cfg = replace(cfg, filter_groups=False)
+    unfiltered = sample_step(unfiltered_cfg, 0, prompts, uniform_order(unfiltered_cfg, prompts), ScriptedEngine(script), reward)
     assert len(unfiltered.prompts) == 2 and unfiltered.all_raw.shape == (2, 2)
 
 

@@ -27,7 +27,9 @@ from rlft.checkpoint import read_metrics
 from rlft.data.chat import CHAT_TEMPLATES, ensure_chat_template, render_generation_prompt
 from rlft.data.preferences import load_preference_pairs
 from rlft.models import load_tokenizer
-from rlft.recipes.rloo import RLOOConfig, rollout_batch, train_rloo
+from rlft.recipes.rl import train_rl
+from rlft.rl.batch import rollout_batch
+from rlft.rl.config import RLConfig, rloo_config
 from rlft.rewards.reward_model import RewardModelScorer
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import HFEngine, encode_prompts
@@ -80,8 +82,8 @@ def rm_folder(tmp_path_factory, chatml_tokenizer) -> Path:
     return save_model_dir(tmp_path_factory.mktemp("tiny-rm"), make_tiny_rm(chatml_tokenizer, seed=1), chatml_tokenizer)
 
 
-def make_cfg(policy: Path, output_dir: Path, **overrides) -> RLOOConfig:
-    cfg = RLOOConfig(
+def make_cfg(policy: Path, output_dir: Path, **overrides) -> RLConfig:
+    cfg = rloo_config(
         model=str(policy),
         prompts_data=str(H4),
         chat_template="chatml",
@@ -116,8 +118,8 @@ class Recorder:
                 recorder.generate_calls.append((list(prompts), params))
                 return super().generate(prompts, params)
 
-            def _generate_batch(self, batch, params, eos_ids, pad_id):
-                out = super()._generate_batch(batch, params, eos_ids, pad_id)
+            def _generate_batch(self, model, batch, params, eos_ids, pad_id):
+                out = super()._generate_batch(model, batch, params, eos_ids, pad_id)
                 recorder.generated.update((tuple(ids), tuple(s.completion_ids)) for ids, s in zip(batch, out))
                 return out
 
@@ -170,7 +172,7 @@ def test_chat_prompts_get_one_bos_in_generation_and_training(qwen_tokenizer):
 
     fed = []
     real = engine._generate_batch
-    engine._generate_batch = lambda batch, *a: fed.extend(batch) or real(batch, *a)
+    engine._generate_batch = lambda model, batch, *a: fed.extend(batch) or real(model, batch, *a)
     samples = engine.generate([text], SamplingParams(k=2, temperature=1.0, max_new_tokens=3, seed=0))
     assert fed == [ids, ids]  # what the model was conditioned on
     batch = rollout_batch(tok, [text], samples, add_special_tokens=engine.add_special_tokens)
@@ -184,7 +186,7 @@ def test_chat_prompts_get_one_bos_in_generation_and_training(qwen_tokenizer):
 def test_h4_fixture_run_with_reward_model(tiny_model_dir, rm_folder, chatml_tokenizer, tmp_path, monkeypatch):
     recorder = Recorder(monkeypatch)
     out = tmp_path / "h4"
-    final = train_rloo(make_cfg(tiny_model_dir, out, reward_model=str(rm_folder), eval_every=2, eval_prompts=1))
+    final = train_rl(make_cfg(tiny_model_dir, out, reward_model=str(rm_folder), eval_every=2, eval_prompts=1))
 
     conversations = chat_prompts(H4)  # 5 prompts: the last one is held out for evaluation
     texts = [render_generation_prompt(chatml_tokenizer, m) for m in conversations]
@@ -219,7 +221,7 @@ def test_real_ultrafeedback_prompts_llama3_template(qwen_tokenizer, rm_folder, t
     out = tmp_path / "uf"
     cfg = make_cfg(policy, out, prompts_data=str(UF), prompts_limit=8, chat_template=None, max_prompt_tokens=200,
                    reward_model=str(rm_folder), max_steps=1, eval_every=1, eval_prompts=2, max_new_tokens=3)
-    train_rloo(cfg)
+    train_rl(cfg)
 
     rendered = [render_generation_prompt(tok, m) for m in chat_prompts(UF, limit=8)]
     kept = [t for t in rendered if len(tok(t, add_special_tokens=False)["input_ids"]) <= 200]
@@ -261,7 +263,7 @@ def test_truncation_penalty_lowers_exactly_the_length_limited_samples(smol_token
     recorder = Recorder(monkeypatch)
     cfg = make_cfg(policy, tmp_path / "trunc", reward="remote", base_url="http://judge.invalid/v1", judge_model="stub-rm",
                    api_key_env="STUB_KEY", k=4, max_new_tokens=2, truncation_penalty=-0.5)
-    train_rloo(cfg)
+    train_rl(cfg)
 
     assert judges == [("http://judge.invalid/v1", "stub-rm", "STUB_KEY", 60.0, 5)]  # the judge options reach it
     finishes = []
@@ -300,7 +302,7 @@ def test_stub_reward_model_is_learned_and_built_once(tiny_model_dir, tmp_path, m
     out = tmp_path / "learn"
     cfg = make_cfg(tiny_model_dir, out, reward_model="stub-rm", max_steps=40, k=6, prompts_per_step=5, max_new_tokens=1, lr=5e-2,
                    eval_every=20, eval_prompts=1, eval_max_new_tokens=1)
-    train_rloo(cfg)
+    train_rl(cfg)
     assert built == ["stub-rm"]
     assert len(calls) == 40 + 3  # one scoring per step, plus evaluations at steps 0, 20 and 40
     records = [r for r in read_metrics(out / "metrics.jsonl") if "reward/mean" in r]
@@ -313,12 +315,12 @@ def test_stub_reward_model_is_learned_and_built_once(tiny_model_dir, tmp_path, m
 
 def test_chat_configuration_errors(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="set --prompts-data"):
-        RLOOConfig(reward_model="runs/rm/model")
+        rloo_config(reward_model="runs/rm/model")
     with pytest.raises(ValueError, match="set --prompts-data"):
-        RLOOConfig(reward="remote")
+        rloo_config(reward="remote")
     with pytest.raises(ValueError, match="both name a reward"):
-        RLOOConfig(prompts_data=str(H4), reward_model="runs/rm/model", reward="uppercase_start")
+        rloo_config(prompts_data=str(H4), reward_model="runs/rm/model", reward="uppercase_start")
     with pytest.raises(ValueError, match="no Countdown answer"):
-        train_rloo(make_cfg(tiny_model_dir, tmp_path / "x"))  # chat prompts with the default countdown reward
+        train_rl(make_cfg(tiny_model_dir, tmp_path / "x"))  # chat prompts with the default countdown reward
     with pytest.raises(ValueError, match="too few to hold out"):
-        train_rloo(make_cfg(tiny_model_dir, tmp_path / "y", reward="uppercase_start", eval_every=1, eval_prompts=5))
+        train_rl(make_cfg(tiny_model_dir, tmp_path / "y", reward="uppercase_start", eval_every=1, eval_prompts=5))

@@ -1,4 +1,4 @@
-"""The RLOO recipe on a tiny random Llama with the SmolLM2 tokenizer (pad == eos):
+"""The RLOO recipe (``rlft rloo``: the RL loop with RLOO defaults) on a tiny random Llama with the SmolLM2 tokenizer (pad == eos):
 
 - the teacher-forcing batch of sampled sequences (EOS in the loss mask, prompt ids as the sampler's);
 - the recipe's loss on fixed samples: zero gradient for a group of equal rewards, and exactly the
@@ -16,16 +16,12 @@ import pytest
 import torch
 
 from rlft.checkpoint import latest_checkpoint, read_metrics
-from rlft.losses.pg import rloo_advantages
-from rlft.recipes.rloo import (
-    RLOOConfig,
-    gradient_rows,
-    load_rloo_tasks,
-    policy_loss_backward,
-    rollout_batch,
-    take_rows,
-    train_rloo,
-)
+from rlft.losses.advantages import rloo_advantages
+from rlft.losses.pg import PolicyObjective, policy_gradient_loss
+from rlft.recipes.rl import train_rl
+from rlft.rl.batch import LossContext, PassPlan, gradient_rows, policy_loss_backward, rollout_batch, take_rows
+from rlft.rl.config import RLOO_DEFAULTS, RLConfig, rloo_config
+from rlft.rl.prompts import load_rl_tasks
 from rlft.rewards.registry import REWARD_FUNCTIONS
 from rlft.rollout.base import Sample
 from rlft.tasks.countdown.generator import task_key
@@ -38,8 +34,8 @@ torch.set_num_threads(1)
 # --------------------------------------------------------------------------- fixtures and helpers
 
 
-def make_cfg(model_dir: Path, output_dir: Path, **overrides) -> RLOOConfig:
-    cfg = RLOOConfig(
+def make_cfg(model_dir: Path, output_dir: Path, **overrides) -> RLConfig:
+    cfg = rloo_config(
         model=str(model_dir),
         reward="uppercase_start",
         preset="tiny",
@@ -69,6 +65,9 @@ def fixed_samples(tok) -> list[list[Sample]]:
     eos = tok.eos_token_id
     ids = [[[510, 77, 3021, eos], [12, 999], [4000, 41, 7, 8, 9]], [[6, eos], [3021, 3021, 3021], [88]]]
     return [[Sample(c, tok.decode(c), "stop" if c[-1] == eos else "length") for c in row] for row in ids]
+
+
+REINFORCE = PolicyObjective(policy_gradient_loss, "seq_sum")  # the RLOO objective: no clipping, KL or entropy
 
 
 def grads(model) -> dict[str, torch.Tensor]:
@@ -104,14 +103,14 @@ def test_equal_rewards_give_zero_advantages_and_exactly_zero_gradient(smol_token
     rewards = torch.tensor([[0.1, 0.1, 0.1], [1.0, 1.0, 1.0]])
     advantages = rloo_advantages(rewards)
     assert torch.equal(advantages, torch.zeros(2, 3))
-    metrics, _ = policy_loss_backward(model, batch, advantages.flatten(), temperature=0.8, micro_batch_size=4)
+    metrics, _ = policy_loss_backward(model, batch, advantages.flatten(), REINFORCE, PassPlan(temperature=0.8, micro_batch_size=4))
     assert metrics["loss/policy"] == 0.0
     for name, g in grads(model).items():
         assert torch.count_nonzero(g) == 0, name
     # ... while one different reward in a group gives a nonzero gradient (the check above can fail)
     model.zero_grad()
-    policy_loss_backward(model, batch, rloo_advantages(torch.tensor([[0.1, 0.1, 1.0], [1.0, 1.0, 1.0]])).flatten(),
-                         temperature=0.8, micro_batch_size=4)
+    policy_loss_backward(model, batch, rloo_advantages(torch.tensor([[0.1, 0.1, 1.0], [1.0, 1.0, 1.0]])).flatten(), REINFORCE,
+                         PassPlan(temperature=0.8, micro_batch_size=4))
     assert any(torch.count_nonzero(g) > 0 for g in grads(model).values())
 
 
@@ -147,8 +146,8 @@ def test_recipe_gradient_equals_hand_built_reinforce_with_loo_baseline(smol_toke
     model.zero_grad()
     batch = rollout_batch(tok, PROMPTS, samples)
     # micro-batches of 4 rows split the first prompt's group from part of the second: accumulation must be exact
-    policy_loss_backward(model, batch, rloo_advantages(rewards).flatten(), temperature=temperature,
-                         micro_batch_size=4, loss_mode=mode)
+    policy_loss_backward(model, batch, rloo_advantages(rewards).flatten(), PolicyObjective(loss_mode=mode),
+                         PassPlan(temperature=temperature, micro_batch_size=4))
     actual = grads(model)
     for name in expected:
         scale = expected[name].abs().max()
@@ -166,13 +165,17 @@ def test_skipping_zero_advantage_rows_gives_the_full_gradient(smol_tokenizer, mo
     expected = naive_reinforce_grads(model, tok, PROMPTS, samples, rewards, temperature, mode)
 
     advantages = rloo_advantages(rewards).flatten()
-    rows = gradient_rows(advantages, kl_coef=0.0)
+    objective = PolicyObjective(loss_mode=mode)
+    rows = gradient_rows(advantages, objective)
     assert rows.tolist() == [0, 1, 2]
-    assert gradient_rows(advantages, kl_coef=0.1).tolist() == list(range(6))  # a KL loss term needs every row
+    # a KL loss term or an entropy bonus needs every row
+    assert gradient_rows(advantages, PolicyObjective(kl_placement="loss", beta=0.1)).tolist() == list(range(6))
+    assert gradient_rows(advantages, PolicyObjective(entropy_coef=0.01)).tolist() == list(range(6))
+    assert gradient_rows(advantages, PolicyObjective(kl_placement="reward", beta=0.1)).tolist() == [0, 1, 2]  # not in the loss
     model.zero_grad()
     batch = rollout_batch(tok, PROMPTS, samples)
-    policy_loss_backward(model, take_rows(batch, rows), advantages[rows], temperature=temperature, micro_batch_size=2,
-                         loss_mode=mode, num_sequences=6, num_tokens=float(batch.loss_mask.sum()))
+    policy_loss_backward(model, take_rows(batch, rows), advantages[rows], objective, PassPlan(temperature=temperature, micro_batch_size=2),
+                         LossContext(num_sequences=6, num_tokens=float(batch.loss_mask.sum())))
     actual = grads(model)
     for name in expected:
         scale = expected[name].abs().max()
@@ -185,31 +188,105 @@ def test_skipping_zero_advantage_rows_gives_the_full_gradient(smol_tokenizer, mo
 
 def test_k_below_two_is_a_clear_config_error():
     with pytest.raises(ValueError, match=r"--advantage rloo needs --k >= 2 samples per prompt.*got 1"):
-        RLOOConfig(k=1)
+        rloo_config(k=1)
 
 
 def test_eval_limit_must_stay_within_heldout_tasks():
     with pytest.raises(ValueError, match="--eval-limit"):
-        RLOOConfig(eval_every=5, eval_limit=300, heldout_size=200)
+        rloo_config(eval_every=5, eval_limit=300, heldout_size=200)
 
 
 def test_unknown_reward_is_reported(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
-        train_rloo(make_cfg(tiny_model_dir, tmp_path / "x", reward="nope"))
+        train_rl(make_cfg(tiny_model_dir, tmp_path / "x", reward="nope"))
+
+
+def _dry_run_options(argv, capsys) -> dict:
+    """The options ``rlft <argv> --dry-run`` parsed (its plan's YAML block)."""
+    import yaml
+
+    from rlft.cli import main
+
+    main([*argv, "--dry-run"])
+    out = capsys.readouterr().out
+    return yaml.safe_load("\n".join(line[2:] for line in out.split("\noptions:\n", 1)[1].splitlines()))
+
+
+def test_rloo_command_is_the_rl_loop_with_rloo_defaults(tmp_path, capsys):
+    from rlft.cli import _commands
+
+    cls, run, _, preset = _commands()["rloo"]
+    assert cls is RLConfig and run is train_rl and preset is RLOO_DEFAULTS
+    assert RLOO_DEFAULTS == {"advantage": "rloo", "loss": "reinforce", "loss_mode": "seq_sum", "output_dir": "runs/rloo"}
+    options = _dry_run_options(["rloo"], capsys)
+    assert {key: options[key] for key in RLOO_DEFAULTS} == RLOO_DEFAULTS
+    assert _dry_run_options(["rl"], capsys)["advantage"] == "grpo"  # `rlft rl` keeps RLConfig's own defaults
+    # flags override the RLOO defaults; --config values too, and flags override those
+    assert _dry_run_options(["rloo", "--advantage", "grpo", "--loss", "ppo"], capsys)["loss"] == "ppo"
+    path = tmp_path / "c.yaml"
+    path.write_text("loss_mode: token_mean\nk: 3\n")
+    options = _dry_run_options(["rloo", "--config", str(path), "--k", "5"], capsys)
+    assert (options["advantage"], options["loss"], options["loss_mode"], options["k"], options["output_dir"]) == ("rloo", "reinforce", "token_mean", 5, "runs/rloo")
+
+
+def _help(command: str) -> dict[str, str]:
+    """``rlft <command> --help`` as ``{flag: its help text, wrapped lines joined}``."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "rlft.cli", command, "--help"], capture_output=True, text=True, timeout=120, env=env).stdout
+    options: dict[str, str] = {}
+    flag = None
+    for line in out.splitlines():
+        text = re.sub(r"^[\u2500-\u257f]|[\u2500-\u257f]$", "", line.strip()).rstrip()
+        if text.startswith(" --") or text.startswith("--"):
+            flag = text.split()[0]
+            options[flag] = text.strip()
+        elif flag is not None and text.startswith("   "):
+            options[flag] += " " + text.strip()
+        else:
+            flag = None
+    return options
+
+
+def test_rloo_help_shows_the_rloo_defaults():
+    options = _help("rloo")
+    for flag, default in (("--advantage", "rloo"), ("--loss", "reinforce"), ("--loss-mode", "seq_sum"), ("--output-dir", "runs/rloo")):
+        assert options[flag].endswith(f"(default: {default})"), options[flag]
+    assert "{rloo,grpo,lite_ppo,dr_grpo,raft,reinforce}" in options["--advantage"]  # the registry's keys are the choices
+    assert _help("rl")["--advantage"].endswith("(default: grpo)")
+
+
+def test_unknown_estimator_or_loss_lists_the_registry(capsys):
+    from rlft.cli import main
+    from rlft.losses.advantages import ADVANTAGES
+    from rlft.validation import OptionError
+
+    with pytest.raises(OptionError, match=r"--advantage: expected one of 'rloo', 'grpo'.*got 'ppo'"):
+        RLConfig(advantage="ppo")
+    with pytest.raises(OptionError, match=r"--loss: expected one of 'reinforce', 'ppo', 'raft', 'raft\+\+', got 'dpo'"):
+        RLConfig(loss="dpo")
+    with pytest.raises(SystemExit):
+        main(["rl", "--advantage", "nope", "--dry-run"])
+    err = capsys.readouterr().err
+    assert all(name in err for name in ADVANTAGES), err
 
 
 # --------------------------------------------------------------------------- data
 
 
 def test_training_tasks_never_include_heldout_tasks(tmp_path):
-    cfg = RLOOConfig(preset="tiny", num_train=300, heldout_size=40, split_seed=7)
-    train, heldout = load_rloo_tasks(cfg)
+    cfg = rloo_config(preset="tiny", num_train=300, heldout_size=40, split_seed=7)
+    train, heldout = load_rl_tasks(cfg)
     assert len(train) == 300 and len(heldout) == 40
     assert not {task_key(t) for t in train} & {task_key(t) for t in heldout}
     # a file that contains a held-out task: it is dropped
     rows = [{"target": t.target, "nums": list(t.nums)} for t in [heldout[0], train[0], train[1]]]
     path = write_jsonl_rows(tmp_path / "tasks.jsonl", rows)
-    file_train, _ = load_rloo_tasks(replace(cfg, data=str(path)))
+    file_train, _ = load_rl_tasks(replace(cfg, data=str(path)))
     assert [task_key(t) for t in file_train] == [task_key(train[0]), task_key(train[1])]
 
 
@@ -219,7 +296,7 @@ def test_training_tasks_never_include_heldout_tasks(tmp_path):
 def test_toy_reward_is_learned(tiny_model_dir, tmp_path):
     """Reward 1 if the completion starts with an uppercase letter (~25% of a random model's first tokens)."""
     cfg = make_cfg(tiny_model_dir, tmp_path / "toy", max_steps=20, max_new_tokens=1, lr=5e-2)
-    final = train_rloo(cfg)
+    final = train_rl(cfg)
     assert (final / "config.json").is_file()
     records = read_metrics(tmp_path / "toy" / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 21))
@@ -246,10 +323,10 @@ def test_custom_reward_fn_override_and_registry(tiny_model_dir, tmp_path, monkey
         seen.append((len(prompts), len(completions), len(truths), truths[0].keys()))
         return [float(len(c) % 2) for c in completions]
 
-    train_rloo(make_cfg(tiny_model_dir, tmp_path / "a", max_steps=1), reward_fn=reward)
+    train_rl(make_cfg(tiny_model_dir, tmp_path / "a", max_steps=1), reward_fn=reward)
     assert seen == [(32, 32, 32, {"target", "numbers"})]
     monkeypatch.setitem(REWARD_FUNCTIONS, "parity", reward)
-    train_rloo(make_cfg(tiny_model_dir, tmp_path / "b", max_steps=1, reward="parity"))
+    train_rl(make_cfg(tiny_model_dir, tmp_path / "b", max_steps=1, reward="parity"))
     assert len(seen) == 2
 
 
@@ -257,7 +334,7 @@ def test_custom_reward_fn_override_and_registry(tiny_model_dir, tmp_path, monkey
 def test_kl_is_zero_at_the_start_and_grows(tiny_model_dir, tmp_path, kl_mode, estimator):
     cfg = make_cfg(tiny_model_dir, tmp_path / kl_mode, max_steps=3, beta=0.1, kl_mode=kl_mode, kl_estimator=estimator,
                    prompts_per_step=4, lr=3e-2)
-    train_rloo(cfg)
+    train_rl(cfg)
     records = read_metrics(tmp_path / kl_mode / "metrics.jsonl")
     # step 1: the policy is the reference, so every per-token estimate is exactly 0
     assert records[0]["kl/mean"] == 0.0
@@ -273,7 +350,7 @@ def test_kl_is_zero_at_the_start_and_grows(tiny_model_dir, tmp_path, kl_mode, es
 
 def test_ppo_epochs_clip_and_log(tiny_model_dir, tmp_path):
     cfg = make_cfg(tiny_model_dir, tmp_path / "ppo", max_steps=2, ppo_epochs=3, lr=5e-2, loss="ppo", clip_low=0.1, prompts_per_step=4)
-    train_rloo(cfg)
+    train_rl(cfg)
     records = read_metrics(tmp_path / "ppo" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     # epochs 2 and 3 see a moved policy: the mean ratio over the 3 epochs is not 1, and some tokens are clipped
@@ -292,7 +369,7 @@ def uninterrupted(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("rloo-a")
     cfg = make_cfg(tiny_model_dir, out, max_steps=RESUME_STEPS, save_every=2, beta=0.05, eval_every=3, eval_limit=2,
                    eval_max_new_tokens=4)
-    train_rloo(cfg)
+    train_rl(cfg)
     return cfg, out
 
 
@@ -302,9 +379,9 @@ def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatc
     with monkeypatch.context() as mp:
         interrupt_after_checkpoints(mp, 2)
         with pytest.raises(KeyboardInterrupt):
-            train_rloo(cfg)
+            train_rl(cfg)
     assert latest_checkpoint(tmp_path / "b").name == "step-00000004"
-    train_rloo(replace(cfg, resume=True))
+    train_rl(replace(cfg, resume=True))
 
     a, b = read_metrics(out_a / "metrics.jsonl"), read_metrics(tmp_path / "b" / "metrics.jsonl")
     # step 0 (the baseline evaluation), then 1..N, no duplicates; evaluations at 3 and at the end (6)

@@ -2,7 +2,7 @@
 
 transformers ``generate`` samples from ``softmax(logits / T)`` (top_k=0, top_p=1: no truncation) and
 returns the raw logits and the processed scores of every step. Teacher-forcing the prompt + the
-sampled completion through :func:`rlft.recipes.rloo.rollout_batch` and
+sampled completion through :func:`rlft.rl.batch.rollout_batch` and
 :func:`rlft.ops.sequence_logprobs` at the same T must reproduce ``log_softmax(logits / T)`` of the
 chosen tokens; at T = 1 it must not.
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlft.ops import sequence_logprobs
-from rlft.recipes.rloo import rollout_batch
+from rlft.rl.batch import rollout_batch
 from rlft.rollout.base import Sample
 
 from tests.conftest import make_tiny_model

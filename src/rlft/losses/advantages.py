@@ -139,3 +139,18 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 }
 """Advantage estimators by name (``--advantage``): ``(B, k)`` rewards -> ``(B, k)`` advantages.
 ``raft`` selects each group's best samples (see :func:`raft_advantages`; a threshold is set by the loop)."""
+
+
+def advantage_function(cfg) -> AdvantageFn:
+    """The run's estimator, picked once from its config (an :class:`rlft.rl.config.RLConfig`; read, never changed):
+    ``ADVANTAGES[cfg.advantage]``, or RAFT's threshold selection when ``cfg.raft_threshold`` is set.
+
+    Raises:
+        ValueError: an unknown ``cfg.advantage``.
+    """
+    if cfg.advantage not in ADVANTAGES:
+        raise ValueError(f"unknown advantage estimator {cfg.advantage!r}; expected one of {', '.join(ADVANTAGES)}")
+    if cfg.advantage == "raft" and cfg.raft_threshold is not None:
+        threshold = cfg.raft_threshold
+        return lambda rewards: raft_advantages(rewards, threshold)
+    return ADVANTAGES[cfg.advantage]

@@ -1,7 +1,8 @@
 """Policy-gradient losses of the RL loop: REINFORCE, PPO-clip with clip-higher, RAFT/RAFT++, KL, entropy.
 
-Pure functions of tensors; none of them sees a model or a config. Shape legend: B prompts (or
-sequences), k samples per prompt, T tokens.
+Pure functions of tensors; none of them sees a model. :class:`PolicyObjective` bundles the chosen loss, its
+clip range, the KL placement, the entropy bonus and RAFT's selection; :func:`make_objective` builds it once
+from a config, before the loop. Shape legend: B prompts (or sequences), k samples per prompt, T tokens.
 
 References:
 - Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from
@@ -20,14 +21,20 @@ Advantage estimators live in :mod:`rlft.losses.advantages`.
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Callable, Literal
 
 import torch
 
-from rlft.losses.advantages import rloo_advantages  # noqa: F401  (re-exported: its historical home)
-from rlft.ops import AggregationMode, aggregate, masked_mean
+from rlft.ops import AggregationMode, aggregate, masked_mean, masked_sum
 
 KLEstimator = Literal["k1", "k3"]
+KL_ESTIMATORS = ("k1", "k3")
+"""The per-token KL estimators of :func:`kl_penalty` (``--kl-estimator``)."""
+KL_PLACEMENTS = ("reward", "loss")
+"""Where the KL goes (``--kl-mode``): subtracted from the reward before the advantages, or added to the loss."""
+LOSS_MODES = ("seq_sum", "seq_mean", "token_mean")
+"""The aggregations of :func:`rlft.ops.aggregate` the RL loop offers (``--loss-mode``)."""
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k1") -> torch.Tensor:
@@ -55,6 +62,16 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
         log_r = ref_logprobs - logprobs
         return torch.exp(log_r) - log_r - 1.0
     raise ValueError(f"unknown KL estimator {estimator!r}; expected 'k1' or 'k3'")
+
+
+def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, loss_mask: torch.Tensor, estimator: KLEstimator = "k1") -> torch.Tensor:
+    """``(B,)`` per-sequence KL estimate ``sum_t kl_t`` over the completion tokens (:func:`kl_penalty`); with k1 the
+    log-ratio of the whole sequence, what the RLOO paper subtracts (times beta) from the reward.
+
+    Args:
+        logprobs, ref_logprobs, loss_mask: ``(B, T)``.
+    """
+    return masked_sum(kl_penalty(logprobs, ref_logprobs, estimator), loss_mask, dim=-1)
 
 
 def policy_gradient_loss(
@@ -130,6 +147,16 @@ def policy_gradient_loss(
     return loss, metrics
 
 
+def raft_selection(advantages: torch.Tensor) -> torch.Tensor:
+    """RAFT's selection as loss weights: 1.0 where the advantage is > 0, else 0.0, whatever its size.
+
+    The one place the selection is made: :meth:`PolicyObjective.weights` applies it once per step (so the
+    rows with weight 0 are skipped before any forward), and :func:`raft_loss` composes it with the loss.
+    ``(N,) -> (N,)`` (any shape), same dtype.
+    """
+    return (advantages > 0).to(advantages.dtype)
+
+
 def raft_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -144,9 +171,9 @@ def raft_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """RAFT / RAFT++ (Xiong et al. 2025, arXiv 2504.11343, Sec. 2): likelihood of the selected samples.
 
-    A sample is selected when its advantage is > 0 (with :func:`rlft.losses.advantages.raft_advantages`:
-    the best-rewarded samples); selected samples get weight 1, the others 0, whatever the advantage's
-    size. Then:
+    A sample is selected when its advantage is > 0 (:func:`raft_selection`; with
+    :func:`rlft.losses.advantages.raft_advantages`: the best-rewarded samples); selected samples get weight 1,
+    the others 0, whatever the advantage's size. Then:
 
     - without a clip range (RAFT): ``l_t = -w * ratio_t``, whose gradient at ratio 1 is ``-w * grad logp_t``:
       the SFT (negative log-likelihood) gradient on the selected samples;
@@ -154,11 +181,11 @@ def raft_loss(
       importance ratio and clipping of PPO on the same selection.
 
     The default reduction is ``token_mean`` (RAFT is SFT on the kept samples). Shapes, normalisers and
-    metrics as :func:`policy_gradient_loss`.
+    metrics as :func:`policy_gradient_loss`. The RL loop does not call it: its objective selects once
+    (:meth:`PolicyObjective.weights`) and then applies :func:`policy_gradient_loss` to the 0/1 weights.
     """
-    weights = (advantages > 0).to(logprobs.dtype)
-    return policy_gradient_loss(logprobs, old_logprobs, weights, loss_mask, clip_low=clip_low, clip_high=clip_high,
-                                mode=mode, num_sequences=num_sequences, num_tokens=num_tokens)
+    return policy_gradient_loss(logprobs, old_logprobs, raft_selection(advantages), loss_mask, clip_low=clip_low,
+                                clip_high=clip_high, mode=mode, num_sequences=num_sequences, num_tokens=num_tokens)
 
 
 def entropy_bonus(
@@ -184,21 +211,6 @@ def entropy_bonus(
     return value, {"loss/entropy": value.item()}
 
 
-POLICY_LOSSES = {
-    "reinforce": policy_gradient_loss,
-    "ppo": policy_gradient_loss,
-    "raft": raft_loss,
-    "raft++": raft_loss,
-}
-"""Policy losses by name (``--loss``). ``reinforce`` and ``raft`` ignore the clip range (the loop passes
-none); ``ppo`` and ``raft++`` clip the ratio to ``[1 - clip_low, 1 + clip_high]``. All share the
-signature ``(logprobs, old_logprobs, advantages, loss_mask, *, clip_low, clip_high, mode,
-num_sequences, num_tokens) -> (loss, metrics)``."""
-
-CLIPPED_LOSSES = frozenset({"ppo", "raft++"})
-"""The losses that use a clip range."""
-
-
 def kl_loss(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
@@ -222,3 +234,156 @@ def kl_loss(
     """
     loss = aggregate(kl_penalty(logprobs, ref_logprobs, estimator), loss_mask, mode, num_tokens=num_tokens, num_sequences=num_sequences)
     return loss, {"loss/kl": loss.item()}
+
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+"""``(logprobs, old_logprobs, advantages, loss_mask, *, clip_low, clip_high, mode, num_sequences, num_tokens)
+-> (loss, metrics)``, as :func:`policy_gradient_loss`."""
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """An entry of :data:`POLICY_LOSSES`: the loss function and what the loop does around it."""
+
+    fn: PolicyLossFn
+    clips: bool
+    """It takes the clip range ``[1 - clip_low, 1 + clip_high]``; False: the loop passes none."""
+    selects: bool = False
+    """RAFT: the loss weights are :func:`raft_selection` of the advantages (1 for A > 0, else 0)."""
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "reinforce": PolicyLoss(policy_gradient_loss, clips=False),
+    "ppo": PolicyLoss(policy_gradient_loss, clips=True),
+    "raft": PolicyLoss(policy_gradient_loss, clips=False, selects=True),
+    "raft++": PolicyLoss(policy_gradient_loss, clips=True, selects=True),
+}
+"""Policy losses by name (``--loss``; a new loss is one entry): ``reinforce`` (``-A * ratio``: REINFORCE at
+ratio 1), ``ppo`` (the ratio clipped to ``[1 - clip_low, 1 + clip_high]``), ``raft`` (the likelihood of the
+samples with A > 0, each with weight 1: :func:`raft_loss`), ``raft++`` (raft with ppo's clipping)."""
+
+CLIPPED_LOSSES = frozenset(name for name, loss in POLICY_LOSSES.items() if loss.clips)
+"""The losses that use a clip range."""
+
+
+@dataclass(frozen=True)
+class PolicyObjective:
+    """What an RL update minimises, fixed once before the loop (:func:`make_objective`).
+
+    ``loss = loss_fn(...) - entropy_coef * entropy_bonus(...) + kl_coef * kl_loss(...)``, every term
+    aggregated with ``loss_mode`` over the whole step's normalisers (:meth:`loss`). The defaults are plain
+    REINFORCE with the sequence-level estimator (``seq_sum``), no clipping, no KL, no entropy bonus.
+    """
+
+    loss_fn: PolicyLossFn = policy_gradient_loss
+    """A policy loss with :data:`PolicyLossFn`'s signature."""
+    loss_mode: AggregationMode = "seq_sum"
+    """Aggregation of every per-token term (:func:`rlft.ops.aggregate`)."""
+    clip_low: float | None = None
+    """The ratio is clipped at ``1 - clip_low``; None with ``clip_high`` None: no clipping."""
+    clip_high: float | None = None
+    """The ratio is clipped at ``1 + clip_high`` (DAPO's clip-higher: larger than ``clip_low``)."""
+    select: bool = False
+    """RAFT: train on the samples with A > 0, each with weight 1 (:func:`raft_selection`)."""
+    kl_placement: Literal["reward", "loss"] | None = None
+    """'reward': ``beta * sum_t kl_t`` is subtracted from each reward before the advantages (the RLOO paper);
+    'loss': ``beta * aggregate(kl_t)`` is added to the loss (OpenRLHF/verl); None: no KL (beta 0)."""
+    beta: float = 0.0
+    """KL coefficient (> 0 when ``kl_placement`` is set)."""
+    kl_estimator: KLEstimator = "k1"
+    """Per-token estimator of :func:`kl_penalty`."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (0: off, and no entropy is computed)."""
+
+    def __post_init__(self) -> None:
+        if self.kl_placement not in (None, *KL_PLACEMENTS):
+            raise ValueError(f"unknown KL placement {self.kl_placement!r}; expected None, 'reward' or 'loss'")
+        if (self.kl_placement is not None) != (self.beta > 0):
+            raise ValueError(f"a KL placement needs beta > 0 and beta > 0 a placement, got {self.kl_placement!r} with beta={self.beta}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; expected 'k1' or 'k3'")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """The KL is subtracted from the rewards (before the advantages)."""
+        return self.kl_placement == "reward"
+
+    @property
+    def kl_coef(self) -> float:
+        """Weight of the KL term in the loss: ``beta`` with ``kl_placement='loss'``, else 0."""
+        return self.beta if self.kl_placement == "loss" else 0.0
+
+    @property
+    def every_row_has_gradient(self) -> bool:
+        """A KL or entropy term is in the loss: every sample carries gradient, whatever its advantage
+        (otherwise a sample of weight 0 contributes exactly 0, see :func:`rlft.rl.batch.gradient_rows`)."""
+        return self.kl_coef > 0 or self.entropy_coef > 0
+
+    def weights(self, advantages: torch.Tensor) -> torch.Tensor:
+        """The per-sample loss weights: the advantages, or RAFT's 0/1 selection of them. Same shape."""
+        return raft_selection(advantages) if self.select else advantages
+
+    def loss(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        weights: torch.Tensor,
+        loss_mask: torch.Tensor,
+        *,
+        entropy: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
+        num_sequences: float | None = None,
+        num_tokens: float | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective on one micro-batch of ``N`` rows.
+
+        Args:
+            logprobs: ``(N, T)`` current log-probs (with grad); old_logprobs: ``(N, T)`` the sampling policy's.
+            weights: ``(N,)`` from :meth:`weights`.
+            loss_mask: ``(N, T)``.
+            entropy: ``(N, T)`` per-token entropy (with grad); needed when ``entropy_coef > 0``.
+            ref_logprobs: ``(N, T)`` reference log-probs; needed when ``kl_coef > 0``.
+            num_sequences, num_tokens: the whole step's normalisers (see :func:`policy_gradient_loss`).
+        Returns:
+            ``(loss, metrics)``: the policy loss's metrics plus ``loss/entropy`` and ``loss/kl`` (0.0 when off).
+        Raises:
+            ValueError: a term that is on without its input.
+        """
+        loss, metrics = self.loss_fn(logprobs, old_logprobs, weights, loss_mask, clip_low=self.clip_low, clip_high=self.clip_high,
+                                     mode=self.loss_mode, num_sequences=num_sequences, num_tokens=num_tokens)
+        metrics = {**metrics, "loss/entropy": 0.0, "loss/kl": 0.0}
+        if self.entropy_coef > 0:
+            if entropy is None:
+                raise ValueError("entropy_coef > 0 needs the per-token entropy")
+            bonus, entropy_metrics = entropy_bonus(entropy, loss_mask, mode=self.loss_mode, num_sequences=num_sequences, num_tokens=num_tokens)
+            loss = loss - self.entropy_coef * bonus
+            metrics.update(entropy_metrics)
+        if self.kl_coef > 0:
+            if ref_logprobs is None:
+                raise ValueError("kl_coef > 0 needs ref_logprobs")
+            kl, kl_metrics = kl_loss(logprobs, ref_logprobs, loss_mask, estimator=self.kl_estimator, mode=self.loss_mode,
+                                     num_sequences=num_sequences, num_tokens=num_tokens)
+            loss = loss + self.kl_coef * kl
+            metrics.update(kl_metrics)
+        return loss, metrics
+
+
+def make_objective(cfg) -> PolicyObjective:
+    """The run's objective from its config (an :class:`rlft.rl.config.RLConfig`; read, never changed): the loss
+    ``cfg.loss`` of :data:`POLICY_LOSSES` aggregated by ``cfg.loss_mode``; its clip range when it clips
+    (``clip_high`` None: ``clip_low``), else none; the KL at ``cfg.kl_mode`` when ``cfg.beta > 0``, else none;
+    ``cfg.entropy_coef``.
+
+    Raises:
+        ValueError: an unknown ``cfg.loss``.
+    """
+    if cfg.loss not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {cfg.loss!r}; expected one of {', '.join(POLICY_LOSSES)}")
+    spec = POLICY_LOSSES[cfg.loss]
+    clip_low, clip_high = (cfg.clip_low, cfg.clip_high if cfg.clip_high is not None else cfg.clip_low) if spec.clips else (None, None)
+    use_kl = cfg.beta > 0
+    return PolicyObjective(loss_fn=spec.fn, loss_mode=cfg.loss_mode, clip_low=clip_low, clip_high=clip_high, select=spec.selects,
+                           kl_placement=cfg.kl_mode if use_kl else None, beta=cfg.beta if use_kl else 0.0,
+                           kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef)

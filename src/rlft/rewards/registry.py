@@ -33,7 +33,7 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
 Learned rewards are not functions of this registry: a local reward model
 (:class:`rlft.rewards.reward_model.RewardModelScorer`) and a remote judge
 (:class:`rlft.rewards.remote.RemoteRewardJudge`) score ``(prompt messages, response)`` pairs with
-``score(prompts, responses) -> list[float]``; recipes wrap them (e.g. ``rlft.recipes.rloo.make_reward``)."""
+``score(prompts, responses) -> list[float]``; recipes wrap them (e.g. ``rlft.rl.rewards.make_reward``)."""
 
 
 def get_reward_function(name: str, *, also: tuple[str, ...] = ()) -> RewardFunction:

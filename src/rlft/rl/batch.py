@@ -4,20 +4,21 @@ Shape legend: N sampled sequences (B prompts x k samples, row ``b * k + j``), T 
 
 A model sharded by FSDP2 (:func:`rlft.distributed.sharded`) makes every forward and backward collective, so
 every rank must run as many passes as the others, whatever its number of rows (zero included):
-:func:`synced_passes` is that number, and :func:`batch_logprobs` and :func:`policy_loss_backward` given
-``passes`` and a :func:`filler_batch` run filler passes after their real micro-batches (results discarded,
-a zero loss), as :func:`rlft.distributed.padded_micro_batches` does for the other recipes.
+:func:`synced_passes` is that number, and :func:`batch_logprobs` and :func:`policy_loss_backward` given a
+:class:`PassPlan` with ``passes`` and a :func:`filler_batch` run filler passes after their real micro-batches
+(results discarded, a zero loss), as :func:`rlft.distributed.padded_micro_batches` does for the other recipes.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Literal
+from dataclasses import dataclass, replace
+from typing import Iterator
 
 import torch
 
 from rlft import distributed
 from rlft.data.tokenize import TokenizedExample, collate
-from rlft.losses.pg import entropy_bonus, kl_loss, policy_gradient_loss
+from rlft.losses.pg import PolicyObjective
 from rlft.ops import sequence_logprobs
 from rlft.rollout.base import Sample
 from rlft.rollout.hf import encode_prompts
@@ -110,130 +111,134 @@ def _filler_passes(model, filler: TokenBatch, n: int, temperature: float, logits
             (logprobs.sum() * 0.0).backward()
 
 
-@torch.no_grad()
-def batch_logprobs(model, batch: TokenBatch, temperature: float, micro_batch_size: int, *, logits_chunk_size: int = 0,
-                   passes: int | None = None, filler: TokenBatch | None = None) -> torch.Tensor:
-    """``(N, T)`` log-probs of the batch's target tokens at ``temperature`` (0 off the loss mask), no grad.
+@dataclass(frozen=True)
+class PassPlan:
+    """How the passes over a batch of samples run: micro-batches, temperature, LM-head chunking and, for a model
+    sharded by FSDP2, the number of passes every rank runs (:func:`synced_passes`) and the filler they run on."""
 
-    ``passes`` (a sharded model, :func:`synced_passes`): run exactly this many forwards, the batch's micro-batches
-    and then forwards of ``filler`` (:func:`filler_batch`); None: the micro-batches only.
+    temperature: float
+    """Log-probs are of ``softmax(logits / temperature)`` (the sampling temperature)."""
+    micro_batch_size: int
+    """Rows per forward (and backward)."""
+    logits_chunk_size: int = 0
+    """:func:`rlft.ops.sequence_logprobs`'s chunking of the LM head (0: all at once)."""
+    passes: int | None = None
+    """A sharded model: run exactly this many passes, the batch's micro-batches and then passes of ``filler``;
+    None: the micro-batches only."""
+    filler: TokenBatch | None = None
+    """The input of filler passes (:func:`filler_batch`)."""
+
+    def synced(self, model, rows: int) -> "PassPlan":
+        """This plan for ``rows`` rows of ``model``: ``passes`` from :func:`synced_passes` (collective when the model
+        is sharded: every rank must call it; None otherwise)."""
+        return replace(self, passes=synced_passes(model, rows, self.micro_batch_size))
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """What the loss needs besides the batch and its advantages: the log-probs it compares with and the whole
+    step's normalisers. Tensors are ``(N, T)``, row-aligned with the batch."""
+
+    old_logprobs: torch.Tensor | None = None
+    """The sampling policy's log-probs (no grad); None: the current ones detached (ratio 1: REINFORCE, no
+    extra forward)."""
+    ref_logprobs: torch.Tensor | None = None
+    """Reference log-probs; needed when the objective puts the KL in the loss."""
+    num_sequences: int | None = None
+    """Sequences of the whole step (None: the batch's rows). Pass the full step's values when the batch holds
+    only some of its rows (see :func:`gradient_rows`) so the gradient is that of the full step."""
+    num_tokens: float | None = None
+    """Target tokens of the whole step (None: the batch's)."""
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: TokenBatch, plan: PassPlan) -> torch.Tensor:
+    """``(N, T)`` log-probs of the batch's target tokens at ``plan.temperature`` (0 off the loss mask), no grad.
+
+    ``plan.passes`` (a sharded model, :func:`synced_passes`): run exactly this many forwards, the batch's
+    micro-batches and then forwards of ``plan.filler``; None: the micro-batches only.
 
     Raises:
         ValueError: see :func:`_fillers`.
     """
-    fillers = _fillers(passes, filler, batch.input_ids.shape[0], micro_batch_size)
+    fillers = _fillers(plan.passes, plan.filler, batch.input_ids.shape[0], plan.micro_batch_size)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for rows, mb in micro_batches(batch, micro_batch_size):
-        out[rows, : mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature,
-                                                               logits_chunk_size=logits_chunk_size)
-    _filler_passes(model, filler, fillers, temperature, logits_chunk_size, backward=False)
+    for rows, mb in micro_batches(batch, plan.micro_batch_size):
+        out[rows, : mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, plan.temperature,
+                                                               logits_chunk_size=plan.logits_chunk_size)
+    _filler_passes(model, plan.filler, fillers, plan.temperature, plan.logits_chunk_size, backward=False)
     return out
 
 
-def policy_loss_backward(
-    model,
-    batch: TokenBatch,
-    advantages: torch.Tensor,
-    *,
-    temperature: float,
-    micro_batch_size: int,
-    loss_mode: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum",
-    old_logprobs: torch.Tensor | None = None,
-    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]] = policy_gradient_loss,
-    clip_low: float | None = None,
-    clip_high: float | None = None,
-    entropy_coef: float = 0.0,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: Literal["k1", "k3"] = "k3",
-    num_sequences: int | None = None,
-    num_tokens: float | None = None,
-    logits_chunk_size: int = 0,
-    passes: int | None = None,
-    filler: TokenBatch | None = None,
-) -> tuple[dict[str, float], torch.Tensor]:
+def policy_loss_backward(model, batch: TokenBatch, advantages: torch.Tensor, objective: PolicyObjective, plan: PassPlan,
+                         context: LossContext = LossContext()) -> tuple[dict[str, float], torch.Tensor]:
     """Forward and backward of the RL loss on a batch of samples; gradients accumulate in ``model``.
 
-    The loss is ``loss_fn(...) + kl_coef * kl_loss(...) - entropy_coef * entropy_bonus(...)`` over all
-    N rows of ``batch``, reduced with ``loss_mode`` over the *whole* batch (num_sequences = N,
-    num_tokens = all target tokens), so splitting into micro-batches gives exactly the full-batch
-    gradient. Call ``optimizer.zero_grad()`` before and step after.
+    The loss is :meth:`rlft.losses.pg.PolicyObjective.loss` over all N rows of ``batch``, reduced with the
+    objective's ``loss_mode`` over the *whole* batch (``context.num_sequences``, ``context.num_tokens``; None:
+    this batch's), so splitting into micro-batches gives exactly the full-batch gradient. Call
+    ``optimizer.zero_grad()`` before and step after.
 
     Args:
         batch: ``(N, T)`` from :func:`rollout_batch`.
-        advantages: ``(N,)`` one advantage per row.
-        old_logprobs: ``(N, T)`` log-probs of the sampling policy (no grad); None: the current ones
-            detached (ratio 1: REINFORCE, no extra forward).
-        loss_fn: a policy loss of :data:`rlft.losses.pg.POLICY_LOSSES` (default: REINFORCE/PPO).
-        clip_low, clip_high: PPO clipping range (both None: off; a loss without clipping ignores them).
-        entropy_coef: weight of the entropy bonus (0: off, and no entropy is computed).
-        ref_logprobs: ``(N, T)`` reference log-probs; needed when ``kl_coef > 0`` (the KL-in-the-loss term).
-        num_sequences, num_tokens: the loss's normalisers (None: the batch's own row count and target
-            token count). Pass the full step's values when ``batch`` holds only some of its rows (see
-            :func:`gradient_rows`) so the gradient is that of the full step.
-        passes, filler: a sharded model (:func:`synced_passes`): run exactly ``passes`` forwards and backwards,
-            the batch's micro-batches (possibly none) and then passes of ``filler`` with a zero loss.
+        advantages: ``(N,)`` one loss weight per row (:meth:`~rlft.losses.pg.PolicyObjective.weights` of the
+            advantages).
+        objective: the loss, its clip range, KL and entropy terms.
+        plan: micro-batches, temperature; a sharded model: exactly ``plan.passes`` forwards and backwards, the
+            batch's micro-batches (possibly none) and then passes of ``plan.filler`` with a zero loss.
+        context: old and reference log-probs, the step's normalisers.
     Returns:
-        ``(metrics, logprobs)``: ``loss/policy`` and ``loss/kl`` (sums over micro-batches = full-batch
-        values), ``pg/clipfrac`` and ``pg/ratio_mean`` (token means over the batch), and the detached
+        ``(metrics, logprobs)``: ``loss/policy``, ``loss/kl`` and ``loss/entropy`` (sums over micro-batches =
+        full-batch values), ``pg/clipfrac`` and ``pg/ratio_mean`` (token means over the batch), and the detached
         ``(N, T)`` log-probs this forward computed.
     Raises:
-        ValueError: ``kl_coef > 0`` without ``ref_logprobs``; see also :func:`_fillers`.
+        ValueError: a KL in the loss without ``context.ref_logprobs``; see also :func:`_fillers`.
     """
-    if kl_coef > 0 and ref_logprobs is None:
+    if objective.kl_coef > 0 and context.ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
-    fillers = _fillers(passes, filler, batch.input_ids.shape[0], micro_batch_size)
-    num_sequences = batch.input_ids.shape[0] if num_sequences is None else num_sequences
-    num_tokens = float(batch.loss_mask.sum()) if num_tokens is None else float(num_tokens)
+    fillers = _fillers(plan.passes, plan.filler, batch.input_ids.shape[0], plan.micro_batch_size)
+    num_sequences = batch.input_ids.shape[0] if context.num_sequences is None else context.num_sequences
+    num_tokens = float(batch.loss_mask.sum()) if context.num_tokens is None else float(context.num_tokens)
     own_tokens = float(batch.loss_mask.sum())
     metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "loss/entropy": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 0.0}
     logprobs_out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for rows, mb in micro_batches(batch, micro_batch_size):
+    for rows, mb in micro_batches(batch, plan.micro_batch_size):
         width = mb.input_ids.shape[1]
-        if entropy_coef > 0:
-            logprobs, entropy = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature, return_entropy=True)
+        entropy = None
+        if objective.entropy_coef > 0:
+            logprobs, entropy = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, plan.temperature, return_entropy=True)
         else:
-            logprobs = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature,
-                                         logits_chunk_size=logits_chunk_size)
-        old = logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
-        loss, pg_metrics = loss_fn(
-            logprobs, old, advantages[rows], mb.loss_mask,
-            clip_low=clip_low, clip_high=clip_high, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens,
-        )  # fmt: skip
-        if entropy_coef > 0:
-            bonus, entropy_metrics = entropy_bonus(entropy, mb.loss_mask, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens)
-            loss = loss - entropy_coef * bonus
-            metrics["loss/entropy"] += entropy_metrics["loss/entropy"]
-        if kl_coef > 0:
-            kl, kl_metrics = kl_loss(
-                logprobs, ref_logprobs[rows, :width], mb.loss_mask,
-                estimator=kl_estimator, mode=loss_mode, num_sequences=num_sequences, num_tokens=num_tokens,
-            )  # fmt: skip
-            loss = loss + kl_coef * kl
-            metrics["loss/kl"] += kl_metrics["loss/kl"]
+            logprobs = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, plan.temperature,
+                                         logits_chunk_size=plan.logits_chunk_size)
+        old = logprobs.detach() if context.old_logprobs is None else context.old_logprobs[rows, :width]
+        ref = context.ref_logprobs[rows, :width] if context.ref_logprobs is not None else None
+        loss, mb_metrics = objective.loss(logprobs, old, advantages[rows], mb.loss_mask, entropy=entropy, ref_logprobs=ref,
+                                          num_sequences=num_sequences, num_tokens=num_tokens)
         loss.backward()
         share = float(mb.loss_mask.sum()) / max(own_tokens, 1.0)  # token-weighted means over micro-batches
-        metrics["loss/policy"] += pg_metrics["loss/policy"]
-        metrics["pg/clipfrac"] += pg_metrics["pg/clipfrac"] * share
-        metrics["pg/ratio_mean"] += pg_metrics["pg/ratio_mean"] * share
+        for key in ("loss/policy", "loss/kl", "loss/entropy"):
+            metrics[key] += mb_metrics[key]
+        metrics["pg/clipfrac"] += mb_metrics["pg/clipfrac"] * share
+        metrics["pg/ratio_mean"] += mb_metrics["pg/ratio_mean"] * share
         logprobs_out[rows, :width] = logprobs.detach()
-    _filler_passes(model, filler, fillers, temperature, logits_chunk_size, backward=True)
+    _filler_passes(model, plan.filler, fillers, plan.temperature, plan.logits_chunk_size, backward=True)
     return metrics, logprobs_out
 
 
-def gradient_rows(advantages: torch.Tensor, kl_coef: float, entropy_coef: float = 0.0) -> torch.Tensor:
-    """Indices of the rows that carry gradient: ``(M,)`` long, ``M <= N`` for ``advantages`` of shape ``(N,)``.
+def gradient_rows(advantages: torch.Tensor, objective: PolicyObjective) -> torch.Tensor:
+    """Indices of the rows that carry gradient: ``(M,)`` long, ``M <= N`` for ``advantages`` of shape ``(N,)``
+    (the loss weights, after the objective's selection).
 
     A sample whose advantage is exactly 0 contributes exactly 0 to the policy-gradient loss and its
     gradient (REINFORCE and PPO-clipped alike: every term is multiplied by the advantage), so with no
-    KL term in the loss (``kl_coef == 0``) only rows with a non-zero advantage need a forward and
-    backward. With ``beta = 0`` that skips every group whose k rewards are all equal (common when
-    the policy is confident: all correct or all wrong). With the KL or an entropy bonus in the loss
-    every row carries gradient and is kept.
+    KL or entropy term in the loss only rows with a non-zero advantage need a forward and backward.
+    With ``beta = 0`` that skips every group whose k rewards are all equal (common when the policy is
+    confident: all correct or all wrong). With the KL or an entropy bonus in the loss
+    (:attr:`~rlft.losses.pg.PolicyObjective.every_row_has_gradient`) every row is kept.
     The update stays exact as long as the loss is normalised by the full step's counts
-    (``policy_loss_backward(..., num_sequences=, num_tokens=)``).
+    (:class:`LossContext`'s ``num_sequences`` and ``num_tokens``).
     """
-    if kl_coef > 0 or entropy_coef > 0:
+    if objective.every_row_has_gradient:
         return torch.arange(advantages.numel(), device=advantages.device)
     return (advantages != 0).nonzero().squeeze(1)
 

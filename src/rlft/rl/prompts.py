@@ -27,7 +27,7 @@ from rlft.rollout.hf import encode_prompts
 from rlft.types import CountdownTask
 
 if TYPE_CHECKING:
-    from rlft.recipes.rl import RLConfig
+    from rlft.rl.config import RLConfig
     from rlft.rl.rewards import Reward
 
 log = logging.getLogger("rlft")
@@ -145,9 +145,6 @@ def load_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPromp
     train = [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in tasks]
     eval_tasks = heldout[: cfg.eval_limit]
     return train, [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in eval_tasks], eval_tasks
-
-
-load_rloo_tasks = load_rl_tasks  # the name the RLOO recipe used
 
 
 def evaluate_chat(engine, prompts: list[RLPrompt], reward: "Reward", max_new_tokens: int) -> dict[str, float]:

@@ -15,7 +15,7 @@ from rlft.rewards.registry import RewardFunction, get_reward_function
 from rlft.rl.prompts import RLPrompt
 
 if TYPE_CHECKING:
-    from rlft.recipes.rl import RLConfig
+    from rlft.rl.config import RLConfig
 
 log = logging.getLogger("rlft")
 

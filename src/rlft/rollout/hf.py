@@ -34,7 +34,7 @@ def encode_prompts(tokenizer, prompts: list[str], *, add_special_tokens: bool = 
     """Token ids of each prompt string: ``tokenizer(prompts, add_special_tokens=...)["input_ids"]``.
 
     The one place prompts become ids, for generation (:meth:`HFEngine.generate`) and for the
-    training batches built from its samples (e.g. :func:`rlft.recipes.rloo.rollout_batch`), so the
+    training batches built from its samples (e.g. :func:`rlft.rl.batch.rollout_batch`), so the
     ids a policy is trained on are exactly those the sampler conditioned on.
 
     ``add_special_tokens=True`` (the tokenizer's default) lets a tokenizer that adds BOS add it: right

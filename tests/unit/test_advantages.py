@@ -87,6 +87,34 @@ def test_registry_entries_keep_the_shape_and_zero_out_constant_groups(name):
         assert torch.equal(out[2], torch.zeros(4))
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", None])
+@pytest.mark.parametrize("value", [0.1, 0.7, 1 / 3])
+@pytest.mark.parametrize("k", [4, 8, 16])
+def test_all_equal_group_gets_exactly_zero_whatever_the_reward(k, value, scale):
+    # The float mean of k equal values can be off by one rounding (8 x 0.1 -> 0.10000001); divided by a
+    # near-zero std, that residual used to become a visible advantage (-0.0074 for k=8 at 0.1, +0.056 at 0.7).
+    equal = torch.full((1, k), value)
+    assert torch.equal(grpo_advantages(equal, scale), torch.zeros(1, k))
+    assert torch.equal(rloo_advantages(equal), torch.zeros(1, k))
+    # beside a varied group: the equal row is exactly 0, the varied row is the formula's value, bit for bit
+    varied = torch.linspace(0.0, 1.0, k) ** 2
+    mixed = torch.stack([torch.full((k,), value), varied, torch.full((k,), value)])
+    out = grpo_advantages(mixed, scale)
+    assert torch.equal(out[0], torch.zeros(k)) and torch.equal(out[2], torch.zeros(k))
+    centred = varied - varied.mean()
+    std = {"group": varied.std(), "batch": mixed.std(), None: None}[scale]
+    assert torch.equal(out[1], centred if scale is None else centred / (std + 1e-6))
+    assert not torch.equal(out[1], torch.zeros(k))
+
+
+def test_varied_groups_are_unchanged_by_the_all_equal_rule():
+    rewards = torch.rand(6, 8, generator=torch.Generator().manual_seed(1))
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    assert torch.equal(grpo_advantages(rewards, None), centred)
+    assert torch.equal(grpo_advantages(rewards, "group"), centred / (rewards.std(dim=1, keepdim=True) + 1e-6))
+    assert torch.equal(grpo_advantages(rewards, "batch"), centred / (rewards.std() + 1e-6))
+
+
 def test_errors():
     with pytest.raises(ValueError, match=r"shape \(B, k\)"):
         grpo_advantages(torch.zeros(4))

@@ -68,12 +68,14 @@ def grpo_advantages(rewards: torch.Tensor, scale: GRPOScale = "group", eps: floa
     - ``scale=None``: no division, ``A_i = R_i - mean_j R_j`` (Dr. GRPO, Liu et al. 2025; the loss
       should then also drop per-sequence length normalisation, e.g. ``--aggregation seq_sum``).
 
-    A group whose rewards are all equal gets exactly 0 (its numerator is 0) with every scale.
+    A group whose rewards are all equal gets exactly 0.0 with every scale, whatever the reward value (its
+    centred rewards are set to 0: the float mean of k equal values may be off by a rounding, which the std
+    division would blow up); every other group gets the formula's value.
 
     Args:
         rewards: ``(B, k)`` float.
         scale: "group", "batch" or None.
-        eps: added to the std (keeps all-equal groups finite; their numerator is 0 anyway).
+        eps: added to the std (keeps the division finite; all-equal groups are 0 anyway).
     Returns:
         ``(B, k)`` advantages, same dtype; each row sums to 0 (up to rounding).
     Raises:
@@ -83,6 +85,10 @@ def grpo_advantages(rewards: torch.Tensor, scale: GRPOScale = "group", eps: floa
         raise ValueError(f"unknown GRPO scale {scale!r}; expected 'group', 'batch' or None")
     _check_rewards(rewards, min_k=2 if scale == "group" else 1, who=f"GRPO with scale={scale!r}")
     centred = rewards - rewards.mean(dim=1, keepdim=True)
+    # An all-equal group's float mean can differ from its value by one rounding (8 x 0.1 sums to 0.8000001),
+    # and dividing that residual by a near-zero std would turn it into a visible advantage: zero such rows.
+    varied = rewards.max(dim=1, keepdim=True).values > rewards.min(dim=1, keepdim=True).values
+    centred = torch.where(varied, centred, torch.zeros_like(centred))
     if scale is None:
         return centred
     if scale == "group":

@@ -26,7 +26,8 @@ Each step:
    prompts are sampled, up to ``max_prompt_batches`` per step, until ``prompts_per_step`` varied groups
    are found (``groups/tried``, ``groups/kept``);
 2. score them with the reward: ``(B, k)`` raw rewards; with ``truncation_penalty`` set, samples that
-   hit ``max_new_tokens`` without an EOS get it added (before the KL and the advantages);
+   hit ``max_new_tokens`` without an EOS get it added, and with ``--overlong-buffer`` DAPO's soft overlong
+   punishment of long completions (before the KL and the advantages; :mod:`rlft.rl.shaping`);
 3. teacher-force the sampled sequences (prompt ids exactly as the sampler tokenized them) to get
    log-probs at the sampling temperature under the reference (when ``beta > 0``; with LoRA the
    reference is the same model with its adapters disabled) and, when needed, the pre-update policy;
@@ -37,7 +38,8 @@ Each step:
    on-policy: ratio 1; RAFT's losses first select the samples with A > 0, weight 1). Samples whose weight
    is exactly 0 add nothing to the loss or its gradient, so unless the KL or an entropy bonus is in the
    loss they are skipped; the loss keeps the full step's normalisers, so the update is the same as with
-   them, only cheaper;
+   them, only cheaper. With ``--mask-truncated`` the samples that hit ``max_new_tokens`` without an EOS are
+   left out of the loss and of its normalisers (after counting in their group's advantages);
 7. log: one metrics record (below).
 
 Log-probs are always computed at the sampling temperature (``logits / T``). With ``top_p < 1`` the
@@ -48,10 +50,12 @@ Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` c
 
 - ``reward/mean``, ``reward/std``: raw scores of all samples generated this step (every tried group);
   rule rewards also ``reward/accuracy`` (score == 1.0) and ``reward/format_rate`` (>= 0.1);
-  ``reward/shaped_mean``: mean of the rewards the advantages are computed from (trained groups).
+  ``reward/shaped_mean``: mean of the rewards the advantages are computed from (trained groups);
+  ``reward/overlong_penalty_mean`` (``--overlong-buffer``): the mean overlong punishment of those samples.
 - ``groups/tried``, ``groups/kept``: prompt groups sampled and trained on; ``samples/step`` (generated
   this step) and ``samples/total`` (generated so far: the x axis of sample-efficiency plots).
-- ``kl/mean`` (beta > 0), ``entropy`` (Monte-Carlo estimate from the sampled tokens),
+- ``kl/mean`` (beta > 0), ``entropy`` (Monte-Carlo estimate from the sampled tokens; with ``--mask-truncated``
+  from the samples in the loss),
   ``update/rows_frac``, ``completion/mean_tokens``, ``completion/truncated_frac``, ``adv/mean``, ``adv/std``.
 - ``loss/policy``, ``loss/kl`` (kl_mode=loss), ``loss/entropy`` (entropy_coef > 0), ``pg/clipfrac``,
   ``pg/ratio_mean``, ``grad_norm``, ``lr``; ``time/generate_s``, ``time/update_s``, ``time/step_s``,
@@ -81,12 +85,13 @@ from rlft.recipes.common import batch_indices, checkpoint_if_due, claim_run_dir,
 from rlft.recipes.memory import enable_gradient_checkpointing
 from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, gradient_rows, policy_loss_backward, rollout_batch,
-                           take_rows)
+                           take_rows, without_rows)
 from rlft.rl.config import RLConfig
 from rlft.rl.metrics import NO_UPDATE, loss_metrics, reduce_loss_metrics, sample_metrics, step_counts, update_metrics
 from rlft.rl.prompts import make_prompt_source
 from rlft.rl.rewards import make_reward
-from rlft.rl.sampling import sample_step, shaped_rewards
+from rlft.rl.sampling import sample_step
+from rlft.rl.shaping import shaped_rewards, shaping_metrics
 from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.prompts import adds_special_tokens
 from rlft.tracking import attach_tracker
@@ -114,7 +119,7 @@ def update_policy(setup, cfg: RLConfig, batch: TokenBatch, weights: torch.Tensor
         updated rows (the sampling policy's; None when this rank updated none).
     """
     model = setup.model
-    rows = gradient_rows(weights, objective)
+    rows = gradient_rows(weights, objective, batch.loss_mask)
     sub = take_rows(batch, rows)
     rows_total = int(distributed.all_reduce_sum(len(rows)))
     update_plan = plan.synced(model, len(rows))  # passes: None unless sharded; 0: no rows anywhere
@@ -250,8 +255,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             got = sample_step(cfg, step, prompts, order, engine, reward)
             B, k, local = got.raw.shape[0], cfg.k, got.local
             samples_total += got.all_raw.numel()
-            # 2. Rewards: (B, k) raw scores, plus the truncation penalty.
-            rewards = shaped_rewards(cfg, got.raw, got.truncated)
+            # 2. Rewards: (B, k) raw scores, plus the truncation penalty and the overlong punishment.
+            rewards = shaped_rewards(cfg, got.raw, got.truncated, got.lengths)
             t1 = time.perf_counter()
             # 3. Log-probs before the update: reference, and the sampling policy when needed. A rank with no groups
             # has an empty batch (FSDP2: it still runs the busiest rank's number of passes, on a filler).
@@ -270,17 +275,21 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             weights = objective.weights(advantages[local].flatten().to(spec.device))  # (len(local) * k,)
             # 6. Loss and update on the rows that carry gradient; the loss keeps the full step's normalisers.
             num_tokens = distributed.all_reduce_sum(float(batch.loss_mask.sum()))  # completion tokens of the whole step
-            context = LossContext(old_logprobs, ref_logprobs, num_sequences=B * k, num_tokens=num_tokens)
-            rows, epoch_metrics, update_logprobs = update_policy(setup, cfg, batch, weights, objective, plan, context)
+            train, num_sequences, loss_tokens = batch, B * k, num_tokens
+            if cfg.mask_truncated:  # truncated samples leave the loss and its normalisers (their rewards counted above)
+                train, weights = without_rows(batch, weights, got.truncated[local].flatten())
+                num_sequences, loss_tokens = B * k - int(got.truncated.sum()), distributed.all_reduce_sum(float(train.loss_mask.sum()))
+            context = LossContext(old_logprobs, ref_logprobs, num_sequences=num_sequences, num_tokens=loss_tokens)
+            rows, epoch_metrics, update_logprobs = update_policy(setup, cfg, train, weights, objective, plan, context)
             sync_sampler()  # the next rollout (and evaluation) samples from the updated policy
             update_s = time.perf_counter() - t1
 
             # 7. Log (sums over ranks of this rank's counts; the rewards are every rank's already).
-            counts = distributed.all_reduce_sums(step_counts(batch, rows, old_logprobs, ref_logprobs, update_logprobs,
+            counts = distributed.all_reduce_sums(step_counts(train, rows, old_logprobs, ref_logprobs, update_logprobs,
                                                              objective.kl_estimator, got.completion_tokens))
             record: dict[str, float] = {"step": step + 1, **sample_metrics(got, counts, samples_total, reward.kind)}
             if B:
-                record.update(update_metrics(got, rewards, advantages, counts, num_tokens, update_s))
+                record.update({**update_metrics(got, rewards, advantages, counts, num_tokens, update_s), **shaping_metrics(cfg, got.lengths)})
             record.update({**loss_metrics(epoch_metrics, objective), "time/generate_s": got.generate_s, "time/update_s": update_s})
             if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
                 t2 = time.perf_counter()

@@ -225,7 +225,7 @@ def policy_loss_backward(model, batch: TokenBatch, advantages: torch.Tensor, obj
     return metrics, logprobs_out
 
 
-def gradient_rows(advantages: torch.Tensor, objective: PolicyObjective) -> torch.Tensor:
+def gradient_rows(advantages: torch.Tensor, objective: PolicyObjective, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the rows that carry gradient: ``(M,)`` long, ``M <= N`` for ``advantages`` of shape ``(N,)``
     (the loss weights, after the objective's selection).
 
@@ -234,13 +234,25 @@ def gradient_rows(advantages: torch.Tensor, objective: PolicyObjective) -> torch
     KL or entropy term in the loss only rows with a non-zero advantage need a forward and backward.
     With ``beta = 0`` that skips every group whose k rewards are all equal (common when the policy is
     confident: all correct or all wrong). With the KL or an entropy bonus in the loss
-    (:attr:`~rlft.losses.pg.PolicyObjective.every_row_has_gradient`) every row is kept.
+    (:attr:`~rlft.losses.pg.PolicyObjective.every_row_has_gradient`) every row is kept. Given the ``(N, T)``
+    ``loss_mask``, rows without a target token (left out of the loss: :func:`without_rows`) are skipped too.
     The update stays exact as long as the loss is normalised by the full step's counts
     (:class:`LossContext`'s ``num_sequences`` and ``num_tokens``).
     """
-    if objective.every_row_has_gradient:
-        return torch.arange(advantages.numel(), device=advantages.device)
-    return (advantages != 0).nonzero().squeeze(1)
+    keep = torch.ones_like(advantages, dtype=torch.bool) if objective.every_row_has_gradient else advantages != 0
+    if loss_mask is not None:
+        keep = keep & (loss_mask.sum(dim=-1) > 0)
+    return keep.nonzero().squeeze(1)
+
+
+def without_rows(batch: TokenBatch, advantages: torch.Tensor, dropped: torch.Tensor) -> tuple[TokenBatch, torch.Tensor]:
+    """``batch`` and its ``(N,)`` ``advantages`` with the rows where ``dropped`` (``(N,)`` bool) is True left out of
+    the loss: their ``loss_mask`` is zeroed and their advantage set to 0, so they add nothing to the loss, its
+    gradient or its token count (``--mask-truncated``). The rows stay (same shapes, row-aligned with the step's
+    log-probs); pass the normalisers of the remaining rows (:class:`LossContext`). New tensors."""
+    keep = (~dropped.bool()).to(batch.loss_mask.device)
+    masked = TokenBatch(batch.input_ids, batch.attention_mask, batch.loss_mask * keep.unsqueeze(1).to(batch.loss_mask.dtype))
+    return masked, advantages * keep.to(advantages.dtype)
 
 
 def take_rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:

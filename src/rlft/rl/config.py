@@ -127,6 +127,18 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
     """Added to the raw reward of samples that hit max_new_tokens without EOS (e.g. -0.5), before the KL and the
     leave-one-out baseline; None: off. There is no separate EOS penalty. Discourages rambling (with a reward model:
     replies cut mid-sentence), but also punishes long correct reasoning cut by a small max_new_tokens."""
+    mask_truncated: bool = False
+    """Leave the samples that hit max_new_tokens without EOS out of the policy loss (TRL's
+    mask_truncated_completions): their rewards still count in the reward metrics and in their group's advantage
+    baseline (advantages are computed over the whole group first), then their loss mask is zeroed; the loss's
+    normalisers count the other samples only (sequences and tokens), so the update is the one without them."""
+    overlong_buffer: int | None = None
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13), L_cache tokens: a completion longer than
+    max_new_tokens - L_cache gets ((max_new_tokens - L_cache) - length) / L_cache * --overlong-penalty added to its
+    raw reward (down to -penalty at max_new_tokens), before the KL and the advantages; logged as
+    reward/overlong_penalty_mean. None or 0: off."""
+    overlong_penalty: float = 1.0
+    """Scale of the overlong punishment (--overlong-buffer): the reward added at max_new_tokens tokens is -this."""
     eval_every: int = 0
     """Greedy evaluation on held-out Countdown tasks every N steps (and at step 0 and the end); 0: off."""
     eval_at_start: bool = True
@@ -188,6 +200,9 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
                 f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
         require(self.prompts_data is not None or (self.reward_model is None and self.reward != "remote"),
                 "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")
+        require(not self.overlong_buffer or self.overlong_buffer <= self.max_new_tokens,
+                f"--overlong-buffer ({self.overlong_buffer}) must be <= --max-new-tokens ({self.max_new_tokens})")
+        require(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
         require(not (self.eval_every and self.prompts_data is None and self.eval_limit > self.heldout_size),
                 f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on")
 

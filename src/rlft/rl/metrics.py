@@ -45,12 +45,13 @@ def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tenso
     The log-probs ``entropy`` and ``kl/mean`` are computed from are those the step already has: every row's
     pre-update log-probs when a no-grad pass computed them (``old_logprobs``, ``(N, T)``), else the first
     epoch's log-probs of the updated rows (``update_logprobs``, ``(M, T)`` for the ``M`` indices ``rows``),
-    else none (no rows updated, no pass: no entropy or KL this step).
+    else none (no rows updated, no pass: no entropy or KL this step); on the target tokens of ``batch``'s
+    ``loss_mask`` (rows without any, left out of the loss, do not count).
 
     Returns:
         ``rows`` (updated rows), ``update_tokens`` (non-pad tokens of the batch), ``generated_tokens``,
         ``seen_tokens``, ``logprob_sum`` (sum of the seen target log-probs), ``kl_sum`` (sum over the seen rows
-        of ``sum_t kl_t``, with a reference) and ``kl_rows``.
+        of ``sum_t kl_t``, with a reference) and ``kl_rows`` (seen rows with a target token).
     """
     counts = {"rows": len(rows), "update_tokens": float(batch.attention_mask.sum()), "generated_tokens": generated_tokens,
               "seen_tokens": 0.0, "logprob_sum": 0.0, "kl_sum": 0.0, "kl_rows": 0.0}
@@ -63,7 +64,7 @@ def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tenso
         return counts
     counts.update(seen_tokens=float(mask.sum()), logprob_sum=float(masked_sum(seen, mask)))
     if ref is not None:
-        counts.update(kl_sum=float(sequence_kl(seen, ref, mask, kl_estimator).sum()), kl_rows=float(mask.shape[0]))
+        counts.update(kl_sum=float(sequence_kl(seen, ref, mask, kl_estimator).sum()), kl_rows=float((mask.sum(dim=-1) > 0).sum()))
     return counts
 
 

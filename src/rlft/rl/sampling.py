@@ -16,6 +16,7 @@ from rlft.rl.batch import generation_seed
 from rlft.rl.groups import varied_groups
 from rlft.rl.prompts import RLPrompt
 from rlft.rl.rewards import Reward
+from rlft.rl.shaping import shaped_rewards
 from rlft.rollout.base import Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class StepSamples:
     """``(B, k)`` raw rewards of the kept groups."""
     truncated: torch.Tensor
     """``(B, k)`` 1.0 where a sample hit max_new_tokens without EOS."""
+    lengths: torch.Tensor
+    """``(B, k)`` completion lengths in tokens (EOS included), float."""
     all_raw: torch.Tensor
     """``(G, k)`` raw rewards of every group sampled this step (G >= B)."""
     generate_s: float
@@ -77,7 +80,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
     kept_prompts: list[RLPrompt] = []
     kept_samples: list[list[Sample]] = []
     local: list[int] = []
-    kept_raw, kept_trunc, all_raw = [], [], []
+    kept_raw, kept_trunc, kept_lengths, all_raw = [], [], [], []
     generate_s = 0.0
     completion_tokens = 0
     batches = cfg.max_prompt_batches if cfg.filter_groups else 1
@@ -98,9 +101,10 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
             raise ValueError(f"the reward returned {len(scores)} scores for {len(flat)} completions")
         raw = torch.tensor(scores, dtype=torch.float32).view(len(batch_prompts), k)
         truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
-        raw, truncated = (distributed.gather_rows(t, mine, len(chosen)) for t in (raw, truncated))  # (len(chosen), k)
+        lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
+        raw, truncated, lengths = (distributed.gather_rows(t, mine, len(chosen)) for t in (raw, truncated, lengths))  # (len(chosen), k)
         all_raw.append(raw)
-        keep = varied_groups(shaped_rewards(cfg, raw, truncated)) if cfg.filter_groups else torch.ones(len(chosen), dtype=torch.bool)
+        keep = varied_groups(shaped_rewards(cfg, raw, truncated, lengths)) if cfg.filter_groups else torch.ones(len(chosen), dtype=torch.bool)
         for b in keep.nonzero().squeeze(1).tolist():
             if kept < cfg.prompts_per_step:
                 if b in mine:
@@ -109,14 +113,12 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
                     kept_samples.append(samples[mine.index(b)])
                 kept_raw.append(raw[b])
                 kept_trunc.append(truncated[b])
+                kept_lengths.append(lengths[b])
                 kept += 1
         if kept >= cfg.prompts_per_step:
             break
-    empty = torch.zeros(0, k)
-    return StepSamples(kept_prompts, kept_samples, local, torch.stack(kept_raw) if kept_raw else empty,
-                       torch.stack(kept_trunc) if kept_trunc else empty, torch.cat(all_raw), generate_s, completion_tokens)
+    def stacked(rows: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(rows) if rows else torch.zeros(0, k)
 
-
-def shaped_rewards(cfg: RLConfig, raw: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
-    """Raw rewards plus the truncation penalty on samples that hit max_new_tokens (``(B, k)``, a new tensor)."""
-    return raw + cfg.truncation_penalty * truncated if cfg.truncation_penalty is not None else raw.clone()
+    return StepSamples(kept_prompts, kept_samples, local, stacked(kept_raw), stacked(kept_trunc), stacked(kept_lengths), torch.cat(all_raw),
+                       generate_s, completion_tokens)

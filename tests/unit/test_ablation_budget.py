@@ -1,23 +1,48 @@
-"""scripts/countdown_ablation.py: the continued-SFT baseline's budget is the matching RL run's step time."""
+"""scripts/countdown_ablation.py (the runner) and scripts/ablation_report.py: the continued-SFT baseline's budget is the
+matching RL run's step time; variants and settings come from configs/countdown/ablation and reach every stage; the
+archived countdown-bounded report is rebuilt byte for byte."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "countdown_ablation.py"
+from rlft.recipes.pipeline import heldout_tasks, load_settings, load_variants
+from rlft.validation import OptionError
+
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "tests" / "assets" / "ablation"
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def ablation():
-    spec = importlib.util.spec_from_file_location("countdown_ablation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_script("countdown_ablation")
+
+
+@pytest.fixture(scope="module")
+def report():
+    return _load_script("ablation_report")
+
+
+def make(ablation, out: Path, setting: str = "direct", **kwargs):
+    """The runner's choices for these tests: every variant of configs/countdown/ablation, SFT start "sft", 500 tasks."""
+    settings = load_settings(ablation.CONFIGS)
+    return ablation.Ablation(kwargs.pop("variants", load_variants(ablation.CONFIGS)), settings[setting], out=out,
+                             sft=Path("sft"), **{"tasks": 500, "sft_step_s": 6.5, **kwargs})
 
 
 def _finished_rl_run(folder: Path, step_seconds: list[float | None]) -> None:
@@ -49,7 +74,7 @@ def test_budget_of_sizes_continued_sft_to_the_named_run(ablation, tmp_path):
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
     with mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch.object(ablation, "evaluate") as evaluate:
-        ablation.run_variant("sft_continued_60", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+        ablation.run_variant(make(ablation, tmp_path), "sft_continued_60", 1)
     assert seen == {"max_steps": round(600 / 6.5), "seed": 1, "lr": 2e-5}
     assert evaluate.call_count == 1
     assert json.loads((tmp_path / "sft_continued_60" / "s1" / "train_time.json").read_text())["seconds"] >= 0
@@ -66,19 +91,19 @@ def test_budget_from_an_archived_metrics_file_overrides_budget_of(ablation, tmp_
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
     with mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch.object(ablation, "evaluate"):
-        ablation.run_variant("sft_continued_60", 0, Path("sft"), tmp_path, None, 500, False, 6.5, budget_from=archived)
+        ablation.run_variant(make(ablation, tmp_path, budget_from=archived), "sft_continued_60", 0)
     assert seen == {"max_steps": 20}
     with pytest.raises(SystemExit, match="no time/step_s"):
         (tmp_path / "eval_only.jsonl").write_text(json.dumps({"step": 1, "eval/score": 0.4}) + "\n")
         ablation.summed_step_seconds(tmp_path / "eval_only.jsonl")
 
 
-def test_compare_prints_the_paired_difference(ablation, tmp_path, capsys):
+def test_compare_prints_the_paired_difference(report, tmp_path, capsys):
     """compare --pair A B: A minus B per task (3 tasks: +1, 0, -0.5), mean +0.167, better/worse 1/1."""
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps({"mean_score": 0.5, "task_scores": [[1.0], [0.5], [0.0]]}))
     b.write_text(json.dumps({"mean_score": 0.333, "task_scores": [[0.0], [0.5], [0.5]]}))
-    ablation.main(["compare", "--pair", str(a), str(b)])
+    report.main(["compare", "--pair", str(a), str(b)])
     out = capsys.readouterr().out
     assert "+0.167 [" in out and "better/worse 1/1" in out and "on 3 tasks" in out
 
@@ -102,11 +127,11 @@ def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
 
     with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs),
           mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate")):
-        ablation.run_variant("dpo_wide_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
-        ablation.run_variant("dpo_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
-        ablation.run_variant("dpo_lora_2e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)  # pairs_of: reuses them
-        ablation.run_variant("rpo_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)  # samples them, for seed 0
-        ablation.run_variant("dpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)
+        ablation.run_variant(make(ablation, tmp_path), "dpo_wide_lora_1e4", 1)
+        ablation.run_variant(make(ablation, tmp_path), "dpo_lora_1e4", 1)
+        ablation.run_variant(make(ablation, tmp_path), "dpo_lora_2e4", 1)  # pairs_of: reuses them
+        ablation.run_variant(make(ablation, tmp_path), "rpo_lora_1e4", 0)  # samples them, for seed 0
+        ablation.run_variant(make(ablation, tmp_path), "dpo_4x_lora_1e4", 0)
     assert pairs == [(1920, 1920, 4, 1), (960, 960, 2, 1), (960, 0, 2, 0), (3840, 0, 2, 0)]
     assert dpo == [(1.0, 1e-4, 16, "dpo", "dpo_wide_lora_1e4"), (2.0, 1e-4, 16, "dpo", "dpo_lora_1e4"),
                    (2.0, 2e-4, 16, "dpo", "dpo_lora_1e4"), (2.0, 1e-4, 16, "rpo", "dpo_lora_1e4"),
@@ -135,20 +160,20 @@ def test_the_bounded_setting_reaches_every_stage(ablation, tmp_path):
     def fake_train_dpo(cfg):
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
-    bounded = ablation.SETTINGS["bounded"]
     _finished_rl_run(tmp_path / "grpo_filter_lora_1e4_60" / "s0", [60.0])
     with (mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch("rlft.recipes.rl.train_rl", fake_train_rl),
           mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs),
           mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate") as evaluate):
         for name in ("sft_continued_60", "grpo_filter_lora_2e4", "dpo_lora_1e4"):
-            ablation.run_variant(name, 0, Path("sft"), tmp_path, None, 500, False, 6.5, setting=bounded)
+            ablation.run_variant(make(ablation, tmp_path, "bounded"), name, 0)
     assert seen == {"sft": ("bounded", 0.6), "rl": (144, 144), "pairs": 144}
-    assert all(call.args[-2] is bounded and call.args[-1] == "test" for call in evaluate.call_args_list)
+    assert all(call.args[0].setting.name == "bounded" and call.args[0].split == "test" for call in evaluate.call_args_list)
     assert evaluate.call_count == 3
-    assert ablation.rl_base(ablation.SETTINGS["direct"])["max_new_tokens"] == 64
+    direct = load_settings(ablation.CONFIGS)["direct"]
+    assert (direct.max_new_tokens, direct.trace_style, direct.micro_batch_size) == (64, "direct", 32)
 
 
-def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(ablation, tmp_path):
+def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(report, tmp_path):
     """x of the paired plot: RL its last samples/total, DPO its pairs' prompts x samples (the pairs_of variant's file,
     same seed), continued SFT 0, None when the record is missing; the plot is drawn from the runs that have both."""
     out = tmp_path
@@ -159,11 +184,13 @@ def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(ablation
     (out / "dpo_lora_1e4" / "s1" / "pairs.stats.json").write_text(json.dumps({"prompts": 960, "samples_per_prompt": 2}))
     for name, seed in [("rpo_lora_1e4", 1), ("rpo_lora_1e4", 0), ("sft_continued", 0)]:
         (out / name / f"s{seed}").mkdir(parents=True)
-    got = {(name, folder.name): ablation.samples_generated(out, name, folder) for name, folder in ablation.seed_folders(out)}
+    variants = load_variants(report.CONFIGS)
+    got = {(name, folder.name): report.samples_generated(variants, out, name, folder)
+           for name, folder in report.seed_folders(variants, out)}
     assert got == {("grpo_filter_lora_2e4", "s0"): 136, ("dpo_lora_1e4", "s1"): 1920, ("rpo_lora_1e4", "s0"): None,
                    ("rpo_lora_1e4", "s1"): 1920, ("sft_continued", "s0"): 0}
 
-    assert ablation.plot_paired(out, 3) is None  # no SFT start evaluation yet
+    assert report.plot_paired(variants, out, 3) is None  # no SFT start evaluation yet
     scores = {"sft_start": [[0.1], [1.0], [0.0]], "grpo_filter_lora_2e4/s0": [[1.0], [1.0], [0.0]],
               "rpo_lora_1e4/s1": [[0.1], [1.0], [0.1]]}
     for folder, task_scores in scores.items():
@@ -171,18 +198,19 @@ def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(ablation
         (out / folder / "eval_greedy_3.json").write_text(json.dumps({"task_scores": task_scores}))
     drawn = []
     with mock.patch("matplotlib.axes.Axes.errorbar", side_effect=lambda xs, ys, **kw: drawn.append((kw["label"], list(ys)))):
-        assert ablation.plot_paired(out, 3) == out / "paired_vs_samples.png"
+        assert report.plot_paired(variants, out, 3) == out / "paired_vs_samples.png"
     assert drawn == [("grpo_filter_lora_2e4 (1 seed)", [pytest.approx(0.3)]), ("rpo_lora_1e4 (1 seed)", [pytest.approx(1 / 30)])]
 
 
 def test_validation_tasks_are_held_out_500_on_and_disjoint_from_the_test_tasks(ablation):
     from rlft.tasks.countdown.generator import task_key
 
-    test, val = ablation.heldout(500), ablation.heldout(40, "validation")
-    assert val == ablation.heldout(540)[500:]
+    setting = load_settings(ablation.CONFIGS)["bounded"]
+    test, val = heldout_tasks(setting, 500), heldout_tasks(setting, 40, "validation")
+    assert val == heldout_tasks(setting, 540)[500:]
     assert not {task_key(t) for t in val} & {task_key(t) for t in test}
-    with pytest.raises(SystemExit, match="has 500 tasks"):
-        ablation.heldout(501, "validation")
+    with pytest.raises(OptionError, match="has 500 tasks"):
+        heldout_tasks(setting, 501, "validation")
     assert ablation.eval_name("greedy", 500) == "eval_greedy_500.json"
     assert ablation.eval_name("sampled", 300, "validation") == "eval_val_sampled_300.json"
 
@@ -200,9 +228,9 @@ def test_run_on_the_validation_split_evaluates_there_and_pairs_only_samples(abla
     (folder / "run" / "model").mkdir(parents=True)
     (folder / "eval_greedy_500.json").write_text("{}")
     with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs), mock.patch("rlft.recipes.dpo.train_dpo") as train,
-          mock.patch.object(ablation, "evaluate", lambda *args: evaluated.append(args[-1]))):
-        ablation.run_variant("dpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5, split="test")
-        ablation.run_variant("dpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5, split="validation")
+          mock.patch.object(ablation, "evaluate", lambda ab, *args: evaluated.append(ab.split))):
+        ablation.run_variant(make(ablation, tmp_path, split="test"), "dpo_4x_lora_1e4", 0)
+        ablation.run_variant(make(ablation, tmp_path, split="validation"), "dpo_4x_lora_1e4", 0)
         ablation.main(["pairs", "--out", str(tmp_path), "--variants", "rpo_4x_lora_1e4", "--seeds", "1", "--setting", "bounded"])
         with pytest.raises(SystemExit, match="not a DPO variant"):
             ablation.main(["pairs", "--out", str(tmp_path), "--variants", "grpo_filter_lora_2e4"])
@@ -211,7 +239,7 @@ def test_run_on_the_validation_split_evaluates_there_and_pairs_only_samples(abla
     assert (tmp_path / "dpo_4x_lora_1e4" / "s1" / "pairs.jsonl").exists()
 
 
-def test_a_second_round_starts_samples_and_references_from_the_first_rounds_model(ablation, tmp_path):
+def test_a_second_round_starts_samples_and_references_from_the_first_rounds_model(ablation, report, tmp_path):
     """rpo_4x_round2: its pairs come from rpo_4x_lora_1e4's model of the same seed, on 960 prompts from 7,680 +
     seed x 960 (after both seeds' round-1 prompts, 0 .. 7,679), and DPO starts from (and references) that model;
     without a finished round 1 it stops with the missing folder named, before sampling anything; its samples count
@@ -232,14 +260,15 @@ def test_a_second_round_starts_samples_and_references_from_the_first_rounds_mode
     with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs),
           mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate")):
         with pytest.raises(SystemExit, match="rpo_4x_lora_1e4/s1/run/model"):
-            ablation.run_variant("rpo_4x_round2", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+            ablation.run_variant(make(ablation, tmp_path), "rpo_4x_round2", 1)
         assert pairs == []
-        ablation.run_variant("rpo_4x_lora_1e4", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
-        ablation.run_variant("rpo_4x_round2", 1, Path("sft"), tmp_path, None, 500, False, 6.5)
+        ablation.run_variant(make(ablation, tmp_path), "rpo_4x_lora_1e4", 1)
+        ablation.run_variant(make(ablation, tmp_path), "rpo_4x_round2", 1)
     round1 = str(tmp_path / "rpo_4x_lora_1e4" / "s1" / "run" / "model")
     assert pairs == [("sft", 3840, 3840, 2), (round1, 960, 7680 + 960, 2)]
     assert dpo == [("sft", "rpo", 1e-4, "dpo_4x_lora_1e4"), (round1, "rpo", 1e-4, "rpo_4x_round2")]
-    assert ablation.samples_generated(tmp_path, "rpo_4x_round2", tmp_path / "rpo_4x_round2" / "s1") == 3840 * 2 + 960 * 2
+    variants = load_variants(ablation.CONFIGS)
+    assert report.samples_generated(variants, tmp_path, "rpo_4x_round2", tmp_path / "rpo_4x_round2" / "s1") == 3840 * 2 + 960 * 2
 
 
 def test_pairs_of_a_second_round_are_sampled_from_that_rounds_start(ablation, tmp_path):
@@ -253,9 +282,9 @@ def test_pairs_of_a_second_round_are_sampled_from_that_rounds_start(ablation, tm
 
     (tmp_path / "rpo_4x_lora_1e4" / "s0" / "run" / "model").mkdir(parents=True)
     sibling = dict(kind="dpo", loss_type="dpo", lr=1e-4, pairs_of="rpo_4x_round2")
-    with (mock.patch.dict(ablation.VARIANTS, {"dpo_on_round2_pairs": sibling}),
-          mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs)):
-        ablation.ensure_pairs("dpo_on_round2_pairs", 0, Path("sft"), tmp_path, ablation.SETTINGS["bounded"])
+    ab = make(ablation, tmp_path, "bounded", variants={**load_variants(ablation.CONFIGS), "dpo_on_round2_pairs": sibling})
+    with mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs):
+        ablation.ensure_pairs(ab, "dpo_on_round2_pairs", 0)
     assert models == [str(tmp_path / "rpo_4x_lora_1e4" / "s0" / "run" / "model")]
 
 
@@ -270,13 +299,13 @@ def test_a_variant_sets_beta_and_the_others_keep_0_1(ablation, tmp_path):
     (tmp_path / "dpo_4x_lora_1e4" / "s0").mkdir(parents=True)
     (tmp_path / "dpo_4x_lora_1e4" / "s0" / "pairs.jsonl").write_text("")
     with (mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate")):
-        ablation.run_variant("rpo_4x_beta05", 0, Path("sft"), tmp_path, None, 500, False, 6.5)
-        ablation.run_variant("rpo_4x_lora_1e4", 0, Path("sft"), tmp_path, None, 500, False, 6.5)
+        ablation.run_variant(make(ablation, tmp_path), "rpo_4x_beta05", 0)
+        ablation.run_variant(make(ablation, tmp_path), "rpo_4x_lora_1e4", 0)
     assert runs == [(0.5, "rpo", "dpo_4x_lora_1e4"), (0.1, "rpo", "dpo_4x_lora_1e4")]
-    assert "beta" not in ablation.VARIANTS["rpo_4x_lora_1e4"]  # the setdefault did not write into the table
+    assert "beta" not in load_variants(ablation.CONFIGS)["rpo_4x_lora_1e4"]  # the variant file names none: the setting's 0.1
 
 
-def test_unpack_lays_archived_run_files_out_for_the_report(ablation, tmp_path):
+def test_unpack_lays_archived_run_files_out_for_the_report(report, tmp_path):
     """Archived <variant>_s<seed>_<file> files land where report and the plots read them; unknown variants, pairs files
     and files already unpacked are left alone."""
     archive, out = tmp_path / "data", tmp_path / "out"
@@ -287,10 +316,49 @@ def test_unpack_lays_archived_run_files_out_for_the_report(ablation, tmp_path):
         (archive / name).write_text(name)
     (out / "rpo_4x_beta05" / "s1").mkdir(parents=True)
     (out / "rpo_4x_beta05" / "s1" / "eval_greedy_500.json").write_text("newer")
-    assert ablation.unpack_archive(archive, out) == 4
+    assert report.unpack_archive(load_variants(report.CONFIGS), archive, out) == 4
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
         "dpo_4x_lora_1e4/s0/pairs.stats.json", "dpo_4x_lora_1e4_1ep/s0/run/metrics.jsonl",
         "grpo_filter_lora_2e4/s0/train_time.json", "rpo_4x_beta05/s1/eval_greedy_500.json",
         "sft_start/eval_val_greedy_500.json"]
     assert (out / "dpo_4x_lora_1e4_1ep" / "s0" / "run" / "metrics.jsonl").read_text() == "dpo_4x_lora_1e4_1ep_s0_metrics.jsonl"
     assert (out / "rpo_4x_beta05" / "s1" / "eval_greedy_500.json").read_text() == "newer"
+
+
+def test_the_archived_bounded_report_is_rebuilt_byte_for_byte(report, tmp_path):
+    """docs/results/countdown-bounded/data, unpacked, gives the report table and the churn lines the archive was
+    published with (tests/assets/ablation: the output of the script before its variants moved to YAML)."""
+    variants, out = load_variants(report.CONFIGS), tmp_path / "archive"
+    assert report.unpack_archive(variants, ROOT / "docs" / "results" / "countdown-bounded" / "data", out) == 79
+    assert report.report(variants, out, 500) + "\n" == (ASSETS / "countdown_bounded_report.md").read_text()
+    assert report.churn(variants, out, 500) + "\n" == (ASSETS / "countdown_bounded_churn.txt").read_text()
+    with pytest.raises(SystemExit, match="eval_greedy_200.json does not exist"):
+        report.report(variants, out, 200)
+
+
+def test_variant_options_are_checked_against_the_recipe_config(ablation, tmp_path):
+    """A key that is neither the runner's nor an option of the kind's recipe config stops the run, naming it."""
+    from rlft.recipes.dpo import DPOConfig
+
+    spec = {"kind": "dpo", "loss_type": "rpo", "lr": 1e-4, "pairs_of": "dpo_lora_1e4", "betta": 0.5}
+    with pytest.raises(SystemExit, match="variant 'typo': betta: not an option of DPOConfig"):
+        ablation.recipe_options(DPOConfig, "typo", spec)
+    ok = {k: v for k, v in spec.items() if k != "betta"}
+    assert ablation.recipe_options(DPOConfig, "ok", ok) == {"loss_type": "rpo", "lr": 1e-4}  # kind, pairs_of: the runner's
+
+
+def test_every_variant_file_loads_with_every_option_known(ablation):
+    """configs/countdown/ablation: every variant's options are fields of its recipe config, every setting names the
+    same keys, and a setting's mappings are common's with its own values on top."""
+    from rlft.recipes.dpo import DPOConfig
+    from rlft.recipes.rl import RLConfig
+    from rlft.recipes.sft import SFTConfig
+
+    configs = {"rl": RLConfig, "dpo": DPOConfig, "sft": SFTConfig}
+    for name, spec in load_variants(ablation.CONFIGS).items():
+        ablation.recipe_options(configs[spec["kind"]], name, spec)
+    settings = load_settings(ablation.CONFIGS)
+    assert list(settings) == ["direct", "bounded"]
+    assert settings["bounded"].rl == settings["direct"].rl and settings["bounded"].max_new_tokens == 144
+    assert replace(settings["bounded"], name="direct", sft="runs/exp/sft/model", trace_style="direct", max_new_tokens=64,
+                   micro_batch_size=32) == settings["direct"]

@@ -9,7 +9,8 @@ import pytest
 
 from rlft.cli import main
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml"))
+CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml")
+                 if "ablation" not in p.parts)  # configs/countdown/ablation: a study's variants (tests/unit/test_ablation_budget.py)
 
 
 def test_there_are_recipes_for_both_tracks():

@@ -1,5 +1,5 @@
 """rlft.recipes.pipeline: stages skipped when done, timed, checkpoints dropped; evaluations cached under a key that a
-rebuilt model, other sampling or other tasks do not match."""
+rebuilt model, other sampling or other tasks do not match; a study's settings and variants read from YAML."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import pytest
 
 from rlft.eval.countdown import CountdownEvalResult
 import rlft.models
-from rlft.recipes.pipeline import EvalJob, Timer, done, drop_checkpoints, evaluate_cached, finished, run_stage
+from rlft.recipes.pipeline import (EvalJob, Timer, done, drop_checkpoints, evaluate_cached, finished, heldout_tasks, load_settings,
+                                   load_variants, run_stage)
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.types import CountdownTask
+from rlft.validation import OptionError
 
 
 def _model_folder(folder: Path, weights: bytes = b"0123") -> Path:
@@ -161,3 +163,64 @@ def test_the_model_is_loaded_once_for_every_job_left(tmp_path, fake_loading):
     assert rlft.models.load_model.call_count == 1
     assert list(results) == ["greedy", "sampled"] and results["sampled"].k == 2 and results["sampled"].num_tasks == 2
     assert FakeEngine.calls == 2
+
+
+# --------------------------------------------------------------------------- studies
+
+
+def _study(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+SETTINGS = """
+common: {sft: s, tasks: {preset: medium3, split_seed: 1, heldout_size: 10, prompt_template: short}, validation_start: 5,
+         trace_style: direct, give_up: 0.6, max_new_tokens: 64, micro_batch_size: 32, device: cpu, dtype: float32,
+         rl: {k: 8, max_steps: 30}, pairs: {}, dpo: {beta: 0.1}, sft_continued: {}, eval: {batch_size: 64}}
+settings:
+  a: {}
+  b: {max_new_tokens: 144, rl: {k: 4}}
+"""
+
+
+def test_variants_load_in_file_then_row_order_with_scientific_floats(tmp_path):
+    folder = _study(tmp_path, {"settings.yaml": SETTINGS, "2_dpo.yaml": "d: {kind: dpo, lr: 1e-4, pairs_of: z}\n",
+                               "1_rl.yaml": "z: {kind: rl, lr: 2.0e-6}\ny: {kind: rl, clip_high: 0.28, loss: raft++}\n",
+                               "notes.md": "not a variant file"})
+    variants = load_variants(folder)
+    assert list(variants) == ["z", "y", "d"]
+    assert variants["d"] == {"kind": "dpo", "lr": 1e-4, "pairs_of": "z"} and isinstance(variants["d"]["lr"], float)
+    assert variants["y"]["loss"] == "raft++"
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"1.yaml": "a: {kind: rl}\n", "2.yaml": "a: {kind: dpo}\n"}, "2.yaml: variant 'a' is already defined in"),
+    ({"1.yaml": "a: {kind: ppo}\n"}, "1.yaml: variant 'a': kind must be one of rl, dpo, sft"),
+    ({"1.yaml": "a: {lr: 1.0}\n"}, "1.yaml: variant 'a': kind must be one of"),
+    ({"1.yaml": "a: {kind: dpo, start_from: b}\n"}, "1.yaml: variant 'a': start_from 'b' is not a variant"),
+    ({"1.yaml": "- a\n- b\n"}, "1.yaml: expected a mapping"),
+])
+def test_a_bad_variant_file_is_refused_naming_it(tmp_path, files, message):
+    with pytest.raises(OptionError, match=message):
+        load_variants(_study(tmp_path, files))
+
+
+def test_a_setting_is_common_with_its_own_values_on_top(tmp_path):
+    settings = load_settings(_study(tmp_path, {"settings.yaml": SETTINGS}))
+    assert list(settings) == ["a", "b"]
+    assert settings["a"].rl == {"k": 8, "max_steps": 30} and settings["b"].rl == {"k": 4, "max_steps": 30}
+    assert (settings["a"].max_new_tokens, settings["b"].max_new_tokens, settings["b"].name) == (64, 144, "b")
+    (tmp_path / "settings.yaml").write_text(SETTINGS.replace("  b: {max_new_tokens: 144", "  b: {max_new_token: 144"))
+    with pytest.raises(OptionError, match="setting 'b': unknown or missing key\\(s\\) max_new_token$"):
+        load_settings(tmp_path)
+    with pytest.raises(OptionError, match="settings.yaml: no such file"):
+        load_settings(tmp_path / "nowhere")
+
+
+def test_validation_tasks_follow_the_test_tasks_in_the_held_out_set(tmp_path):
+    setting = load_settings(_study(tmp_path, {"settings.yaml": SETTINGS}))["a"]  # 10 held-out tasks, validation 5 on
+    assert heldout_tasks(setting, 3, "validation") == heldout_tasks(setting, 8)[5:]
+    with pytest.raises(OptionError, match="the validation split has 5 tasks, not 6"):
+        heldout_tasks(setting, 6, "validation")

@@ -11,7 +11,9 @@ continues where it stopped. This module is their one home:
   format (:class:`~rlft.eval.countdown.CountdownEvalResult` fields, plus ``eval_s``, ``model`` and ``cache_key``).
   A cached result is reused only while its :func:`cache_key` matches: the model folder's weights files (name, size,
   mtime: :func:`rlft.recipes.pairs.weights_fingerprint`), the sampling parameters, the prompt template and the tasks.
-  A rebuilt model at the same path is therefore evaluated again, never paired with its predecessor's scores.
+  A rebuilt model at the same path is therefore evaluated again, never paired with its predecessor's scores;
+- a study's settings and variants as data (:func:`load_settings`, :func:`load_variants`: YAML files such as
+  ``configs/countdown/ablation/``) and the held-out tasks a setting evaluates on (:func:`heldout_tasks`).
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from rlft.eval.countdown import CountdownEvalResult
 from rlft.rollout.base import SamplingParams
 from rlft.types import CountdownTask
+from rlft.validation import OptionError
 
 log = logging.getLogger("rlft")
 
@@ -173,3 +177,126 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
             log.info("%s on %s (%d tasks): score %.4f", label or model, name, len(job.tasks), result.mean_score)
             results[name] = result
     return {name: results[name] for name in jobs}
+
+
+# --------------------------------------------------------------------------- studies: settings and variants as data
+
+SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+VARIANT_KINDS = ("rl", "dpo", "sft")
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML file, ``1e-4``-style strings read as floats (YAML 1.1 reads them as strings).
+
+    Raises:
+        OptionError: the file is missing or holds no mapping (the message names the file).
+    """
+    import yaml
+
+    def number(value):
+        if isinstance(value, dict):
+            return {k: number(v) for k, v in value.items()}
+        return float(value) if isinstance(value, str) and SCIENTIFIC.match(value) else value
+
+    path = Path(path)
+    if not path.is_file():
+        raise OptionError(f"{path}: no such file")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise OptionError(f"{path}: expected a mapping")
+    return number(data)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a study's ``settings.yaml`` (e.g. ``configs/countdown/ablation/settings.yaml``): what every
+    variant shares. The mappings are passed as they are to the recipe configs named."""
+
+    name: str
+    sft: str
+    """The SFT start every variant starts from (a model folder)."""
+    tasks: dict
+    """Every stage's task source: RLConfig, PairsConfig and SFTConfig fields (preset, split_seed, heldout_size,
+    prompt_template, or a data file); evaluations use a prefix of its held-out tasks (:func:`heldout_tasks`)."""
+    validation_start: int
+    """Held-out tasks from here on are the validation split; those before it the test split."""
+    trace_style: str
+    """Continued SFT's traces (SFTConfig.trace_style)."""
+    give_up: float
+    max_new_tokens: int
+    """The generation budget: rollouts, pairs and evaluations alike."""
+    micro_batch_size: int
+    """RL update and DPO micro-batch."""
+    device: str
+    dtype: str
+    rl: dict
+    """RLConfig options of every RL variant."""
+    pairs: dict
+    """PairsConfig options of the DPO variants' on-policy pairs."""
+    dpo: dict
+    """DPOConfig options of every DPO variant."""
+    sft_continued: dict
+    """SFTConfig options of continued SFT."""
+    eval: dict
+    """``batch_size`` of the evaluation, and ``sampled``: the SamplingParams (k, temperature, top_p) of the sampled one."""
+
+
+def load_settings(folder: str | Path) -> dict[str, Setting]:
+    """``{name: Setting}`` of ``folder/settings.yaml``: its ``common`` mapping with each entry of ``settings`` on top
+    (a mapping such as ``rl`` merged key by key).
+
+    Raises:
+        OptionError: no such file, or a setting with an unknown or missing key (named with the file and setting).
+    """
+    path = Path(folder) / "settings.yaml"
+    data = read_yaml(path)
+    known = {f.name for f in fields(Setting)} - {"name"}
+    settings = {}
+    for name, own in (data.get("settings") or {}).items():
+        merged = dict(data.get("common") or {})
+        for key, value in (own or {}).items():
+            merged[key] = {**merged[key], **value} if isinstance(merged.get(key), dict) else value
+        if wrong := set(merged) ^ known:
+            raise OptionError(f"{path}: setting {name!r}: unknown or missing key(s) {', '.join(sorted(wrong))}")
+        settings[name] = Setting(name=name, **merged)
+    return settings
+
+
+def load_variants(folder: str | Path) -> dict[str, dict]:
+    """``{name: spec}`` of every ``*.yaml`` file in ``folder`` but settings.yaml, in file-name order, then the order
+    within each file (the order reports list them in). A spec is a mapping with ``kind`` (one of VARIANT_KINDS) and
+    its options; ``pairs_of``, ``start_from`` and ``budget_of``, when given, name another variant.
+
+    Raises:
+        OptionError: a name defined twice, a bad kind, or a reference to no variant (named with the file).
+    """
+    variants, where = {}, {}
+    for path in sorted(p for p in Path(folder).glob("*.yaml") if p.name != "settings.yaml"):
+        for name, spec in read_yaml(path).items():
+            if name in variants:
+                raise OptionError(f"{path}: variant {name!r} is already defined in {where[name]}")
+            if not isinstance(spec, dict) or spec.get("kind") not in VARIANT_KINDS:
+                raise OptionError(f"{path}: variant {name!r}: kind must be one of {', '.join(VARIANT_KINDS)}")
+            variants[name], where[name] = spec, path
+    for name, spec in variants.items():
+        for key in ("pairs_of", "start_from", "budget_of"):
+            if key in spec and spec[key] not in variants:
+                raise OptionError(f"{where[name]}: variant {name!r}: {key} {spec[key]!r} is not a variant")
+    return variants
+
+
+def heldout_tasks(setting: Setting, n: int, split: str = "test") -> list[CountdownTask]:
+    """The first ``n`` test tasks (held-out 0 ..) of the setting's generated tasks, or with ``split="validation"``
+    the first ``n`` validation tasks (held-out ``validation_start`` ..).
+
+    Raises:
+        OptionError: more validation tasks than the held-out set has past ``validation_start``.
+    """
+    from rlft.tasks.countdown.generator import PRESETS, make_splits
+
+    t, start = setting.tasks, setting.validation_start
+    if split == "validation":
+        if n > t["heldout_size"] - start:
+            raise OptionError(f"the validation split has {t['heldout_size'] - start} tasks, not {n}")
+        return make_splits(PRESETS[t["preset"]], 0, start + n, t["split_seed"])[1][start:]
+    return make_splits(PRESETS[t["preset"]], 0, n, t["split_seed"])[1]

@@ -1,0 +1,261 @@
+"""Tables and plots of a Countdown ablation (``scripts/countdown_ablation.py``): read-only, from the run files alone.
+
+Every finished variant/seed is paired against the SFT start task by task (mean difference, 95% interval, tasks
+better/worse), from the ``eval_*.json`` files of ``--out/<variant>/s<seed>/`` and ``--out/sft_start/``:
+
+    python scripts/ablation_report.py report --out runs/ablation --tasks 500   # table, samples_vs_score.png, paired_vs_samples.png
+    python scripts/ablation_report.py churn --out runs/ablation --tasks 500    # which tasks each run flips
+    python scripts/ablation_report.py compare --pair A.json B.json             # A minus B, paired
+    python scripts/ablation_report.py unpack --out runs/bounded/archive        # an archive's files, laid out for report
+
+Variants are listed in the order of ``configs/countdown/ablation/`` (``--configs``). Nothing here loads a model: the
+SFT start's evaluation must be there (``countdown_ablation.py run`` writes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from countdown_ablation import CONFIGS, pairs_file  # noqa: E402  (the runner's folder layout)
+
+from rlft.recipes.pipeline import load_variants  # noqa: E402
+from rlft.validation import OptionError  # noqa: E402
+
+
+def load(path: Path) -> dict:
+    """An evaluation file; SystemExit naming it when it is missing."""
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist (scripts/countdown_ablation.py run writes it)")
+    return json.loads(path.read_text())
+
+
+def seed_folders(variants: dict, out: Path, kind: str | None = None):
+    """``(variant name, seed folder)`` of every variant in ``variants`` order (of ``kind`` only when given), seeds sorted."""
+    for name, spec in variants.items():
+        if (kind is None or spec["kind"] == kind) and (out / name).exists():
+            yield from ((name, folder) for folder in sorted((out / name).glob("s*")))
+
+
+def paired(a: dict, b: dict) -> dict:
+    from rlft.eval.countdown import paired_difference
+
+    return paired_difference(a["task_scores"], b["task_scores"])
+
+
+def report(variants: dict, out: Path, n: int) -> str:
+    """Markdown table of every finished variant/seed (greedy on the first ``n`` test tasks) vs the SFT start."""
+    def real_cells(folder: Path) -> str:  # greedy score on the real 3- and 4-number rows, when evaluated
+        cells = []
+        for size in (3, 4):
+            found = sorted(folder.glob(f"eval_real{size}_*.json"))
+            cells.append(f"{json.loads(found[-1].read_text())['mean_score']:.3f}" if found else "-")
+        return " | ".join(cells)
+
+    def pass_cells(result: dict | None) -> str:  # sampled pass@1 and pass@4, when evaluated
+        return " | ".join(f"{result['pass_at_k'][k]:.3f}" if result else "-" for k in ("1", "4"))
+
+    rows = ["| variant | seed | greedy score | paired vs SFT [95% CI] | better/worse | sampled score | pass@1 | pass@4 | "
+            "real 3-num | real 4-num | train s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    s = load(out / "sft_start" / f"eval_greedy_{n}.json")
+    sampled = json.loads(p.read_text()) if (p := out / "sft_start" / f"eval_sampled_{n}.json").exists() else None
+    sampled_cell = f"{sampled['mean_score']:.3f}" if sampled else "-"
+    rows.append(f"| SFT start | - | {s['mean_score']:.3f} | - | - | {sampled_cell} | {pass_cells(sampled)} | "
+                f"{real_cells(out / 'sft_start')} | - |")
+    for name, folder in seed_folders(variants, out):
+        path = folder / f"eval_greedy_{n}.json"
+        if not path.exists():
+            continue
+        g = json.loads(path.read_text())
+        d = paired(g, s)
+        sp = folder / f"eval_sampled_{n}.json"
+        smp = json.loads(sp.read_text()) if sp.exists() else None
+        t = json.loads((folder / "train_time.json").read_text())["seconds"] if (folder / "train_time.json").exists() else float("nan")
+        extra = "-"
+        if smp and sampled:
+            ds = paired(smp, sampled)
+            extra = f"{smp['mean_score']:.3f} ({ds['diff']:+.3f} [{ds['ci_low']:+.3f}, {ds['ci_high']:+.3f}])"
+        rows.append(f"| {name} | {folder.name[1:]} | {g['mean_score']:.3f} | {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | "
+                    f"{d['better']}/{d['worse']} | {extra} | {pass_cells(smp)} | {real_cells(folder)} | {t:.0f} |")
+    return "\n".join(rows)
+
+
+def churn(variants: dict, out: Path, n: int) -> str:
+    """Which held-out tasks the finished variants flip: per run, tasks whose greedy score changed vs the SFT
+    start (up / down), the tasks changed by any run, and the mean pairwise Pearson correlation of the runs'
+    per-task differences (near 0: each run flips its own tasks; near 1: every run flips the same ones)."""
+    import itertools
+    import statistics
+
+    start = [row[0] for row in load(out / "sft_start" / f"eval_greedy_{n}.json")["task_scores"]]
+    diffs = {}
+    for name, folder in seed_folders(variants, out):  # the variants' finished seeds, as report() lists them
+        if (path := folder / f"eval_greedy_{n}.json").exists():
+            diffs[f"{name} {folder.name}"] = [row[0] - s0 for row, s0 in zip(json.loads(path.read_text())["task_scores"], start)]
+    lines = [f"{name}: {sum(d != 0 for d in v)} changed ({sum(d > 0 for d in v)} up, {sum(d < 0 for d in v)} down)"
+             for name, v in diffs.items()]
+    changed = sum(any(v[i] != 0 for v in diffs.values()) for i in range(len(start)))
+    pairs = [statistics.correlation(a, b) for a, b in itertools.combinations(diffs.values(), 2)]
+    lines.append(f"tasks changed by any run: {changed} of {len(start)}; per-task differences, mean pairwise "
+                 f"correlation {statistics.fmean(pairs):.2f} (min {min(pairs):.2f}, max {max(pairs):.2f}) over {len(pairs)} pairs")
+    return "\n".join(lines)
+
+
+def plot_samples_vs_score(variants: dict, out: Path, n_curve: int = 100) -> Path | None:
+    """Held-out greedy score (the first ``n_curve`` tasks, logged by the RL loop every 10 steps) against
+    samples generated, one line per RL variant/seed, starting at the SFT model's score; ``out/samples_vs_score.png``."""
+    from rlft.checkpoint import read_metrics
+    from rlft.eval.report import plot_samples_vs_score as plot_runs
+
+    start = None  # the SFT model's score on the same first n_curve tasks (a prefix of a larger greedy evaluation)
+    for path in sorted((out / "sft_start").glob("eval_greedy_*.json")):
+        scores = json.loads(path.read_text())["task_scores"]
+        if len(scores) >= n_curve:
+            start = sum(row[0] for row in scores[:n_curve]) / n_curve
+            break
+    runs = {f"{name} s{folder.name[1:]}": read_metrics(folder / "run" / "metrics.jsonl")
+            for name, folder in seed_folders(variants, out, "rl")}
+    return plot_runs(runs, out / "samples_vs_score.png", start=start, ylabel=f"greedy score ({n_curve} held-out tasks)",
+                     title="Held-out score against samples seen")
+
+
+def samples_generated(variants: dict, out: Path, name: str, folder: Path) -> int | None:
+    """Samples a variant/seed generated before its update: an RL run's ``samples/total``, a DPO run's pair prompts x
+    samples per prompt (``pairs.stats.json`` of the variant whose pairs it trains on) plus those of the variant it
+    starts from (``start_from``), 0 for continued SFT (it trains on its fixed dataset); None when a record is missing."""
+    from rlft.checkpoint import read_metrics
+
+    spec = variants[name]
+    if spec["kind"] == "rl":
+        records = read_metrics(folder / "run" / "metrics.jsonl")
+        return records[-1]["samples/total"] if records else None
+    if spec["kind"] == "dpo":
+        from rlft.recipes.pairs import stats_path
+
+        stats = stats_path(pairs_file(variants, out, name, int(folder.name[1:])))
+        if not stats.exists():
+            return None
+        stats = json.loads(stats.read_text())
+        own = stats["prompts"] * stats["samples_per_prompt"]
+        if "start_from" not in spec:
+            return own
+        earlier = samples_generated(variants, out, spec["start_from"], out / spec["start_from"] / folder.name)
+        return None if earlier is None else own + earlier
+    return 0
+
+
+def plot_paired(variants: dict, out: Path, n: int) -> Path | None:
+    """Every finished variant/seed's greedy score on the ``n`` held-out tasks, paired against the SFT start (mean
+    difference with its 95% interval), against the samples it generated (:func:`samples_generated`; variants sharing
+    an x are spread a little apart, seeds too), with the issue's +0.05 bar; ``out/paired_vs_samples.png`` (None when
+    no run is finished)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sft = out / "sft_start" / f"eval_greedy_{n}.json"
+    if not sft.exists():
+        return None
+    start = json.loads(sft.read_text())
+    points = {}
+    for name, folder in seed_folders(variants, out):
+        path, x = folder / f"eval_greedy_{n}.json", samples_generated(variants, out, name, folder)
+        if path.exists() and x is not None:
+            d = paired(json.loads(path.read_text()), start)
+            points.setdefault(name, []).append((x, d["diff"], d["ci_low"], d["ci_high"]))
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.set_prop_cycle(color=plt.cm.tab10.colors)
+    span = max(x for rows in points.values() for x, *_ in rows) or 1
+    total, drawn = sum(map(len, points.values())), 0
+    for name, rows in points.items():
+        xs, ys, lo, hi = zip(*rows)
+        xs = [x + (drawn + i - total / 2) * span / 100 for i, x in enumerate(xs)]  # every point its own x
+        drawn += len(rows)
+        ax.errorbar(xs, ys, yerr=[[y - l for y, l in zip(ys, lo)], [h - y for y, h in zip(ys, hi)]], fmt="o", capsize=3,
+                    label=f"{name} ({len(rows)} seed{'s' if len(rows) > 1 else ''})")
+    ax.axhline(0.0, color="grey", linestyle="--", linewidth=1, label="SFT start")
+    ax.axhline(0.05, color="black", linestyle=":", linewidth=1, label="issue's bar (+0.05)")
+    ax.set_xlabel("samples generated (continued SFT: 0, it trains on its dataset for RL's compute)")
+    ax.set_ylabel(f"greedy score - SFT start ({n} tasks, 95% CI)")
+    ax.set_title("Every run on the held-out tasks, paired against the SFT start")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path = out / "paired_vs_samples.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+ARCHIVED = re.compile(r"^(?P<name>.+?)_s(?P<seed>\d+)_(?P<file>eval_.+\.json|metrics\.jsonl|pairs_stats\.json|train_time\.json)$")
+"""An archived run file, ``<variant>_s<seed>_<file>`` (docs/results/countdown-bounded/data)."""
+UNPACKED_AS = {"metrics.jsonl": "run/metrics.jsonl", "pairs_stats.json": "pairs.stats.json"}
+"""Where an archived file goes inside ``<variant>/s<seed>/`` when its run folder names it differently."""
+
+
+def unpack_archive(variants: dict, archive: Path, out: Path) -> int:
+    """Copy an archive's run files into the ``out/<variant>/s<seed>/`` layout that ``report`` and the plots read:
+    ``eval_*.json`` and ``train_time.json`` as they are, ``metrics.jsonl`` to ``run/metrics.jsonl``, ``pairs_stats.json``
+    to ``pairs.stats.json``; ``sft_start_eval_*.json`` to ``sft_start/``. Files of unknown variants and files already
+    in ``out`` are left alone. Returns the number of files copied."""
+    import shutil
+
+    copied = 0
+    for path in sorted(archive.iterdir()):
+        if path.name.startswith("sft_start_eval_"):
+            target = out / "sft_start" / path.name.removeprefix("sft_start_")
+        elif (m := ARCHIVED.match(path.name)) and m["name"] in variants:
+            target = out / m["name"] / f"s{m['seed']}" / UNPACKED_AS.get(m["file"], m["file"])
+        else:
+            continue
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            copied += 1
+    return copied
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["report", "churn", "compare", "unpack"],
+                        help="report: the table and plots; churn: the tasks each run flips; compare: two evaluation "
+                             "files, paired; unpack: copy an archive's run files (--archive) into --out, for report")
+    parser.add_argument("--out", type=Path, default=Path("runs/ablation"), help="the ablation's run folder")
+    parser.add_argument("--tasks", type=int, default=200, help="the test tasks scored (eval_greedy_<N>.json)")
+    parser.add_argument("--configs", type=Path, default=CONFIGS, help="the folder of the variant files (their order)")
+    parser.add_argument("--archive", type=Path, default=Path("docs/results/countdown-bounded/data"),
+                        help="unpack: the folder of archived <variant>_s<seed>_<file> run files")
+    parser.add_argument("--pair", nargs=2, type=Path, metavar=("A", "B"),
+                        help="compare: two eval_*.json files of the same tasks; prints A minus B, paired, with its 95%% CI")
+    args = parser.parse_args(argv)
+    if args.command == "compare":
+        if not args.pair:
+            parser.error("compare needs --pair A B")
+        a, b = (load(path) for path in args.pair)
+        d = paired(a, b)
+        print(f"{args.pair[0]} ({a['mean_score']:.3f}) minus {args.pair[1]} ({b['mean_score']:.3f}) on {d['n']} tasks: "
+              f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], better/worse {d['better']}/{d['worse']}")
+        return
+    variants = load_variants(args.configs)
+    if args.command == "unpack":
+        print(f"{unpack_archive(variants, args.archive, args.out)} files copied from {args.archive} into {args.out}")
+    elif args.command == "churn":
+        print(churn(variants, args.out, args.tasks))
+    else:
+        print(report(variants, args.out, args.tasks))
+        print(plot_samples_vs_score(variants, args.out))
+        print(plot_paired(variants, args.out, args.tasks))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except OptionError as e:  # a bad variant file: one line, no traceback
+        sys.exit(str(e))

@@ -152,7 +152,8 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
         t0 = time.perf_counter()
         start = start_model(ab, name, seed)
         if spec["kind"] == "rl":
-            from rlft.recipes.rl import RLConfig, train_rl
+            from rlft.recipes.rl import train_rl
+            from rlft.rl.config import RLConfig
 
             options = {**s.tasks, **s.rl, "max_new_tokens": s.max_new_tokens, "eval_max_new_tokens": s.max_new_tokens,
                        "micro_batch_size": s.micro_batch_size, **recipe_options(RLConfig, name, spec)}

@@ -351,7 +351,7 @@ def test_every_variant_file_loads_with_every_option_known(ablation):
     """configs/countdown/ablation: every variant's options are fields of its recipe config, every setting names the
     same keys, and a setting's mappings are common's with its own values on top."""
     from rlft.recipes.dpo import DPOConfig
-    from rlft.recipes.rl import RLConfig
+    from rlft.rl.config import RLConfig
     from rlft.recipes.sft import SFTConfig
 
     configs = {"rl": RLConfig, "dpo": DPOConfig, "sft": SFTConfig}

@@ -36,8 +36,9 @@ from rlft.recipes.demo_config import DemoConfig
 from rlft.recipes.dpo import DPOConfig, train_dpo
 from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
 from rlft.recipes.pipeline import EvalJob, Timer, evaluate_cached, run_stage
-from rlft.recipes.rl import RLConfig, train_rl
+from rlft.recipes.rl import train_rl
 from rlft.recipes.sft import SFTConfig, train_sft
+from rlft.rl.config import RLConfig
 from rlft.rollout.base import SamplingParams
 from rlft.run_folder import claim_run_dir, write_run_config
 from rlft.tasks.countdown.generator import PRESETS, generate_tasks, make_splits

@@ -321,8 +321,9 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
     from rlft.models import load_tokenizer
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.reward_model import RMConfig, train_rm
-    from rlft.recipes.rl import RLConfig, train_rl
+    from rlft.recipes.rl import train_rl
     from rlft.recipes.sft import SFTConfig, train_sft
+    from rlft.rl.config import rloo_config
     from rlft.run_folder import claim_run_dir, write_run_config
 
     cfg = cfg.effective()
@@ -379,9 +380,8 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
         head_init=cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0,
         save_every=max(cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
 
-    rloo = stage("RLOO", run_dir / "rloo" / "model", lambda: train_rl(RLConfig(  # RLOO: the RL loop's rloo + reinforce
-        model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"),
-        advantage="rloo", loss="reinforce", k=cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps,
+    rloo = stage("RLOO", run_dir / "rloo" / "model", lambda: train_rl(rloo_config(  # the RL loop with `rlft rloo`'s defaults
+        model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"), k=cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps,
         lr=LR["rloo"], beta=cfg.uf_rloo_beta, max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.uf_truncation_penalty,
         eval_every=0, eval_prompts=0, max_prompt_tokens=max_prompt_tokens, micro_batch_size=8,
         gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k, save_every=max(cfg.uf_rloo_steps // 3, 1), seed=cfg.seed,

@@ -20,8 +20,10 @@ RAFT / RAFT++          ``--advantage raft --loss raft`` / ``--loss raft++``
 
 Each step:
 
-1. take ``prompts_per_step`` training prompts (a seeded order, so a resumed run sees the same prompts)
-   and sample ``k`` completions for each at ``temperature`` (seeded from seed + step). With
+1. take ``prompts_per_step`` training prompts (a seeded order, so a resumed run sees the same prompts; with
+   ``--curriculum sec`` drawn by SEC's bandit over difficulty buckets, :mod:`rlft.rl.curriculum`, whose values
+   follow each bucket's mean |advantage| after step 5) and sample ``k`` completions for each at ``temperature``
+   (seeded from seed + step). With
    ``--filter-groups`` the groups whose k rewards are all equal are dropped and further batches of
    prompts are sampled, up to ``max_prompt_batches`` per step, until ``prompts_per_step`` varied groups
    are found (``groups/tried``, ``groups/kept``);
@@ -60,6 +62,8 @@ Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` c
 - ``loss/policy``, ``loss/kl`` (kl_mode=loss), ``loss/entropy`` (entropy_coef > 0), ``pg/clipfrac``,
   ``pg/ratio_mean``, ``grad_norm``, ``lr``; ``time/generate_s``, ``time/update_s``, ``time/step_s``,
   ``tokens_per_s/generate``, ``tokens_per_s/update``, ``time/eval_s``.
+- ``curriculum/p_<bucket>``, ``curriculum/q_<bucket>``, ``curriculum/n_<bucket>`` (``--curriculum sec``): the
+  probabilities the step's draws used, the values after its update, the prompts drawn from each bucket.
 - ``eval/score``, ``eval/accuracy``, ``eval/format_rate`` (Countdown, greedy, first eval_limit held-out
   tasks) or ``eval/reward``, ``eval/truncated_frac`` (chat), every eval_every steps, at step 0 and at the end.
 """
@@ -87,6 +91,7 @@ from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, gradient_rows, policy_loss_backward, rollout_batch,
                            take_rows, without_rows)
 from rlft.rl.config import RLConfig
+from rlft.rl.curriculum import CurriculumSampler, group_abs_advantages
 from rlft.rl.metrics import NO_UPDATE, loss_metrics, reduce_loss_metrics, sample_metrics, step_counts, update_metrics
 from rlft.rl.prompts import make_prompt_source
 from rlft.rl.rewards import make_reward
@@ -232,11 +237,16 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
         if cfg.rollout_engine == "vllm":
             engine.sync_weights(merged_copy(model))
 
-    def order(virtual_step: int) -> list[int]:  # a seeded permutation of the training prompts per epoch
-        return batch_indices(virtual_step, len(prompts), cfg.prompts_per_step, cfg.seed)
-
     history = read_metrics(run_dir / "metrics.jsonl") if start_step else []
     samples_total = next((int(r["samples/total"]) for r in reversed(history) if "samples/total" in r), 0)
+
+    def uniform(virtual_step: int) -> list[int]:  # a seeded permutation of the training prompts per epoch
+        return batch_indices(virtual_step, len(prompts), cfg.prompts_per_step, cfg.seed)
+
+    curriculum = CurriculumSampler.for_config(cfg, prompts) if cfg.curriculum == "sec" else None
+    if curriculum is not None:
+        curriculum.restore(history)  # a resumed run continues the bandit from its logged values
+    order = curriculum if curriculum is not None else uniform
     log.info("RL (%s advantages, %s loss, %s): %d training %s, %d steps of %d prompts x %d samples on %s/%s (KL %s, beta %g; "
              "%s reward%s%s)", cfg.advantage, cfg.loss, cfg.loss_mode, len(prompts), "chat prompts" if chat else "tasks",
              total_steps, cfg.prompts_per_step, cfg.k, spec.device, str(spec.dtype).removeprefix("torch."), cfg.kl_mode,
@@ -272,6 +282,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             # 5. Advantages, per group (or over the whole batch, lite_ppo) from every rank's rewards; the loss
             # weights of this rank's rows (RAFT: its selection).
             advantages = advantage_fn(rewards) if B else torch.zeros(0, k)  # (B, k)
+            if curriculum is not None:  # SEC: each bucket's value follows its groups' mean |A|
+                curriculum_metrics = curriculum.update(got.tried, group_abs_advantages(advantages, got.kept, len(got.tried)))
             weights = objective.weights(advantages[local].flatten().to(spec.device))  # (len(local) * k,)
             # 6. Loss and update on the rows that carry gradient; the loss keeps the full step's normalisers.
             num_tokens = distributed.all_reduce_sum(float(batch.loss_mask.sum()))  # completion tokens of the whole step
@@ -291,6 +303,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             if B:
                 record.update({**update_metrics(got, rewards, advantages, counts, num_tokens, update_s), **shaping_metrics(cfg, got.lengths)})
             record.update({**loss_metrics(epoch_metrics, objective), "time/generate_s": got.generate_s, "time/update_s": update_s})
+            if curriculum is not None:
+                record.update(curriculum_metrics)
             if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
                 t2 = time.perf_counter()
                 record.update(source.evaluate(engine))  # every rank: its shard of the held-out prompts

@@ -15,6 +15,7 @@ from rlft.lora import LoRAOptions
 from rlft.losses.advantages import ADVANTAGES
 from rlft.losses.pg import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_MODES, POLICY_LOSSES
 from rlft.models import DEFAULT_MODEL
+from rlft.rl.curriculum import BUCKETINGS
 from rlft.options import DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions
 from rlft.validation import require, validate_options
 
@@ -28,6 +29,8 @@ KLMode = Literal[KL_PLACEMENTS]  # type: ignore[valid-type]
 """Where the KL goes: :data:`rlft.losses.pg.KL_PLACEMENTS`."""
 KLEstimatorName = Literal[KL_ESTIMATORS]  # type: ignore[valid-type]
 """Per-token KL estimators: :data:`rlft.losses.pg.KL_ESTIMATORS`."""
+BucketingName = Literal[tuple(BUCKETINGS)]  # type: ignore[valid-type]
+"""Ways to bucket prompts for the curriculum: the keys of :data:`rlft.rl.curriculum.BUCKETINGS`."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,20 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
     max_prompt_batches: int = 4
     """With --filter-groups: at most this many batches of prompts_per_step prompts are sampled per step; the step
     trains on the varied groups found (at most prompts_per_step)."""
+    curriculum: Literal["none", "sec"] = "none"
+    """Prompt order: 'none' (a seeded permutation of the training prompts per epoch) or 'sec' (Self-Evolving
+    Curriculum, Chen et al. 2025, arXiv 2505.14970: prompts bucketed by --curriculum-buckets, buckets drawn from
+    softmax(Q / --curriculum-tau), each bucket's Q an exponential average (step --curriculum-alpha) of the mean
+    |advantage| of its groups; within a bucket prompts come in a seeded order without replacement; logs
+    curriculum/p_<bucket>, curriculum/q_<bucket>, curriculum/n_<bucket>). With --filter-groups every prompt batch
+    of a step is drawn from the bandit, and a dropped group counts as |advantage| 0."""
+    curriculum_buckets: BucketingName = "count_target"
+    """--curriculum sec: the buckets. 'count_target': Countdown tasks by (number count, target band 10-39 /
+    40-69 / 70-100); chat prompts cannot be bucketed."""
+    curriculum_tau: float = 1.0
+    """--curriculum sec: softmax temperature over the buckets' values (SEC's Countdown runs: 1.0; its math runs 0.4)."""
+    curriculum_alpha: float = 0.5
+    """--curriculum sec: step size of the bucket values' update, Q <- alpha * r + (1 - alpha) * Q (SEC: 0.5)."""
     micro_batch_size: int = 8
     """Sequences per forward/backward pass; gradients accumulate exactly over the step's samples."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
@@ -202,6 +219,10 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
                 "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")
         require(not self.overlong_buffer or self.overlong_buffer <= self.max_new_tokens,
                 f"--overlong-buffer ({self.overlong_buffer}) must be <= --max-new-tokens ({self.max_new_tokens})")
+        require(self.curriculum_tau > 0, f"--curriculum-tau must be > 0, got {self.curriculum_tau}")
+        require(0 < self.curriculum_alpha <= 1, f"--curriculum-alpha must lie in (0, 1], got {self.curriculum_alpha}")
+        require(self.curriculum == "none" or self.prompts_data is None,
+                "--curriculum sec buckets Countdown tasks by difficulty; chat prompts (--prompts-data) have none")
         require(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
         require(not (self.eval_every and self.prompts_data is None and self.eval_limit > self.heldout_size),
                 f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on")

@@ -48,6 +48,10 @@ class StepSamples:
     """``(B, k)`` completion lengths in tokens (EOS included), float."""
     all_raw: torch.Tensor
     """``(G, k)`` raw rewards of every group sampled this step (G >= B)."""
+    tried: list[int]
+    """``(G,)`` the training-prompt index of every group sampled this step (every rank's), in sampling order."""
+    kept: list[int]
+    """``(B,)`` positions in ``tried`` of the kept groups, in the order of ``raw``."""
     generate_s: float
     """Seconds spent generating."""
     completion_tokens: int = 0
@@ -81,12 +85,16 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
     kept_samples: list[list[Sample]] = []
     local: list[int] = []
     kept_raw, kept_trunc, kept_lengths, all_raw = [], [], [], []
+    tried: list[int] = []
+    kept_at: list[int] = []
     generate_s = 0.0
     completion_tokens = 0
     batches = cfg.max_prompt_batches if cfg.filter_groups else 1
     for j in range(batches):
         virtual = step * cfg.max_prompt_batches + j if cfg.filter_groups else step
         chosen = order(virtual)
+        offset = len(tried)
+        tried.extend(chosen)
         mine = distributed.shard(list(range(len(chosen))))  # this rank's groups of the batch (all in one process)
         batch_prompts = [prompts[chosen[b]] for b in mine]
         t0 = time.perf_counter()
@@ -114,6 +122,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
                 kept_raw.append(raw[b])
                 kept_trunc.append(truncated[b])
                 kept_lengths.append(lengths[b])
+                kept_at.append(offset + b)
                 kept += 1
         if kept >= cfg.prompts_per_step:
             break
@@ -121,4 +130,4 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         return torch.stack(rows) if rows else torch.zeros(0, k)
 
     return StepSamples(kept_prompts, kept_samples, local, stacked(kept_raw), stacked(kept_trunc), stacked(kept_lengths), torch.cat(all_raw),
-                       generate_s, completion_tokens)
+                       tried, kept_at, generate_s, completion_tokens)

@@ -18,15 +18,8 @@ import rlft.recipes.dpo as dpo_recipe
 from rlft.checkpoint import read_metrics
 from rlft.data.chat import CHAT_TEMPLATES, render_generation_prompt
 from rlft.models import pick_device
-from rlft.recipes.dpo import (
-    DPOConfig,
-    data_format,
-    load_tokenized_pairs,
-    read_chat_pairs,
-    reference_logprobs,
-    tokenize_chat_pair,
-    train_dpo,
-)
+from rlft.recipes.dpo import DPOConfig, reference_logprobs, train_dpo
+from rlft.recipes.dpo_data import data_format, load_tokenized_pairs, read_chat_pairs, tokenize_chat_pair
 from rlft.tasks.countdown.prompts import render_prompt
 from rlft.types import CountdownTask
 
@@ -144,7 +137,7 @@ def test_max_prompt_length_is_chat_only_and_checked(tmp_path, tok):
     countdown = write_jsonl_rows(tmp_path / "pairs.jsonl", countdown_rows(2))
     with pytest.raises(ValueError, match="--max-prompt-length applies to chat data"):
         load_tokenized_pairs(DPOConfig(data=str(countdown), max_prompt_length=16), tok)
-    with pytest.raises(ValueError, match="max_prompt_length"):
+    with pytest.raises(ValueError, match=r"--max-prompt-length must be < --max-length \(64\), got 64"):
         train_dpo(DPOConfig(model=str(tmp_path / "missing"), output_dir=str(tmp_path / "run"), max_length=64, max_prompt_length=64))
 
 

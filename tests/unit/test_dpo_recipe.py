@@ -18,16 +18,8 @@ import rlft.recipes.common as common_recipe
 import rlft.recipes.dpo as dpo_recipe
 from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.data.files import DataError
-from rlft.recipes.dpo import (
-    DPOConfig,
-    TextPair,
-    load_text_pairs,
-    pair_logprobs,
-    reference_logprobs,
-    tokenize_preference_pairs,
-    tokenize_text_pair,
-    train_dpo,
-)
+from rlft.recipes.dpo import DPOConfig, pair_logprobs, reference_logprobs, train_dpo
+from rlft.recipes.dpo_data import TextPair, load_text_pairs, tokenize_preference_pairs, tokenize_text_pair
 
 from tests.conftest import interrupt_after_checkpoints, load_weights, make_scaled_tiny_model, make_tiny_model, write_jsonl_rows
 
@@ -429,8 +421,9 @@ def test_parquet_and_limit(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, match", [
-    ({"batch_size": 6, "micro_batch_size": 4}, "multiple"),
-    ({"beta": 0.0}, "beta"),
+    ({"batch_size": 6, "micro_batch_size": 4}, "^--batch-size 6 must be a multiple of --micro-batch-size 4$"),
+    ({"beta": 0.0}, r"^--beta must be > 0 \(.*\), got 0.0$"),  # stricter than the generic --beta >= 0 (RL's KL)
+    ({"max_prompt_length": 0}, r"^--max-prompt-length must be >= 1 \(or unset\), got 0$"),
     ({"label_smoothing": 0.6}, r"--label-smoothing must lie in \[0, 0.5\], got 0.6"),
 ])
 def test_invalid_config_raises_before_loading(tmp_path, overrides, match):

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from rlft.data.files import DataError, read_rows
 from rlft.data.preferences import ChatExample, PreferencePair, load_chat_examples, load_preference_pairs
-from rlft.recipes.dpo import DPOConfig, TextPair, read_text_pairs
+from rlft.recipes.dpo import DPOConfig
+from rlft.recipes.dpo_data import TextPair, read_text_pairs
 from rlft.recipes.sft import SOURCES as SFT_SOURCES
 from rlft.recipes.sft import SFTConfig
 from rlft.tasks.countdown.loaders import load_countdown

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import rlft.recipes.pairs as pairs_recipe
-from rlft.recipes.dpo import DPOConfig, TextPair, load_text_pairs
+from rlft.recipes.dpo import DPOConfig
+from rlft.recipes.dpo_data import TextPair, load_text_pairs
 from rlft.recipes.pairs import PairsConfig, best_and_worst, load_pair_tasks, make_countdown_pairs, stats_path
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import Sample, SamplingParams

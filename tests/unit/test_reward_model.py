@@ -362,3 +362,20 @@ def test_tokenize_pairs_cuts_long_prompts_at_their_start(smol_tokenizer):
         assert cut.input_ids[:32] == whole.input_ids[prompt_len - 32:prompt_len]  # the prompt's end
         assert cut.input_ids[32:] == whole.input_ids[prompt_len:prompt_len + 32]  # the reply's start
         assert cut.loss_mask == [0] * 32 + [1] * 32
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"batch_size": 6, "micro_batch_size": 4}, "--batch-size 6 must be a multiple of --micro-batch-size 4"),
+    ({"max_prompt_length": 64, "max_length": 64}, "--max-prompt-length must be < --max-length (64), got 64"),
+    ({"eval_batch_size": 0}, "--eval-batch-size must be >= 1, got 0"),
+    ({"head_lr": 0.0}, "--head-lr must be > 0 (or unset), got 0.0"),
+    ({"center_coef": -0.1}, "--center-coef must be >= 0, got -0.1"),
+    ({"eval_fraction": 1.0}, "--eval-fraction must lie in [0, 1), got 1.0"),
+])
+def test_rm_options_are_checked_with_the_option_named(changes, message):
+    from rlft.recipes.reward_model import RMConfig
+    from rlft.validation import OptionError
+
+    with pytest.raises(OptionError) as info:
+        RMConfig(**changes)
+    assert str(info.value) == message

@@ -1,6 +1,16 @@
 """Pieces every training recipe shares: run folder, model + optimizer + scheduler with resume,
 seeded batch order, and the optimizer step. Recipes keep their own loops.
 
+The supervised recipes (sft, dpo, rm) start the same way::
+
+    run, spec, tokenizer = begin_run(cfg)          # claims the output folder; writes nothing
+    examples, stats = ...                          # read and tokenize the data (the recipe's own)
+    run_dir = run.open(); write_data_stats(run_dir, stats)
+    steps_per_epoch, total_steps = step_plan(len(examples), cfg)
+    setup, tracker = start_training(cfg, run_dir, spec, total_steps)
+    ...                                            # the loop: batch_indices, optimizer_step, checkpoint_if_due
+    return finish_run(run_dir, setup.model, tokenizer, cfg, tracker, "SFT")
+
 Run folders (refusing to overwrite another run, config checks on resume, config.yaml written with the
 first checkpoint) are :mod:`rlft.run_folder`'s; its names are re-exported here."""
 
@@ -10,15 +20,19 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from rlft import distributed
 from rlft.console import console
 from rlft.checkpoint import MetricsLog, checkpoint_folders, save_checkpoint, checkpoint_problem, count_metrics, read_trainer_state, restore_trainer_state
-from rlft.models import DeviceSpec, load_model
+from rlft.fsio import atomic_write_json
+from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
+from rlft.options import resolved_strategy
+from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
+from rlft.tracking import Tracker, attach_tracker
 
 if TYPE_CHECKING:
     from rlft.lora import LoRASettings
@@ -32,6 +46,36 @@ def start_run_dir(output_dir: str, cfg) -> Path:
     :meth:`~rlft.run_folder.RunFolder.open`); writes no ``config.yaml`` (see :mod:`rlft.run_folder`).
     Prefer claiming first and opening once the inputs are validated."""
     return claim_run_dir(cfg, output_dir).open()
+
+
+def begin_run(cfg) -> tuple[RunFolder, DeviceSpec, Any]:
+    """The start of a supervised recipe, in this order: check the scale options
+    (:func:`rlft.recipes.memory.check_scale_options`), join the process group (under torchrun only,
+    :func:`rlft.distributed.init`), claim ``cfg.output_dir`` (:func:`claim_run_dir`: refuses a folder holding
+    another run; writes nothing), seed torch with ``cfg.seed``, pick the device (``cfg.device``, ``cfg.dtype``)
+    and load ``cfg.model``'s tokenizer. Returns ``(run, spec, tokenizer)``: open ``run`` once the data is read
+    and valid."""
+    check_scale_options(cfg)
+    distributed.init(cfg.device)  # under torchrun only
+    run = claim_run_dir(cfg)
+    torch.manual_seed(cfg.seed)
+    return run, pick_device(cfg.device, cfg.dtype), load_tokenizer(cfg.model)
+
+
+DATA_STATS = "data_stats.json"
+
+
+def write_data_stats(run_dir: Path, stats: dict) -> None:
+    """Write the data counts ``stats`` (JSON-able) to ``run_dir/data_stats.json``, atomically, on rank 0 only."""
+    if distributed.is_main():
+        atomic_write_json(Path(run_dir) / DATA_STATS, stats)
+
+
+def step_plan(num_examples: int, cfg) -> tuple[int, int]:
+    """``(steps_per_epoch, total_steps)``: ``ceil(num_examples / cfg.batch_size)`` optimizer steps an epoch;
+    ``cfg.max_steps`` steps in all when set, else ``cfg.epochs`` epochs (fractions rounded up; at least 1 step)."""
+    steps_per_epoch = math.ceil(num_examples / cfg.batch_size)
+    return steps_per_epoch, cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
 
 
 def make_scheduler(name: str, optimizer, warmup_steps: int, total_steps: int):
@@ -154,6 +198,19 @@ def prepare_training(
     else:
         metrics = NullMetricsLog()
     return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt)
+
+
+def start_training(cfg, run_dir: Path, spec: DeviceSpec, total_steps: int, **prepare) -> tuple[TrainingSetup, Tracker | None]:
+    """:func:`prepare_training` of ``cfg.model`` with the run's options (``cfg.resume``, LoRA from
+    ``cfg.lora_settings()``, the torchrun strategy from :func:`rlft.options.resolved_strategy`; ``prepare``:
+    its ``load`` / ``param_groups``), then gradient checkpointing when ``cfg.gradient_checkpointing``, and the
+    experiment tracker of ``cfg.report_to`` fed by the metrics log (:func:`rlft.tracking.attach_tracker`; None
+    for ``none`` and on ranks other than 0). Returns ``(setup, tracker)``; :func:`finish_run` closes the tracker."""
+    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, lora=cfg.lora_settings(),
+                             distributed_strategy=resolved_strategy(cfg, distributed.world()), **prepare)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(setup.model)
+    return setup, attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
 
 
 def _newest_usable_checkpoint(run_dir: Path, load_from: Callable[[Path], torch.nn.Module]):

@@ -2,39 +2,17 @@
 
 One linear loop, like :mod:`rlft.recipes.sft`:
 
-1. read the pairs (``--data``: a ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id,
-   ``--data-split``), in one of two formats chosen once (``--data-format``):
-
-   * ``text``: plain-text ``prompt``/``chosen``/``rejected`` strings (``--prompt-field`` etc.), the
-     prompt already rendered as the model will see it, e.g. ``rlft pairs countdown`` output whose
-     prompts end in ``<think>`` (:func:`load_text_pairs`);
-   * ``chat``: conversations read by :func:`rlft.data.preferences.load_preference_pairs` (H4
-     UltraFeedback message lists, e.g. ``HuggingFaceH4/ultrafeedback_binarized`` split
-     ``train_prefs``; flattened ``prompt``/``chosen``/``rejected`` strings, the prompt taken as one user
-     turn; HH-RLHF transcripts), rendered with the model's chat template (``--chat-template`` sets or
-     replaces it). Score ties are dropped by default (``--drop-ties``) and pairs with identical
-     replies always; both counted.
-   * ``auto`` (default) looks at the first row that parses: ``nums``/``target`` columns (Countdown
-     pairs), a custom ``--prompt-field``/``--chosen-field``/``--rejected-field``, or a prompt string
-     that is already rendered (contains ``<|im_start|>``, or ``Assistant:`` without being an HH
-     ``Human:`` transcript) -> ``text``; anything else -> ``chat``.
-
-2. tokenize each pair as two sequences sharing the prompt tokens, loss on the response only:
-
-   * text (:func:`tokenize_text_pair`): ``prompt + response + EOS``, loss on the response and its EOS;
-     too-long responses are cut at the end, pairs whose prompt alone does not fit are dropped;
-   * chat (:func:`tokenize_chat_pair`, i.e. :func:`rlft.data.chat.tokenize_preference_pair`): the
-     prompt rendered with the generation prompt, then the final assistant reply and its end-of-turn
-     token (the only trained tokens). Truncation keeps the prompt's **end** (``--max-prompt-length``
-     cuts it from the left) and each response's **start** (cut to ``--max-length``); a pair whose
-     responses would keep fewer than ``min(8, their length)`` tokens is dropped.
-
-   Counts (rows, invalid rows skipped, ties, drops, truncations) are logged and written to
-   ``output_dir/data_stats.json``;
+1. read the pairs (``--data``, ``--data-split``) in the format chosen once by ``--data-format``
+   (``text``: prompts already rendered, e.g. ``rlft pairs countdown`` output; ``chat``: conversations
+   rendered with the chat template; ``auto``: detected from the first row);
+2. tokenize each pair as two sequences sharing the prompt tokens, loss on the response only (and, for
+   chat, its end-of-turn token), cutting or dropping pairs that do not fit ``--max-length``. Steps 1 and 2,
+   their formats and truncation rules, are :mod:`rlft.recipes.dpo_data`'s; the counts (rows, invalid rows
+   skipped, ties, drops, truncations) are logged and written to ``output_dir/data_stats.json``;
 3. compute the reference model's log-probs of every response ONCE (``--ref-model``, default: the
    initial ``--model``), cache them in ``output_dir/ref_logps.pt`` under a fingerprint of the
    reference model and every token id and mask (a resumed run reads them back when it matches) and
-   free the reference model: only the policy is in memory during training (DESIGN.md pitfall 7);
+   free the reference model: only the policy is in memory during training (docs/design.md pitfall 7);
 4. train: each micro-batch puts its B chosen and B rejected sequences through ONE forward pass
    (a right-padded batch of 2B rows), the loss picked once by ``--loss-type`` is scaled so that
    micro-batches add up to exactly the full-batch mean; checkpoints and ``--resume`` as in SFT.
@@ -48,10 +26,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import logging
-import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,22 +36,18 @@ import torch
 
 from rlft import distributed
 from rlft.console import training_progress
-from rlft.data import preferences
-from rlft.data.chat import ensure_chat_template
-from rlft.data.chat import tokenize_preference_pair as tokenize_chat_sequences
-from rlft.data.files import DataError, read_rows
 from rlft.data.packing import default_pack_length, pack_examples, sequence_sums
-from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
+from rlft.data.tokenize import collate
+from rlft.fsio import atomic_open
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
-from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
+from rlft.models import DeviceSpec, load_model
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions
-from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, resolved_strategy
-from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, length_grouped,
-                                 optimizer_step, prepare_training)
-from rlft.validation import OptionError, validate_options
-from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
-from rlft.tracking import attach_tracker
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, length_grouped, optimizer_step,
+                                 start_training, step_plan, write_data_stats)
+from rlft.recipes.dpo_data import TokenizedPair, load_tokenized_pairs
+from rlft.validation import require, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -152,203 +123,11 @@ class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         validate_options(self)
         self._check_lora()
         self._check_distributed()
-        _validate(self)
-
-
-# --------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class TextPair:
-    """One plain-text preference: ``chosen`` is preferred over ``rejected`` as a continuation of ``prompt``."""
-
-    prompt: str
-    chosen: str
-    rejected: str
-
-
-ChatPair = preferences.PreferencePair
-"""A chat preference: prompt messages and the chosen/rejected final assistant replies."""
-
-
-@dataclass(frozen=True)
-class TokenizedPair:
-    """A pair tokenized as two prompt+response sequences sharing the same prompt tokens."""
-
-    chosen: TokenizedExample
-    rejected: TokenizedExample
-
-
-def _first_row(cfg: DPOConfig) -> dict | None:
-    return next((row for _, row in read_rows(cfg.data, split=cfg.data_split) if isinstance(row, dict)), None)
-
-
-def detect_pair_format(row: dict, prompt_field: str = "prompt") -> str:
-    """``"text"`` or ``"chat"`` for a row (the ``--data-format auto`` rule; see the module docstring)."""
-    if "nums" in row or "target" in row:
-        return "text"
-    prompt = row.get(prompt_field)
-    if isinstance(prompt, str):
-        is_hh = prompt.lstrip().startswith("Human:")
-        if "<|im_start|>" in prompt or ("Assistant:" in prompt and not is_hh):
-            return "text"
-    return "chat"
-
-
-def data_format(cfg: DPOConfig) -> str:
-    """The format of ``cfg.data``: ``cfg.data_format``, or with ``auto`` detected once from the first row."""
-    if cfg.data_format != "auto":
-        return cfg.data_format
-    if (cfg.prompt_field, cfg.chosen_field, cfg.rejected_field) != ("prompt", "chosen", "rejected"):
-        return "text"  # custom column names exist for text pairs only
-    row = _first_row(cfg)
-    return "text" if row is None else detect_pair_format(row, cfg.prompt_field)
-
-
-def read_text_pairs(cfg: DPOConfig) -> tuple[list[TextPair], dict]:
-    """The plain-text pairs of ``cfg.data`` (all rows; no limit) and counts {rows, kept, skipped_invalid}.
-
-    Raises:
-        DataError: a row whose prompt/chosen/rejected field is missing, not a string, or empty, or
-            whose responses are identical (unless ``skip_invalid``: then such rows are counted,
-            skipped and reported in one warning).
-    """
-    fields = (cfg.prompt_field, cfg.chosen_field, cfg.rejected_field)
-    pairs, counts = [], {"rows": 0, "kept": 0, "skipped_invalid": 0}
-    for i, row in read_rows(cfg.data, split=cfg.data_split):
-        counts["rows"] += 1
-        try:
-            if isinstance(row, DataError):
-                raise row
-            for field in fields:
-                if field not in row:
-                    raise DataError(cfg.data, i, field, "missing")
-                value = row[field]
-                if not isinstance(value, str):
-                    hint = " (chat message lists: use --data-format chat)" if isinstance(value, list) else ""
-                    raise DataError(cfg.data, i, field, f"expected a string, got {type(value).__name__}{hint}")
-                if not value.strip():
-                    raise DataError(cfg.data, i, field, "empty")
-            prompt, chosen, rejected = (row[f] for f in fields)
-            if chosen == rejected:
-                raise DataError(cfg.data, i, cfg.rejected_field, "identical to the chosen response")
-        except DataError:
-            if not cfg.skip_invalid:
-                raise
-            counts["skipped_invalid"] += 1
-            continue
-        pairs.append(TextPair(prompt, chosen, rejected))
-    if counts["skipped_invalid"]:
-        log.warning("skipped %d invalid rows of %s (--skip-invalid)", counts["skipped_invalid"], cfg.data)
-    counts["kept"] = len(pairs)
-    return pairs, counts
-
-
-def read_chat_pairs(cfg: DPOConfig) -> tuple[list[ChatPair], dict]:
-    """Chat pairs of ``cfg.data`` via :func:`rlft.data.preferences.load_preference_pairs` (layout
-    detected there; ties dropped with ``cfg.drop_ties``) and its counts, plus ``dropped_identical``:
-    pairs whose two replies are equal (they carry no preference and no gradient)."""
-    pairs, counts = preferences.load_preference_pairs(
-        cfg.data, split=cfg.data_split, skip_invalid=cfg.skip_invalid, drop_ties=cfg.drop_ties
-    )
-    distinct = [p for p in pairs if p.chosen != p.rejected]
-    counts = {**counts, "dropped_identical": len(pairs) - len(distinct), "kept": len(distinct)}
-    return distinct, counts
-
-
-def load_text_pairs(cfg: DPOConfig) -> list[TextPair]:
-    """The plain-text pairs of ``cfg.data``, limited to ``cfg.limit`` (see :func:`read_text_pairs`).
-
-    Raises:
-        DataError: an invalid row (unless ``skip_invalid``).
-        ValueError: no valid pairs at all.
-    """
-    return _limited(read_text_pairs(cfg)[0], cfg)
-
-
-def _limited(pairs: list, cfg: DPOConfig) -> list:
-    if cfg.limit is not None:
-        pairs = pairs[: cfg.limit]
-    if not pairs:
-        raise ValueError(f"no preference pairs in {cfg.data}")
-    return pairs
-
-
-def tokenize_text_pair(tokenizer, pair: TextPair, max_length: int) -> TokenizedPair | None:
-    """Plain-text tokenization: ``prompt + response + EOS`` for each response, loss on response + EOS.
-
-    Returns None when the prompt alone leaves no room for a response token.
-    """
-    chosen = tokenize_prompt_completion(tokenizer, pair.prompt, pair.chosen, max_length=max_length)
-    rejected = tokenize_prompt_completion(tokenizer, pair.prompt, pair.rejected, max_length=max_length)
-    if chosen is None or rejected is None:
-        return None
-    return TokenizedPair(chosen, rejected)
-
-
-def tokenize_chat_pair(tokenizer, pair: ChatPair, max_length: int, max_prompt_length: int | None = None) -> TokenizedPair | None:
-    """Chat-template tokenization (:func:`rlft.data.chat.tokenize_preference_pair`): the prompt with the
-    generation prompt, then the reply and its end-of-turn token, loss on the reply + end-of-turn only.
-
-    Returns None when the pair cannot fit (see the module docstring for the truncation policy).
-    """
-    out = tokenize_chat_sequences(tokenizer, pair.prompt, pair.chosen, pair.rejected,
-                                  max_length=max_length, max_prompt_length=max_prompt_length)
-    return None if out is None else TokenizedPair(*out)
-
-
-def tokenize_preference_pairs(
-    pairs: list, tokenizer, max_length: int, *, data_format: str = "text", max_prompt_length: int | None = None
-) -> list[TokenizedPair]:
-    """Tokenize all pairs of one format (``"text"``: :class:`TextPair`, ``"chat"``: :class:`ChatPair`);
-    log how many responses were truncated and how many pairs dropped."""
-    if data_format == "chat":
-        why = "prompt + response start do not fit"
-        tokenized = [tokenize_chat_pair(tokenizer, p, max_length, max_prompt_length) for p in pairs]
-    else:
-        why = "prompt alone too long"
-        tokenized = [tokenize_text_pair(tokenizer, p, max_length) for p in pairs]
-    out = [t for t in tokenized if t is not None]
-    chosen_cut = sum(p.chosen.truncated for p in out)
-    rejected_cut = sum(p.rejected.truncated for p in out)
-    log.info(
-        "%d pairs; %d chosen and %d rejected responses truncated to %d tokens; %d dropped (%s)",
-        len(out), chosen_cut, rejected_cut, max_length, len(pairs) - len(out), why,
-    )
-    if not out:
-        raise ValueError(f"every pair is dropped at max_length={max_length}: {why}")
-    return out
-
-
-PAIR_READERS = {"text": read_text_pairs, "chat": read_chat_pairs}
-"""One reader per data format: ``cfg -> (pairs, counts)``."""
-
-
-def load_tokenized_pairs(cfg: DPOConfig, tokenizer) -> tuple[list[TokenizedPair], dict]:
-    """Read and tokenize ``cfg.data`` in the format picked once by :func:`data_format`; returns the
-    pairs and data counts (rows, skipped_invalid, ties, drops, truncations), also logged.
-
-    Chat data gets ``cfg.chat_template`` or the tokenizer's own (else a ValueError naming
-    --chat-template); a set ``cfg.chat_template`` replaces the tokenizer's in either format, so the
-    saved model carries it.
-    """
-    fmt = data_format(cfg)
-    if fmt == "text" and cfg.max_prompt_length is not None:
-        raise ValueError("--max-prompt-length applies to chat data (--data-format chat); text prompts are kept whole")
-    if fmt == "chat" or cfg.chat_template is not None:
-        ensure_chat_template(tokenizer, cfg.chat_template)
-    pairs, counts = PAIR_READERS[fmt](cfg)
-    log.info("%s (%s format): %s", cfg.data, fmt, ", ".join(f"{k} {v}" for k, v in counts.items()))
-    pairs = _limited(pairs, cfg)
-    tokenized = tokenize_preference_pairs(pairs, tokenizer, cfg.max_length, data_format=fmt, max_prompt_length=cfg.max_prompt_length)
-    stats = {
-        "data_format": fmt, **counts, "used": len(pairs), "pairs": len(tokenized),
-        "dropped_too_long": len(pairs) - len(tokenized),
-        "chosen_truncated": sum(p.chosen.truncated for p in tokenized),
-        "rejected_truncated": sum(p.rejected.truncated for p in tokenized),
-        "max_length": cfg.max_length, "max_prompt_length": cfg.max_prompt_length,
-    }
-    return tokenized, stats
+        require(self.beta > 0, f"--beta must be > 0 (the inverse temperature of the implicit reward), got {self.beta}")
+        require(self.batch_size % self.micro_batch_size == 0,
+                f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
+        require(self.max_prompt_length is None or self.max_prompt_length < self.max_length,
+                f"--max-prompt-length must be < --max-length ({self.max_length}), got {self.max_prompt_length}")
 
 
 # --------------------------------------------------------------------------- log-probs
@@ -475,9 +254,8 @@ def reference_logprobs(
         torch.cuda.empty_cache()
     ref = distributed.gather_shards(ref, len(pairs))
     if distributed.is_main():
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save({**ref, "fingerprint": fingerprint}, tmp)
-        os.replace(tmp, path)
+        with atomic_open(path, "wb") as f:
+            torch.save({**ref, "fingerprint": fingerprint}, f)
     return ref
 
 
@@ -515,19 +293,6 @@ def build_preference_loss(cfg: DPOConfig) -> PreferenceLossFn:
 # --------------------------------------------------------------------------- training
 
 
-def _validate(cfg: DPOConfig) -> None:
-    if cfg.batch_size < 1 or cfg.micro_batch_size < 1:
-        raise OptionError("batch_size and micro_batch_size must be >= 1")
-    if cfg.batch_size % cfg.micro_batch_size:
-        raise OptionError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
-    if not cfg.beta > 0:
-        raise OptionError(f"beta must be > 0, got {cfg.beta}")
-    if not 0.0 <= cfg.label_smoothing <= 0.5:
-        raise OptionError(f"label_smoothing must lie in [0, 0.5], got {cfg.label_smoothing}")
-    if cfg.max_prompt_length is not None and not 0 < cfg.max_prompt_length < cfg.max_length:
-        raise OptionError(f"max_prompt_length must lie in [1, max_length={cfg.max_length}), got {cfg.max_prompt_length}")
-
-
 def train_dpo(cfg: DPOConfig) -> Path:
     """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``).
 
@@ -535,27 +300,16 @@ def train_dpo(cfg: DPOConfig) -> Path:
     micro-batch's loss is weighted by its share of the *whole* step's pairs (and the RPO NLL divided by
     the whole step's chosen-token count), gradients are summed over ranks, so the run equals the
     one-process run (up to float rounding); rank 0 writes every file."""
-    check_scale_options(cfg)
-    _validate(cfg)
     loss_fn = build_preference_loss(cfg)
-    distributed.init(cfg.device)  # under torchrun only
-    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
-    torch.manual_seed(cfg.seed)
-    spec = pick_device(cfg.device, cfg.dtype)
-    tokenizer = load_tokenizer(cfg.model)
+    run, spec, tokenizer = begin_run(cfg)  # refuses a folder holding another run; writes nothing yet
     pairs, stats = load_tokenized_pairs(cfg, tokenizer)
     run_dir = run.open()
-    if distributed.is_main():
-        (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    write_data_stats(run_dir, stats)
     ref = reference_logprobs(cfg, pairs, tokenizer.pad_token_id, spec, run_dir)
 
-    steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
-    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
+    steps_per_epoch, total_steps = step_plan(len(pairs), cfg)
+    setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
-    if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
-    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
     forward = _forward_options(cfg)
     log.info("%s: %d pairs, %d steps of %d pairs (micro-batch %d) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
 

@@ -33,9 +33,7 @@ saved alongside).
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,16 +45,16 @@ from rlft import distributed
 from rlft.console import console, training_progress
 from rlft.data.packing import default_pack_length, pack_examples
 from rlft.data.tokenize import TokenizedExample, collate
+from rlft.fsio import atomic_write_json
 from rlft.losses.reward import bradley_terry_loss
-from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
+from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
-from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, OptimizerOptions, RunOptions, resolved_strategy
-from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, length_grouped, optimizer_step,
-                                 prepare_training, save_final, TrainingSetup, write_run_config)
-from rlft.validation import OptionError, validate_options
+from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, OptimizerOptions, RunOptions
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, length_grouped, optimizer_step, save_final,
+                                 start_training, step_plan, TrainingSetup, write_run_config)
+from rlft.validation import require, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
-from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
-from rlft.tracking import attach_tracker
+from rlft.tracking import Tracker
 
 log = logging.getLogger("rlft")
 
@@ -140,7 +138,10 @@ class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, 
         validate_options(self)
         self._check_lora()
         self._check_distributed()
-        _validate(self)
+        require(self.batch_size % self.micro_batch_size == 0,
+                f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
+        require(self.max_prompt_length is None or self.max_prompt_length < self.max_length,
+                f"--max-prompt-length must be < --max-length ({self.max_length}), got {self.max_prompt_length}")
 
 
 @dataclass(frozen=True)
@@ -154,21 +155,6 @@ class RMExample:
 
 
 # --------------------------------------------------------------------------- data
-
-
-def _validate(cfg: RMConfig) -> None:
-    if cfg.batch_size < 1 or cfg.micro_batch_size < 1 or cfg.eval_batch_size < 1:
-        raise OptionError("batch_size, micro_batch_size and eval_batch_size must be >= 1")
-    if cfg.batch_size % cfg.micro_batch_size:
-        raise OptionError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
-    if not 0.0 <= cfg.eval_fraction < 1.0:
-        raise OptionError(f"eval_fraction must lie in [0, 1), got {cfg.eval_fraction}")
-    if cfg.head_lr is not None and cfg.head_lr <= 0:
-        raise OptionError(f"head_lr must be > 0 or None, got {cfg.head_lr}")
-    if cfg.center_coef < 0:
-        raise OptionError(f"center_coef must be >= 0, got {cfg.center_coef}")
-    if cfg.max_prompt_length is not None and not 0 < cfg.max_prompt_length < cfg.max_length:
-        raise OptionError(f"max_prompt_length must lie in [1, max_length={cfg.max_length}), got {cfg.max_prompt_length}")
 
 
 def _load(source: str, split: str, cfg: RMConfig, limit: int | None, loaded: dict) -> list:
@@ -283,8 +269,8 @@ def evaluate(model, examples: list[RMExample], pad_token_id: int, device, batch_
 # --------------------------------------------------------------------------- training
 
 
-def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) -> TrainingSetup:
-    """:func:`rlft.recipes.common.prepare_training` with a reward model (lower blocks frozen with --train-layers)
+def _start_training(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) -> tuple[TrainingSetup, Tracker | None]:
+    """:func:`rlft.recipes.common.start_training` with a reward model (lower blocks frozen with --train-layers)
     and two parameter groups: the body at ``lr``, the score head at ``head_lr`` (the logged lr is the body's)."""
 
     def load(name: str, spec) -> torch.nn.Module:
@@ -299,7 +285,7 @@ def _prepare(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) ->
         body = [p for p in model.parameters() if p.requires_grad and all(p is not h for h in head)]
         return [{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr or cfg.lr}]
 
-    return prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, load=load, param_groups=groups, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
+    return start_training(cfg, run_dir, spec, total_steps, load=load, param_groups=groups)
 
 
 def train_rm(cfg: RMConfig) -> Path:
@@ -309,13 +295,7 @@ def train_rm(cfg: RMConfig) -> Path:
     micro-batch weighted by its share of the *whole* step's pairs, gradients summed over ranks, so the run
     equals the one-process run (up to float rounding); rank 0 alone evaluates (with FSDP2 every rank
     evaluates the whole held-out set with it, as every forward is collective) and writes every file."""
-    check_scale_options(cfg)
-    _validate(cfg)
-    distributed.init(cfg.device)  # under torchrun only
-    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
-    torch.manual_seed(cfg.seed)
-    spec = pick_device(cfg.device, cfg.dtype)
-    tokenizer = load_tokenizer(cfg.model)
+    run, spec, tokenizer = begin_run(cfg)  # refuses a folder holding another run; writes nothing yet
     if cfg.chat_template is not None:
         from rlft.data.chat import ensure_chat_template
 
@@ -332,13 +312,9 @@ def train_rm(cfg: RMConfig) -> Path:
     pad_id = tokenizer.pad_token_id
     run_dir = run.open()
 
-    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    setup = _prepare(cfg, run_dir, spec, tokenizer, total_steps)
+    steps_per_epoch, total_steps = step_plan(len(train), cfg)
+    setup, tracker = _start_training(cfg, run_dir, spec, tokenizer, total_steps)
     model, start_step = setup.model, setup.start_step
-    if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
-    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
     log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (micro-batch %d) on %s/%s",
              len(train), len(heldout), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
 
@@ -400,7 +376,7 @@ def train_rm(cfg: RMConfig) -> Path:
     write_run_config(run_dir, cfg)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
     summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"loaded": loaded, "train": train_counts, "eval": eval_counts}}
-    (run_dir / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_json(run_dir / "eval.json", summary)
     if last_eval is not None:
         console.print(f"[green]RM done[/]: held-out pairwise accuracy {last_eval['accuracy']:.3f} on {last_eval['n']} pairs; model saved to {final}")
     else:

@@ -28,9 +28,7 @@ counts also go to ``output_dir/data_stats.json``.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +44,11 @@ from rlft.data.preferences import ChatExample, load_chat_examples
 from rlft.data.packing import default_pack_length, pack_examples
 from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
 from rlft.losses.sft import sft_loss
-from rlft.models import DEFAULT_MODEL, load_tokenizer, pick_device
+from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
-from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, resolved_strategy
-from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, length_grouped,
-                                 optimizer_step, prepare_training)
-from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
-from rlft.tracking import attach_tracker
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, length_grouped, optimizer_step,
+                                 start_training, step_plan, write_data_stats)
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
 from rlft.validation import require, validate_options
@@ -325,26 +321,14 @@ def train_sft(cfg: SFTConfig) -> Path:
     Under torchrun each rank trains on its :func:`rlft.distributed.shard` of every step's batch, with the
     loss divided by the whole batch's target-token count and gradients summed over ranks, so the run
     equals the one-process run (up to float rounding); rank 0 writes every file."""
-    check_scale_options(cfg)
-    if cfg.batch_size % cfg.micro_batch_size:
-        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size}")
-    distributed.init(cfg.device)  # under torchrun only
-    run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
-    torch.manual_seed(cfg.seed)
-    spec = pick_device(cfg.device, cfg.dtype)
-    tokenizer = load_tokenizer(cfg.model)
+    run, spec, tokenizer = begin_run(cfg)  # refuses a folder holding another run; writes nothing yet
     examples, stats = load_sft_examples(cfg, tokenizer)
     run_dir = run.open()
-    if distributed.is_main():
-        (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    write_data_stats(run_dir, stats)
 
-    steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
-    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()))
+    steps_per_epoch, total_steps = step_plan(len(examples), cfg)
+    setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
-    if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
-    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
     log.info("SFT: %d examples, %d steps of %d (micro-batch %d) on %s/%s", len(examples), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
 
     with training_progress("sft") as progress:

@@ -91,6 +91,10 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
     heldout_size: int = 200
     """Generated tasks reserved for evaluation: training never sees the first N held-out tasks of
     `rlft eval countdown --split-seed` (evaluate with --limit <= N)."""
+    heldout_data: str | None = None
+    """--data countdown: also drop generated training tasks equal to a held-out row (validation or test,
+    rlft.tasks.countdown.splits) of this Countdown file or Hub dataset (e.g. ../shared/data/countdown/train.parquet),
+    so `rlft eval countdown --data <it> --split test` scores tasks no trace showed. Dropped tasks are logged."""
     trace_style: Literal["direct", "search", "bounded"] = "search"
     """Solver trace style: 'direct' (just the solution steps), 'search' (dead ends, backtracking, check) or
     'bounded' (the ranked search tried in order by a searcher who may give up with a wrong answer; ~48% of
@@ -137,6 +141,12 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
     train, _ = make_splits(PRESETS[cfg.preset], cfg.num_train, cfg.heldout_size, cfg.split_seed)
+    if cfg.heldout_data is not None:
+        from rlft.tasks.countdown.splits import drop_heldout, load_split
+
+        kept = drop_heldout(train, load_split(cfg.heldout_data).heldout_keys())
+        log.info("dropped %d of %d generated tasks equal to a held-out row of %s", len(train) - len(kept), len(train), cfg.heldout_data)
+        train = kept
     return [
         PromptCompletion(
             render_prompt(cfg.prompt_template, task, tokenizer),

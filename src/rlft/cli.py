@@ -32,7 +32,7 @@ from rlft.validation import OptionError, UsageError
 def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type, Callable[[Any], Any], str, dict[str, Any]]]:
     """Command name -> ``(config class, run function, one-line help[, defaults])``: ``defaults`` (a dict of field
     values) replace the class's own defaults, under ``--config`` values and flags."""
-    from rlft.eval.countdown import EvalCountdownConfig, run_eval_countdown
+    from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
     from rlft.eval.winrate import WinrateConfig, run_winrate
     from rlft.recipes.demo import DemoConfig, run_demo
     from rlft.recipes.reward_model import RMConfig, train_rm

@@ -88,6 +88,7 @@ RULES: dict[str, Rule] = {
     "pack_length": POSITIVE_INT,
     "clip_low": NON_NEGATIVE,
     "clip_high": NON_NEGATIVE,
+    "is_cap": POSITIVE,
     "lora_r": NON_NEGATIVE,
     "lora_alpha": POSITIVE,
     "lora_dropout": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),

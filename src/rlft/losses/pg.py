@@ -86,6 +86,7 @@ def policy_gradient_loss(
     mode: AggregationMode = "seq_sum",
     num_sequences: float | None = None,
     num_tokens: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """REINFORCE / PPO-clip policy loss on sampled tokens.
 
@@ -113,6 +114,8 @@ def policy_gradient_loss(
         mode: any :data:`rlft.ops.AggregationMode`.
         num_sequences, num_tokens: sequence / target-token count of the whole optimisation batch
             when this call sees one micro-batch of it (keeps gradient accumulation exact).
+        token_weights: ``(B, T)`` constant per-token factors of ``l_t`` (no grad; the sampler-mismatch
+            importance weights of :func:`importance_weights`); None: 1.
     Returns:
         ``(loss, metrics)``; metrics: ``loss/policy`` (this call's loss), ``pg/clipfrac`` (fraction of
         this call's target tokens where the clipped branch is active, i.e. has zero gradient),
@@ -138,6 +141,8 @@ def policy_gradient_loss(
         clipfrac = masked_mean(clip_active, loss_mask).item()
     else:
         clipfrac = 0.0
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach()
     loss = aggregate(per_token, loss_mask, mode, num_tokens=num_tokens, num_sequences=num_sequences)
     metrics = {
         "loss/policy": loss.item(),
@@ -168,6 +173,7 @@ def raft_loss(
     mode: AggregationMode = "token_mean",
     num_sequences: float | None = None,
     num_tokens: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """RAFT / RAFT++ (Xiong et al. 2025, arXiv 2504.11343, Sec. 2): likelihood of the selected samples.
 
@@ -185,7 +191,8 @@ def raft_loss(
     (:meth:`PolicyObjective.weights`) and then applies :func:`policy_gradient_loss` to the 0/1 weights.
     """
     return policy_gradient_loss(logprobs, old_logprobs, raft_selection(advantages), loss_mask, clip_low=clip_low,
-                                clip_high=clip_high, mode=mode, num_sequences=num_sequences, num_tokens=num_tokens)
+                                clip_high=clip_high, mode=mode, num_sequences=num_sequences, num_tokens=num_tokens,
+                                token_weights=token_weights)
 
 
 def entropy_bonus(
@@ -237,8 +244,52 @@ def kl_loss(
 
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-"""``(logprobs, old_logprobs, advantages, loss_mask, *, clip_low, clip_high, mode, num_sequences, num_tokens)
--> (loss, metrics)``, as :func:`policy_gradient_loss`."""
+"""``(logprobs, old_logprobs, advantages, loss_mask, *, clip_low, clip_high, mode, num_sequences, num_tokens,
+token_weights) -> (loss, metrics)``, as :func:`policy_gradient_loss`."""
+
+IS_MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""Sampler-mismatch importance-sampling corrections (:func:`importance_weights`; ``--is-correction``)."""
+
+
+def importance_weights(logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, loss_mask: torch.Tensor, mode: str,
+                       cap: float) -> torch.Tensor:
+    """Per-token weights correcting for a sampler that is not exactly the trained policy (another engine, or
+    another precision: e.g. bfloat16 weights sampling for a float32 policy under autocast).
+
+    With ``r_t = exp(logprobs_t - sampler_logprobs_t)`` (the trainer's pre-update log-prob of the sampled token
+    over the sampler's), the weight is, per token (``token_*``) or with one ratio per sequence, the product of its
+    tokens' ratios ``R = exp(sum_t log r_t)`` (``sequence_*``):
+
+    - ``*_truncate``: ``min(r, cap)``, truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient RL
+      Framework Secretly Brings You Off-Policy RL Training");
+    - ``*_mask``: ``r``, or 0 where ``r > cap`` (the token, or the whole sequence, leaves the loss);
+
+    the four modes of TRL's ``vllm_importance_sampling_mode``. The weights multiply each token's policy loss
+    (:func:`policy_gradient_loss` ``token_weights``), after any PPO clipping.
+
+    Args:
+        logprobs: ``(B, T)`` the trainer's log-probs of the sampled tokens before the update (no grad).
+        sampler_logprobs: ``(B, T)`` the sampler's, at the same temperature (0 off the mask).
+        loss_mask: ``(B, T)``.
+        mode: one of :data:`IS_MODES` except "none"; cap: ``C > 0``.
+    Returns:
+        ``(B, T)`` float weights, 0 off the mask, no grad.
+    Raises:
+        ValueError: an unknown mode, or ``cap <= 0``.
+    """
+    if mode not in IS_MODES[1:]:
+        raise ValueError(f"unknown importance-sampling mode {mode!r}; expected one of {', '.join(IS_MODES[1:])}")
+    if cap <= 0:
+        raise ValueError(f"the importance-sampling cap must be > 0, got {cap}")
+    log_ratio = ((logprobs - sampler_logprobs) * loss_mask).detach().float()
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(logprobs)
+    ratio = torch.exp(log_ratio)
+    if mode.endswith("truncate"):
+        ratio = torch.clamp(ratio, max=cap)
+    else:
+        ratio = torch.where(ratio > cap, torch.zeros_like(ratio), ratio)
+    return ratio * loss_mask
 
 
 @dataclass(frozen=True)
@@ -294,6 +345,11 @@ class PolicyObjective:
     """Per-token estimator of :func:`kl_penalty`."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (0: off, and no entropy is computed)."""
+    is_mode: str = "none"
+    """Sampler-mismatch correction (:data:`IS_MODES`; :func:`importance_weights`): 'none', or a mode that weights
+    each token's policy loss by the trainer/sampler ratio, truncated or masked at ``is_cap``."""
+    is_cap: float = 3.0
+    """The cap ``C`` of the importance-sampling correction."""
 
     def __post_init__(self) -> None:
         if self.kl_placement not in (None, *KL_PLACEMENTS):
@@ -304,6 +360,8 @@ class PolicyObjective:
             raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; expected 'k1' or 'k3'")
         if self.entropy_coef < 0:
             raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        if self.is_mode not in IS_MODES:
+            raise ValueError(f"unknown importance-sampling mode {self.is_mode!r}; expected one of {', '.join(IS_MODES)}")
 
     @property
     def kl_in_reward(self) -> bool:
@@ -334,6 +392,7 @@ class PolicyObjective:
         *,
         entropy: torch.Tensor | None = None,
         ref_logprobs: torch.Tensor | None = None,
+        sampler_logprobs: torch.Tensor | None = None,
         num_sequences: float | None = None,
         num_tokens: float | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -345,15 +404,27 @@ class PolicyObjective:
             loss_mask: ``(N, T)``.
             entropy: ``(N, T)`` per-token entropy (with grad); needed when ``entropy_coef > 0``.
             ref_logprobs: ``(N, T)`` reference log-probs; needed when ``kl_coef > 0``.
+            sampler_logprobs: ``(N, T)`` the sampler's log-probs of the tokens; needed when ``is_mode`` is not
+                'none' (the weights compare them with ``old_logprobs``, the trainer's pre-update ones).
             num_sequences, num_tokens: the whole step's normalisers (see :func:`policy_gradient_loss`).
         Returns:
-            ``(loss, metrics)``: the policy loss's metrics plus ``loss/entropy`` and ``loss/kl`` (0.0 when off).
+            ``(loss, metrics)``: the policy loss's metrics plus ``loss/entropy`` and ``loss/kl`` (0.0 when off), and
+            with a correction ``pg/is_weight_mean`` (token mean) and ``pg/is_zero_frac`` (tokens weighted 0).
         Raises:
             ValueError: a term that is on without its input.
         """
+        token_weights = None
+        if self.is_mode != "none":
+            if sampler_logprobs is None:
+                raise ValueError(f"the {self.is_mode} correction needs the sampler's log-probs")
+            token_weights = importance_weights(old_logprobs, sampler_logprobs, loss_mask, self.is_mode, self.is_cap)
         loss, metrics = self.loss_fn(logprobs, old_logprobs, weights, loss_mask, clip_low=self.clip_low, clip_high=self.clip_high,
-                                     mode=self.loss_mode, num_sequences=num_sequences, num_tokens=num_tokens)
+                                     mode=self.loss_mode, num_sequences=num_sequences, num_tokens=num_tokens,
+                                     token_weights=token_weights)
         metrics = {**metrics, "loss/entropy": 0.0, "loss/kl": 0.0}
+        if token_weights is not None:
+            metrics.update({"pg/is_weight_mean": masked_mean(token_weights, loss_mask).item(),
+                            "pg/is_zero_frac": masked_mean((token_weights == 0).float(), loss_mask).item()})
         if self.entropy_coef > 0:
             if entropy is None:
                 raise ValueError("entropy_coef > 0 needs the per-token entropy")
@@ -386,4 +457,5 @@ def make_objective(cfg) -> PolicyObjective:
     use_kl = cfg.beta > 0
     return PolicyObjective(loss_fn=spec.fn, loss_mode=cfg.loss_mode, clip_low=clip_low, clip_high=clip_high, select=spec.selects,
                            kl_placement=cfg.kl_mode if use_kl else None, beta=cfg.beta if use_kl else 0.0,
-                           kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef)
+                           kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef,
+                           is_mode=cfg.is_correction, is_cap=cfg.is_cap)

@@ -51,13 +51,14 @@ class PairsConfig(DeviceOptions, RolloutOptions):
     data: str | None = None
     """None: the generated training split of --preset (make_splits(preset, num_prompts, heldout_size,
     split_seed), the SFT convention, so evaluation tasks stay held out); else a Countdown
-    .jsonl/.json/.parquet file or Hub dataset with target + nums/numbers."""
+    .jsonl/.json/.parquet file or Hub dataset with target + nums/numbers, whose training rows are sampled (its
+    held-out validation and test rows never are: rlft.tasks.countdown.splits)."""
     data_split: str = "train"
     """Split to read when --data is a Hub dataset id."""
     preset: str = "easy3"
     """Countdown difficulty preset of the generated tasks (easy3, cog_behav, standard, tiny)."""
     num_prompts: int = 512
-    """Prompts to sample for: generated training tasks, or rows of --data."""
+    """Prompts to sample for: generated training tasks, or training rows of --data."""
     start: int = 0
     """Skip this many tasks first (generated training tasks or rows of --data); set it to SFT's
     --num-train to sample on prompts the SFT model was not trained on."""
@@ -130,11 +131,13 @@ def _validate(cfg: PairsConfig) -> None:
 
 
 def load_pair_tasks(cfg: PairsConfig) -> list[CountdownTask]:
-    """Tasks ``start .. start + num_prompts`` of the generated training split or of ``cfg.data``."""
+    """Tasks ``start .. start + num_prompts`` of the generated training split, or of the training rows of
+    ``cfg.data`` (:func:`rlft.tasks.countdown.splits.load_split`: its held-out validation and test rows, and
+    rows equal to them, are never sampled)."""
     if cfg.data is not None:
-        from rlft.tasks.countdown.loaders import load_countdown
+        from rlft.tasks.countdown.splits import load_split
 
-        tasks = load_countdown(cfg.data, split=cfg.data_split, start=cfg.start, limit=cfg.num_prompts)
+        tasks = load_split(cfg.data, data_split=cfg.data_split).train[cfg.start : cfg.start + cfg.num_prompts]
     else:
         from rlft.tasks.countdown.generator import PRESETS, make_splits
 

@@ -89,10 +89,11 @@ from rlft.recipes.common import batch_indices, checkpoint_if_due, claim_run_dir,
 from rlft.recipes.memory import enable_gradient_checkpointing
 from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, gradient_rows, policy_loss_backward, rollout_batch,
-                           take_rows, without_rows)
+                           sampler_logprobs, take_rows, without_rows)
 from rlft.rl.config import RLConfig
 from rlft.rl.curriculum import CurriculumSampler, group_abs_advantages
-from rlft.rl.metrics import NO_UPDATE, loss_metrics, reduce_loss_metrics, sample_metrics, step_counts, update_metrics
+from rlft.rl.metrics import (NO_UPDATE, loss_metrics, mismatch_metrics, reduce_loss_metrics, sample_metrics, step_counts,
+                             update_metrics)
 from rlft.rl.prompts import make_prompt_source
 from rlft.rl.rewards import make_reward
 from rlft.rl.sampling import sample_step
@@ -129,7 +130,8 @@ def update_policy(setup, cfg: RLConfig, batch: TokenBatch, weights: torch.Tensor
     rows_total = int(distributed.all_reduce_sum(len(rows)))
     update_plan = plan.synced(model, len(rows))  # passes: None unless sharded; 0: no rows anywhere
     context = replace(context, old_logprobs=context.old_logprobs[rows] if cfg.ppo_epochs > 1 else None,
-                      ref_logprobs=context.ref_logprobs[rows] if context.ref_logprobs is not None else None)
+                      ref_logprobs=context.ref_logprobs[rows] if context.ref_logprobs is not None else None,
+                      sampler_logprobs=context.sampler_logprobs[rows] if context.sampler_logprobs is not None else None)
     epoch_metrics: list[dict[str, float]] = []
     first_logprobs = None
     for epoch in range(cfg.ppo_epochs):
@@ -138,7 +140,8 @@ def update_policy(setup, cfg: RLConfig, batch: TokenBatch, weights: torch.Tensor
             metrics, logprobs = policy_loss_backward(model, sub, weights[rows], objective, update_plan, context)
             if epoch == 0:
                 first_logprobs = logprobs  # the sampling policy's log-probs of the updated rows
-        elif rows_total == 0:  # nothing to learn from: a zero gradient
+        elif rows_total == 0:  # nothing to learn from: a zero gradient (every rank alike, so the collectives match)
+            distributed.reshard(model)  # FSDP2: the no-grad passes above left the root group gathered (plain tensors)
             for p in model.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
@@ -230,12 +233,17 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
 
         engine = VLLMEngine(cfg.model, dtype=str(spec.dtype).removeprefix("torch."), tokenizer=tokenizer, add_special_tokens=not templated)
     else:
-        engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size, add_special_tokens=not templated)
+        # A plain copy (LoRA merged; bfloat16 under CPU mixed precision) samples faster than the policy itself.
+        engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size, add_special_tokens=not templated,
+                          copy_weights=lora is not None or spec.compute_dtype is not None, copy_dtype=spec.compute_dtype)
 
     def sync_sampler() -> None:
-        """vLLM samples from its own copy of the weights: push the current policy's (LoRA merged) into it."""
+        """The sampler follows the policy: vLLM gets the current weights (LoRA merged) pushed into its own copy; the
+        HF engine's copy, when it keeps one, is remade at its next generate."""
         if cfg.rollout_engine == "vllm":
             engine.sync_weights(merged_copy(model))
+        else:
+            engine.sync_weights()
 
     history = read_metrics(run_dir / "metrics.jsonl") if start_step else []
     samples_total = next((int(r["samples/total"]) for r in reversed(history) if "samples/total" in r), 0)
@@ -291,7 +299,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             if cfg.mask_truncated:  # truncated samples leave the loss and its normalisers (their rewards counted above)
                 train, weights = without_rows(batch, weights, got.truncated[local].flatten())
                 num_sequences, loss_tokens = B * k - int(got.truncated.sum()), distributed.all_reduce_sum(float(train.loss_mask.sum()))
-            context = LossContext(old_logprobs, ref_logprobs, num_sequences=num_sequences, num_tokens=loss_tokens)
+            sampled = sampler_logprobs(batch, got.samples)  # (N, T) or None: what the sampler itself computed
+            context = LossContext(old_logprobs, ref_logprobs, sampled, num_sequences=num_sequences, num_tokens=loss_tokens)
             rows, epoch_metrics, update_logprobs = update_policy(setup, cfg, train, weights, objective, plan, context)
             sync_sampler()  # the next rollout (and evaluation) samples from the updated policy
             update_s = time.perf_counter() - t1
@@ -303,6 +312,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             if B:
                 record.update({**update_metrics(got, rewards, advantages, counts, num_tokens, update_s), **shaping_metrics(cfg, got.lengths)})
             record.update({**loss_metrics(epoch_metrics, objective), "time/generate_s": got.generate_s, "time/update_s": update_s})
+            if sampled is not None:
+                record.update(mismatch_metrics(train, rows, old_logprobs, update_logprobs, sampled))
             if curriculum is not None:
                 record.update(curriculum_metrics)
             if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):

@@ -144,6 +144,9 @@ class LossContext:
     extra forward)."""
     ref_logprobs: torch.Tensor | None = None
     """Reference log-probs; needed when the objective puts the KL in the loss."""
+    sampler_logprobs: torch.Tensor | None = None
+    """The sampler's own log-probs of the sampled tokens (:func:`sampler_logprobs`); needed by an
+    importance-sampling correction (:attr:`rlft.losses.pg.PolicyObjective.is_mode`)."""
     num_sequences: int | None = None
     """Sequences of the whole step (None: the batch's rows). Pass the full step's values when the batch holds
     only some of its rows (see :func:`gradient_rows`) so the gradient is that of the full step."""
@@ -212,14 +215,15 @@ def policy_loss_backward(model, batch: TokenBatch, advantages: torch.Tensor, obj
                                          logits_chunk_size=plan.logits_chunk_size)
         old = logprobs.detach() if context.old_logprobs is None else context.old_logprobs[rows, :width]
         ref = context.ref_logprobs[rows, :width] if context.ref_logprobs is not None else None
+        sampled = context.sampler_logprobs[rows, :width] if context.sampler_logprobs is not None else None
         loss, mb_metrics = objective.loss(logprobs, old, advantages[rows], mb.loss_mask, entropy=entropy, ref_logprobs=ref,
-                                          num_sequences=num_sequences, num_tokens=num_tokens)
+                                          sampler_logprobs=sampled, num_sequences=num_sequences, num_tokens=num_tokens)
         loss.backward()
         share = float(mb.loss_mask.sum()) / max(own_tokens, 1.0)  # token-weighted means over micro-batches
         for key in ("loss/policy", "loss/kl", "loss/entropy"):
             metrics[key] += mb_metrics[key]
-        metrics["pg/clipfrac"] += mb_metrics["pg/clipfrac"] * share
-        metrics["pg/ratio_mean"] += mb_metrics["pg/ratio_mean"] * share
+        for key in (k for k in mb_metrics if k.startswith("pg/")):  # clipfrac, ratio_mean (and the IS weights' stats)
+            metrics[key] = metrics.get(key, 0.0) + mb_metrics[key] * share
         logprobs_out[rows, :width] = logprobs.detach()
     _filler_passes(model, plan.filler, fillers, plan.temperature, plan.logits_chunk_size, backward=True)
     return metrics, logprobs_out
@@ -253,6 +257,27 @@ def without_rows(batch: TokenBatch, advantages: torch.Tensor, dropped: torch.Ten
     keep = (~dropped.bool()).to(batch.loss_mask.device)
     masked = TokenBatch(batch.input_ids, batch.attention_mask, batch.loss_mask * keep.unsqueeze(1).to(batch.loss_mask.dtype))
     return masked, advantages * keep.to(advantages.dtype)
+
+
+def sampler_logprobs(batch: TokenBatch, samples: list[list[Sample]]) -> torch.Tensor | None:
+    """``(N, T)`` the sampler's log-probs of the sampled tokens, placed on ``batch``'s completion positions (its
+    ``loss_mask``, row ``b * k + j`` = ``samples[b][j]``, as :func:`rollout_batch` builds it), 0 elsewhere; None
+    when a sample has no log-probs (an engine that does not report them)."""
+    flat = [s for row in samples for s in row]
+    if any(s.logprobs is None or len(s.logprobs) != len(s.completion_ids) for s in flat):
+        return None
+    out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+    for i, s in enumerate(flat):
+        positions = batch.loss_mask[i].nonzero().squeeze(1)
+        out[i, positions[: len(s.logprobs)].cpu()] = torch.tensor(s.logprobs, dtype=torch.float32)
+    return out.to(batch.loss_mask.device)
+
+
+def mismatch_sums(trainer_logprobs: torch.Tensor, sampled_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> tuple[float, float, list[float]]:
+    """``(sum |delta|, token count, |delta| values)`` of ``|trainer - sampler|`` log-probs over ``loss_mask``:
+    the sampler/trainer mismatch (``mismatch/abs_logp_mean`` and ``_p99`` in the RL loop). ``(N, T)`` inputs."""
+    delta = (trainer_logprobs - sampled_logprobs).abs()[loss_mask.bool()]
+    return float(delta.sum()), float(delta.numel()), delta.tolist()
 
 
 def take_rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from rlft.lora import LoRAOptions
 from rlft.losses.advantages import ADVANTAGES
-from rlft.losses.pg import KL_ESTIMATORS, KL_PLACEMENTS, LOSS_MODES, POLICY_LOSSES
+from rlft.losses.pg import IS_MODES, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_MODES, POLICY_LOSSES
 from rlft.models import DEFAULT_MODEL
 from rlft.rl.curriculum import BUCKETINGS
 from rlft.options import DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions
@@ -24,6 +24,7 @@ AdvantageName = Literal[tuple(ADVANTAGES)]  # type: ignore[valid-type]
 PolicyLossName = Literal[tuple(POLICY_LOSSES)]  # type: ignore[valid-type]
 """Names of the policy losses: the keys of :data:`rlft.losses.pg.POLICY_LOSSES`."""
 LossMode = Literal[LOSS_MODES]  # type: ignore[valid-type]
+ISMode = Literal[IS_MODES]  # type: ignore[valid-type]
 """Aggregations of the per-token policy loss: :data:`rlft.losses.pg.LOSS_MODES`."""
 KLMode = Literal[KL_PLACEMENTS]  # type: ignore[valid-type]
 """Where the KL goes: :data:`rlft.losses.pg.KL_PLACEMENTS`."""
@@ -47,18 +48,23 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
     'remote' (chat track): an OpenAI-compatible reward API (--base-url, --judge-model, --api-key-env).
     Ignored when --reward-model is set."""
     data: str | None = None
-    """None: generated Countdown tasks (--preset); else a Countdown .jsonl/.json/.parquet file or Hub dataset."""
+    """None: generated Countdown tasks (--preset); else a Countdown .jsonl/.json/.parquet file or Hub dataset (e.g.
+    ../shared/data/countdown/train.parquet, Jiayi-Pan/Countdown-Tasks-3to4) whose training rows are the prompts: its
+    held-out block (500 validation + 500 test rows, rlft.tasks.countdown.splits) never trains."""
     data_split: str = "train"
     """Split to read when --data is a Hub dataset id."""
     preset: str = "easy3"
     """Countdown generator preset of the training tasks (data None) and of the held-out eval tasks."""
     num_train: int = 2000
-    """Training tasks: generated from the TRAIN split of --preset, or the first N rows of --data."""
+    """Training tasks: generated from the TRAIN split of --preset, or the first N training rows of --data."""
     split_seed: int = 1234
     """Seed of the generated train/test split; evaluation uses the same seed for its held-out tasks."""
     heldout_size: int = 200
-    """Generated tasks held out from training (the first N of `rlft eval countdown --split-seed`); with --data,
-    file tasks equal to one of them are dropped."""
+    """Generated tasks held out from training (the first N of `rlft eval countdown --split-seed`); not used with
+    --data (its held-out rows are fixed)."""
+    eval_rows: Literal["validation", "test"] = "validation"
+    """With --data: the held-out rows the in-loop evaluation scores (the first --eval-limit of them): 'validation'
+    (screening recipes) or 'test' (the spec's held-out score)."""
     prompt_template: str = "base"
     """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template), 'short'."""
     output_dir: str = "runs/rl"
@@ -110,6 +116,15 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
     entropy_coef: float = 0.0
     """Entropy bonus: the loss gets -entropy_coef * aggregate(per-token entropy) (0: off). Computed from the full
     next-token distribution at the sampling temperature."""
+    is_correction: ISMode = "none"
+    """Sampler-mismatch correction when the sampler differs from the trained policy (another engine, or bfloat16
+    sampling weights for a float32 policy): 'token_truncate' / 'sequence_truncate' weight each token's loss by
+    min(ratio, --is-cap) (truncated importance sampling), 'token_mask' / 'sequence_mask' drop tokens / sequences
+    whose ratio exceeds it (TRL's vllm_importance_sampling_mode); ratio = exp(trainer - sampler log-prob), per
+    token or its product over the sequence. Needs sampler log-probs (the HF engine's row-dropping decoder, vLLM).
+    'none' (default): off; the mismatch is still logged (mismatch/abs_logp_mean, mismatch/abs_logp_p99)."""
+    is_cap: float = 3.0
+    """The cap C of --is-correction."""
     raft_threshold: float | None = None
     """--advantage raft: select samples with reward >= this (Countdown: 1.0, correct); None: each group's best
     samples (none when the group's rewards are all equal)."""
@@ -224,7 +239,7 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
         require(self.curriculum == "none" or self.prompts_data is None,
                 "--curriculum sec buckets Countdown tasks by difficulty; chat prompts (--prompts-data) have none")
         require(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
-        require(not (self.eval_every and self.prompts_data is None and self.eval_limit > self.heldout_size),
+        require(not (self.eval_every and self.prompts_data is None and self.data is None and self.eval_limit > self.heldout_size),
                 f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on")
 
 

@@ -119,5 +119,32 @@ def loss_metrics(epoch_metrics: list[dict[str, float]], objective: PolicyObjecti
     for key in LOSS_KEYS:
         if (key != "loss/kl" or objective.kl_coef > 0) and (key != "loss/entropy" or objective.entropy_coef > 0):
             record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
+    for key in ("pg/is_weight_mean", "pg/is_zero_frac"):  # with an importance-sampling correction, when rows updated
+        if all(key in m for m in epoch_metrics):
+            record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
     record["lr"] = epoch_metrics[0]["lr"]
     return record
+
+
+def mismatch_metrics(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tensor | None,
+                     update_logprobs: torch.Tensor | None, sampled: torch.Tensor) -> dict[str, float]:
+    """The sampler/trainer log-prob mismatch of the step: ``mismatch/abs_logp_mean`` (token mean of
+    ``|trainer - sampler|`` log-prob, nats; summed over ranks) and ``mismatch/abs_logp_p99`` (its 99th percentile over
+    this rank's tokens), on the tokens the trainer computed before the update (every row's ``old_logprobs`` when a
+    no-grad pass made them, else the first epoch's ``update_logprobs`` of the updated ``rows``); empty when
+    neither exists. ``sampled``: ``(N, T)``, :func:`rlft.rl.batch.sampler_logprobs`."""
+    from rlft.rl.batch import mismatch_sums
+
+    if old_logprobs is not None:
+        total, count, values = mismatch_sums(old_logprobs, sampled, batch.loss_mask)
+    elif update_logprobs is not None:
+        total, count, values = mismatch_sums(update_logprobs, sampled[rows], batch.loss_mask[rows])
+    else:
+        total, count, values = 0.0, 0.0, []
+    sums = distributed.all_reduce_sums({"total": total, "count": count})
+    if not sums["count"]:
+        return {}
+    out = {"mismatch/abs_logp_mean": sums["total"] / sums["count"]}
+    if values:
+        out["mismatch/abs_logp_p99"] = float(torch.quantile(torch.tensor(values), 0.99))
+    return out

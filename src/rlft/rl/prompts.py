@@ -47,27 +47,26 @@ class RLPrompt:
 
 
 def load_rl_tasks(cfg: RLConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
-    """``(train, heldout)`` Countdown tasks; ``heldout`` is the first ``heldout_size`` generated test tasks.
+    """``(train, heldout)`` Countdown tasks.
 
-    Training tasks come from the TRAIN split of ``make_splits(PRESETS[preset], num_train, heldout_size,
-    split_seed)`` (disjoint from the held-out tasks), or from ``cfg.data`` minus any task equal to a
-    held-out one.
+    Generated (``cfg.data`` None): the TRAIN split of ``make_splits(PRESETS[preset], num_train, heldout_size,
+    split_seed)`` and its first ``heldout_size`` test tasks (disjoint). From a Countdown dataset (``cfg.data``):
+    the first ``num_train`` training rows of :func:`rlft.tasks.countdown.splits.load_split` (held-out rows, and
+    rows equal to one, never train) and its ``eval_rows`` part (validation or test) as the held-out tasks.
     """
-    from rlft.tasks.countdown.generator import PRESETS, make_splits, task_key
+    from rlft.tasks.countdown.generator import PRESETS, make_splits
 
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
     if cfg.data is None:
         train, heldout = make_splits(PRESETS[cfg.preset], cfg.num_train, cfg.heldout_size, cfg.split_seed)
     else:
-        from rlft.tasks.countdown.loaders import load_countdown
+        from rlft.tasks.countdown.splits import load_split
 
-        _, heldout = make_splits(PRESETS[cfg.preset], 0, cfg.heldout_size, cfg.split_seed)
-        held = {task_key(t) for t in heldout}
-        loaded = load_countdown(cfg.data, split=cfg.data_split, limit=cfg.num_train)
-        train = [t for t in loaded if task_key(t) not in held]
-        if len(train) < len(loaded):
-            log.info("dropped %d tasks of %s that equal held-out tasks", len(loaded) - len(train), cfg.data)
+        split = load_split(cfg.data, data_split=cfg.data_split)
+        train, heldout = split.train[: cfg.num_train], split.part(cfg.eval_rows)
+        log.info("%s: %d training rows (held out: %d validation, %d test; evaluating on %s)", cfg.data, len(train),
+                 len(split.validation), len(split.test), cfg.eval_rows)
     if not train:
         raise ValueError("no Countdown training tasks")
     return train, heldout

@@ -65,6 +65,20 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def require_one_process(command: str) -> None:
+    """Refuse to run ``command`` (e.g. ``"rlft pairs countdown"``) under torchrun: it samples in one process, and
+    every rank would sample the same tasks and write the same files.
+
+    Raises:
+        UsageError: launched with ``WORLD_SIZE`` > 1 (the CLI exits with code 2).
+    """
+    if launched():
+        from rlft.validation import UsageError
+
+        raise UsageError(f"{command} samples in one process and does not run under torchrun (WORLD_SIZE="
+                         f"{os.environ.get('WORLD_SIZE')}): run it without torchrun")
+
+
 def active() -> bool:
     """True when a process group with more than one rank is initialised."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -286,6 +300,21 @@ def fully_shard_model(model: torch.nn.Module) -> torch.nn.Module:
     register_fsdp_forward_method(model, "rlft_root_call")
     log.info("FSDP2: %d decoder layers sharded over %d ranks", len(decoder_layers(model)), world())
     return model
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Put every FSDP2 group of ``model`` back in its sharded state (``FSDPModule.reshard`` on each), so that
+    ``model.parameters()`` are all ``DTensor`` shards again, the ones the optimizer holds. Needed before touching
+    the parameters or their gradients directly after a forward pass that had no backward (a ``no_grad`` log-prob or
+    generation pass): FSDP2 keeps the root group (embeddings, tied LM head, final norm) gathered after its forward,
+    as plain tensors, expecting the backward to follow. Not sharded: nothing happens. Not collective."""
+    if not sharded(model):
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def _call(self, fn, *args, **kwargs):

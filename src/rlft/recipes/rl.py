@@ -102,7 +102,7 @@ from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.prompts import adds_special_tokens
 from rlft.tracking import attach_tracker
 from rlft.types import TokenBatch
-from rlft.validation import UsageError
+from rlft.validation import OptionError, UsageError
 
 log = logging.getLogger("rlft")
 
@@ -196,8 +196,13 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     source = make_prompt_source(cfg, tokenizer, reward)
-    run_dir = run.open()
     prompts = source.train
+    if cfg.prompts_per_step > len(prompts):  # before the model loads; generated tasks are checked by RLConfig already
+        raise OptionError(f"--prompts-per-step ({cfg.prompts_per_step}) is more than the {len(prompts)} training prompts")
+    if len(prompts) % cfg.prompts_per_step:
+        log.warning("%d training prompts are not a multiple of --prompts-per-step %d: the last step of each epoch trains on "
+                    "%d groups", len(prompts), cfg.prompts_per_step, len(prompts) % cfg.prompts_per_step)
+    run_dir = run.open()
     evaluate_on = bool(cfg.eval_every and source.eval)
 
     total_steps = cfg.max_steps

@@ -239,6 +239,8 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
         require(self.curriculum == "none" or self.prompts_data is None,
                 "--curriculum sec buckets Countdown tasks by difficulty; chat prompts (--prompts-data) have none")
         require(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
+        require(self.prompts_data is not None or self.data is not None or self.prompts_per_step <= self.num_train,
+                f"--prompts-per-step ({self.prompts_per_step}) is more than the {self.num_train} training tasks (--num-train)")
         require(not (self.eval_every and self.prompts_data is None and self.data is None and self.eval_limit > self.heldout_size),
                 f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on")
 

@@ -358,7 +358,10 @@ def test_every_variant_file_loads_with_every_option_known(ablation):
     for name, spec in load_variants(ablation.CONFIGS).items():
         ablation.recipe_options(configs[spec["kind"]], name, spec)
     settings = load_settings(ablation.CONFIGS)
-    assert list(settings) == ["direct", "bounded"]
+    assert list(settings) == ["direct", "bounded", "real"]
     assert settings["bounded"].rl == settings["direct"].rl and settings["bounded"].max_new_tokens == 144
+    real = settings["real"]
+    assert real.tasks["data"].endswith("countdown/train.parquet") and real.dtype == "auto" and real.max_new_tokens == 256
+    assert real.sft_continued["data"] == "countdown" and real.sft_continued["batch_size"] == 16  # common's, merged key by key
     assert replace(settings["bounded"], name="direct", sft="runs/exp/sft/model", trace_style="direct", max_new_tokens=64,
                    micro_batch_size=32) == settings["direct"]

@@ -89,3 +89,21 @@ def test_size_summary_and_subset_by_hand():
 ])
 def test_answer_value(completion, value):
     assert answer_value("Assistant: Let me solve this step by step.\n<think>", completion) == value
+
+
+def test_a_study_setting_with_a_dataset_evaluates_on_its_heldout_rows(tmp_path):
+    from dataclasses import replace
+
+    from rlft.recipes.pipeline import heldout_tasks, load_settings
+    from rlft.validation import OptionError
+    from tests.conftest import write_jsonl_rows
+
+    tasks = rows(2400, seed=3)
+    data = write_jsonl_rows(tmp_path / "rows.jsonl", [{"target": t.target, "nums": list(t.nums)} for t in tasks])
+    settings = load_settings(__import__("pathlib").Path(__file__).parents[2] / "configs" / "countdown" / "ablation")
+    setting = replace(settings["real"], tasks={**settings["real"].tasks, "data": str(data)})
+    split = split_rows(tasks)
+    assert heldout_tasks(setting, 40, "test") == split.test[:40]
+    assert heldout_tasks(setting, 500, "validation") == split.validation
+    with pytest.raises(OptionError, match="501"):
+        heldout_tasks(setting, 501, "test")

@@ -263,6 +263,40 @@ def test_limit_caps_examples(tmp_path, smol_tokenizer):
     assert len(load_sft_pairs(SFTConfig(data=str(path), limit=3), smol_tokenizer)) == 3
 
 
+def test_countdown_traces_correct_only(smol_tokenizer):
+    from rlft.rewards.countdown import score_completions
+
+    base = SFTConfig(data="countdown", preset="standard", num_train=60, trace_style="bounded", give_up=0.6, prompt_template="short")
+    every = load_sft_pairs(base, smol_tokenizer)
+    correct = load_sft_pairs(replace(base, correct_only=True), smol_tokenizer)
+    ok = [s == 1.0 for s in score_completions([p.prompt for p in every], [p.completion for p in every], [_truth(p.prompt) for p in every])]
+    assert 0 < len(correct) < len(every) and correct == [p for p, good in zip(every, ok) if good]
+
+
+def test_countdown_traces_skip_the_heldout_rows_of_a_dataset(smol_tokenizer, tmp_path):
+    from rlft.tasks.countdown.generator import PRESETS, generate_tasks, make_splits, task_key
+    from rlft.tasks.countdown.splits import load_split
+
+    base = SFTConfig(data="countdown", preset="standard", num_train=300, heldout_size=10, trace_style="direct", prompt_template="short")
+    train, _ = make_splits(PRESETS["standard"], 300, 10, base.split_seed)
+    # a dataset whose rows are those very tasks and 1,500 others: some of the 300 land in its held-out block
+    others = generate_tasks(PRESETS["standard"], 1500, seed=5)
+    data = write_jsonl_rows(tmp_path / "rows.jsonl", [{"target": t.target, "nums": list(t.nums)} for t in train + others])
+    held = load_split(str(data)).heldout_keys()
+    overlap = sum(task_key(t) in held for t in train)
+    assert overlap > 0
+    pairs = load_sft_pairs(replace(base, heldout_data=str(data)), smol_tokenizer)
+    assert len(pairs) == 300 - overlap
+    assert not {(tuple(sorted(t["numbers"])), t["target"]) for t in map(_truth, (p.prompt for p in pairs))} & held
+
+
+def _truth(prompt: str) -> dict:
+    from rlft.tasks.countdown.prompts import parse_query
+
+    nums, target = parse_query(prompt)
+    return {"target": target, "numbers": list(nums)}
+
+
 # --------------------------------------------------------------------------- tokenization report
 
 

@@ -286,14 +286,22 @@ def load_variants(folder: str | Path) -> dict[str, dict]:
 
 
 def heldout_tasks(setting: Setting, n: int, split: str = "test") -> list[CountdownTask]:
-    """The first ``n`` test tasks (held-out 0 ..) of the setting's generated tasks, or with ``split="validation"``
-    the first ``n`` validation tasks (held-out ``validation_start`` ..).
+    """The first ``n`` test tasks of the setting: with a Countdown dataset as its task source (``tasks.data``), the
+    first ``n`` rows of its test or validation part (:func:`rlft.tasks.countdown.splits.load_split`); else its
+    generated held-out tasks 0 .., or with ``split="validation"`` held-out ``validation_start`` ...
 
     Raises:
-        OptionError: more validation tasks than the held-out set has past ``validation_start``.
+        OptionError: more held-out tasks than the split has.
     """
     from rlft.tasks.countdown.generator import PRESETS, make_splits
 
+    if setting.tasks.get("data"):
+        from rlft.tasks.countdown.splits import load_split
+
+        part = load_split(setting.tasks["data"], data_split=setting.tasks.get("data_split", "train")).part(split)
+        if n > len(part):
+            raise OptionError(f"the {split} rows of {setting.tasks['data']} are {len(part)}, not {n}")
+        return part[:n]
     t, start = setting.tasks, setting.validation_start
     if split == "validation":
         if n > t["heldout_size"] - start:

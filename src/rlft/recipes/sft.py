@@ -46,9 +46,10 @@ from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_comple
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
-from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions
-from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, length_grouped, optimizer_step,
-                                 start_training, step_plan, write_data_stats)
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, SpeedOptions
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, micro_batch_label, optimizer_step,
+                                 start_training, step_micro_batches, step_order, step_plan, write_data_stats)
+from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
 from rlft.validation import require, validate_options
@@ -57,7 +58,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
+class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, SpeedOptions, DistributedOptions):
     """Supervised fine-tuning on prompt/completion pairs (loss on completion tokens + EOS only)."""
 
     model: str = DEFAULT_MODEL
@@ -95,6 +96,9 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
     """--data countdown: also drop generated training tasks equal to a held-out row (validation or test,
     rlft.tasks.countdown.splits) of this Countdown file or Hub dataset (e.g. ../shared/data/countdown/train.parquet),
     so `rlft eval countdown --data <it> --split test` scores tasks no trace showed. Dropped tasks are logged."""
+    correct_only: bool = False
+    """--data countdown: train only on the traces whose answer is correct (a 'bounded' search that did not give up):
+    SFT on rejection-sampled data, a baseline for RL from a bounded-trace start. The kept count is logged."""
     trace_style: Literal["direct", "search", "bounded"] = "search"
     """Solver trace style: 'direct' (just the solution steps), 'search' (dead ends, backtracking, check) or
     'bounded' (the ranked search tried in order by a searcher who may give up with a wrong answer; ~48% of
@@ -114,7 +118,8 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
     batch_size: int = 16
     """Examples per optimizer step."""
     micro_batch_size: int = 8
-    """Examples per forward/backward pass; gradients accumulate over batch_size/micro_batch_size passes."""
+    """Examples per forward/backward pass; gradients accumulate over batch_size/micro_batch_size passes
+    (replaced by --max-tokens-per-micro-batch when that is set)."""
     epochs: float = 1.0
     """Passes over the data (fractions allowed); ignored when --max-steps is set."""
     max_steps: int | None = None
@@ -129,7 +134,7 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         validate_options(self)
         self._check_lora()
         self._check_distributed()
-        require(self.batch_size % self.micro_batch_size == 0,
+        require(self.max_tokens_per_micro_batch is not None or self.batch_size % self.micro_batch_size == 0,
                 f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
 
 
@@ -147,7 +152,7 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
         kept = drop_heldout(train, load_split(cfg.heldout_data).heldout_keys())
         log.info("dropped %d of %d generated tasks equal to a held-out row of %s", len(train) - len(kept), len(train), cfg.heldout_data)
         train = kept
-    return [
+    pairs = [
         PromptCompletion(
             render_prompt(cfg.prompt_template, task, tokenizer),
             write_trace(task, cfg.trace_style, max_dead_ends=cfg.max_dead_ends, seed=cfg.split_seed + i,
@@ -155,6 +160,14 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
         )
         for i, task in enumerate(train)
     ]
+    if cfg.correct_only:
+        from rlft.rewards.countdown import score_completions
+
+        scores = score_completions([p.prompt for p in pairs], [p.completion for p in pairs], [t.ground_truth() for t in train])
+        kept = [p for p, score in zip(pairs, scores) if score == 1.0]
+        log.info("correct-only: kept %d of %d traces (the others give up with a wrong answer)", len(kept), len(pairs))
+        pairs = kept
+    return pairs
 
 
 def _detect_format(row: dict, cfg: SFTConfig) -> str:
@@ -325,6 +338,13 @@ def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: 
     return logprobs, batch.loss_mask, int(batch.attention_mask.sum())
 
 
+def micro_batch_tokens(cfg: SFTConfig):
+    """The size ``--max-tokens-per-micro-batch`` bounds, of a list of examples: padded tokens (rows x longest),
+    or with ``cfg.packing`` real tokens (:mod:`rlft.recipes.memory`)."""
+    measure = packed_tokens if cfg.packing else padded_tokens
+    return lambda examples: measure([len(e.input_ids) for e in examples])
+
+
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``).
 
@@ -339,18 +359,19 @@ def train_sft(cfg: SFTConfig) -> Path:
     steps_per_epoch, total_steps = step_plan(len(examples), cfg)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
-    log.info("SFT: %d examples, %d steps of %d (micro-batch %d) on %s/%s", len(examples), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
+    size = micro_batch_tokens(cfg)
+    log.info("SFT: %d examples, %d steps of %d (%s) on %s/%s", len(examples), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, str(spec.dtype).removeprefix("torch."))
 
     with training_progress("sft") as progress:
         bar = progress.add_task("sft", total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
             indices = batch_indices(step, len(examples), cfg.batch_size, cfg.seed)
-            chosen = [examples[i] for i in length_grouped(indices, lambda i: len(examples[i].input_ids), cfg.micro_batch_size)]
+            chosen = [examples[i] for i in step_order(indices, lambda i: len(examples[i].input_ids), cfg)]
             num_tokens = sum(sum(e.loss_mask) for e in chosen)  # of the global batch, on every rank
             loss_total, seen = 0.0, 0
             # This rank's part of the batch (all of it in one process); FSDP2 adds zero-loss filler passes.
-            for part, real in distributed.padded_micro_batches(chosen, cfg.micro_batch_size, distributed.sharded(model)):
+            for part, real in step_micro_batches(chosen, cfg, size, distributed.sharded(model)):
                 logprobs, loss_mask, n = micro_batch_logprobs(model, part, tokenizer.pad_token_id, spec.device, cfg)
                 loss, _ = sft_loss(logprobs, loss_mask, num_tokens=num_tokens)
                 if not real:

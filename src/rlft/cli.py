@@ -1,8 +1,11 @@
 """The ``rlft`` command line: ``rlft <command> [--config file.yaml] [--option value ...]``.
 
 Each command is a dataclass of options (one docstring per field, shown by ``--help``) parsed by
-tyro, and one function that runs it. ``--config file.yaml`` supplies defaults; flags override them.
-Every config validates itself (:mod:`rlft.validation`), so YAML values get the checks flags get.
+tyro, and one function that runs it. ``--config file.yaml`` supplies defaults (several merge in order, a later
+file winning key by key; :mod:`rlft.config_files`); flags override them. Every config validates itself
+(:mod:`rlft.validation`), so YAML values get the checks flags get. Then, still before anything is loaded, the
+command's surroundings are checked (:func:`preflight`: torchrun, run folder, output files), for a real run and for
+``--dry-run`` alike.
 
 Errors are one line on stderr, ``rlft <command>: error: <message>``, with exit code 2 for a wrong
 option, YAML value or run folder (:class:`rlft.validation.UsageError`) and 1 for anything else (bad
@@ -17,14 +20,11 @@ import os
 import re
 import sys
 import traceback
-import typing
 from contextlib import redirect_stderr
 from dataclasses import fields
-from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
+from rlft.config_files import merge_config_files
 from rlft.console import console, setup_logging
 from rlft.validation import OptionError, UsageError
 
@@ -62,80 +62,105 @@ def _usage(commands) -> str:
     width = max(len(name) for name in commands)
     lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_, *_) in commands.items()]
     lines += ["", "Run `rlft <command> --help` for a command's options; `--config FILE.yaml` supplies defaults;",
-              "`--dry-run` parses and validates the options and prints the plan without running; `--debug` shows tracebacks."]
+              "several --config files merge in order (later ones win); `--dry-run` parses and validates the options, runs",
+              "the checks of the output folder and files, and prints the plan (where each value comes from) without running;",
+              "`--debug` shows tracebacks."]
     return "\n".join(lines)
 
 
-def _pop_config(args: list[str]) -> tuple[str | None, list[str]]:
-    rest, path, i = [], None, 0
+def _pop_configs(args: list[str]) -> tuple[list[str], list[str]]:
+    """``(config paths in order, the other arguments)``: every ``--config FILE`` / ``--config=FILE`` is taken out."""
+    rest, paths, i = [], [], 0
     while i < len(args):
         if args[i] == "--config":
             if i + 1 >= len(args):
                 raise OptionError("--config needs a file path")
-            path, i = args[i + 1], i + 2
+            paths.append(args[i + 1])
+            i += 2
         elif args[i].startswith("--config="):
-            path, i = args[i].split("=", 1)[1], i + 1
+            paths.append(args[i].split("=", 1)[1])
+            i += 1
         else:
             rest.append(args[i])
             i += 1
-    return path, rest
+    return paths, rest
 
 
-def _coerce(value: Any, annotation: Any) -> Any:
-    """A YAML string where the field wants a number, parsed as the flag would be (``lr: 1e-4`` is a
-    string to YAML 1.1); a YAML list for a tuple field, as a tuple. Anything else is returned as is
-    (the config's own validation judges it)."""
-    args = typing.get_args(annotation) if typing.get_origin(annotation) is not None else (annotation,)
-    if value == "None" and type(None) in args:  # as the flag reads it
-        return None
-    if isinstance(value, str) and float in args and int not in args:
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    if isinstance(value, str) and int in args:
-        try:
-            return int(value)
-        except ValueError:
-            return value
-    if isinstance(value, list) and typing.get_origin(annotation) is tuple:
-        return tuple(value)
-    return value
+def load_config_defaults(cls: type, path: str | list[str], preset: dict[str, Any] | None = None, command: str | None = None):
+    """Build ``cls`` from one YAML file or several (merged in order, later files winning key by key) over ``preset``
+    (a command's defaults, e.g. ``rlft rloo``'s; None: the class's own); see :mod:`rlft.config_files`.
 
-
-def load_config_defaults(cls: type, path: str, preset: dict[str, Any] | None = None):
-    """Build ``cls`` from a YAML mapping (keys are field names, ``-`` or ``_``) over ``preset`` (a command's
-    defaults, e.g. ``rlft rloo``'s; None: the class's own).
-
-    Values are checked like flags: the config's ``__post_init__`` validates types and ranges.
+    Values are checked like flags: the config's ``__post_init__`` validates types and ranges. ``command``: the
+    command run, so that a file headed ``# rlft <another command>`` is refused.
 
     Raises:
-        OptionError: the file is missing or not YAML, holds no mapping, an unknown key, or a value of
-            the wrong type or out of range (the message names the file and the option).
+        OptionError: a file is missing, too large or not YAML, names another command in its header, holds no mapping,
+            a key twice, an unknown key, or a value of the wrong type or out of range (the message names the file
+            and the option).
     """
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise OptionError(f"--config {path}: no such file") from None
-    except IsADirectoryError:
-        raise OptionError(f"--config {path}: is a directory, not a YAML file") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        raise OptionError(f"--config {path}: not valid YAML{at}") from None
-    if not isinstance(data, dict):
-        raise OptionError(f"--config {path}: expected a mapping of option names to values")
-    known = {f.name for f in fields(cls)}
-    values = {str(key).replace("-", "_"): value for key, value in data.items()}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise OptionError(f"--config {path}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    hints = typing.get_type_hints(cls)
-    values = {k: _coerce(v, hints.get(k)) for k, v in values.items()}
-    try:
-        return cls(**{**(preset or {}), **values})
-    except ValueError as e:
-        raise OptionError(f"--config {path}: {e}") from None
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    return merge_config_files(cls, [str(p) for p in paths], preset, command, list(_commands()) if command else None)[0]
+
+
+def flag_fields(cls: type, args: list[str]) -> set[str]:
+    """Names of the fields of ``cls`` that the flags ``args`` set (``--max-steps``, ``--max-steps=3``, ``--no-resume``)."""
+    names = {f.name for f in fields(cls)}
+    out = set()
+    for arg in args:
+        if not arg.startswith("--"):
+            continue
+        name = arg[2:].split("=", 1)[0].replace("-", "_")
+        if name in names:
+            out.add(name)
+        elif name.startswith("no_") and name[3:] in names:
+            out.add(name[3:])
+    return out
+
+
+def value_sources(cls: type, rest: list[str], config_sources: dict[str, str], preset: dict[str, Any] | None,
+                  name: str) -> dict[str, str]:
+    """Where each option's value comes from, for the plan: ``flag``, ``--config FILE``, ``rlft <name> default``
+    (a command's preset, e.g. ``rlft rloo``'s) or ``default``."""
+    flags = flag_fields(cls, rest)
+    out = {}
+    for f in fields(cls):
+        if f.name in flags:
+            out[f.name] = "flag"
+        elif f.name in config_sources:
+            out[f.name] = f"--config {config_sources[f.name]}"
+        elif preset and f.name in preset:
+            out[f.name] = f"rlft {name} default"
+        else:
+            out[f.name] = "default"
+    return out
+
+
+def preflight(name: str, cfg: Any) -> None:
+    """The checks a command's run makes on its surroundings before loading anything, run at parse time, so that a
+    real run and ``--dry-run`` refuse the same things: a sampling command under torchrun
+    (:func:`rlft.distributed.require_one_process`), the run folder of a training command (claim rules, resume
+    compatibility: :func:`rlft.run_folder.check_run_dir`), the files a command writes (``cfg.check_outputs()``).
+
+    Raises:
+        UsageError: what the check refuses (the CLI exits with code 2).
+    """
+    from rlft import distributed
+    from rlft.options import RunOptions
+
+    if name in SAMPLING_COMMANDS:
+        distributed.require_one_process(f"rlft {name}")
+    if isinstance(cfg, RunOptions):
+        from rlft.run_folder import check_run_dir
+
+        check_run_dir(cfg)
+    check = getattr(cfg, "check_outputs", None)
+    if callable(check):
+        check()
+
+
+SAMPLING_COMMANDS = ("eval countdown", "eval winrate", "pairs countdown")
+"""Commands that sample in one process: refused under torchrun (both ranks would sample the same tasks and write
+the same files)."""
 
 
 _BOX = re.compile(r"^[\s\u2500-\u257f]+|[\s\u2500-\u257f]+$")
@@ -215,10 +240,15 @@ def main(argv: list[str] | None = None) -> None:
     cls, run, help_, *preset = commands[name]
     preset = preset[0] if preset else None
     try:
-        config_path, rest = _pop_config(argv[len(name.split()) :])
-        default = load_config_defaults(cls, config_path, preset) if config_path else (cls(**preset) if preset else None)
+        config_paths, rest = _pop_configs(argv[len(name.split()) :])
+        config_sources: dict[str, str] = {}
+        if config_paths:
+            default, config_sources = merge_config_files(cls, config_paths, preset, name, list(commands))
+        else:
+            default = cls(**preset) if preset else None
         cfg = parse_config(cls, rest, name, help_, default)
-    except OptionError as e:
+        preflight(name, cfg)
+    except UsageError as e:
         if debug:
             traceback.print_exc()
         print(f"rlft {name}: error: {_one_line(e)}", file=sys.stderr)
@@ -226,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     if dry_run:
         from rlft.plan import plan
 
-        print(plan(name, cfg))
+        print(plan(name, cfg, value_sources(cls, rest, config_sources, preset, name)))
         return
     setup_logging()
     try:

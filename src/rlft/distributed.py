@@ -75,8 +75,8 @@ def require_one_process(command: str) -> None:
     if launched():
         from rlft.validation import UsageError
 
-        raise UsageError(f"{command} samples in one process and does not run under torchrun (WORLD_SIZE="
-                         f"{os.environ.get('WORLD_SIZE')}): run it without torchrun")
+        raise UsageError(f"torchrun started {os.environ.get('WORLD_SIZE')} processes, but `{command}` samples in one "
+                         "process (every rank would sample and write the same): run it without torchrun")
 
 
 def active() -> bool:

@@ -81,12 +81,14 @@ def apply_lora(model: torch.nn.Module, settings: LoRASettings, *, adapter_from: 
     folder holding ``adapter_config.json``). Returns the ``peft.PeftModel``; base weights are frozen.
 
     Raises:
-        ValueError: no module of ``model`` matches ``settings.target_modules``.
+        OptionError: a name of ``settings.target_modules`` matches no module of ``model`` (:func:`check_targets`).
+        ValueError: peft refuses the targets (e.g. a module type it cannot adapt).
     """
     from peft import PeftModel, get_peft_model
 
     if adapter_from is not None:
         return PeftModel.from_pretrained(model, str(adapter_from), is_trainable=True)
+    check_targets(model, settings.target_modules)
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if out is not None and getattr(model.config, "tie_word_embeddings", False):
         head = next((name for name, module in model.named_modules() if module is out), "")
@@ -103,6 +105,28 @@ def apply_lora(model: torch.nn.Module, settings: LoRASettings, *, adapter_from: 
     log.info("LoRA r=%d alpha=%g on %s: %d trainable parameters of %d (%.2f%%)", settings.r, settings.alpha,
              settings.target_modules, trainable, total, 100 * trainable / total)
     return peft_model
+
+
+def check_targets(model: torch.nn.Module, target_modules: str) -> None:
+    """Every name of a comma-separated ``target_modules`` (not ``all-linear``) must match a module of ``model`` as peft
+    matches it: the module's full name, or its last ``.``-separated parts (``q_proj`` matches
+    ``model.layers.0.self_attn.q_proj``). peft itself only refuses a list matching nothing at all, so a typo next to
+    a valid name would silently adapt fewer layers.
+
+    Raises:
+        OptionError: the names matching nothing, and the linear layers' names to choose from (the CLI exits with 2).
+    """
+    from rlft.validation import OptionError
+
+    if target_modules.strip() == "all-linear":
+        return
+    names = [name for name, _ in model.named_modules() if name]
+    wanted = [t.strip() for t in target_modules.split(",") if t.strip()]
+    missing = [t for t in wanted if not any(name == t or name.endswith("." + t) for name in names)]
+    if missing:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)})
+        raise OptionError(f"--lora-target-modules: {', '.join(map(repr, missing))} {'matches' if len(missing) == 1 else 'match'} no module of "
+                          f"{type(model).__name__} (its linear layers: {', '.join(linear)}; or 'all-linear')")
 
 
 def is_lora(model: torch.nn.Module) -> bool:

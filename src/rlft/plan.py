@@ -63,10 +63,13 @@ def describe_data(name: str) -> str:
     return f"Hub dataset {name} (downloaded when the command runs)"
 
 
-def plan(command: str, cfg) -> str:
-    """The dry-run report of ``rlft <command>`` with the parsed and validated ``cfg``."""
+def plan(command: str, cfg, sources: dict[str, str] | None = None) -> str:
+    """The dry-run report of ``rlft <command>`` with the parsed and validated ``cfg``; ``sources`` (option name ->
+    where its value came from: ``flag``, ``--config FILE``, a command's default, ``default``) are shown as a YAML
+    comment after each option."""
     names = {f.name for f in fields(cfg)}
-    lines = [f"rlft {command}: dry run (options parsed and validated; nothing loaded, trained or written)"]
+    lines = [f"rlft {command}: dry run (options parsed and validated, output folder and files checked; nothing loaded, "
+             "trained or written)"]
     for name in MODEL_FIELDS:
         value = getattr(cfg, name, None) if name in names else None
         if isinstance(value, str) and value:
@@ -83,6 +86,9 @@ def plan(command: str, cfg) -> str:
     if "distributed" in names:
         lines.append(f"  under torchrun: {distributed_plan(cfg)}")
     lines.append("options:")
-    values = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
-    lines += ["  " + line for line in yaml.safe_dump(values, sort_keys=False).splitlines()]
+    for key, value in asdict(cfg).items():
+        dumped = yaml.safe_dump({key: list(value) if isinstance(value, tuple) else value}, sort_keys=False).splitlines()
+        if sources and key in sources:
+            dumped[0] += f"  # {sources[key]}"
+        lines += ["  " + line for line in dumped]
     return "\n".join(lines)

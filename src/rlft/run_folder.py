@@ -148,13 +148,28 @@ def claim_run_dir(cfg: Any, output_dir: str | Path | None = None) -> RunFolder:
     """
     if distributed.launched() and not distributed.active():
         raise UsageError("this command does not support torchrun (data-parallel training) yet: run it in one process")
-    folder = _claim_run_dir(cfg, output_dir)
+    folder = check_run_dir(cfg, output_dir)
     distributed.barrier()
     return folder
 
 
-def _claim_run_dir(cfg: Any, output_dir: str | Path | None) -> RunFolder:
-    path = Path(output_dir if output_dir is not None else cfg.output_dir).expanduser()
+def run_dir_path(output_dir: str | Path) -> Path:
+    """``output_dir`` as a path (``~`` expanded); ``.``, ``..`` and paths ending in them made absolute, so that the
+    folder has a name (to move it aside with ``--overwrite``, to log it)."""
+    path = Path(output_dir).expanduser()
+    return Path(os.path.abspath(path)) if path.name in ("", ".", "..") else path
+
+
+def check_run_dir(cfg: Any, output_dir: str | Path | None = None, *, notes: bool = True) -> RunFolder:
+    """:func:`claim_run_dir`'s checks alone: no torchrun check, no barrier, nothing read but the folder and its
+    ``config.yaml``, nothing written. The CLI runs it at parse time (and ``--dry-run``), before any model loads,
+    with ``notes=False``: what it would log (a resume with overridden options, ...) is logged by the run's own claim.
+
+    Raises:
+        OptionError, RunFolderError: as :func:`claim_run_dir`; also ``--overwrite`` of a folder holding the current
+            folder (``.``, ``..``) or of a mount point (it cannot be moved aside).
+    """
+    path = run_dir_path(output_dir if output_dir is not None else cfg.output_dir)
     resume, overwrite = bool(getattr(cfg, "resume", False)), bool(getattr(cfg, "overwrite", False))
     overrides = tuple(getattr(cfg, "resume_override", ()) or ())
     if resume and overwrite:
@@ -168,26 +183,39 @@ def _claim_run_dir(cfg: Any, output_dir: str | Path | None) -> RunFolder:
     found = run_contents(path) if entries else []
     others = [e for e in entries if e not in RUN_FILES and e not in LEFTOVERS and not e.startswith(".")]
     if overwrite:
+        if entries:
+            _check_movable(path)
         return RunFolder(path, bool(found), True, False)
     if others and not found:
         shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
         raise RunFolderError(f"output folder {path} is not empty and holds no rlft run ({shown}); "
                              "choose another --output-dir, or pass --overwrite to move its contents aside")
     if not found:
-        if resume:
+        if resume and notes:
             log.info("--resume: no run in %s yet, starting a new one", path)
         return RunFolder(path, False, False, resume)
     if not resume:
         raise RunFolderError(f"output folder {path} already holds a run ({', '.join(found)}); "
                              "pass --resume to continue it or --overwrite to replace it (or choose another --output-dir)")
-    _check_resume_config(path, cfg, {o.replace("-", "_") for o in overrides})
+    _check_resume_config(path, cfg, {o.replace("-", "_") for o in overrides}, notes)
     return RunFolder(path, True, False, True)
 
 
-def _check_resume_config(path: Path, cfg: Any, overrides: set[str]) -> None:
+def _check_movable(path: Path) -> None:
+    """Refuse ``--overwrite`` of a folder that cannot be moved aside: it holds the current folder, or is a mount point."""
+    target, cwd = path.resolve(), Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        raise RunFolderError(f"--overwrite would move {path} aside, and it holds the current folder {cwd}; "
+                             "run from another folder, or name a new subfolder as --output-dir")
+    if os.path.ismount(target):
+        raise RunFolderError(f"--overwrite cannot move {path} aside: it is a mount point; name a subfolder as --output-dir")
+
+
+def _check_resume_config(path: Path, cfg: Any, overrides: set[str], notes: bool = True) -> None:
     config = path / CONFIG
     if not config.is_file():
-        log.warning("--resume: %s has no %s to check the options against", path, CONFIG)
+        if notes:
+            log.warning("--resume: %s has no %s to check the options against", path, CONFIG)
         return
     try:
         saved = yaml.safe_load(config.read_text(encoding="utf-8"))
@@ -202,6 +230,54 @@ def _check_resume_config(path: Path, cfg: Any, overrides: set[str]) -> None:
         names = " ".join(k.replace("_", "-") for k in refused)
         raise RunFolderError(f"--resume: options differ from the run in {path} ({listed}); "
                              f"pass --resume-override {names} to resume with the new values anyway")
-    if diffs:
+    if diffs and notes:
         log.warning("--resume: resuming with changed options: %s",
                     "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in diffs.items()))
+
+
+# ----------------------------------------------------------------------------- output files
+
+MODEL_FOLDER_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                      "adapter_config.json", "adapter_model.safetensors")
+"""Files that make a folder a model folder: commands never write their outputs into one."""
+
+
+class OutputPathError(UsageError):
+    """An output path (``--output``, ``--output-dir`` of an evaluation) that a command must not write to."""
+
+
+def model_folder_file(folder: Path) -> str | None:
+    """The first of :data:`MODEL_FOLDER_FILES` in ``folder`` (None: not a model folder)."""
+    return next((name for name in MODEL_FOLDER_FILES if (Path(folder) / name).is_file()), None)
+
+
+def check_output_file(path: str | Path, *, option: str = "--output", overwrite: bool = False, also: tuple[Path, ...] = ()) -> Path:
+    """Check that a command may write the file ``path`` (and its companion files ``also``, e.g. ``<name>.stats.json``),
+    before any work: the rule of run folders for single files. Writes nothing; returns ``path`` as a ``Path``.
+
+    Raises:
+        OutputPathError: ``path`` names a folder (an existing one, or ``.``, ``..``, a trailing ``/``); its folder is
+            a model folder (it holds ``config.json``, ``model.safetensors``, ...; even with ``--overwrite``); a
+            folder on its way is a file; ``path`` or one of ``also`` exists (a folder always, a file unless
+            ``overwrite``).
+    """
+    text = str(path)
+    target = Path(path).expanduser()
+    if text.endswith(("/", os.sep)) or target.name in ("", ".", "..") or target.is_dir():
+        raise OutputPathError(f"{option} {text} is a folder; name a file to write (in it, or elsewhere)")
+    parent = target.parent
+    if (found := model_folder_file(parent)) is not None:
+        raise OutputPathError(f"{option} {text} would write into the model folder {parent} (it holds {found}); "
+                              f"choose another {option}")
+    for folder in (parent, *parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise OutputPathError(f"{option} {text}: {folder} is a file, not a folder")
+            break
+    for file in (target, *also):
+        if file.is_dir():
+            raise OutputPathError(f"{option} {text}: {file} is a folder; choose another {option}")
+        if file.exists() and not overwrite:
+            raise OutputPathError(f"{option} {text}: {file} already exists; pass --overwrite to replace it, "
+                                  f"or choose another {option}")
+    return target

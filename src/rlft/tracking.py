@@ -17,7 +17,9 @@ One line wires it into a recipe, after :func:`rlft.recipes.common.prepare_traini
 - ``trackio``: ``trackio.init(project=$TRACKIO_PROJECT or "rlft", name=<run folder name>, config=cfg)``
   (``pip install rlft[trackio]``), a local, wandb-compatible tracker.
 
-wandb and trackio are imported only when chosen; a missing one raises ImportError naming the extra.
+wandb and trackio are imported only when chosen; a missing one raises ImportError naming the extra. The configs
+check that the chosen package is installed when they are built (:func:`rlft.validation.check_tracker`), so the
+command line refuses a missing one at parse time, before any data or model is loaded.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ One generic check, driven by the field's type and name, so a new config gets it 
 - **ranges**, by field name (exact, else the longest ``_``-separated suffix, so ``dpo_lr`` and
   ``head_lr`` follow ``lr``, ``sft_steps`` follows ``steps``): see :data:`RULES`;
 - **choices** of string options whose values live elsewhere (``--preset``, ``--prompt-template``,
-  ``--device``, ``--dtype``): see :data:`CHOICES`.
+  ``--device``, ``--dtype``): see :data:`CHOICES`;
+- **packages**: ``--report-to wandb|trackio|tensorboard`` needs its package installed (:func:`check_tracker`).
 
 A violation raises :class:`OptionError` naming the option as a flag (``--max-steps``); the command line
 prints it as ``rlft <command>: error: <message>`` and exits with code 2.
@@ -62,7 +63,7 @@ RULES: dict[str, Rule] = {
         "batch_size", "steps", "max_steps", "limit", "k", "num_train", "num_prompts", "num_samples", "samples",
         "prompts", "max_length", "max_new_tokens", "max_prompt_length", "max_prompt_tokens", "max_concurrency",
         "ppo_epochs", "prompts_per_step", "keep_checkpoints", "train_layers", "train_pairs", "max_prompt_batches",
-        "max_tries",
+        "max_tries", "max_tokens_per_micro_batch",
     )},
     # counts where 0 means "off" / "none"
     **{name: NON_NEGATIVE for name in (
@@ -208,6 +209,35 @@ def validate_options(cfg: Any) -> None:
             raise OptionError(f"{flag(f.name)} {rule[1]}{unset}, got {value!r}")
     if getattr(cfg, "resume", False) is True and getattr(cfg, "overwrite", False) is True:
         raise OptionError("--resume and --overwrite contradict each other: pass one of them")
+    check_tracker(getattr(cfg, "report_to", "none"))
+
+
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+"""``--report-to`` value -> the package it needs (:mod:`rlft.tracking`)."""
+
+
+def check_tracker(report_to: str) -> None:
+    """Refuse ``--report-to X`` when X's package is not installed (``importlib.util.find_spec``; nothing imported),
+    so that a run fails at parse time, not after loading its data and model.
+
+    Raises:
+        OptionError: the package is missing (the message says what to install).
+    """
+    package = TRACKER_PACKAGES.get(report_to)
+    if package is None:
+        return
+    import importlib.util
+    import sys
+
+    if sys.modules.get(package) is not None:  # imported already (or a stand-in put there)
+        return
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):  # a broken or blocked package
+        spec = None
+    if spec is None:
+        raise OptionError(f"--report-to {report_to} needs the {package} package, which is not installed: "
+                          f"pip install 'rlft[{report_to}]' (or --report-to none)")
 
 
 def require(condition: bool, message: str) -> None:

@@ -1,7 +1,8 @@
 """``rlft eval countdown``: score a model on held-out Countdown tasks (generated, or rows of a Countdown dataset).
 
 Tasks come from a generator preset (``--data`` unset: the held-out split of ``make_splits``, the one training
-with the same ``--preset``/``--split-seed`` never sees) or from a Countdown file / Hub dataset, whose rows are
+with the same ``--preset``/``--split-seed``/``--heldout-size`` never sees; a ``--limit`` above ``--heldout-size`` is
+refused, naming how many of the tasks a training run would see) or from a Countdown file / Hub dataset, whose rows are
 split by :func:`rlft.tasks.countdown.splits.split_rows` into train, validation (screening) and test (the
 spec's held-out score) parts; ``--split all`` takes every row in file order. Results are printed by count of
 numbers too (3, 4 and mixed: the mix is the spec's metric), and written with ``--output`` as JSON
@@ -10,7 +11,6 @@ numbers too (3, 4 and mixed: the mix is the spec's metric), and written with ``-
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -20,10 +20,11 @@ from rlft.options import DeviceOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.types import CountdownTask
-from rlft.validation import validate_options
+from rlft.fsio import atomic_write_json
+from rlft.validation import require, validate_options
 
 DEFAULT_TEST_SIZE = 1024
-"""Held-out tasks generated when ``data`` is None and ``limit`` is None."""
+"""Generated training tasks evaluated by ``--split train`` when ``limit`` is None."""
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,18 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions):
     """Generator preset for the held-out split when `data` is None."""
     split_seed: int = 1234
     """Seed of make_splits when `data` is None; keep it equal to training's."""
+    heldout_size: int = 200
+    """Generated tasks held out from training (the training recipes' --heldout-size, default 200): --split test
+    evaluates at most this many (--limit None: all of them); a larger --limit is an error, since the tasks past it
+    are in the training set of a run with this preset, seed and held-out size."""
     limit: int | None = 100
-    """Evaluate the first `limit` tasks (None: all)."""
+    """Evaluate the first `limit` tasks (None: all; generated test tasks: --heldout-size of them)."""
     prompt_template: str = "base"
     """Prompt template name: "base" (TinyZero text), "chat" (the model's chat template) or "short"."""
     mode: Literal["greedy", "sampled"] = "greedy"
     """greedy: one temperature-0 completion per task; sampled: `k` samples at `temperature`/`top_p`."""
     k: int = 1
-    """Samples per task in sampled mode (pass@1..pass@k are reported)."""
+    """Samples per task in sampled mode (pass@1..pass@k are reported); greedy mode takes 1 only."""
     temperature: float = 1.0
     """Sampling temperature in sampled mode."""
     top_p: float = 1.0
@@ -63,12 +68,46 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions):
     batch_size: int = 32
     """Sequences generated together."""
     output: str | None = None
-    """Write the metrics and examples to this JSON file."""
+    """Write the metrics and examples to this JSON file (an existing file is refused unless --overwrite; a folder, or
+    a path inside a model folder, always)."""
+    overwrite: bool = False
+    """Replace an existing --output file."""
     seed: int = 0
     """Sampling seed."""
 
     def __post_init__(self) -> None:
         validate_options(self)
+        require(self.mode == "sampled" or self.k == 1,
+                f"--k {self.k} needs --mode sampled: greedy evaluation draws one completion per task")
+        if self.data is None and self.split == "test":
+            n = self.limit if self.limit is not None else self.heldout_size
+            require(n <= self.heldout_size, f"--limit {n} is more than --heldout-size {self.heldout_size}: "
+                    f"{training_overlap(self.preset, self.split_seed, self.heldout_size, n)}; pass --limit "
+                    f"{self.heldout_size} or less, a larger --heldout-size (as the training run used), or --split train")
+
+    def check_outputs(self) -> None:
+        """Refuse an --output that would replace a file (unless --overwrite), name a folder, or lie in a model folder
+        (:func:`rlft.run_folder.check_output_file`); writes nothing."""
+        if self.output is not None:
+            from rlft.run_folder import check_output_file
+
+            check_output_file(self.output, overwrite=self.overwrite)
+
+
+def training_overlap(preset: str, split_seed: int, heldout_size: int, n: int) -> str:
+    """How many of the first ``n`` generated test tasks of ``preset`` are training tasks of ``rlft rl``'s default
+    training set with that seed and held-out size (``make_splits(PRESETS[preset], RLConfig.num_train, heldout_size,
+    split_seed)``), as a phrase for an error message."""
+    from rlft.rl.config import RLConfig
+    from rlft.tasks.countdown.generator import PRESETS, make_splits, task_key
+
+    if preset not in PRESETS:
+        return f"tasks past {heldout_size} are not held out"
+    train = {task_key(t) for t in make_splits(PRESETS[preset], RLConfig.num_train, heldout_size, split_seed)[0]}
+    tasks = make_splits(PRESETS[preset], 0, n, split_seed)[1]
+    overlap = sum(task_key(t) in train for t in tasks)
+    return (f"{overlap} of the {n} tasks are in the training set of `rlft rl --preset {preset} --split-seed {split_seed} "
+            f"--heldout-size {heldout_size}` (its default --num-train {RLConfig.num_train})")
 
 
 def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
@@ -76,9 +115,11 @@ def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
 
     With ``data``: ``split`` "all" reads the first ``limit`` rows; "test", "validation" and "train" are the parts
     of :func:`rlft.tasks.countdown.splits.load_split` (the held-out rows are the same whatever ``limit``).
-    Generated: the first ``limit`` tasks of ``make_splits(PRESETS[preset], ..., seed=split_seed)``'s test split
-    ("test"; its stream does not depend on ``n_train`` and is prefix-stable, so these are held out from a
-    training run with the same preset and seed whenever that run's ``n_test >= limit``) or train split ("train").
+    Generated: the first ``limit`` (None: ``heldout_size``) tasks of ``make_splits(PRESETS[preset], ...,
+    seed=split_seed)``'s test split ("test"; its stream does not depend on ``n_train`` and is prefix-stable, so these
+    are held out from a training run with the same preset and seed whenever that run's ``heldout_size >= limit``,
+    which the config checks) or the first ``limit`` (None: 1024) tasks of the train split of a run holding out
+    ``heldout_size`` tasks ("train": the tasks such a run trains on first).
 
     Raises:
         ValueError: an unknown preset; ``validation`` or ``all`` without ``data``.
@@ -98,9 +139,10 @@ def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
         raise ValueError(f"unknown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
     if cfg.split not in ("test", "train"):
         raise ValueError(f"--split {cfg.split} needs --data (a Countdown file or Hub dataset); generated tasks have test and train")
-    n = cfg.limit if cfg.limit is not None else DEFAULT_TEST_SIZE
     if cfg.split == "train":
-        return make_splits(PRESETS[cfg.preset], n_train=n, n_test=DEFAULT_TEST_SIZE, seed=cfg.split_seed)[0]
+        n = cfg.limit if cfg.limit is not None else DEFAULT_TEST_SIZE
+        return make_splits(PRESETS[cfg.preset], n_train=n, n_test=cfg.heldout_size, seed=cfg.split_seed)[0]
+    n = cfg.limit if cfg.limit is not None else cfg.heldout_size
     return make_splits(PRESETS[cfg.preset], n_train=0, n_test=n, seed=cfg.split_seed)[1]
 
 
@@ -108,12 +150,17 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     """Load the model, build tasks and prompts, evaluate, print a table, write ``cfg.output`` if set.
 
     Raises:
+        UsageError: launched by torchrun; an --output that must not be written (:meth:`EvalCountdownConfig.check_outputs`);
+            both before anything is loaded.
         rlft.models.ModelNotFoundError: the model cannot be loaded.
         ValueError: unknown preset or prompt template, or no tasks.
     """
+    from rlft.distributed import require_one_process
     from rlft.models import load_tokenizer, pick_device
     from rlft.rollout.engines import make_engine
 
+    require_one_process("rlft eval countdown")
+    cfg.check_outputs()
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
     tasks = load_eval_tasks(cfg)
@@ -130,9 +177,9 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     result = evaluate_countdown(engine, tasks, prompts, params)
     print_result(result, title=f"Countdown eval: {cfg.model}")
     if cfg.output:
-        path = Path(cfg.output)
+        path = Path(cfg.output).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**result.to_dict(), "config": asdict(cfg)}, indent=2))
+        atomic_write_json(path, {**result.to_dict(), "config": asdict(cfg)})
     return result
 
 

@@ -36,6 +36,7 @@ from rlft.console import console
 from rlft.data.files import DataError, read_rows, write_jsonl
 from rlft.eval.report import markdown_table
 from rlft.eval.stats import Z_95
+from rlft.fsio import atomic_write_json, atomic_write_text
 from rlft.options import DeviceOptions
 from rlft.rewards.reward_model import Messages, as_messages
 from rlft.validation import validate_options
@@ -87,7 +88,10 @@ class WinrateConfig(DeviceOptions):
     """Chat template for the generation prompts of both models: a name (chatml, llama3) or a path to a .jinja
     file; None: each tokenizer's own."""
     output_dir: str = "runs/winrate"
-    """Where winrate.jsonl, winrate.json, report.md and generated responses go."""
+    """Where winrate.jsonl, winrate.json, report.md and generated responses go (a folder already holding them is
+    refused unless --overwrite; a file or a model folder always)."""
+    overwrite: bool = False
+    """Replace the results of an earlier win-rate in --output-dir (its judge_cache.jsonl is kept and reused)."""
     report_examples: int = 3
     """How many example prompts report.md shows."""
     seed: int = 0
@@ -95,6 +99,30 @@ class WinrateConfig(DeviceOptions):
 
     def __post_init__(self) -> None:
         validate_options(self)
+
+    def check_outputs(self) -> None:
+        """Refuse an --output-dir that is a file or a model folder, or (unless --overwrite) that holds the results of
+        an earlier win-rate (:data:`RESULT_FILES`; not the precomputed --policy / --reference files read from it).
+        Writes nothing.
+
+        Raises:
+            rlft.run_folder.OutputPathError: see above (the CLI exits with code 2).
+        """
+        from rlft.run_folder import OutputPathError, check_output_file, model_folder_file
+
+        folder = Path(self.output_dir).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise OutputPathError(f"--output-dir {self.output_dir} is a file, not a folder")
+        if (found := model_folder_file(folder)) is not None:
+            raise OutputPathError(f"--output-dir {self.output_dir} is a model folder (it holds {found}); choose another --output-dir")
+        inputs = {Path(name).expanduser().resolve() for name in (self.policy, self.reference) if is_precomputed(name)}
+        for name in RESULT_FILES:
+            if (folder / name).resolve() not in inputs:
+                check_output_file(folder / name, option="--output-dir", overwrite=self.overwrite)
+
+
+RESULT_FILES = ("winrate.json", "winrate.jsonl", "report.md", "policy_responses.jsonl", "reference_responses.jsonl")
+"""The files a win-rate writes in --output-dir (besides the remote judge's resumable judge_cache.jsonl)."""
 
 
 # --------------------------------------------------------------------------- arithmetic
@@ -315,12 +343,21 @@ def write_report(path: Path, summary: dict, rows: list[dict], examples: int) -> 
             "",
             "```text\n" + _clip(row["reference_response"]).replace("```", "'''") + "\n```",
         ]
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def run_winrate(cfg: WinrateConfig) -> dict:
-    """Generate (or read), judge, label and summarise; returns the summary written to ``winrate.json``."""
-    run_dir = Path(cfg.output_dir)
+    """Generate (or read), judge, label and summarise; returns the summary written to ``winrate.json``.
+
+    Raises:
+        UsageError: launched by torchrun; an --output-dir that must not be written (:meth:`WinrateConfig.check_outputs`);
+            both before anything is loaded.
+    """
+    from rlft.distributed import require_one_process
+
+    require_one_process("rlft eval winrate")
+    cfg.check_outputs()
+    run_dir = Path(cfg.output_dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     prompts = eval_prompts(cfg)
@@ -362,7 +399,7 @@ def run_winrate(cfg: WinrateConfig) -> dict:
         "temperature": cfg.temperature,
         "max_new_tokens": cfg.max_new_tokens,
     }
-    (run_dir / "winrate.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_json(run_dir / "winrate.json", summary)
     write_report(run_dir / "report.md", summary, rows, cfg.report_examples)
     console.print(
         f"[green]win-rate[/] {summary['win_rate']:.3f} (95% CI {summary['ci_low']:.3f}-{summary['ci_high']:.3f}; "

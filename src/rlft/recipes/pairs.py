@@ -17,7 +17,9 @@ Output: a JSONL file (written atomically) with one row per kept prompt::
 and next to it ``<output stem>.stats.json`` with the counts (prompts tried, kept, dropped as ties), and
 ``<output stem>.samples.jsonl``, the journal of every sampled response (:func:`journal_path`): sampling goes in
 chunks of 64 prompts, each written there when done, and a run killed mid-way continues from it when started again
-with the same options (a journal of other options is refused).
+with the same options (a journal of other options is refused, at parse time, unless ``--overwrite``). An existing
+pairs or stats file is refused unless ``--overwrite``; a folder, or a path inside a model folder, always
+(:func:`check_pairs_outputs`). Under torchrun the command is refused: it samples in one process.
 Responses are the generated text with special tokens skipped, so they hold no EOS; the DPO recipe's
 tokenization appends one. A response that hit ``max_new_tokens`` (finish reason ``length``) gets that
 EOS too, so the counts of such responses among kept pairs are reported.
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlft.data.files import write_jsonl
+from rlft.fsio import atomic_write_json
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
 from rlft.rollout.journal import sample_with_journal
@@ -81,13 +84,21 @@ class PairsConfig(DeviceOptions, RolloutOptions):
     batch_size: int = 32
     """Sequences generated together."""
     output: str = "runs/pairs/countdown.jsonl"
-    """Where to write the pairs (JSONL); stats go to the same name with suffix .stats.json."""
+    """Where to write the pairs (JSONL); stats go to the same name with suffix .stats.json, every sample to .samples.jsonl
+    (the journal a killed run continues from). An existing file is refused unless --overwrite; a folder, or a path in a
+    model folder, always."""
+    overwrite: bool = False
+    """Replace an existing --output file and its .stats.json (and a journal of other options: sampled again)."""
     seed: int = 0
     """Sampling seed."""
 
     def __post_init__(self) -> None:
         validate_options(self)
         _validate(self)
+
+    def check_outputs(self) -> None:
+        """Refuse what this run's writes would destroy, before any work (:func:`check_pairs_outputs`)."""
+        check_pairs_outputs(self)
 
 
 def stats_path(output: str | Path) -> Path:
@@ -116,6 +127,52 @@ JOURNAL_KEYS = ("model", "data", "data_split", "preset", "split_seed", "heldout_
                 "num_samples", "temperature", "top_p", "top_k", "seed", "dtype")
 """The options a journal must share with the run that continues it (with the resolved ``max_new_tokens`` and the
 model's :func:`weights_fingerprint`; each journalled prompt is also checked against this run's)."""
+
+
+def resolved_max_new_tokens(cfg: PairsConfig) -> int:
+    """``cfg.max_new_tokens``, or its default on the device ``cfg`` runs on: 1024 on CUDA, 256 elsewhere."""
+    from rlft.models import pick_device
+
+    return cfg.max_new_tokens or (1024 if pick_device(cfg.device, cfg.dtype).device.type == "cuda" else 256)
+
+
+def journal_meta(cfg: PairsConfig, max_new_tokens: int) -> dict:
+    """The meta of ``cfg``'s journal: :data:`JOURNAL_KEYS`, the resolved ``max_new_tokens``, the model's weights files."""
+    return {**{key: getattr(cfg, key) for key in JOURNAL_KEYS}, "max_new_tokens": max_new_tokens,
+            "model_weights": weights_fingerprint(cfg.model)}
+
+
+def _own_stats(path: Path, output: str) -> bool:
+    """``path`` is a stats file this command wrote for ``output`` (left behind when the pairs file was removed)."""
+    try:
+        with path.open("rb") as f:
+            data = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("output") == str(output)
+
+
+def check_pairs_outputs(cfg: PairsConfig) -> None:
+    """The files ``cfg`` writes may be written: the pairs file and its stats file are new (or ``--overwrite``; a stats
+    file this command wrote for the same ``--output`` may be replaced), none is a folder or in a model folder
+    (:func:`rlft.run_folder.check_output_file`), and a journal there is this run's (it is continued) or
+    ``--overwrite`` is given (it is then replaced). Reads only the journal's first line; writes nothing.
+
+    Raises:
+        OutputPathError: see above (a ValueError: the CLI exits with code 2).
+    """
+    from rlft.rollout.journal import journal_differences
+    from rlft.run_folder import OutputPathError, check_output_file
+
+    journal, stats = journal_path(cfg.output), stats_path(cfg.output)
+    if journal.is_dir():
+        raise OutputPathError(f"--output {cfg.output}: its journal {journal} is a folder; choose another --output")
+    differ = journal_differences(journal, journal_meta(cfg, resolved_max_new_tokens(cfg)))
+    if differ and not cfg.overwrite:
+        raise OutputPathError(f"--output {cfg.output}: the journal {journal} was written by another sampling run (differs in "
+                              f"{', '.join(differ)}); pass --overwrite to sample again, or choose another --output")
+    also = () if stats.is_file() and _own_stats(stats, cfg.output) else (stats,)
+    check_output_file(cfg.output, overwrite=cfg.overwrite, also=also)
 
 
 def _validate(cfg: PairsConfig) -> None:
@@ -228,12 +285,18 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
 
     Raises:
         ValueError: temperature <= 0, num_samples < 2, unknown preset or template, no tasks.
+        UsageError: launched by torchrun; an output that must not be written (:func:`check_pairs_outputs`); both
+            before anything is loaded.
         rlft.models.ModelNotFoundError: the model cannot be loaded.
     """
     _validate(cfg)
+    from rlft.distributed import require_one_process
     from rlft.models import pick_device
+    from rlft.rollout.journal import journal_differences
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
+    require_one_process("rlft pairs countdown")
+    check_pairs_outputs(cfg)
     t0 = time.perf_counter()
     spec = pick_device(cfg.device, cfg.dtype)
     tasks = load_pair_tasks(cfg)
@@ -250,8 +313,10 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     params = SamplingParams(k=cfg.num_samples, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                             max_new_tokens=max_new_tokens, seed=cfg.seed)
     journal = journal_path(cfg.output)
-    meta = {**{key: getattr(cfg, key) for key in JOURNAL_KEYS}, "max_new_tokens": max_new_tokens,
-            "model_weights": weights_fingerprint(cfg.model)}
+    meta = journal_meta(cfg, max_new_tokens)
+    if cfg.overwrite and journal_differences(journal, meta):  # another run's samples: --overwrite samples again
+        log.warning("--overwrite: removing %s (written by another sampling run)", journal)
+        journal.unlink()
     log.info("sampling %d responses for each of %d prompts from %s (journal %s)", cfg.num_samples, len(prompts), cfg.model,
              journal)
     rows, stats = make_pairs(engine, tasks, prompts, params, journal=journal, meta=meta,
@@ -259,10 +324,7 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
 
     write_jsonl(cfg.output, rows)
     stats = {**stats, "output": str(cfg.output), "seconds": time.perf_counter() - t0, "config": asdict(cfg)}
-    path = stats_path(cfg.output)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(stats, indent=2))
-    tmp.replace(path)
+    atomic_write_json(stats_path(cfg.output), stats)
     ties = ", ".join(f"all {score}: {n}" for score, n in stats["ties_by_score"].items()) or "none"
     log.info("pairs: %d prompts tried, %d kept, %d dropped as ties (%s); written to %s",
              stats["prompts"], stats["kept"], stats["dropped_ties"], ties, cfg.output)

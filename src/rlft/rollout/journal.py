@@ -22,9 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlft.data.files import DataError
+from rlft.fsio import atomic_write_text
 from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
 
 SEED_STRIDE = 1_000_003
+CHUNK_PROMPTS = 64
+"""Prompts per chunk by default: the most work a kill can lose."""
+MAX_META_BYTES = 1 << 20
+"""Most bytes of a journal's first line that :func:`journal_differences` reads."""
 
 
 def chunk_params(params: SamplingParams, chunk: int) -> SamplingParams:
@@ -75,14 +80,34 @@ def read_journal(path: Path, meta: dict, prompts: list[str], k: int) -> list[lis
     return samples
 
 
+def journal_differences(path: str | Path, meta: dict, chunk_prompts: int = CHUNK_PROMPTS) -> list[str] | None:
+    """What a run with ``meta`` (and ``chunk_prompts``) would find in the journal at ``path`` before sampling, from its
+    first line alone (at most :data:`MAX_META_BYTES` read): None when there is no journal (or an empty one), ``[]``
+    when it is this run's (it will be continued), else the meta keys that differ (``["meta"]`` for a first line that
+    is no journal meta). Lets a command refuse another run's journal at parse time, before loading a model."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        first = f.readline(MAX_META_BYTES)
+    if not first.strip():
+        return None
+    try:
+        old = json.loads(first).get("meta")
+    except (ValueError, AttributeError):
+        old = None
+    if not isinstance(old, dict):
+        return ["meta"]
+    meta = {**meta, "chunk_prompts": chunk_prompts}
+    return sorted(key for key in set(old) | set(meta) if old.get(key) != meta.get(key))
+
+
 def _rewrite(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
-    tmp.replace(path)
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def sample_with_journal(engine: GenerationEngine, prompts: list[str], params: SamplingParams, path: str | Path,
-                        meta: dict, *, chunk_prompts: int = 64, progress=None) -> tuple[list[list[Sample]], float]:
+                        meta: dict, *, chunk_prompts: int = CHUNK_PROMPTS, progress=None) -> tuple[list[list[Sample]], float]:
     """``engine.generate(prompts, params)``, chunk by chunk, journalled at ``path`` (see the module docstring).
 
     Args:

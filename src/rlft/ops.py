@@ -203,7 +203,7 @@ def _sequence_logprobs(model, input_ids, attention_mask, loss_mask, temperature,
 
 def _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):
     if position_ids is None:
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     else:
         if attention_mask is not None:
             raise ValueError("packed rows (position_ids given) take attention_mask=None: attention follows position_ids")

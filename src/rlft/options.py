@@ -3,6 +3,7 @@
 - :class:`MemoryOptions`: ``--gradient-checkpointing``, ``--logits-chunk-size`` (sft, dpo, rl/rloo; the reward
   model has no LM head to chunk and takes :class:`CheckpointingOptions`);
 - :class:`PackingOptions`: ``--packing``, ``--pack-length`` (sft, dpo, rm);
+- :class:`SpeedOptions`: ``--compile``, ``--max-tokens-per-micro-batch`` (sft, dpo, rm);
 - :class:`TrackingOptions`: ``--report-to`` (sft, dpo, rm, rl/rloo);
 - :class:`DistributedOptions`: ``--distributed auto|ddp|fsdp2`` (sft, dpo, rm, rl/rloo under torchrun; auto: fsdp2,
   or ddp with LoRA, see :func:`resolved_strategy`);
@@ -114,6 +115,22 @@ class PackingOptions:
     per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
     block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
     so never more rows nor longer ones than padding."""
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    """``--compile``, ``--max-tokens-per-micro-batch``: throughput on a GPU (:mod:`rlft.recipes.memory`)."""
+
+    compile: bool = False
+    """torch.compile each decoder layer's forward (inductor, dynamic shapes: one compiled graph serves every
+    layer and every batch shape; a batch of one row compiles once more). The first steps pay the compilation
+    (tens of seconds, minutes on a CPU); same values and gradients up to float rounding. Off by default."""
+    max_tokens_per_micro_batch: int | None = None
+    """Cut each step's examples (length-sorted) into micro-batches by size instead of --micro-batch-size:
+    as many as fit N padded tokens (rows x longest row; DPO and rm: 2 rows per pair) or, with --packing, N
+    real tokens (a pair counts chosen + rejected); a longer example gets a micro-batch of its own. Steps and
+    loss normalisers are unchanged (whole-step token and pair counts), so the gradient is the same up to
+    float rounding. DPO's reference pass is cut the same way. None: --micro-batch-size examples each."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from rlft.checkpoint import MetricsLog, checkpoint_folders, save_checkpoint, che
 from rlft.fsio import atomic_write_json
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.options import resolved_strategy
-from rlft.recipes.memory import check_scale_options, enable_gradient_checkpointing
+from rlft.recipes.memory import check_scale_options, compile_layers, cut_by_tokens, enable_gradient_checkpointing
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
 from rlft.tracking import Tracker, attach_tracker
 
@@ -108,6 +108,36 @@ def length_grouped(indices: list[int], length: Callable[[int], int], micro_batch
     if len(indices) <= micro_batch_size:
         return list(indices)
     return sorted(indices, key=length)
+
+
+def step_order(indices: list[int], length: Callable[[int], int], cfg) -> list[int]:
+    """:func:`length_grouped` with ``cfg``'s micro-batch rule: by ``cfg.micro_batch_size``, or always sorted
+    when ``cfg.max_tokens_per_micro_batch`` is set (micro-batches then hold any number of examples)."""
+    return length_grouped(indices, length, 1 if getattr(cfg, "max_tokens_per_micro_batch", None) else cfg.micro_batch_size)
+
+
+def micro_batch_label(cfg) -> str:
+    """``"micro-batch 8"`` or ``"micro-batches of <= 16384 tokens"`` (logs)."""
+    budget = getattr(cfg, "max_tokens_per_micro_batch", None)
+    return f"micro-batch {cfg.micro_batch_size}" if budget is None else f"micro-batches of <= {budget} tokens"
+
+
+def step_micro_batches(items: list, cfg, size: Callable[[list], int], pad: bool) -> list[tuple[list, bool]]:
+    """This rank's micro-batches of a step's (ordered) ``items``: ``[(chunk, real), ...]``.
+
+    Without ``cfg.max_tokens_per_micro_batch``: :func:`rlft.distributed.padded_micro_batches` of
+    ``cfg.micro_batch_size`` items. With it: this rank's :func:`rlft.distributed.shard` of ``items`` cut by
+    :func:`rlft.recipes.memory.cut_by_tokens` so that ``size(chunk)`` stays within the budget (an item over it
+    alone); with ``pad`` (FSDP2: every pass is collective) a rank with fewer chunks than the busiest one gets
+    filler passes ``(items[:1], False)`` (collective: call on every rank). The recipes weight every chunk by the
+    whole step's normalisers, so how the items are cut changes float rounding only."""
+    budget = getattr(cfg, "max_tokens_per_micro_batch", None)
+    if budget is None:
+        return distributed.padded_micro_batches(items, cfg.micro_batch_size, pad)
+    chunks = [(chunk, True) for chunk in cut_by_tokens(distributed.shard(items), size, budget)]
+    if pad and items:
+        chunks += [(items[:1], False)] * (distributed.most(len(chunks)) - len(chunks))
+    return chunks
 
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
@@ -203,13 +233,17 @@ def prepare_training(
 def start_training(cfg, run_dir: Path, spec: DeviceSpec, total_steps: int, **prepare) -> tuple[TrainingSetup, Tracker | None]:
     """:func:`prepare_training` of ``cfg.model`` with the run's options (``cfg.resume``, LoRA from
     ``cfg.lora_settings()``, the torchrun strategy from :func:`rlft.options.resolved_strategy`; ``prepare``:
-    its ``load`` / ``param_groups``), then gradient checkpointing when ``cfg.gradient_checkpointing``, and the
+    its ``load`` / ``param_groups``), then gradient checkpointing when ``cfg.gradient_checkpointing``, the decoder
+    layers compiled when ``cfg.compile`` (:func:`rlft.recipes.memory.compile_layers`), and the
     experiment tracker of ``cfg.report_to`` fed by the metrics log (:func:`rlft.tracking.attach_tracker`; None
     for ``none`` and on ranks other than 0). Returns ``(setup, tracker)``; :func:`finish_run` closes the tracker."""
     setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, lora=cfg.lora_settings(),
                              distributed_strategy=resolved_strategy(cfg, distributed.world()), **prepare)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(setup.model)
+    if getattr(cfg, "compile", False):
+        log.info("--compile: %d decoder layers compiled (torch.compile, dynamic shapes); the first steps compile",
+                 compile_layers(setup.model))
     return setup, attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
 
 

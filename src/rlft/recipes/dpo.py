@@ -43,9 +43,10 @@ from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
 from rlft.lora import LoRAOptions
-from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions
-from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, length_grouped, optimizer_step,
-                                 start_training, step_plan, write_data_stats)
+from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, SpeedOptions
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, micro_batch_label, optimizer_step,
+                                 start_training, step_micro_batches, step_order, step_plan, write_data_stats)
+from rlft.recipes.memory import cut_by_tokens, packed_tokens, padded_tokens
 from rlft.recipes.dpo_data import TokenizedPair, load_tokenized_pairs
 from rlft.validation import require, validate_options
 
@@ -55,7 +56,7 @@ REF_CACHE = "ref_logps.pt"
 
 
 @dataclass(frozen=True)
-class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, DistributedOptions):
+class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, SpeedOptions, DistributedOptions):
     """Preference optimisation (DPO / IPO / RPO) of a model, usually an SFT model, on chosen/rejected pairs."""
 
     model: str = "runs/sft/model"
@@ -107,7 +108,8 @@ class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
     batch_size: int = 16
     """Pairs per optimizer step."""
     micro_batch_size: int = 4
-    """Pairs per forward/backward pass (2x as many sequences: chosen and rejected go through together)."""
+    """Pairs per forward/backward pass (2x as many sequences: chosen and rejected go through together);
+    replaced by --max-tokens-per-micro-batch when that is set."""
     epochs: float = 1.0
     """Passes over the pairs (fractions allowed); ignored when --max-steps is set."""
     max_steps: int | None = None
@@ -124,7 +126,7 @@ class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         self._check_lora()
         self._check_distributed()
         require(self.beta > 0, f"--beta must be > 0 (the inverse temperature of the implicit reward), got {self.beta}")
-        require(self.batch_size % self.micro_batch_size == 0,
+        require(self.max_tokens_per_micro_batch is not None or self.batch_size % self.micro_batch_size == 0,
                 f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
         require(self.max_prompt_length is None or self.max_prompt_length < self.max_length,
                 f"--max-prompt-length must be < --max-length ({self.max_length}), got {self.max_prompt_length}")
@@ -184,6 +186,18 @@ def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device, 
     )
 
 
+def pair_batch_tokens(pairs: list[TokenizedPair], packing: bool = False) -> int:
+    """The size ``--max-tokens-per-micro-batch`` bounds, of a micro-batch of ``pairs``: padded, 2 rows per pair
+    x the longest side of any pair; with ``packing``, every chosen and rejected token (:mod:`rlft.recipes.memory`)."""
+    if packing:
+        return packed_tokens([len(p.chosen.input_ids) + len(p.rejected.input_ids) for p in pairs])
+    return padded_tokens([_longest_side(p) for p in pairs], rows_per_item=2)
+
+
+def _longest_side(pair: TokenizedPair) -> int:
+    return max(len(pair.chosen.input_ids), len(pair.rejected.input_ids))
+
+
 def _forward_options(cfg: DPOConfig) -> dict:
     """:func:`pair_logprobs`'s keyword options from the config (policy and reference alike)."""
     return {"packing": cfg.packing, "pack_length": cfg.pack_length, "logits_chunk_size": cfg.logits_chunk_size}
@@ -200,26 +214,33 @@ def _fingerprint(ref_name: str, pairs: list[TokenizedPair], dtype: torch.dtype) 
 
 @torch.no_grad()
 def compute_reference_logprobs(
-    model, pairs: list[TokenizedPair], pad_token_id: int, device, batch_size: int, **forward
+    model, pairs: list[TokenizedPair], pad_token_id: int, device, batch_size: int, *, max_tokens: int | None = None, **forward
 ) -> dict[str, torch.Tensor]:
     """Reference log-probs of every pair: ``{"chosen_sum", "rejected_sum", "chosen_mean",
-    "rejected_mean"}``, each ``(N,)`` float32 on the CPU, in the order of ``pairs``. ``forward``:
-    :func:`pair_logprobs`'s keyword options (packing, pack_length, logits_chunk_size)."""
+    "rejected_mean"}``, each ``(N,)`` float32 on the CPU, in the order of ``pairs``. Forward passes of
+    ``batch_size`` consecutive pairs, or with ``max_tokens`` (``--max-tokens-per-micro-batch``) of the pairs
+    sorted by length and cut by :func:`pair_batch_tokens`. ``forward``: :func:`pair_logprobs`'s keyword
+    options (packing, pack_length, logits_chunk_size)."""
+    n = len(pairs)
+    if max_tokens is None:
+        chunks = [list(range(start, min(start + batch_size, n))) for start in range(0, n, batch_size)]
+    else:
+        order = sorted(range(n), key=lambda i: _longest_side(pairs[i]))
+        chunks = cut_by_tokens(order, lambda idx: pair_batch_tokens([pairs[i] for i in idx], forward.get("packing", False)), max_tokens)
     was_training = model.training
     model.eval()
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}
+    out = {k: torch.zeros(n, dtype=torch.float32) for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}
     try:
         with training_progress("reference") as progress:
-            bar = progress.add_task("reference log-probs", total=len(pairs), info="")
-            for start in range(0, len(pairs), batch_size):
-                chunk = pairs[start : start + batch_size]
-                lp = pair_logprobs(model, chunk, pad_token_id, device, **forward)
-                for key in parts:
-                    parts[key].append(getattr(lp, key).float().cpu())
-                progress.update(bar, advance=len(chunk))
+            bar = progress.add_task("reference log-probs", total=n, info="")
+            for idx in chunks:
+                lp = pair_logprobs(model, [pairs[i] for i in idx], pad_token_id, device, **forward)
+                for key, values in out.items():
+                    values[idx] = getattr(lp, key).float().cpu()
+                progress.update(bar, advance=len(idx))
     finally:
         model.train(was_training)
-    return {key: torch.cat(values) for key, values in parts.items()}
+    return out
 
 
 def reference_logprobs(
@@ -245,7 +266,8 @@ def reference_logprobs(
     model = load_model(ref_name, spec)
     mine = distributed.shard(pairs)  # all of them in one process
     if mine:
-        ref = compute_reference_logprobs(model, mine, pad_token_id, spec.device, cfg.micro_batch_size, **_forward_options(cfg))
+        ref = compute_reference_logprobs(model, mine, pad_token_id, spec.device, cfg.micro_batch_size,
+                                         max_tokens=cfg.max_tokens_per_micro_batch, **_forward_options(cfg))
     else:  # more ranks than pairs
         ref = {k: torch.zeros(0) for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}
     del model  # the only reference: training never holds the reference model
@@ -311,19 +333,19 @@ def train_dpo(cfg: DPOConfig) -> Path:
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
     forward = _forward_options(cfg)
-    log.info("%s: %d pairs, %d steps of %d pairs (micro-batch %d) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
+    size = lambda idx: pair_batch_tokens([pairs[i] for i in idx], cfg.packing)  # noqa: E731
+    log.info("%s: %d pairs, %d steps of %d pairs (%s) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
 
     with training_progress(cfg.loss_type) as progress:
         bar = progress.add_task(cfg.loss_type, total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
-            indices = length_grouped(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed),
-                                     lambda i: max(len(pairs[i].chosen.input_ids), len(pairs[i].rejected.input_ids)), cfg.micro_batch_size)
+            indices = step_order(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed), lambda i: _longest_side(pairs[i]), cfg)
             num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)  # of the global batch
             sums: dict[str, float] = {}
             seen = 0
             # This rank's pairs (all of them in one process); FSDP2 adds zero-weight filler passes.
-            for idx, real in distributed.padded_micro_batches(indices, cfg.micro_batch_size, distributed.sharded(model)):
+            for idx, real in step_micro_batches(indices, cfg, size, distributed.sharded(model)):
                 weight = len(idx) / len(indices) if real else 0.0  # micro-batch means, weighted, add up to the batch mean
                 policy = pair_logprobs(model, [pairs[i] for i in idx], tokenizer.pad_token_id, spec.device, **forward)
                 ref_mb = {k: v[idx].to(spec.device) for k, v in ref.items()}

@@ -1,9 +1,22 @@
-"""Memory options the training recipes share (``--gradient-checkpointing``; the chunked LM head is
-``--logits-chunk-size``, see :func:`rlft.ops.lm_head_logprobs`)."""
+"""Memory and speed options the training recipes share: ``--gradient-checkpointing`` (the chunked LM head is
+``--logits-chunk-size``, see :func:`rlft.ops.lm_head_logprobs`), ``--compile`` (:func:`compile_layers`) and
+``--max-tokens-per-micro-batch`` (:func:`cut_by_tokens`, with the cost functions :func:`padded_tokens` and
+:func:`packed_tokens`)."""
 
 from __future__ import annotations
 
+import os
+import types
+from typing import Callable, Sequence, TypeVar
+
 import torch
+
+T = TypeVar("T")
+
+COMPILE_BACKEND_ENV = "RLFT_COMPILE_BACKEND"
+"""Environment variable naming the torch.compile backend of :func:`compile_layers` when none is passed (default
+``inductor``); the tests set ``aot_eager``, which traces the same graphs without inductor's minutes of C++
+compilation on a CPU."""
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -22,6 +35,77 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def compile_layers(model: torch.nn.Module, backend: str | None = None) -> int:
+    """``--compile``: run every decoder layer's ``forward`` through ``torch.compile`` (``dynamic=True``), in place.
+
+    What is compiled, and why the layers rather than the whole decoder: rlft's loss path calls
+    ``model.get_decoder()`` and the LM head separately (:func:`rlft.ops.sequence_logprobs`, the reward model's
+    pooling), so the decoder is what carries the compute. Its layers are all instances of one class, so ONE
+    compiled function (``type(layer).forward``, bound to each layer) serves all of them: one graph, compiled
+    once, with the layer's weights as inputs (dynamic shapes: batch rows and lengths vary from micro-batch to
+    micro-batch; a one-row batch, e.g. one packed row, specialises once more). Module hooks stay outside the
+    compiled code (only ``forward`` is replaced), which keeps FSDP2's per-layer gathering and transformers'
+    gradient checkpointing working. The decoder's own glue (embedding, causal-mask construction, which branches
+    on data) and the LM head stay eager. Parameters, their names and the saved weights are untouched; a deep
+    copy of the model gets forwards bound to its own layers.
+
+    The forward must not build a KV cache (``use_cache=False``, as the loss path passes): a cache object's
+    state is guarded on per layer and would recompile every layer.
+
+    Args:
+        model: a Hugging Face decoder (causal LM, sequence classifier, LoRA-wrapped or FSDP2-sharded).
+        backend: the torch.compile backend; None: ``$RLFT_COMPILE_BACKEND`` or ``inductor``.
+    Returns:
+        the number of layers compiled.
+    Raises:
+        ValueError: the model has no decoder layers (:func:`rlft.distributed.decoder_layers`).
+    """
+    from rlft.distributed import decoder_layers
+
+    backend = backend or os.environ.get(COMPILE_BACKEND_ENV) or "inductor"
+    compiled: dict[type, Callable] = {}
+    layers = decoder_layers(model)
+    for layer in layers:
+        cls = type(layer)
+        if cls not in compiled:
+            compiled[cls] = torch.compile(cls.forward, backend=backend, dynamic=True)
+        layer.forward = types.MethodType(compiled[cls], layer)
+    return len(layers)
+
+
+def padded_tokens(lengths: Sequence[int], rows_per_item: int = 1) -> int:
+    """Size of a right-padded micro-batch of items of these ``lengths``: rows x longest row
+    (``rows_per_item=2`` for chosen/rejected pairs, each pair's length being its longer side)."""
+    return rows_per_item * len(lengths) * max(lengths, default=0)
+
+
+def packed_tokens(lengths: Sequence[int]) -> int:
+    """Size of a packed micro-batch: its real tokens (a pair's length being chosen + rejected)."""
+    return sum(lengths)
+
+
+def cut_by_tokens(items: Sequence[T], size: Callable[[list[T]], int], max_tokens: int) -> list[list[T]]:
+    """``--max-tokens-per-micro-batch``: cut ``items``, in order, into consecutive micro-batches with
+    ``size(micro_batch) <= max_tokens``, each as long as fits (greedy); an item that alone exceeds
+    ``max_tokens`` gets a micro-batch of its own. With a size that never shrinks when a micro-batch grows
+    (:func:`padded_tokens`, :func:`packed_tokens`) this is the fewest consecutive micro-batches; sort the items
+    by length first (the recipes' :func:`rlft.recipes.common.length_grouped`) so each pads to lengths like
+    its own. Every item lands in exactly one micro-batch, in order.
+
+    Raises:
+        ValueError: ``max_tokens < 1``.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens}")
+    out: list[list[T]] = []
+    for item in items:
+        if out and size(out[-1] + [item]) <= max_tokens:
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
 
 
 def check_scale_options(cfg) -> None:

@@ -49,9 +49,10 @@ from rlft.fsio import atomic_write_json
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
-from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, OptimizerOptions, RunOptions
-from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, length_grouped, optimizer_step, save_final,
-                                 start_training, step_plan, TrainingSetup, write_run_config)
+from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, OptimizerOptions, RunOptions, SpeedOptions
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, micro_batch_label, optimizer_step, save_final,
+                                 start_training, step_micro_batches, step_order, step_plan, TrainingSetup, write_run_config)
+from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.validation import require, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
 from rlft.tracking import Tracker
@@ -60,7 +61,7 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, PackingOptions, DistributedOptions):
+class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, PackingOptions, SpeedOptions, DistributedOptions):
     """Train a scalar reward model on preference pairs with a Bradley-Terry loss."""
 
     model: str = DEFAULT_MODEL
@@ -108,7 +109,8 @@ class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, 
     batch_size: int = 16
     """Pairs per optimizer step."""
     micro_batch_size: int = 4
-    """Pairs per forward/backward pass (2x as many sequences: chosen and rejected go through together)."""
+    """Pairs per forward/backward pass (2x as many sequences: chosen and rejected go through together);
+    replaced by --max-tokens-per-micro-batch when that is set."""
     eval_batch_size: int = 8
     """Pairs per forward pass during evaluation."""
     epochs: float = 1.0
@@ -138,7 +140,7 @@ class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, 
         validate_options(self)
         self._check_lora()
         self._check_distributed()
-        require(self.batch_size % self.micro_batch_size == 0,
+        require(self.max_tokens_per_micro_batch is not None or self.batch_size % self.micro_batch_size == 0,
                 f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
         require(self.max_prompt_length is None or self.max_prompt_length < self.max_length,
                 f"--max-prompt-length must be < --max-length ({self.max_length}), got {self.max_prompt_length}")
@@ -223,6 +225,14 @@ def tokenize_pairs(pairs: list, tokenizer, max_length: int, margin_scale: float 
 
 
 # --------------------------------------------------------------------------- forward
+
+
+def pair_batch_tokens(examples: list[RMExample], packing: bool = False) -> int:
+    """The size ``--max-tokens-per-micro-batch`` bounds, of a micro-batch of pairs: padded, 2 rows per pair x
+    the longest side of any pair; with ``packing``, every chosen and rejected token (:mod:`rlft.recipes.memory`)."""
+    if packing:
+        return packed_tokens([len(e.chosen.input_ids) + len(e.rejected.input_ids) for e in examples])
+    return padded_tokens([max(len(e.chosen.input_ids), len(e.rejected.input_ids)) for e in examples], rows_per_item=2)
 
 
 def pair_rewards(model, examples: list[RMExample], pad_token_id: int, device, *,
@@ -315,10 +325,11 @@ def train_rm(cfg: RMConfig) -> Path:
     steps_per_epoch, total_steps = step_plan(len(train), cfg)
     setup, tracker = _start_training(cfg, run_dir, spec, tokenizer, total_steps)
     model, start_step = setup.model, setup.start_step
-    log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (micro-batch %d) on %s/%s",
-             len(train), len(heldout), total_steps, cfg.batch_size, cfg.micro_batch_size, spec.device, str(spec.dtype).removeprefix("torch."))
+    log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (%s) on %s/%s",
+             len(train), len(heldout), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, str(spec.dtype).removeprefix("torch."))
 
     sharded = distributed.sharded(model)  # FSDP2: every forward is collective, so every rank evaluates too
+    size = lambda idx: pair_batch_tokens([train[i] for i in idx], cfg.packing)  # noqa: E731
 
     def run_eval() -> dict[str, float] | None:
         return (evaluate(model, heldout, pad_id, spec.device, cfg.eval_batch_size, packing=cfg.packing, pack_length=cfg.pack_length)
@@ -329,12 +340,12 @@ def train_rm(cfg: RMConfig) -> Path:
         bar = progress.add_task("rm", total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
-            indices = length_grouped(batch_indices(step, len(train), cfg.batch_size, cfg.seed),
-                                     lambda i: max(len(train[i].chosen.input_ids), len(train[i].rejected.input_ids)), cfg.micro_batch_size)
+            indices = step_order(batch_indices(step, len(train), cfg.batch_size, cfg.seed),
+                                 lambda i: max(len(train[i].chosen.input_ids), len(train[i].rejected.input_ids)), cfg)
             sums: dict[str, float] = {}
             seen = 0
             # This rank's pairs (all of them in one process); FSDP2 adds zero-weight filler passes.
-            for idx, real in distributed.padded_micro_batches(indices, cfg.micro_batch_size, sharded):
+            for idx, real in step_micro_batches(indices, cfg, size, sharded):
                 chunk = [train[i] for i in idx]
                 weight = len(chunk) / len(indices) if real else 0.0  # weighted micro-batch means add up to the batch mean
                 chosen, rejected = pair_rewards(model, chunk, pad_id, spec.device, packing=cfg.packing, pack_length=cfg.pack_length)

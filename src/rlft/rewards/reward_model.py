@@ -107,7 +107,7 @@ def _padded_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     mask = attention_mask.long()
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # 0 at each row's first real token
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA: the adapted HF model
-    hidden = inner.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).last_hidden_state  # (B, T, H)
+    hidden = inner.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
     last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_token_index(mask)]  # (B, H)
     rewards = score_head(model)(last)  # (B, num_labels)
     if rewards.shape[-1] != 1:

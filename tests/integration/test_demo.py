@@ -1,4 +1,5 @@
-"""`rlft demo --quick` end to end on a tiny random model: evaluations, SFT, RL, report and plots."""
+"""`rlft demo --quick` end to end on a tiny random model: rows, evaluations by count of numbers, SFT, RL, pairs,
+best-of-N selection, the report and its plots, and --resume."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from rlft.recipes.demo import DemoConfig, run_demo
+from rlft.tasks.countdown.splits import load_split
 from rlft.validation import OptionError
-from tests.conftest import SHARED_DATA, make_tiny_model, save_model_dir, write_jsonl_rows
+from tests.conftest import make_tiny_model, save_model_dir, write_jsonl_rows
 
 
 @pytest.fixture
@@ -22,41 +24,43 @@ def demo_model_dir(tmp_path, smol_tokenizer):
 
 def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     torch.set_num_threads(1)
-    real = SHARED_DATA / "countdown" / "train.parquet"
-    cfg = DemoConfig(model=str(demo_model_dir), output_dir=str(tmp_path / "runs" / "q"), quick=True,
-                     real_data=str(real) if real.is_file() else None, device="cpu", give_up=0.3, max_tries=4)
+    cfg = DemoConfig(model=str(demo_model_dir), output_dir=str(tmp_path / "runs" / "q"), quick=True, rows=None, device="cpu",
+                     give_up=0.3, max_tries=4)
     report = run_demo(cfg)
     run_dir = tmp_path / "runs" / "q"
     assert report == run_dir / "report.md"
     text = report.read_text()
+    # no rows given: a generated stand-in, written to the run folder, split like the real rows
+    rows = run_dir / "data" / "rows.jsonl"
+    split = load_split(str(rows))
+    assert "a generated stand-in for Countdown-Tasks-3to4 (2,400" in text and len(split.test) == 500
     for model in ("base", "sft", "rl"):
         assert f"\n| {model} | " in text, f"no {model} row in the results table"
-    assert "| sampled score | pass@1 | pass@2 |" in text and "temperature 0.6, top-p 0.95" in text
-    assert "standard (generated)" in text
-    # The paired table (each model against the SFT start) and the samples-vs-score plot of the RL run.
-    assert "## Paired against the SFT start" in text
-    assert "| base - sft | 8 |" in text and "| rl - sft | 8 |" in text
-    assert "![samples vs score](samples_vs_score.png)" in text
-    assert (run_dir / "samples_vs_score.png").stat().st_size > 1000
+    assert "| score, 3 numbers | score, 4 numbers |" in text and "| sampled score | pass@1 | pass@2 |" in text
+    assert "## Paired against the SFT start" in text and "| base - sft | " in text and "| rl - sft | " in text
+    assert "(n=8)" in text  # the 8 quick test rows
+    # best-of-N over the sampled evaluation's 2 samples, for the sampled models only
+    for label in ("majority@2", "self-certainty@2", "self-certainty vote@2", "oracle = pass@k (upper bound)@2"):
+        assert f"| sft | {label} |" in text and f"| rl | {label} |" in text
+    assert "| base | majority" not in text
+    assert "![samples vs score](samples_vs_score.png)" in text and (run_dir / "samples_vs_score.png").stat().st_size > 1000
     rl_evals = [r for r in map(json.loads, (run_dir / "rl" / "metrics.jsonl").read_text().splitlines()) if "eval/score" in r]
-    assert [(r["step"], r["samples/total"] > 0) for r in rl_evals] == [(1, True), (2, True)]  # no step-0 evaluation:
-    assert "(SFT, 0 samples) -> " in text  # the curve starts from the SFT model's score on the same tasks
+    assert [r["step"] for r in rl_evals] == [0, 1, 2]  # validation rows, from the SFT start on
     # A random model's samples all score 0, so every pair ties: DPO is skipped, and the report says why.
-    assert "on-policy pairs: 8 prompts tried, 0 kept, 8 dropped as ties" in text
+    assert "on-policy pairs: 8 prompts (the last training rows), 0 kept, 8 dropped as ties" in text
     assert "DPO skipped" in text and "\n| dpo | " not in text
-    if real.is_file():
-        assert "Countdown-Tasks-3to4 (real), 3 numbers" in text and "Countdown-Tasks-3to4 (real), 4 numbers" in text
-    for png in ("scores.png", "loss_sft.png", "reward_mean.png"):
+    for png in ("scores.png", "sft_loss_sft.png", "rl_reward_mean.png"):
         assert (run_dir / png).stat().st_size > 1000
     steps = [json.loads(line)["step"] for line in (run_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
-    sft_config = (run_dir / "sft" / "config.yaml").read_text()  # the bounded-trace options reach the SFT stage
-    assert "give_up: 0.3\n" in sft_config and "max_tries: 4\n" in sft_config
+    sft_config = (run_dir / "sft" / "config.yaml").read_text()  # the bounded-trace options and the held-out rows reach SFT
+    assert "give_up: 0.3\n" in sft_config and "max_tries: 4\n" in sft_config and f"heldout_data: {rows}" in sft_config
     evals = sorted(p.name for p in (run_dir / "eval").glob("*.json"))
-    for model in ("sft", "rl"):
-        assert f"{model}--medium3-held-out.json" in evals and f"{model}--sampled.json" in evals
-    assert [e for e in evals if e.startswith("base--")] == ["base--medium3-held-out.json"]  # the base model: greedy held-out only
-    assert "\n| base - sft | 8 |" in text and text.split("\n| base | ")[1].split("\n")[0].endswith("| - | - | - |")
+    assert evals == ["base--greedy.json", "rl--greedy.json", "rl--sampled.json", "sft--greedy.json", "sft--sampled.json"]
+    greedy = json.loads((run_dir / "eval" / "sft--greedy.json").read_text())
+    test_keys = [(sorted(t.nums), t.target) for t in split.test[:8]]
+    assert [(sorted(t["nums"]), t["target"]) for t in greedy["tasks"]] == test_keys  # the held-out test rows
+    assert set(greedy["by_size"]) == {"3", "4", "all"}
     assert (run_dir / "rl" / "model" / "config.json").is_file() and (run_dir / "rl" / "adapter").is_dir()  # LoRA: adapter + merged model
     assert not list(run_dir.glob("*/checkpoints")), "finished stages keep no checkpoints by default"
 
@@ -64,41 +68,39 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     # non-tied pairs (written here by hand), it trains and evaluates DPO.
     mtimes = {p: p.stat().st_mtime_ns for p in (run_dir / "eval").glob("*.json")}
     pairs = run_dir / "pairs" / "countdown.jsonl"
-    rows = [{"prompt": f"User: Using the numbers [1, 2, {i}], make {i + 3}.\nAssistant: <think>", "chosen": f" 1+2=3, 3+{i}={i + 3}.</think>\n<answer>1 + 2 + {i}</answer>",
+    hand = [{"prompt": f"User: Using the numbers [1, 2, {i}], make {i + 3}.\nAssistant: <think>", "chosen": f" 1+2=3, 3+{i}={i + 3}.</think>\n<answer>1 + 2 + {i}</answer>",
              "rejected": " no idea</think>\n<answer>1</answer>", "score_chosen": 1.0, "score_rejected": 0.1} for i in range(4)]
-    write_jsonl_rows(pairs, rows)
+    write_jsonl_rows(pairs, hand)
     pairs.with_suffix(".stats.json").write_text(json.dumps({"prompts": 4, "kept": 4, "dropped_ties": 0}))
     run_demo(DemoConfig(**{**cfg.__dict__, "resume": True}))
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
     text = report.read_text()
-    assert "\n| dpo | " in text and "on-policy pairs: 4 prompts tried, 4 kept" in text
-    assert (run_dir / "loss_dpo.png").is_file()
-    assert "| rl - sft | 8 |" in text and "| dpo - sft | 8 |" in text  # paired over the 8 quick held-out tasks
+    assert "\n| dpo | " in text and "on-policy pairs: 4 prompts (the last training rows), 4 kept" in text
+    assert (run_dir / "dpo_loss_dpo.png").is_file() and "| dpo - sft | " in text
 
     # A cached evaluation of another size (here: a 3-task one) is not reused but evaluated again.
-    path = run_dir / "eval" / "sft--medium3-held-out.json"
+    path = run_dir / "eval" / "sft--greedy.json"
     small = json.loads(path.read_text())
     path.write_text(json.dumps({**small, "num_tasks": 3, "task_scores": small["task_scores"][:3]}))
     run_demo(DemoConfig(**{**cfg.__dict__, "resume": True}))
     again = json.loads(path.read_text())
     assert again["num_tasks"] == 8 and again["task_scores"] == small["task_scores"]
-    standard = run_dir / "eval" / "sft--standard-generated.json"
-    assert standard.stat().st_mtime_ns == mtimes[standard]
+    sampled = run_dir / "eval" / "sft--sampled.json"
+    assert sampled.stat().st_mtime_ns == mtimes[sampled]
 
 
-def test_demo_defaults_are_the_medium3_setting():
-    """The defaults: medium3 with 1000 held-out tasks, the RL loop's GRPO + filtering + LoRA recipe at lr 2e-4, DPO
-    (no NLL term) with LoRA; a stage is skipped with 0."""
+def test_demo_defaults_are_the_countdown_real_setting():
+    """The defaults: bounded standard-preset traces, real rows when found, 256 tokens; the RL loop's GRPO + filtering +
+    LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 8 samples for pass@k and best-of-N; a stage is skipped with 0."""
     cfg = DemoConfig()
-    assert (cfg.preset, cfg.heldout_size, cfg.prompt_template, cfg.trace_style, cfg.num_train) == ("medium3", 1000, "short", "direct", 3000)
+    assert (cfg.rows, cfg.preset, cfg.prompt_template, cfg.trace_style, cfg.max_new_tokens) == ("auto", "standard", "short", "bounded", 256)
     assert (cfg.rl_advantage, cfg.rl_loss, cfg.rl_loss_mode, cfg.rl_filter_groups, cfg.rl_lora_r) == ("grpo", "ppo", "seq_mean", True, 16)
     assert cfg.rl_lr == 2e-4
-    assert (cfg.dpo_loss_type, cfg.dpo_lora_r, cfg.pairs_samples) == ("dpo", 16, 2)
-    assert (cfg.eval_limit, cfg.passk_limit, cfg.passk, cfg.passk_temperature, cfg.passk_top_p) == (200, 100, 4, 0.6, 0.95)
+    assert (cfg.dpo_loss_type, cfg.dpo_beta, cfg.dpo_lora_r, cfg.pairs_samples) == ("rpo", 0.5, 16, 2)
+    assert (cfg.eval_limit, cfg.passk_limit, cfg.passk, cfg.passk_temperature, cfg.passk_top_p) == (500, 100, 8, 0.6, 0.95)
     DemoConfig(rl_steps=0, pairs_prompts=0)  # skips RL, and pairs + DPO
     with pytest.raises(OptionError, match="--eval-limit"):
-        DemoConfig(eval_limit=2000)
-    assert DemoConfig().update_micro_batch_size == 32
+        DemoConfig(eval_limit=600)
     DemoConfig(update_micro_batch_size=8)  # divides the DPO batch of 32
     with pytest.raises(OptionError, match="--update-micro-batch-size"):
         DemoConfig(update_micro_batch_size=5)

@@ -107,3 +107,9 @@ def test_a_study_setting_with_a_dataset_evaluates_on_its_heldout_rows(tmp_path):
     assert heldout_tasks(setting, 500, "validation") == split.validation
     with pytest.raises(OptionError, match="501"):
         heldout_tasks(setting, 501, "test")
+
+
+def test_every_prefix_of_a_heldout_part_is_balanced():
+    split = split_rows(rows(3000), n_test=100, n_validation=60, pool=2000)
+    for part in (split.test, split.validation):
+        assert [len(t.nums) for t in part[:6]] == [3, 4, 3, 4, 3, 4]

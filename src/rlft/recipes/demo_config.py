@@ -26,41 +26,41 @@ class DemoConfig:
     """Base model: built-in name, local HF folder or Hub id."""
     quick: bool = False
     """A few-minute smoke version: tiny data, a handful of steps, short evaluations."""
-    preset: str = "medium3"
-    """Countdown preset for training and the held-out evaluation (medium3: 3 numbers in 1-25, targets 10-75, 18,644
-    distinct solvable tasks, distinct held-out tasks; see docs/results/countdown-medium3)."""
-    heldout_size: int = 1000
-    """Generated held-out tasks (distinct for medium3) that no stage trains on: SFT, RL and the pair prompts draw
-    their tasks from the training split of make_splits(preset, ..., heldout_size, split_seed); every evaluation
-    uses a prefix of them."""
+    rows: str | None = "auto"
+    """Countdown-Tasks-3to4 rows (a .parquet/.jsonl file or Hub id such as Jiayi-Pan/Countdown-Tasks-3to4): RL and
+    pair prompts are its training rows, every evaluation its held-out test rows (rlft.tasks.countdown.splits: 500
+    test + 500 validation rows that no stage trains on). 'auto': ../shared/data/countdown/train.parquet when present,
+    else a generated stand-in (--num-rows tasks of the `standard` preset: the same distribution), written to
+    <output-dir>/data/rows.jsonl; the report says which."""
+    num_rows: int = 10240
+    """Rows of the generated stand-in (when no Countdown-Tasks-3to4 copy is found)."""
+    preset: str = "standard"
+    """Countdown preset of SFT's solver traces (standard: 3-4 numbers in 1-99, targets 10-100, the distribution of
+    Countdown-Tasks-3to4); a generated task equal to a held-out row is dropped."""
     prompt_template: str = "short"
     """Prompt template for training and evaluation: short (compact, CPU-friendly), base (TinyZero), chat."""
-    trace_style: str = "direct"
-    """SFT trace style: direct (solution steps), search (dead ends, backtracking, check) or bounded (a ranked
-    search that may give up and answer its closest attempt; ~48% of the traces are correct, like the spec's
-    cog_behav_all_strategies; generations need ~144 tokens: see docs/results/countdown-bounded)."""
+    trace_style: str = "bounded"
+    """SFT trace style: bounded (a ranked search that may give up and answer its closest attempt: ~45% of standard
+    traces are correct, like the spec's cog_behav_all_strategies' ~43%), search or direct."""
     give_up: float = 0.6
     """Bounded traces: probability of giving up after each dead end."""
     max_tries: int = 6
     """Bounded traces: candidates tried at most before giving up."""
     max_dead_ends: int = 2
     """Dead ends shown per search trace."""
-    num_train: int = 3000
-    """SFT's fixed dataset: one solver trace for each of the first num_train training tasks."""
+    num_train: int = 8000
+    """SFT's fixed dataset: one solver trace for each of num_train generated training tasks (the first sft_steps x
+    batch_size of a seeded order are seen)."""
     sft_steps: int = 125
-    """SFT optimizer steps (the documented medium3 curve of 300 cosine steps rises to ~200 steps: 0.375 at 150, 0.415
-    at 200 and 300 on 200 tasks; 125 steps of a 125-step schedule keep the demo within its time budget, so the
-    demo's SFT start is not the converged one of docs/results/countdown-medium3)."""
+    """SFT optimizer steps (see docs/results/countdown-real for the converged start's curve)."""
     batch_size: int = 16
     """SFT examples per step."""
-    micro_batch_size: int = 16
+    micro_batch_size: int = 8
     """SFT examples per forward/backward pass."""
-    lr: float = 2e-4
-    """SFT peak learning rate (cosine decay, 5% warmup)."""
+    lr: float = 1e-4
+    """SFT peak learning rate (constant after 3% warmup, the countdown-real recipe)."""
     rl_steps: int = 12
     """RL steps on the SFT model (`rlft rl`; 0 skips RL)."""
-    rl_num_train: int = 20000
-    """Training tasks the RL prompts are drawn from (the training split; its first num_train are SFT's)."""
     rl_k: int = 8
     """RL samples per prompt."""
     rl_prompts_per_step: int = 8
@@ -75,6 +75,12 @@ class DemoConfig:
     """Drop groups whose k rewards are all equal and refill the step from further prompts (see `rlft rl --filter-groups`)."""
     rl_max_prompt_batches: int = 3
     """With rl_filter_groups: at most this many batches of rl_prompts_per_step prompts are sampled per step."""
+    rl_curriculum: Literal["none", "sec"] = "none"
+    """RL prompt order: none (uniform, seeded) or sec (the self-evolving curriculum, `rlft rl --curriculum`)."""
+    rl_mask_truncated: bool = False
+    """Leave RL samples cut at max_new_tokens out of the loss (`rlft rl --mask-truncated`)."""
+    rl_overlong_buffer: int | None = None
+    """DAPO's soft overlong penalty over the last N of max_new_tokens (`rlft rl --overlong-buffer`; None: off)."""
     rl_lora_r: int = 16
     """RL LoRA rank (0: full fine-tuning)."""
     rl_lora_alpha: float = 32.0
@@ -86,16 +92,16 @@ class DemoConfig:
     """RL KL coefficient (0: no reference model and no KL)."""
     rl_temperature: float = 1.0
     """RL sampling temperature (log-probs are taken at the same temperature)."""
-    update_micro_batch_size: int = 32
+    update_micro_batch_size: int = 8
     """Sequences per forward/backward pass of the RL and DPO updates (gradient accumulation is exact, so this trades
-    memory for speed only; 8 keeps 144-token runs such as --trace-style bounded within 24 GB)."""
-    rl_eval_every: int = 5
-    """Greedy evaluation on the first rl_eval_limit held-out tasks every N RL steps and at the end: the points of the
-    samples-vs-score plot, which starts from the SFT model's score on the same tasks (no step-0 evaluation; 0: none)."""
+    memory for speed only; 8 keeps 256-token runs within 24 GB)."""
+    rl_eval_every: int = 6
+    """Greedy evaluation on the first rl_eval_limit held-out validation rows every N RL steps and at the end: the
+    points of the samples-vs-score plot, which starts from the SFT model's score on them (0: none)."""
     rl_eval_limit: int = 100
-    """Held-out tasks of the in-loop RL evaluation."""
+    """Validation rows of the in-loop RL evaluation."""
     pairs_prompts: int = 480
-    """Training prompts (after SFT's num_train) sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
+    """Training rows sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
     pairs_samples: int = 2
     """Samples per prompt from the SFT model; the pair is best vs worst score, ties dropped."""
     pairs_temperature: float = 1.0
@@ -108,41 +114,36 @@ class DemoConfig:
     """DPO peak learning rate (cosine, 10% warmup)."""
     dpo_optimizer: Literal["adamw", "sgd"] = "adamw"
     """DPO optimizer (see `rlft dpo --optimizer`)."""
-    dpo_beta: float = 0.1
-    """DPO beta."""
-    dpo_loss_type: Literal["dpo", "ipo", "rpo"] = "dpo"
-    """Preference loss: dpo, ipo, or rpo (DPO + dpo_rpo_alpha * NLL of the chosen response). dpo: without the NLL
-    term DPO scored level with or above RPO on the same pairs (docs/results/countdown-medium3, session 8); in
-    docs/results/countdown-bounded the two are level (+0.003 [-0.005, +0.012]), each ~+0.02 above its SFT start."""
+    dpo_beta: float = 0.5
+    """DPO beta (0.5: the RPO recipe that cleared the DPO bar in docs/results/countdown-bounded; at 0.1 DPO pushed the
+    give-up answers down until the searches stopped stopping)."""
+    dpo_loss_type: Literal["dpo", "ipo", "rpo"] = "rpo"
+    """Preference loss: dpo, ipo, or rpo (DPO + dpo_rpo_alpha * NLL of the chosen response: on self-generated pairs
+    the NLL term is what keeps the chosen searches likely; docs/results/countdown-bounded)."""
     dpo_rpo_alpha: float = 1.0
     """Weight of the chosen-response NLL when dpo_loss_type is rpo."""
     dpo_lora_r: int = 16
     """DPO LoRA rank (0: full fine-tuning)."""
     dpo_lora_alpha: float = 32.0
     """DPO LoRA alpha."""
-    passk: int = 4
-    """Samples per task of the sampled evaluation on the held-out set (mean score, pass@1, pass@k; 0 skips it)."""
+    passk: int = 8
+    """Samples per task of the sampled evaluation of SFT, RL and DPO (mean score, pass@k, and the best-of-N
+    selectors majority@k and self-certainty@k; 0 skips it)."""
     passk_temperature: float = 0.6
     """Sampling temperature of the sampled evaluation."""
     passk_top_p: float = 0.95
     """Nucleus mass of the sampled evaluation."""
     passk_limit: int = 100
-    """Held-out tasks in the sampled evaluation (the first N)."""
-    eval_limit: int = 200
-    """Held-out tasks of the training preset evaluated greedily (the first N; at most heldout_size)."""
-    standard_limit: int = 50
-    """Generated standard-distribution tasks to evaluate (0 to skip)."""
-    real_data: str | None = "auto"
-    """Countdown-Tasks-3to4 file for the real-data evaluation; 'auto' looks for ../shared/data/countdown/train.parquet; None skips."""
-    real_limit: int = 50
-    """Real tasks to evaluate per number count: the last N 3-number rows and the last N 4-number rows of the file,
-    reported as two sets."""
-    max_new_tokens: int = 64
-    """Most generated tokens per completion (traces are 30-70 tokens; the reference uses >= 1024 on GPU)."""
-    eval_batch_size: int = 50
-    """Sequences generated together during evaluation."""
+    """Held-out test rows in the sampled evaluation (the first N of the greedy ones)."""
+    eval_limit: int = 500
+    """Held-out test rows evaluated greedily (the first N of the 500; half 3-number, half 4-number)."""
+    max_new_tokens: int = 256
+    """Most generated tokens per completion: rollouts, pairs and evaluation (the SFT start cuts few answers there;
+    the reference evaluates with >= 1024 on GPU)."""
+    eval_batch_size: int = 64
+    """Sequences generated together during evaluation and pair sampling."""
     split_seed: int = 1234
-    """Seed of the generated train/held-out split."""
+    """Seed of SFT's generated tasks and of the held-out rows (rlft.tasks.countdown.splits)."""
     seed: int = 0
     """Training seed."""
     resume: bool = False
@@ -156,7 +157,8 @@ class DemoConfig:
     device: str = "auto"
     """'auto', 'cpu', 'cuda', ..."""
     dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16'."""
+    """'auto' (bfloat16 on CUDA; bf16 mixed precision on a CPU with native bf16, float32 elsewhere), 'float32',
+    'bfloat16'."""
     track: Literal["countdown", "ultrafeedback"] = "countdown"
     """countdown: the Countdown story above. ultrafeedback: preference data -> SFT (or Pref-FT), DPO, reward model,
     RLOO with that reward model, win-rates judged by it (rlft.recipes.demo_ultrafeedback; output folder
@@ -212,9 +214,9 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         validate_options(self)
-        require(self.eval_limit <= self.heldout_size and self.rl_eval_limit <= self.heldout_size,
-                f"--eval-limit ({self.eval_limit}) and --rl-eval-limit ({self.rl_eval_limit}) must be <= --heldout-size "
-                f"({self.heldout_size}) so evaluation tasks are never trained on")
+        require(self.eval_limit <= 500 and self.rl_eval_limit <= 500,
+                f"--eval-limit ({self.eval_limit}) and --rl-eval-limit ({self.rl_eval_limit}) must be <= 500, the held-out "
+                "test and validation rows (rlft.tasks.countdown.splits), so evaluation tasks are never trained on")
         # DPOConfig checks this too, but only once the DPO stage starts: here it fails before SFT and RL run
         require(self.dpo_batch_size % self.dpo_micro_batch_size == 0,
                 f"--dpo-batch-size ({self.dpo_batch_size}) must be a multiple of --update-micro-batch-size "
@@ -231,8 +233,8 @@ class DemoConfig:
         """This config, with the small sizes of ``--quick`` applied when it is set."""
         if not self.quick:
             return self
-        return replace(self, num_train=64, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8,
-                       standard_limit=4, real_limit=4, max_new_tokens=32, rl_steps=2, rl_num_train=64, rl_k=4,
+        return replace(self, num_train=64, num_rows=2400, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8,
+                       max_new_tokens=32, rl_steps=2, rl_k=4,
                        rl_prompts_per_step=2, rl_max_prompt_batches=2, rl_eval_every=1, rl_eval_limit=4,
                        pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk=2, passk_limit=4,
                        uf_train_pairs=16, uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16, uf_sft_steps=2,

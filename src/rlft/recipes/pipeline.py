@@ -150,7 +150,8 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
     results: dict[str, CountdownEvalResult] = {}
-    keys = {name: cache_key(model, job, prompt_template) for name, job in jobs.items()}
+    precision = str(pick_device(device, dtype).for_inference().label)  # a bf16 evaluation is not a float32 one
+    keys = {name: {**cache_key(model, job, prompt_template), "precision": precision} for name, job in jobs.items()}
     todo = []
     for name, job in jobs.items():
         cached = read_cached(job.path, keys[name], job) if reuse else None
@@ -161,7 +162,8 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
             log.info("reusing %s", job.path)
     if todo:
         tokenizer = load_tokenizer(str(model))
-        engine = HFEngine(load_model(str(model), pick_device(device, dtype)), tokenizer, batch_size=batch_size,
+        # evaluation only generates: weights in the compute dtype under mixed precision (DeviceSpec.for_inference)
+        engine = HFEngine(load_model(str(model), pick_device(device, dtype).for_inference()), tokenizer, batch_size=batch_size,
                           show_progress=show_progress, add_special_tokens=adds_special_tokens(prompt_template))
         for name in todo:
             job = jobs[name]

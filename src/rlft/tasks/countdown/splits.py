@@ -10,7 +10,8 @@ the Hub dataset give the same split):
 
 walking each count's rows in a seeded random order (``random.Random(f"countdown-rows-{seed}")``, seed 1234 by
 default) and skipping a row whose task equals an earlier held-out row's (:func:`task_key`: the sorted numbers
-and the target), so the held-out rows are distinct tasks. Held-out rows are listed in that seeded order.
+and the target), so the held-out rows are distinct tasks. Each part lists its rows in that seeded order with the
+counts of numbers interleaved (3, 4, 3, 4, ...), so any prefix of it (an evaluation of the first N) is balanced.
 
 **train** is every other row of the whole dataset (beyond the pool too), in file order, minus any row whose task
 equals a held-out task: no SFT trace, RL prompt or preference pair may use a held-out (nums, target) task
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from itertools import zip_longest
 from dataclasses import dataclass
 from typing import Literal
 
@@ -98,9 +100,9 @@ def split_rows(tasks: list[CountdownTask], *, n_test: int = TEST_ROWS, n_validat
     taken: set[tuple[tuple[int, ...], int]] = set()
 
     def draw(n: int) -> list[CountdownTask]:
-        out = []
+        by_count = []
         for size, share in _shares(n, sizes).items():
-            got = 0
+            got, picked = 0, []
             for i in orders[size]:
                 if got == share:
                     break
@@ -108,12 +110,14 @@ def split_rows(tasks: list[CountdownTask], *, n_test: int = TEST_ROWS, n_validat
                 if key in taken:
                     continue
                 taken.add(key)
-                out.append(head[i])
+                picked.append(head[i])
                 got += 1
             if got < share:
                 raise ValueError(f"{source}: its first {pool} rows hold too few distinct {size}-number tasks for "
                                  f"{n_test} test + {n_validation} validation rows")
-        return out
+            by_count.append(picked)
+        # interleaved (3, 4, 3, 4, ...): every prefix of a part holds each count of numbers in equal share
+        return [t for group in zip_longest(*by_count) for t in group if t is not None]
 
     test = draw(n_test)
     validation = draw(n_validation)

@@ -80,18 +80,25 @@ def run_contents(path: Path) -> list[str]:
 def config_differences(saved: dict, cfg: Any) -> dict[str, tuple[Any, Any]]:
     """Fields whose value in ``cfg`` differs from the saved ``config.yaml`` mapping: ``{name: (saved, new)}``.
 
-    Not compared: :data:`RUN_CONTROL` fields, fields the saved file lacks, and a ``max_steps`` that is
-    at least the saved one (a resumed run may go longer).
+    Not compared: :data:`RUN_CONTROL` fields, fields the saved file lacks, a ``max_steps`` that is
+    at least the saved one (a resumed run may go longer), and an ``output_dir`` naming the same folder
+    (``.`` in the run folder for the path it was started with).
     """
     new = config_dict(cfg)
     out = {}
     for name, value in new.items():
         if name in RUN_CONTROL or name not in saved or saved[name] == value:
             continue
+        if name == "output_dir" and isinstance(value, str) and isinstance(saved[name], str) and _same_folder(value, saved[name]):
+            continue
         if name == "max_steps" and isinstance(value, int) and isinstance(saved[name], int) and value >= saved[name]:
             continue
         out[name] = (saved[name], value)
     return out
+
+
+def _same_folder(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 @dataclass(frozen=True)

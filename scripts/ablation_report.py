@@ -85,6 +85,41 @@ def report(variants: dict, out: Path, n: int) -> str:
     return "\n".join(rows)
 
 
+def sizes(variants: dict, out: Path, n: int, split: str) -> str:
+    """Markdown table of every finished variant/seed on the first ``n`` rows of ``split`` (a setting whose tasks are a
+    Countdown dataset's rows): greedy score and the paired difference against the SFT start for mixed, 3-number and
+    4-number rows, truncation, and the sampled score's paired difference."""
+    from rlft.eval.countdown import CountdownEvalResult, paired_difference, subset
+
+    def file(folder: Path, mode: str) -> Path:
+        return folder / f"eval_{'val_' if split == 'validation' else ''}{mode}_{n}.json"
+
+    def result(path: Path) -> CountdownEvalResult | None:
+        return CountdownEvalResult.from_dict(json.loads(path.read_text())) if path.exists() else None
+
+    def scores(r: CountdownEvalResult) -> str:
+        return " / ".join(f"{r.by_size[k]['score']:.3f}" for k in ("all", "3", "4"))
+
+    def ci(a: list, b: list) -> str:
+        d = paired_difference(a, b)
+        return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+
+    s, ss = result(file(out / "sft_start", "greedy")), result(file(out / "sft_start", "sampled"))
+    if s is None:
+        raise SystemExit(f"{file(out / 'sft_start', 'greedy')} does not exist (scripts/countdown_ablation.py run writes it)")
+    rows = [f"| variant | seed | score (mixed / 3 / 4 numbers) | truncated | minus SFT, mixed | 3 numbers | 4 numbers | sampled minus SFT |",
+            "|---|---|---|---|---|---|---|---|"]
+    rows.append(f"| SFT start | - | {scores(s)} | {s.truncated_rate:.3f} | - | - | - | {f'{ss.mean_score:.3f}' if ss else '-'} |")
+    for name, folder in seed_folders(variants, out):
+        if (g := result(file(folder, "greedy"))) is None:
+            continue
+        smp = result(file(folder, "sampled"))
+        cells = [ci(subset(g, size), subset(s, size)) for size in (None, 3, 4)]
+        sampled = ci(smp.task_scores, ss.task_scores) if smp and ss else "-"
+        rows.append(f"| {name} | {folder.name[1:]} | {scores(g)} | {g.truncated_rate:.3f} | {' | '.join(cells)} | {sampled} |")
+    return "\n".join(rows)
+
+
 def churn(variants: dict, out: Path, n: int) -> str:
     """Which held-out tasks the finished variants flip: per run, tasks whose greedy score changed vs the SFT
     start (up / down), the tasks changed by any run, and the mean pairwise Pearson correlation of the runs'
@@ -224,9 +259,11 @@ def unpack_archive(variants: dict, archive: Path, out: Path) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["report", "churn", "compare", "unpack"],
-                        help="report: the table and plots; churn: the tasks each run flips; compare: two evaluation "
-                             "files, paired; unpack: copy an archive's run files (--archive) into --out, for report")
+    parser.add_argument("command", choices=["report", "sizes", "churn", "compare", "unpack"],
+                        help="report: the table and plots; sizes: paired by count of numbers (a dataset's rows, --split); "
+                             "churn: the tasks each run flips; compare: two evaluation files, paired; unpack: copy an "
+                             "archive's run files (--archive) into --out, for report")
+    parser.add_argument("--split", choices=["test", "validation"], default="test", help="sizes: the rows scored")
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"), help="the ablation's run folder")
     parser.add_argument("--tasks", type=int, default=200, help="the test tasks scored (eval_greedy_<N>.json)")
     parser.add_argument("--configs", type=Path, default=CONFIGS, help="the folder of the variant files (their order)")
@@ -248,6 +285,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{unpack_archive(variants, args.archive, args.out)} files copied from {args.archive} into {args.out}")
     elif args.command == "churn":
         print(churn(variants, args.out, args.tasks))
+    elif args.command == "sizes":
+        print(sizes(variants, args.out, args.tasks, args.split))
     else:
         print(report(variants, args.out, args.tasks))
         print(plot_samples_vs_score(variants, args.out))

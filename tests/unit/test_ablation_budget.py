@@ -365,3 +365,29 @@ def test_every_variant_file_loads_with_every_option_known(ablation):
     assert real.sft_continued["data"] == "countdown" and real.sft_continued["batch_size"] == 16  # common's, merged key by key
     assert replace(settings["bounded"], name="direct", sft="runs/exp/sft/model", trace_style="direct", max_new_tokens=64,
                    micro_batch_size=32) == settings["direct"]
+
+
+def test_sizes_pairs_each_run_by_count_of_numbers(report, tmp_path):
+    """`ablation_report.py sizes`: per variant/seed, the paired difference against the SFT start on mixed, 3- and
+    4-number rows, computed from the evaluation files (by hand: 4 rows, two of each size)."""
+    from rlft.eval.countdown import CountdownEvalResult, size_summary
+
+    tasks = [{"nums": [1, 2, 3], "target": 6}, {"nums": [1, 2, 3, 4], "target": 10}] * 2
+
+    def write(folder: Path, scores: list[float]) -> None:
+        r = CountdownEvalResult(num_tasks=4, k=1, mode="greedy", mean_score=sum(scores) / 4, accuracy=0.0, format_rate=0.0,
+                                pass_at_k={1: 0.0}, mean_completion_tokens=0.0, truncated_rate=0.25, tasks=tasks,
+                                task_scores=[[x] for x in scores], task_truncated=[[False], [True], [False], [False]])
+        r.by_size = size_summary(r)
+        folder.mkdir(parents=True)
+        (folder / "eval_val_greedy_4.json").write_text(json.dumps(r.to_dict()))
+
+    write(tmp_path / "sft_start", [0.1, 0.0, 1.0, 0.1])
+    write(tmp_path / "real_grpo" / "s0", [1.0, 0.1, 1.0, 0.1])
+    from rlft.recipes.pipeline import load_variants
+
+    text = report.sizes(load_variants(report.CONFIGS), tmp_path, 4, "validation")
+    assert "| SFT start | - | 0.300 / 0.550 / 0.050 | 0.250 |" in text
+    # mixed +0.25 (0.9 + 0.1 over 4 rows), 3 numbers +0.45, 4 numbers +0.05
+    row = next(line for line in text.splitlines() if line.startswith("| real_grpo | 0 |"))
+    assert "| 0.550 / 1.000 / 0.100 | 0.250 | +0.250 [" in row and "| +0.450 [" in row and "| +0.050 [" in row

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
             default = cls(**preset) if preset else None
         cfg = parse_config(cls, rest, name, help_, default)
         preflight(name, cfg)
-    except UsageError as e:
+    except (UsageError, OSError) as e:  # OSError: a path the checks could not read (e.g. permission denied)
         if debug:
             traceback.print_exc()
         print(f"rlft {name}: error: {_one_line(e)}", file=sys.stderr)

@@ -38,7 +38,8 @@ rank (filler chunks, :func:`most`), its log-prob passes and update run as many m
 shard of the held-out prompts. The vLLM engine is refused under torchrun.
 
 Rank 0 alone writes logs, ``metrics.jsonl``, checkpoints, ``config.yaml`` and the final model;
-every rank reads the same checkpoint on ``--resume``.
+every rank reads the same checkpoint on ``--resume``. The sampling commands (``eval countdown``, ``eval winrate``,
+``pairs countdown``) refuse torchrun (:func:`require_one_process`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,14 @@ Rules (:func:`claim_run_dir`):
   :meth:`RunFolder.open` is called, i.e. only once inputs are validated;
 - a folder holding anything else (not an rlft run) is refused unless ``--overwrite``.
 
+- ``.``, ``..`` (and paths ending in them) are made absolute first (:func:`run_dir_path`); ``--overwrite`` of a
+  folder holding the current folder, or of a mount point, is refused (it cannot be moved aside).
+
+The command line runs the same checks at parse time (:func:`check_run_dir`, also for ``--dry-run``), before any data
+or model loads. Single output files (``--output`` of ``pairs countdown`` and ``eval countdown``, the results of
+``eval winrate``) follow the same rule (:func:`check_output_file`): an existing file is refused unless
+``--overwrite``; a folder, or a path inside a model folder, always.
+
 Which checkpoint a resume starts from, and the refusal to restart a run whose checkpoints are all
 unusable, is :func:`rlft.recipes.common.prepare_training`'s part.
 """

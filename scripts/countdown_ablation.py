@@ -213,8 +213,9 @@ def rl_wallclock(ab: Ablation, seed: int) -> float:
 
 
 def sft_curve(ab: Ablation, run: Path, every: int) -> list[dict]:
-    """Greedy score on ``ab.tasks`` test tasks of an SFT run's checkpoints (every ``every`` steps) and final model: the
-    convergence curve. Cached per checkpoint in ``ab.out/sft_curve/step-N``; plotted to ``ab.out/sft_curve.png``."""
+    """Greedy score on ``ab.tasks`` tasks of ``ab.split`` (screen on validation) of an SFT run's checkpoints (every
+    ``every`` steps) and final model: the convergence curve. Cached per checkpoint in ``ab.out/sft_curve/step-N``;
+    plotted to ``ab.out/sft_curve.png``."""
     from rlft.checkpoint import read_metrics
     from rlft.eval.report import plot_curve
 
@@ -222,12 +223,12 @@ def sft_curve(ab: Ablation, run: Path, every: int) -> list[dict]:
     points = [(step, c) for step, c in points if step % every == 0]
     if (run / "model").exists():
         points.append((max((r["step"] for r in read_metrics(run / "metrics.jsonl")), default=0), run / "model"))
-    greedy_test = replace(ab, sampled=False, real=0, split="test")
-    curve = [{"step": step, "score": r.mean_score, "accuracy": r.accuracy} for step, folder in points
-             for r in [evaluate(greedy_test, folder, ab.out / "sft_curve" / f"step-{step}")["greedy"]]]
+    greedy = replace(ab, sampled=False, real=0)
+    curve = [{"step": step, "score": r.mean_score, "accuracy": r.accuracy, "truncated": r.truncated_rate} for step, folder in points
+             for r in [evaluate(greedy, folder, ab.out / "sft_curve" / f"step-{step}")["greedy"]]]
     (ab.out / "sft_curve.json").write_text(json.dumps(curve, indent=2))
     plot_curve([{"step": c["step"], "eval/score": c["score"]} for c in curve], "eval/score", ab.out / "sft_curve.png",
-               title=f"SFT on 3,000 {ab.setting.tasks['preset']} traces: greedy score on {ab.tasks} held-out tasks", smooth=10**6)
+               title=f"SFT on {ab.setting.tasks['preset']} traces: greedy score on {ab.tasks} {ab.split} tasks", smooth=10**6)
     return curve
 
 

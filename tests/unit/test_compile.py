@@ -104,12 +104,14 @@ def test_compile_needs_decoder_layers():
 # --------------------------------------------------------------------------- the recipes
 
 
-@pytest.mark.parametrize("packing", [False, True])
-def test_sft_compile_gives_the_eager_gradient(tiny_model_dir, tmp_path, monkeypatch, fresh_dynamo, packing):
+@pytest.mark.parametrize("packing, lora_r", [(False, 0), (True, 0), (False, 4)])
+def test_sft_compile_gives_the_eager_gradient(tiny_model_dir, tmp_path, monkeypatch, fresh_dynamo, packing, lora_r):
     data = write_jsonl_rows(tmp_path / "sft.jsonl", varied_sft_rows())
     grads = capture_grads(monkeypatch, sft_recipe)
     for name, compile_ in (("eager", False), ("compiled", True)):
-        sft_recipe.train_sft(sft_cfg(tiny_model_dir, data, tmp_path / name, packing=packing, micro_batch_size=4, compile=compile_))
+        sft_recipe.train_sft(sft_cfg(tiny_model_dir, data, tmp_path / name, packing=packing, micro_batch_size=4, compile=compile_,
+                                     lora_r=lora_r))
+        assert (tmp_path / name / "model" / "model.safetensors").is_file()  # LoRA: merged through a deep copy
     assert fresh_dynamo["stats"]["unique_graphs"] >= 1
     assert_same_grads(grads[0], grads[1], 1e-5)
 

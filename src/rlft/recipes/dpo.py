@@ -315,6 +315,34 @@ def build_preference_loss(cfg: DPOConfig) -> PreferenceLossFn:
 # --------------------------------------------------------------------------- training
 
 
+def preference_backward(model, pairs: list[TokenizedPair], indices: list[int], ref: dict[str, torch.Tensor], loss_fn: PreferenceLossFn,
+                        cfg: DPOConfig, pad_token_id: int, device) -> tuple[dict[str, float], int]:
+    """The forward and backward passes of one optimizer step over ``pairs[i] for i in indices`` (the whole step's,
+    every rank's, ordered by :func:`rlft.recipes.common.step_order`; ``ref``: every pair's reference log-probs):
+    this rank's micro-batches (:func:`rlft.recipes.common.step_micro_batches`), each loss weighted by its share of
+    the step's pairs and the RPO NLL divided by the step's chosen-token count, so the accumulated gradient is the
+    step's mean loss however it is cut (FSDP2's filler passes weigh 0). Returns the weighted metric sums
+    (``loss`` and ``loss_fn``'s) and the real tokens of this rank's passes (sum both over ranks)."""
+    num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)  # of the global batch
+    size = lambda idx: pair_batch_tokens([pairs[i] for i in idx], cfg.packing)  # noqa: E731
+    sums: dict[str, float] = {}
+    seen = 0
+    for idx, real in step_micro_batches(indices, cfg, size, distributed.sharded(model)):
+        weight = len(idx) / len(indices) if real else 0.0  # micro-batch means, weighted, add up to the batch mean
+        policy = pair_logprobs(model, [pairs[i] for i in idx], pad_token_id, device, **_forward_options(cfg))
+        ref_mb = {k: v[idx].to(device) for k, v in ref.items()}
+        # Token-mean over the whole batch's chosen tokens, divided by the weight that scales the loss.
+        chosen_nll = -aggregate(policy.chosen_token_logps, policy.chosen_mask, num_tokens=num_chosen_tokens) / (weight or 1.0)
+        loss, metrics = loss_fn(policy, ref_mb, chosen_nll)
+        (loss * weight).backward()
+        if not real:
+            continue
+        for key, value in {"loss": loss.item(), **metrics}.items():
+            sums[key] = sums.get(key, 0.0) + weight * value
+        seen += sum(len(pairs[i].chosen.input_ids) + len(pairs[i].rejected.input_ids) for i in idx)
+    return sums, seen
+
+
 def train_dpo(cfg: DPOConfig) -> Path:
     """Run preference optimisation as configured; returns the folder of the final model (``output_dir/model``).
 
@@ -332,8 +360,6 @@ def train_dpo(cfg: DPOConfig) -> Path:
     steps_per_epoch, total_steps = step_plan(len(pairs), cfg)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
-    forward = _forward_options(cfg)
-    size = lambda idx: pair_batch_tokens([pairs[i] for i in idx], cfg.packing)  # noqa: E731
     log.info("%s: %d pairs, %d steps of %d pairs (%s) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
 
     with training_progress(cfg.loss_type) as progress:
@@ -341,23 +367,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
             indices = step_order(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed), lambda i: _longest_side(pairs[i]), cfg)
-            num_chosen_tokens = sum(sum(pairs[i].chosen.loss_mask) for i in indices)  # of the global batch
-            sums: dict[str, float] = {}
-            seen = 0
-            # This rank's pairs (all of them in one process); FSDP2 adds zero-weight filler passes.
-            for idx, real in step_micro_batches(indices, cfg, size, distributed.sharded(model)):
-                weight = len(idx) / len(indices) if real else 0.0  # micro-batch means, weighted, add up to the batch mean
-                policy = pair_logprobs(model, [pairs[i] for i in idx], tokenizer.pad_token_id, spec.device, **forward)
-                ref_mb = {k: v[idx].to(spec.device) for k, v in ref.items()}
-                # Token-mean over the whole batch's chosen tokens, divided by the weight that scales the loss.
-                chosen_nll = -aggregate(policy.chosen_token_logps, policy.chosen_mask, num_tokens=num_chosen_tokens) / (weight or 1.0)
-                loss, metrics = loss_fn(policy, ref_mb, chosen_nll)
-                (loss * weight).backward()
-                if not real:
-                    continue
-                for key, value in {"loss": loss.item(), **metrics}.items():
-                    sums[key] = sums.get(key, 0.0) + weight * value
-                seen += sum(len(pairs[i].chosen.input_ids) + len(pairs[i].rejected.input_ids) for i in idx)
+            sums, seen = preference_backward(model, pairs, indices, ref, loss_fn, cfg, tokenizer.pad_token_id, spec.device)
             if distributed.active():
                 sums = distributed.all_reduce_sums({**sums, "__seen": seen})
                 seen = int(sums.pop("__seen"))

@@ -345,6 +345,27 @@ def micro_batch_tokens(cfg: SFTConfig):
     return lambda examples: measure([len(e.input_ids) for e in examples])
 
 
+def sft_backward(model, examples: list[TokenizedExample], cfg: SFTConfig, pad_token_id: int, device) -> tuple[float, int]:
+    """The forward and backward passes of one optimizer step: ``examples`` are the whole step's (every rank's),
+    ordered by :func:`rlft.recipes.common.step_order`; this rank runs its micro-batches
+    (:func:`rlft.recipes.common.step_micro_batches`: ``--micro-batch-size`` or ``--max-tokens-per-micro-batch``),
+    each NLL divided by the whole step's target-token count, so the accumulated gradient is the step's token-mean
+    NLL's however it is cut (FSDP2's filler passes add zero). Returns ``(loss, real tokens)`` of this rank's
+    passes (sum both over ranks)."""
+    num_tokens = sum(sum(e.loss_mask) for e in examples)  # of the global batch, on every rank
+    loss_total, seen = 0.0, 0
+    for part, real in step_micro_batches(examples, cfg, micro_batch_tokens(cfg), distributed.sharded(model)):
+        logprobs, loss_mask, n = micro_batch_logprobs(model, part, pad_token_id, device, cfg)
+        loss, _ = sft_loss(logprobs, loss_mask, num_tokens=num_tokens)
+        if not real:
+            (loss * 0.0).backward()
+            continue
+        loss.backward()
+        loss_total += loss.item()
+        seen += n
+    return loss_total, seen
+
+
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``).
 
@@ -359,7 +380,6 @@ def train_sft(cfg: SFTConfig) -> Path:
     steps_per_epoch, total_steps = step_plan(len(examples), cfg)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
-    size = micro_batch_tokens(cfg)
     log.info("SFT: %d examples, %d steps of %d (%s) on %s/%s", len(examples), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, str(spec.dtype).removeprefix("torch."))
 
     with training_progress("sft") as progress:
@@ -368,18 +388,7 @@ def train_sft(cfg: SFTConfig) -> Path:
             t0 = time.perf_counter()
             indices = batch_indices(step, len(examples), cfg.batch_size, cfg.seed)
             chosen = [examples[i] for i in step_order(indices, lambda i: len(examples[i].input_ids), cfg)]
-            num_tokens = sum(sum(e.loss_mask) for e in chosen)  # of the global batch, on every rank
-            loss_total, seen = 0.0, 0
-            # This rank's part of the batch (all of it in one process); FSDP2 adds zero-loss filler passes.
-            for part, real in step_micro_batches(chosen, cfg, size, distributed.sharded(model)):
-                logprobs, loss_mask, n = micro_batch_logprobs(model, part, tokenizer.pad_token_id, spec.device, cfg)
-                loss, _ = sft_loss(logprobs, loss_mask, num_tokens=num_tokens)
-                if not real:
-                    (loss * 0.0).backward()
-                    continue
-                loss.backward()
-                loss_total += loss.item()
-                seen += n
+            loss_total, seen = sft_backward(model, chosen, cfg, tokenizer.pad_token_id, spec.device)
             if distributed.active():
                 totals = distributed.all_reduce_sums({"loss": loss_total, "seen": seen})
                 loss_total, seen = totals["loss"], int(totals["seen"])

@@ -1,0 +1,43 @@
+"""scripts/gpu_bench.py --quick on the CPU: every decoder and every training mode runs rlft's code on a tiny
+random model, rows decode to full length, the JSON holds what the table shows, and --time-budget skips."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_bench.py"
+
+
+def run_bench(tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--output", str(out), *extra], capture_output=True, text=True,
+                          timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                            "RLFT_CPU_BF16": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()) | {"stdout": done.stdout}
+
+
+def test_quick_run_covers_every_decoder_and_mode(tmp_path):
+    report = run_bench(tmp_path, "--decode-rows", "4", "--sizes", "4x32")
+    meta, results = report["meta"], report["results"]
+    assert meta["shape"] == "tiny" and meta["compile_backend"] == "aot_eager" and meta["peak_tflops"] == 790
+    decode = [r for r in results if r["kind"] == "decode"]
+    assert sorted(r["decoder"] for r in decode) == ["hf generate (dynamic)", "rlft drop", "rlft static"]
+    assert all(r["full_length"] and r["tokens"] == 4 * 8 and r["tokens_per_s"] > 0 for r in decode)
+    train = [r for r in results if r["kind"] == "train"]
+    assert sorted((r["task"], r["mode"]) for r in train) == sorted(
+        (t, m) for t in ("sft", "dpo") for m in ("eager", "compile", "compile+packing"))
+    for r in train:
+        assert r["size"] == "4x32" and 4 * 16 <= r["tokens"] <= 4 * 32 and r["micro_batches"] >= 1
+        assert r["mfu"] == pytest.approx(6 * meta["params"] * r["tokens"] / r["step_s"] / 790e12)
+    assert "decode rlft static" in report["stdout"] and "dpo compile+packing" in report["stdout"]
+
+
+def test_time_budget_skips_what_is_left(tmp_path):
+    report = run_bench(tmp_path, "--time-budget", "0", "--decode-rows", "4", "--sizes", "4x32", "--tasks", "sft", "--modes", "eager")
+    assert [r["kind"] for r in report["results"]] == ["skipped"] * 4

@@ -1,4 +1,4 @@
-"""Helpers the bench scripts share: peak memory, and a callback that times TRL trainer steps.
+"""Helpers the bench scripts share: peak memory, a callback that times TRL trainer steps, and the precision options.
 
 Imported as ``benchlib`` by scripts run as ``python bench/<script>.py`` (their folder is on sys.path).
 """
@@ -37,3 +37,17 @@ def step_timer(device: torch.device, times: list[float]):
             times.append(time.perf_counter() - self.t0)
 
     return StepTimer()
+
+
+def add_precision_options(parser) -> None:
+    """``--dtype`` (rlft's: auto or float32) and ``--trl-precision`` (default, bf16 or float32): see :func:`trl_precision`."""
+    parser.add_argument("--dtype", choices=["auto", "float32"], default="auto",
+                        help="rlft's --dtype (auto: bf16 weights on CUDA; bf16 autocast over float32 weights on a CPU with native bf16)")
+    parser.add_argument("--trl-precision", choices=["default", "bf16", "float32"], default="default",
+                        help="TRL's bf16 flag: default leaves it unset (TRL then turns it on unless fp16 is), bf16 / float32 set it")
+
+
+def trl_precision(args) -> dict:
+    """The keyword TRL's config gets for ``--trl-precision``: nothing (TRL's own default), ``bf16=True`` (autocast
+    bfloat16, on the CPU too), or ``bf16=False`` (float32 compute)."""
+    return {"default": {}, "bf16": {"bf16": True}, "float32": {"bf16": False}}[args.trl_precision]

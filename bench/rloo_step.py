@@ -3,15 +3,22 @@
 One optimizer step = sample k completions for each of P Countdown prompts (transformers ``generate``,
 temperature T, at most N new tokens), score them with the Countdown rule reward, and one REINFORCE
 update with the leave-one-out baseline over all P*k samples (micro-batches of M, AdamW, beta = 0 so
-neither side holds a reference model). Both sides load the same model in the same dtype (float32 on
-CPU, bfloat16 on CUDA), without gradient checkpointing, and see the same prompts in the same order.
+neither side holds a reference model). Both sides load the same model with the same weights' dtype, without
+gradient checkpointing, and see the same prompts in the same order.
+
+Precision: ``--dtype`` is rlft's (auto: bfloat16 weights on CUDA; on a CPU with native bf16 float32 weights,
+bfloat16 autocast for the update's forwards and sampling from a bfloat16 copy; float32), also the weights TRL
+is given; ``--trl-precision`` is TRL's ``bf16`` flag (default: unset, which TRL >= 0.20 turns on unless fp16 is;
+bf16; float32). The printed line says which ran.
 
 Prints seconds per step (median over the timed steps; step 1 is warm-up and not timed), completions/s,
 generated tokens/s and peak memory (CUDA: allocator peak; CPU: process max RSS, which only grows, so
 run each side in its own process: --path).
 
-    python bench/rloo_step.py --path rlft --model runs/countdown/sft/model --steps 4
-    python bench/rloo_step.py --path trl  --model runs/countdown/sft/model --steps 4   # needs `pip install trl`
+    python bench/rloo_step.py --path rlft --model runs/countdown/sft/model --steps 4                  # --dtype auto
+    python bench/rloo_step.py --path rlft --model runs/countdown/sft/model --steps 4 --dtype float32
+    python bench/rloo_step.py --path trl  --model runs/countdown/sft/model --steps 4                  # TRL's default
+    python bench/rloo_step.py --path trl  --model runs/countdown/sft/model --steps 4 --trl-precision float32
 
 Differences that remain: rlft skips the forward/backward of samples whose advantage is exactly zero
 (their gradient is zero when beta = 0), which TRL computes; rlft's step time includes the reward
@@ -26,7 +33,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchlib import peak_memory, step_timer
+from benchlib import add_precision_options, peak_memory, step_timer, trl_precision
 
 from rlft.models import pick_device
 from rlft.rewards.countdown import score_completions
@@ -40,7 +47,7 @@ def rloo_config(args, out: Path):
         model=args.model, preset=args.preset, num_train=args.num_train, split_seed=args.split_seed, prompt_template=args.prompt_template,
         output_dir=str(out), k=args.k, prompts_per_step=args.prompts_per_step, max_steps=args.steps + 1, lr=args.lr, beta=0.0,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size,
-        gen_batch_size=args.prompts_per_step * args.k, save_every=0, eval_every=0, seed=args.seed,
+        gen_batch_size=args.prompts_per_step * args.k, save_every=0, eval_every=0, seed=args.seed, dtype=args.dtype,
     )  # fmt: skip
 
 
@@ -64,7 +71,7 @@ def run_trl(args, out: Path) -> list[dict]:
     from rlft.recipes.common import batch_indices
     from rlft.rl.prompts import load_prompts
 
-    spec = pick_device()
+    spec = pick_device("auto", args.dtype)
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, spec)
     cfg = rloo_config(args, out)
@@ -89,10 +96,10 @@ def run_trl(args, out: Path) -> list[dict]:
         num_generations=args.k, per_device_train_batch_size=args.micro_batch_size,
         gradient_accumulation_steps=args.prompts_per_step * args.k // args.micro_batch_size,
         max_completion_length=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
-        gradient_checkpointing=False, bf16=spec.device.type == "cuda", use_cpu=spec.device.type != "cuda",
-        shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to=[], seed=args.seed, max_grad_norm=1.0,
-        weight_decay=0.0, warmup_steps=0,
+        gradient_checkpointing=False, use_cpu=spec.device.type != "cuda", shuffle_dataset=False, logging_steps=1,
+        save_strategy="no", report_to=[], seed=args.seed, max_grad_norm=1.0, weight_decay=0.0, warmup_steps=0, **trl_precision(args),
     )  # fmt: skip
+    args.precision = f"trl bf16={config.bf16} (weights {spec.dtype})"
     RLOOTrainer(model=model, reward_funcs=countdown_reward, args=config, train_dataset=dataset, processing_class=tokenizer,
                 callbacks=[step_timer(spec.device, times), CompletionLengths()]).train()
     n = args.prompts_per_step * args.k
@@ -115,11 +122,13 @@ def main() -> None:
     parser.add_argument("--split-seed", type=int, default=1234)
     parser.add_argument("--prompt-template", default="short")
     parser.add_argument("--seed", type=int, default=0)
+    add_precision_options(parser)
     args = parser.parse_args()
     if (args.prompts_per_step * args.k) % args.micro_batch_size:
         parser.error("prompts-per-step * k must be a multiple of micro-batch-size")
 
-    spec = pick_device()
+    spec = pick_device("auto", args.dtype)
+    args.precision = spec.label  # the trl path replaces it with TRL's
     with tempfile.TemporaryDirectory() as tmp:
         records = (run_rlft if args.path == "rlft" else run_trl)(args, Path(tmp) / "run")
     timed = records[1:]
@@ -129,7 +138,7 @@ def main() -> None:
     total_s = sum(r["step_s"] for r in timed)
     tokens = sum(r["completion_tokens"] for r in timed)
     completions = sum(r["completions"] for r in timed)
-    print(f"path={args.path} model={args.model} device={spec.device} prompts/step={args.prompts_per_step} k={args.k} "
+    print(f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] prompts/step={args.prompts_per_step} k={args.k} "
           f"steps={len(timed)} step_s={step_s:.2f} (median) completions/s={completions / total_s:.2f} "
           f"generated_tokens/s={tokens / total_s:.1f} mean_completion_tokens={tokens / completions:.1f} "
           f"peak_memory={peak_memory(spec.device)}")

@@ -241,6 +241,7 @@ def main(argv=None) -> dict:
             results.append(fn())
         except torch.OutOfMemoryError as e:  # report and go on: a later, smaller run may fit
             results.append({"kind": "failed", "what": what, "reason": f"out of memory: {str(e).splitlines()[0]}"})
+            model.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
         print(json.dumps(results[-1]), flush=True)
 

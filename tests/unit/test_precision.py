@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlft.checkpoint import read_metrics
-from rlft.losses.pg import PolicyObjective, importance_weights, policy_gradient_loss
+from rlft.losses.importance import importance_weights
+from rlft.losses.pg import PolicyObjective, policy_gradient_loss
 from rlft.models import DeviceSpec, load_model, pick_device
 from rlft.ops import sequence_logprobs
 from rlft.precision import compute_context, compute_dtype_of, cpu_bf16_native, mark

@@ -18,7 +18,7 @@ from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.tasks.countdown.generator import PRESETS, make_splits, task_key
 
-from tests.conftest import ASSETS, make_tiny_model
+from tests.conftest import ASSETS, make_tiny_model, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -167,8 +167,21 @@ def test_tasks_from_a_countdown_file(tmp_path):
     from rlft.tasks.countdown.loaders import load_countdown
 
     source = ASSETS / "countdown" / "tasks_3to4.jsonl"
-    cfg = cfg_for(tmp_path, data=str(source), num_prompts=2, start=1)
+    cfg = cfg_for(tmp_path, data=str(source), num_prompts=2, start=1, data_heldout=False)
     assert load_pair_tasks(cfg) == load_countdown(source)[1:3]
+    with pytest.raises(ValueError, match="too few distinct .* --no-data-heldout"):  # a 12-row file holds no held-out block
+        load_pair_tasks(cfg_for(tmp_path, data=str(source), num_prompts=2))
+
+
+def test_tasks_from_a_dataset_never_include_its_heldout_rows(tmp_path):
+    from rlft.tasks.countdown.generator import PRESETS, generate_tasks, task_key
+    from rlft.tasks.countdown.splits import load_split
+
+    rows = generate_tasks(PRESETS["standard"], 1600, seed=9)
+    source = write_jsonl_rows(tmp_path / "rows.jsonl", [{"target": t.target, "nums": list(t.nums)} for t in rows])
+    split = load_split(str(source))
+    tasks = load_pair_tasks(cfg_for(tmp_path, data=str(source), num_prompts=50, start=10))
+    assert tasks == split.train[10:60] and not {task_key(t) for t in tasks} & split.heldout_keys()
 
 
 # --------------------------------------------------------------------------- with a real (tiny) model

@@ -60,6 +60,9 @@ class PairsConfig(DeviceOptions, RolloutOptions):
     """Split to read when --data is a Hub dataset id."""
     preset: str = "easy3"
     """Countdown difficulty preset of the generated tasks (easy3, cog_behav, standard, tiny)."""
+    data_heldout: bool = True
+    """With --data: sample its training rows only, never its held-out validation and test rows
+    (rlft.tasks.countdown.splits). Off (--no-data-heldout): rows start .. start + num_prompts of the file."""
     num_prompts: int = 512
     """Prompts to sample for: generated training tasks, or training rows of --data."""
     start: int = 0
@@ -123,7 +126,7 @@ def weights_fingerprint(model: str) -> list[list]:
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
-JOURNAL_KEYS = ("model", "data", "data_split", "preset", "split_seed", "heldout_size", "start", "prompt_template",
+JOURNAL_KEYS = ("model", "data", "data_split", "data_heldout", "preset", "split_seed", "heldout_size", "start", "prompt_template",
                 "num_samples", "temperature", "top_p", "top_k", "seed", "dtype")
 """The options a journal must share with the run that continues it (with the resolved ``max_new_tokens`` and the
 model's :func:`weights_fingerprint`; each journalled prompt is also checked against this run's)."""
@@ -191,7 +194,11 @@ def load_pair_tasks(cfg: PairsConfig) -> list[CountdownTask]:
     """Tasks ``start .. start + num_prompts`` of the generated training split, or of the training rows of
     ``cfg.data`` (:func:`rlft.tasks.countdown.splits.load_split`: its held-out validation and test rows, and
     rows equal to them, are never sampled)."""
-    if cfg.data is not None:
+    if cfg.data is not None and not cfg.data_heldout:
+        from rlft.tasks.countdown.loaders import load_countdown
+
+        tasks = load_countdown(cfg.data, split=cfg.data_split, start=cfg.start, limit=cfg.num_prompts)
+    elif cfg.data is not None:
         from rlft.tasks.countdown.splits import load_split
 
         tasks = load_split(cfg.data, data_split=cfg.data_split).train[cfg.start : cfg.start + cfg.num_prompts]

@@ -305,6 +305,9 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 train, weights = without_rows(batch, weights, got.truncated[local].flatten())
                 num_sequences, loss_tokens = B * k - int(got.truncated.sum()), distributed.all_reduce_sum(float(train.loss_mask.sum()))
             sampled = sampler_logprobs(batch, got.samples)  # (N, T) or None: what the sampler itself computed
+            if objective.is_mode != "none" and distributed.all_reduce_sum(float(sampled is None)):
+                raise UsageError(f"--is-correction {objective.is_mode} needs the sampler's log-probs, which this engine does not "
+                                 "report (the HF engine's row-dropping decoder and vLLM do)")
             context = LossContext(old_logprobs, ref_logprobs, sampled, num_sequences=num_sequences, num_tokens=loss_tokens)
             rows, epoch_metrics, update_logprobs = update_policy(setup, cfg, train, weights, objective, plan, context)
             sync_sampler()  # the next rollout (and evaluation) samples from the updated policy
@@ -317,7 +320,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             if B:
                 record.update({**update_metrics(got, rewards, advantages, counts, num_tokens, update_s), **shaping_metrics(cfg, got.lengths)})
             record.update({**loss_metrics(epoch_metrics, objective), "time/generate_s": got.generate_s, "time/update_s": update_s})
-            if sampled is not None:
+            if distributed.all_reduce_sum(float(sampled is None)) == 0:  # every rank has the sampler's log-probs
                 record.update(mismatch_metrics(train, rows, old_logprobs, update_logprobs, sampled))
             if curriculum is not None:
                 record.update(curriculum_metrics)

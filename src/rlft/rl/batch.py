@@ -265,7 +265,7 @@ def sampler_logprobs(batch: TokenBatch, samples: list[list[Sample]]) -> torch.Te
     when a sample has no log-probs (an engine that does not report them)."""
     flat = [s for row in samples for s in row]
     if any(s.logprobs is None or len(s.logprobs) != len(s.completion_ids) for s in flat):
-        return None
+        return None  # (a rank with no samples gets an empty tensor: whether the sampler reports log-probs is the engine's)
     out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
     for i, s in enumerate(flat):
         positions = batch.loss_mask[i].nonzero().squeeze(1)

@@ -62,6 +62,9 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Distrib
     heldout_size: int = 200
     """Generated tasks held out from training (the first N of `rlft eval countdown --split-seed`); not used with
     --data (its held-out rows are fixed)."""
+    data_heldout: bool = True
+    """With --data: hold its validation and test rows out of training (rlft.tasks.countdown.splits). Off
+    (--no-data-heldout): every row trains, none is evaluated in the loop (a small file with no held-out block)."""
     eval_rows: Literal["validation", "test"] = "validation"
     """With --data: the held-out rows the in-loop evaluation scores (the first --eval-limit of them): 'validation'
     (screening recipes) or 'test' (the spec's held-out score)."""

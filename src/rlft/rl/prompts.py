@@ -52,7 +52,8 @@ def load_rl_tasks(cfg: RLConfig) -> tuple[list[CountdownTask], list[CountdownTas
     Generated (``cfg.data`` None): the TRAIN split of ``make_splits(PRESETS[preset], num_train, heldout_size,
     split_seed)`` and its first ``heldout_size`` test tasks (disjoint). From a Countdown dataset (``cfg.data``):
     the first ``num_train`` training rows of :func:`rlft.tasks.countdown.splits.load_split` (held-out rows, and
-    rows equal to one, never train) and its ``eval_rows`` part (validation or test) as the held-out tasks.
+    rows equal to one, never train) and its ``eval_rows`` part (validation or test) as the held-out tasks; with
+    ``data_heldout`` off, its first ``num_train`` rows and no held-out tasks.
     """
     from rlft.tasks.countdown.generator import PRESETS, make_splits
 
@@ -60,6 +61,11 @@ def load_rl_tasks(cfg: RLConfig) -> tuple[list[CountdownTask], list[CountdownTas
         raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
     if cfg.data is None:
         train, heldout = make_splits(PRESETS[cfg.preset], cfg.num_train, cfg.heldout_size, cfg.split_seed)
+    elif not cfg.data_heldout:
+        from rlft.tasks.countdown.loaders import load_countdown
+
+        train, heldout = load_countdown(cfg.data, split=cfg.data_split, limit=cfg.num_train), []
+        log.info("%s: %d training rows, none held out (--no-data-heldout: no in-loop evaluation)", cfg.data, len(train))
     else:
         from rlft.tasks.countdown.splits import load_split
 
@@ -83,6 +89,8 @@ def read_chat_prompts(source: str, split: str, limit: int | None = None) -> list
     from rlft.data.preferences import load_chat_examples
 
     examples, counts = load_chat_examples(source, split=split, limit=limit, skip_invalid=True)
+    if not examples:
+        raise ValueError(f"{source} ({split}): no usable prompt in {counts['rows']} rows ({counts['skipped_invalid']} invalid)")
     unique: dict[str, list[dict]] = {}
     for ex in examples:
         last = max(i for i, m in enumerate(ex.messages) if m["role"] == "assistant")

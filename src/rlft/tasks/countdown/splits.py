@@ -114,7 +114,8 @@ def split_rows(tasks: list[CountdownTask], *, n_test: int = TEST_ROWS, n_validat
                 got += 1
             if got < share:
                 raise ValueError(f"{source}: its first {pool} rows hold too few distinct {size}-number tasks for "
-                                 f"{n_test} test + {n_validation} validation rows")
+                                 f"{n_test} test + {n_validation} validation held-out rows (a small file: pass "
+                                 "--no-data-heldout to use every row, or --split all to evaluate them)")
             by_count.append(picked)
         # interleaved (3, 4, 3, 4, ...): every prefix of a part holds each count of numbers in equal share
         return [t for group in zip_longest(*by_count) for t in group if t is not None]

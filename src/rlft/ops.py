@@ -196,9 +196,39 @@ def _sequence_logprobs(model, input_ids, attention_mask, loss_mask, temperature,
 
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no prefix to predict it from")
+    width = input_ids.shape[1]
+    if position_ids is None:  # padded rows: a few more pad columns, so that batches come in few distinct shapes
+        input_ids, attention_mask, loss_mask = pad_width(PAD_MULTIPLE, input_ids, attention_mask, loss_mask)
     with compute_context(model):
-        return _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size,
-                                     return_entropy)
+        out = _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size,
+                                    return_entropy)
+    return tuple(t[:, :width] for t in out) if isinstance(out, tuple) else out[:, :width]
+
+
+PAD_MULTIPLE = 16
+"""Padded batches are widened to a multiple of this many tokens (:func:`pad_width`) before the forward pass."""
+
+
+def pad_width(multiple: int, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *masks: torch.Tensor):
+    """``(input_ids, attention_mask, *masks)`` right-padded with columns of 0 (token id 0, attention 0, mask 0) to a
+    width that is a multiple of ``multiple``; unchanged when it already is.
+
+    Right padding is invisible to the real tokens (causal attention, and the attention mask hides the new columns),
+    so per-token results on the original columns do not change. It bounds the number of distinct batch shapes,
+    which matters on CPU: the oneDNN kernels cached per shape otherwise make a run's memory grow with every new
+    sequence length (measured: ~17 MB a step for SmolLM2-135M with lengths 60-250), and a compiled model
+    recompiles less. ``(B, T)`` tensors in, ``(B, T')`` out, ``T' >= T``.
+    """
+    width = input_ids.shape[1]
+    extra = -width % multiple
+    if not extra:
+        return (input_ids, attention_mask, *masks)
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, extra))
+
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    return (pad(input_ids), pad(attention_mask), *(pad(m) for m in masks))
 
 
 def _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):

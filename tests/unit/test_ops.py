@@ -223,3 +223,23 @@ def test_sequence_logprobs_rejects_target_at_position_zero(tiny_model):
     input_ids, attention_mask, loss_mask = _ragged_batch([5, 5], [0, 2])
     with pytest.raises(ValueError, match=r"loss_mask\[:, 0\]"):
         sequence_logprobs(tiny_model, input_ids, attention_mask, loss_mask)
+
+
+def test_pad_width_by_hand_and_logprobs_unchanged(tiny_model_dir):
+    from rlft.models import DeviceSpec, load_model
+    from rlft.ops import pad_width, sequence_logprobs
+
+    ids = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    loss = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    got = pad_width(4, ids, mask, loss)
+    assert got[0].tolist() == [[5, 6, 7, 0], [8, 9, 0, 0]] and got[1].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0]]
+    assert got[2].tolist() == [[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]]
+    assert pad_width(3, ids, mask, loss)[0] is ids  # already a multiple
+    assert pad_width(4, ids, None)[1].tolist() == [[1, 1, 1, 0], [1, 1, 1, 0]]
+    # the widened forward gives the same per-token log-probs, cut back to the batch's width
+    model = load_model(str(tiny_model_dir), DeviceSpec(torch.device("cpu"), torch.float32))
+    out = sequence_logprobs(model, ids, mask, loss)
+    assert out.shape == (2, 3)
+    ref = model(input_ids=ids, attention_mask=mask).logits.log_softmax(-1)
+    assert torch.allclose(out[0, 1:], ref[0, :2].gather(-1, ids[0, 1:, None]).squeeze(-1), atol=1e-5)

@@ -55,6 +55,14 @@ class CountdownEvalResult:
     task_certainty: list[list[float | None]] = field(default_factory=list)
     """(num_tasks, k): each sample's self-certainty (mean KL(U || p) over its tokens, Kang et al. 2025) when the
     engine reports it, else None."""
+    task_rm_scores: list[list[float]] = field(default_factory=list)
+    """(num_tasks, k): each sample's reward-model score (``rlft eval countdown --select-reward-model``; the input
+    layout is :data:`rlft.eval.best_of_n.RM_INPUT`), so the reward-model selection can be recomputed from the file;
+    empty when no reward model scored the samples."""
+    selection: dict = field(default_factory=dict)
+    """Best-of-N curves against a greedy baseline (``rlft eval countdown --select``; :mod:`rlft.eval.best_of_n`):
+    ``greedy``, ``sizes``, ``rows`` (one per selector@n), ``skipped``, ``reward_model``, ``reward_model_input``; empty
+    without --select."""
     by_size: dict[str, dict] = field(default_factory=dict)
     """Per count of numbers (``"3"``, ``"4"``) and ``"all"``: ``n`` tasks, ``score``, ``accuracy``, ``format_rate``,
     ``truncated_rate`` over that subset's samples (:func:`size_summary`)."""

@@ -7,24 +7,39 @@ split by :func:`rlft.tasks.countdown.splits.split_rows` into train, validation (
 spec's held-out score) parts; ``--split all`` takes every row in file order. Results are printed by count of
 numbers too (3, 4 and mixed: the mix is the spec's metric), and written with ``--output`` as JSON
 (:class:`rlft.eval.countdown.CountdownEvalResult`: per-task scores, tasks, truncation, tokens, answer values).
+
+Best-of-N (test-time scaling): ``--mode sampled --k 16 --select majority self-certainty-vote oracle`` applies each
+selector of :mod:`rlft.eval.select` to the first n of every task's k samples, for n in ``--select-n`` (default 1, 2, 4,
+... and k), so one sampling run gives the score-vs-N curve; each selector@n is paired against a greedy answer on the
+same tasks (a greedy pass this command runs with the same max_new_tokens, or ``--greedy-from`` an earlier greedy
+evaluation) and costed in generated tokens per task (:mod:`rlft.eval.best_of_n`). The table is printed and written
+under the JSON's ``selection`` key; ``--select reward-model`` scores every sample with ``--select-reward-model`` (an
+``rlft rm`` folder) and keeps the scores (``task_rm_scores``).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+import logging
+import typing
 from pathlib import Path
 from typing import Literal
 
 from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, print_result
+from rlft.eval.select import SELECTORS
 from rlft.options import DeviceOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.types import CountdownTask
 from rlft.fsio import atomic_write_json
-from rlft.validation import require, validate_options
+from rlft.validation import OptionError, require, validate_options
+
+log = logging.getLogger("rlft")
 
 DEFAULT_TEST_SIZE = 1024
 """Generated training tasks evaluated by ``--split train`` when ``limit`` is None."""
+Selector = Literal["majority", "self-certainty", "self-certainty-vote", "reward-model", "oracle"]
+assert set(typing.get_args(Selector)) == set(SELECTORS)
 
 
 @dataclass(frozen=True)
@@ -74,24 +89,57 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions):
     """Replace an existing --output file."""
     seed: int = 0
     """Sampling seed."""
+    select: tuple[Selector, ...] = ()
+    """Best-of-N selectors to apply to the k samples of each task (--mode sampled): majority (most common answer
+    value), self-certainty (the most certain sample, Kang et al. 2025; hf engine), self-certainty-vote (Borda vote
+    by certainty), reward-model (--select-reward-model's highest score), oracle (the best rule score: pass@n, the
+    upper bound). Each is paired against a greedy answer on the same tasks (see --greedy-from)."""
+    select_n: tuple[int, ...] = ()
+    """The n's of the best-of-N curve: each selector on the first n of the k samples (empty: 1, 2, 4, ... and k)."""
+    select_reward_model: str | None = None
+    """The reward model of --select reward-model: a folder written by `rlft rm`. A sample is scored as [user: the
+    rendered prompt, assistant: the completion], the layout of `rlft pairs countdown` rows."""
+    greedy_from: str | None = None
+    """The greedy baseline of --select: an `rlft eval countdown --mode greedy --output` JSON of the same tasks in the
+    same order (checked); None: a greedy pass on the same tasks is run here, with the same max_new_tokens."""
 
     def __post_init__(self) -> None:
         validate_options(self)
         require(self.mode == "sampled" or self.k == 1,
                 f"--k {self.k} needs --mode sampled: greedy evaluation draws one completion per task")
+        self._check_selection()
         if self.data is None and self.split == "test":
             n = self.limit if self.limit is not None else self.heldout_size
             require(n <= self.heldout_size, f"--limit {n} is more than --heldout-size {self.heldout_size}: "
                     f"{training_overlap(self.preset, self.split_seed, self.heldout_size, n)}; pass --limit "
                     f"{self.heldout_size} or less, a larger --heldout-size (as the training run used), or --split train")
 
+    def _check_selection(self) -> None:
+        """Options of best-of-N selection that contradict each other (OptionError, exit code 2)."""
+        if not self.select:
+            for name, value in (("--select-n", self.select_n), ("--select-reward-model", self.select_reward_model),
+                                ("--greedy-from", self.greedy_from)):
+                require(not value, f"{name} needs --select (a best-of-N selector)")
+            return
+        require(self.mode == "sampled", "--select needs --mode sampled: best-of-N picks among the --k samples of a task")
+        bad = [n for n in self.select_n if not 1 <= n <= self.k]
+        require(not bad, f"--select-n {bad[0] if bad else ''} is outside [1, --k {self.k}]")
+        rm = "reward-model" in self.select
+        require(not rm or self.select_reward_model is not None,
+                "--select reward-model needs --select-reward-model (a reward-model folder written by `rlft rm`)")
+        require(rm or self.select_reward_model is None, "--select-reward-model is only read by --select reward-model")
+        require(not any(s.startswith("self-certainty") for s in self.select) or self.rollout_engine == "hf",
+                f"--select self-certainty needs --rollout-engine hf: {self.rollout_engine} does not report self-certainty")
+
     def check_outputs(self) -> None:
         """Refuse an --output that would replace a file (unless --overwrite), name a folder, or lie in a model folder
-        (:func:`rlft.run_folder.check_output_file`); writes nothing."""
+        (:func:`rlft.run_folder.check_output_file`), and a --greedy-from that is not a file; writes nothing."""
         if self.output is not None:
             from rlft.run_folder import check_output_file
 
             check_output_file(self.output, overwrite=self.overwrite)
+        if self.greedy_from is not None and not Path(self.greedy_from).expanduser().is_file():
+            raise OptionError(f"--greedy-from {self.greedy_from}: no such file")
 
 
 def training_overlap(preset: str, split_seed: int, heldout_size: int, n: int) -> str:
@@ -146,12 +194,78 @@ def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
     return make_splits(PRESETS[cfg.preset], n_train=0, n_test=n, seed=cfg.split_seed)[1]
 
 
+def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: int | None = None) -> CountdownEvalResult:
+    """The ``--greedy-from`` evaluation, checked to be greedy and of ``tasks`` in the same order; a warning is logged
+    when its ``max_new_tokens`` (from its ``config``) differs from ``max_new_tokens``.
+
+    Raises:
+        OptionError: not an evaluation file, or another mode or other tasks (the message names the option).
+    """
+    import json
+
+    from rlft.eval.best_of_n import check_same_tasks
+
+    try:
+        data = json.loads(Path(path).expanduser().read_text())
+        greedy = CountdownEvalResult.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OptionError(f"--greedy-from {path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
+    try:
+        check_same_tasks([{"nums": list(t.nums), "target": t.target} for t in tasks], greedy, f"--greedy-from {path}")
+    except ValueError as e:
+        raise OptionError(str(e)) from None
+    theirs = (data.get("config") or {}).get("max_new_tokens")
+    if max_new_tokens is not None and theirs not in (None, max_new_tokens):
+        log.warning("--greedy-from %s was generated with max_new_tokens %s, the samples with %d: the comparison is not at "
+                    "equal budgets per answer", path, theirs, max_new_tokens)
+    return greedy
+
+
+class RecordingEngine:
+    """An engine that passes ``generate`` through and keeps the last call's completion texts, ``(B, k)`` (the
+    reward model scores them after the evaluation)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.texts: list[list[str]] = []
+
+    def generate(self, prompts, params):
+        samples = self.engine.generate(prompts, params)
+        self.texts = [[s.text for s in row] for row in samples]
+        return samples
+
+
+def load_rm_scorer(cfg: EvalCountdownConfig):
+    """The ``--select-reward-model`` scorer (:class:`rlft.rewards.reward_model.RewardModelScorer`)."""
+    from rlft.rewards.reward_model import RewardModelScorer
+
+    return RewardModelScorer(cfg.select_reward_model, batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype)
+
+
+def best_of_n(cfg: EvalCountdownConfig, result: CountdownEvalResult, greedy: CountdownEvalResult, greedy_source: str) -> dict:
+    """The ``selection`` dict of the output: ``greedy`` (:func:`rlft.eval.best_of_n.greedy_summary`), ``rows`` (every
+    selector@n, :func:`rlft.eval.best_of_n.selection_rows`), ``sizes``, ``skipped`` (selectors the result cannot
+    support, with why), ``reward_model`` and ``reward_model_input``. Prints the table."""
+    from rlft.eval.best_of_n import RM_INPUT, available_selectors, greedy_summary, print_selection, selection_rows, selection_sizes
+
+    selectors, skipped = available_selectors(result, list(dict.fromkeys(cfg.select)))
+    for name, why in skipped.items():
+        log.warning("--select %s skipped: %s", name, why)
+    sizes = selection_sizes(cfg.k, cfg.select_n)
+    selection = {"greedy": greedy_summary(greedy, greedy_source), "sizes": sizes, "skipped": skipped,
+                 "reward_model": cfg.select_reward_model, "reward_model_input": RM_INPUT if cfg.select_reward_model else None,
+                 "rows": selection_rows(result, greedy.task_scores, selectors, sizes)}
+    print_selection(selection, title=f"Best-of-N selection: {cfg.model} ({cfg.k} samples at T {cfg.temperature})")
+    return selection
+
+
 def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
-    """Load the model, build tasks and prompts, evaluate, print a table, write ``cfg.output`` if set.
+    """Load the model, build tasks and prompts, evaluate, print a table, write ``cfg.output`` if set; with
+    ``cfg.select``, also the best-of-N curves against a greedy answer (the output's ``selection`` key).
 
     Raises:
         UsageError: launched by torchrun; an --output that must not be written (:meth:`EvalCountdownConfig.check_outputs`);
-            both before anything is loaded.
+            a --greedy-from of other tasks (:func:`load_greedy_baseline`); all before the model is loaded.
         rlft.models.ModelNotFoundError: the model cannot be loaded.
         ValueError: unknown preset or prompt template, or no tasks.
     """
@@ -162,24 +276,35 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     require_one_process("rlft eval countdown")
     cfg.check_outputs()
     spec = pick_device(cfg.device, cfg.dtype)
-    tokenizer = load_tokenizer(cfg.model)
+    max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
     tasks = load_eval_tasks(cfg)
+    greedy = load_greedy_baseline(cfg.greedy_from, tasks, max_new_tokens) if cfg.greedy_from else None
+    tokenizer = load_tokenizer(cfg.model)
     prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
     engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, url=cfg.rollout_url, batch_size=cfg.batch_size,
                          show_progress=True, add_special_tokens=adds_special_tokens(cfg.prompt_template))
-    max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
+    greedy_params = SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=cfg.seed)
     if cfg.mode == "greedy":
-        params = SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=cfg.seed)
+        params = greedy_params
     else:
         params = SamplingParams(
             k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens, seed=cfg.seed
         )
-    result = evaluate_countdown(engine, tasks, prompts, params)
+    recorder = RecordingEngine(engine)
+    result = evaluate_countdown(recorder, tasks, prompts, params)
     print_result(result, title=f"Countdown eval: {cfg.model}")
+    if cfg.select:
+        if cfg.select_reward_model is not None:
+            from rlft.eval.best_of_n import rm_scores
+
+            result.task_rm_scores = rm_scores(load_rm_scorer(cfg), prompts, recorder.texts)
+        source = cfg.greedy_from
+        if greedy is None:
+            log.info("greedy baseline: %d tasks, max_new_tokens %d", len(tasks), max_new_tokens)
+            greedy, source = evaluate_countdown(engine, tasks, prompts, greedy_params), "this run"
+        result.selection = best_of_n(cfg, result, greedy, source)
     if cfg.output:
         path = Path(cfg.output).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {**result.to_dict(), "config": asdict(cfg)})
     return result
-
-

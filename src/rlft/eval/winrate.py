@@ -18,13 +18,21 @@ Outputs in ``output_dir``:
 - ``report.md``: the summary and the first few examples;
 - ``policy_responses.jsonl`` / ``reference_responses.jsonl``: generated responses as ``{"prompt",
   "response"}`` rows (pass them back as --policy / --reference to re-judge without generating);
-- ``judge_cache.jsonl`` (remote judge): scored pairs, so an interrupted run resumes without re-scoring.
+- ``judge_cache.jsonl`` (remote judge): scored pairs, so an interrupted run resumes without re-scoring;
+- ``policy_candidates.jsonl`` (``--best-of-n``): per prompt, the N sampled ``responses``, their ``selector_scores``
+  and the ``chosen`` index.
+
+Best-of-N (test-time scaling, ``--best-of-n N --selector-model RM``): the policy samples N responses per prompt (at
+--temperature / --top-p) and a reward model, the *selector*, keeps the one it scores highest
+(:func:`rlft.eval.best_of_n.pick_best`); the kept responses are judged against the reference's as above. The judge
+must be another model than the selector (a policy picked by the judge itself would win by construction): the remote
+judge, or a reward model trained on a disjoint split. A typical baseline is the same policy's greedy answer:
+``--reference`` the policy itself with ``--reference-temperature 0``, or its precomputed greedy responses.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -33,13 +41,14 @@ from pathlib import Path
 import torch
 
 from rlft.console import console
-from rlft.data.files import DataError, read_rows, write_jsonl
+from rlft.data.files import write_jsonl
 from rlft.eval.report import markdown_table
 from rlft.eval.stats import Z_95
 from rlft.fsio import atomic_write_json, atomic_write_text
 from rlft.options import DeviceOptions
-from rlft.rewards.reward_model import Messages, as_messages
-from rlft.validation import validate_options
+from rlft.eval.winrate_data import is_precomputed, load_prompts, load_responses, prompt_key  # noqa: F401 (re-exported)
+from rlft.rewards.reward_model import Messages
+from rlft.validation import require, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -96,9 +105,30 @@ class WinrateConfig(DeviceOptions):
     """How many example prompts report.md shows."""
     seed: int = 0
     """Sampling seed (temperature > 0)."""
+    reference_temperature: float | None = None
+    """Sampling temperature of a generated reference; None: --temperature. 0 with --best-of-n: best-of-N against a
+    greedy answer (e.g. --reference the policy itself)."""
+    best_of_n: int = 1
+    """Sample this many responses per prompt from the policy (a model) and keep the one --selector-model scores
+    highest; 1: one response, no selection."""
+    selector_model: str | None = None
+    """The reward model that picks the best of the --best-of-n responses (a folder written by `rlft rm`); never the
+    judge."""
 
     def __post_init__(self) -> None:
         validate_options(self)
+        require(self.best_of_n >= 1, f"--best-of-n must be >= 1, got {self.best_of_n}")
+        if self.best_of_n == 1:
+            require(self.selector_model is None, "--selector-model is only read with --best-of-n N > 1")
+            return
+        require(self.selector_model is not None, "--best-of-n needs --selector-model (the reward model that picks the best)")
+        require(not is_precomputed(self.policy), f"--best-of-n samples the policy: --policy {self.policy} must be a model, "
+                "not a precomputed file")
+        require(self.temperature > 0, "--best-of-n needs --temperature > 0: greedy samples of a prompt are all the same")
+        require(self.judge == "remote" or not same_model(self.judge, self.selector_model),
+                f"--judge {self.judge} is the --selector-model: a judge rates the responses it picked highest, so best-of-N "
+                "would win by construction; use the remote judge (--judge remote) or a reward model trained on a "
+                "disjoint split")
 
     def check_outputs(self) -> None:
         """Refuse an --output-dir that is a file or a model folder, or (unless --overwrite) that holds the results of
@@ -121,8 +151,14 @@ class WinrateConfig(DeviceOptions):
                 check_output_file(folder / name, option="--output-dir", overwrite=self.overwrite)
 
 
-RESULT_FILES = ("winrate.json", "winrate.jsonl", "report.md", "policy_responses.jsonl", "reference_responses.jsonl")
+RESULT_FILES = ("winrate.json", "winrate.jsonl", "report.md", "policy_responses.jsonl", "reference_responses.jsonl",
+                "policy_candidates.jsonl")
 """The files a win-rate writes in --output-dir (besides the remote judge's resumable judge_cache.jsonl)."""
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names are the same folder (or the same Hub id): equal once resolved as paths."""
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 # --------------------------------------------------------------------------- arithmetic
@@ -178,78 +214,13 @@ def winrate_summary(labels: list[float], *, z: float = Z_95) -> dict:
     }
 
 
-# --------------------------------------------------------------------------- prompts and responses
+# --------------------------------------------------------------------------- responses
 
 
-def prompt_key(messages: Messages) -> str:
-    """A canonical string identifying a prompt (its messages as compact JSON)."""
-    return json.dumps([{"role": m["role"], "content": m["content"]} for m in messages], ensure_ascii=False, separators=(",", ":"))
-
-
-def is_precomputed(name: str) -> bool:
-    """True when ``name`` names a precomputed-responses file rather than a model."""
-    return Path(name).suffix in (".jsonl", ".json") and not Path(name).is_dir()
-
-
-def _row_prompt(row: dict, source: str, i: int) -> Messages:
-    if "prompt" not in row:
-        raise DataError(source, i, "prompt", "missing")
-    try:
-        messages = as_messages(row["prompt"])
-    except ValueError as e:
-        raise DataError(source, i, "prompt", str(e)) from None
-    if not messages:
-        raise DataError(source, i, "prompt", "empty")
-    return messages
-
-
-def load_prompts(source: str, split: str = "train", limit: int | None = None) -> list[Messages]:
-    """Evaluation prompts as message lists, duplicates removed, the first ``limit`` kept.
-
-    A source whose rows have ``chosen`` and ``rejected`` is read as preference pairs
-    (:func:`rlft.data.preferences.load_preference_pairs`, ties kept: only the prompts matter);
-    otherwise every row needs a ``prompt`` (text or message list).
-    """
-    first = next(iter(read_rows(source, split=split, limit=1)), None)
-    if first is None:
-        raise ValueError(f"no rows in {source}")
-    if isinstance(first[1], dict) and "chosen" in first[1] and "rejected" in first[1]:
-        from rlft.data.preferences import load_preference_pairs
-
-        pairs, _ = load_preference_pairs(source, split=split, skip_invalid=True, drop_ties=False)
-        prompts = [as_messages(p.prompt) for p in pairs]
-    else:
-        prompts = []
-        for i, row in read_rows(source, split=split):
-            if isinstance(row, DataError):
-                raise row
-            prompts.append(_row_prompt(row, source, i))
-    unique: dict[str, Messages] = {}
-    for m in prompts:
-        unique.setdefault(prompt_key(m), m)
-    out = list(unique.values())
-    return out[:limit] if limit is not None else out
-
-
-def load_responses(path: str) -> dict[str, tuple[Messages, str]]:
-    """Precomputed responses ``{prompt_key: (messages, response)}`` from ``{"prompt", "response"}`` rows
-    (file order kept; a repeated prompt keeps its first response)."""
-    out: dict[str, tuple[Messages, str]] = {}
-    for i, row in read_rows(path):
-        if isinstance(row, DataError):
-            raise row
-        messages = _row_prompt(row, path, i)
-        if not isinstance(row.get("response"), str):
-            raise DataError(path, i, "response", "missing" if "response" not in row else "expected a string")
-        out.setdefault(prompt_key(messages), (messages, row["response"]))
-    if not out:
-        raise ValueError(f"no responses in {path}")
-    return out
-
-
-def generate_responses(model_name: str, prompts: list[Messages], cfg: WinrateConfig) -> list[str]:
-    """One response per prompt from ``model_name`` (chat generation prompt; greedy unless temperature > 0).
-    The model is freed before returning."""
+def generate_responses(model_name: str, prompts: list[Messages], cfg: WinrateConfig, *, k: int = 1,
+                       temperature: float | None = None) -> list[list[str]]:
+    """``k`` responses per prompt from ``model_name``, ``(B, k)`` (chat generation prompt; at ``temperature``, None:
+    --temperature; 0 is greedy). The model is freed before returning."""
     from rlft.data.chat import ensure_chat_template, render_generation_prompt
     from rlft.models import load_model, load_tokenizer, pick_device
     from rlft.rollout import HFEngine, SamplingParams
@@ -260,24 +231,31 @@ def generate_responses(model_name: str, prompts: list[Messages], cfg: WinrateCon
         ensure_chat_template(tokenizer, cfg.chat_template)
     model = load_model(model_name, spec.for_inference())
     texts = [render_generation_prompt(tokenizer, m) for m in prompts]
-    params = SamplingParams(k=1, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-    log.info("generating %d responses with %s", len(texts), model_name)
+    temperature = cfg.temperature if temperature is None else temperature
+    params = SamplingParams(k=k, temperature=temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    log.info("generating %d x %d responses with %s", len(texts), k, model_name)
     samples = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True, add_special_tokens=False).generate(texts, params)
     del model
+    _free()
+    return [[s.text for s in row] for row in samples]
+
+
+def _free() -> None:
+    """Return freed model memory (CUDA's cache too)."""
     gc.collect()
-    if spec.device.type == "cuda":
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return [s[0].text for s in samples]
 
 
-def _responses(side: str, name: str, prompts: list[Messages], cfg: WinrateConfig, run_dir: Path) -> list[str]:
+def _responses(side: str, name: str, prompts: list[Messages], cfg: WinrateConfig, run_dir: Path,
+               temperature: float | None = None) -> list[str]:
     if is_precomputed(name):
         table = load_responses(name)
         missing = [m for m in prompts if prompt_key(m) not in table]
         if missing:
             raise ValueError(f"{name} has no {side} response for {len(missing)} of {len(prompts)} prompts, e.g. {missing[0]!r:.200}")
         return [table[prompt_key(m)][1] for m in prompts]
-    responses = generate_responses(name, prompts, cfg)
+    responses = [row[0] for row in generate_responses(name, prompts, cfg, temperature=temperature)]
     write_jsonl(run_dir / f"{side}_responses.jsonl", ({"prompt": m, "response": r} for m, r in zip(prompts, responses)))
     return responses
 
@@ -291,6 +269,30 @@ def eval_prompts(cfg: WinrateConfig) -> list[Messages]:
             prompts = [m for m, _ in load_responses(name).values()]
             return prompts[: cfg.limit] if cfg.limit is not None else prompts
     raise ValueError("--data is None but neither --policy nor --reference is a precomputed .jsonl/.json file")
+
+
+def make_selector(cfg: WinrateConfig):
+    """The --selector-model of best-of-N: anything with ``score(prompts, responses) -> list[float]``."""
+    from rlft.rewards.reward_model import RewardModelScorer
+
+    return RewardModelScorer(cfg.selector_model, batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype)
+
+
+def best_of_n_responses(prompts: list[Messages], cfg: WinrateConfig, run_dir: Path) -> list[str]:
+    """The policy's best of ``cfg.best_of_n`` sampled responses per prompt by the selector's score; writes
+    ``policy_candidates.jsonl`` (every candidate, its score, the chosen index) and ``policy_responses.jsonl``."""
+    from rlft.eval.best_of_n import pick_best
+
+    candidates = generate_responses(cfg.policy, prompts, cfg, k=cfg.best_of_n)
+    selector = make_selector(cfg)
+    chosen, scores = pick_best(selector, prompts, candidates)
+    del selector
+    _free()
+    write_jsonl(run_dir / "policy_candidates.jsonl", ({"prompt": m, "responses": c, "selector_scores": s, "chosen": i}
+                                                      for m, c, s, i in zip(prompts, candidates, scores, chosen)))
+    responses = [c[i] for c, i in zip(candidates, chosen)]
+    write_jsonl(run_dir / "policy_responses.jsonl", ({"prompt": m, "response": r} for m, r in zip(prompts, responses)))
+    return responses
 
 
 def make_judge(cfg: WinrateConfig, run_dir: Path):
@@ -312,12 +314,19 @@ def _clip(text: str, n: int = 1500) -> str:
     return text if len(text) <= n else text[:n] + " [...]"
 
 
+def _picked(summary: dict) -> str:
+    if summary.get("best_of_n", 1) <= 1:
+        return ""
+    return (f" (best of {summary['best_of_n']} samples at temperature {summary['temperature']}, picked by the selector "
+            f"`{summary['selector']}`)")
+
+
 def write_report(path: Path, summary: dict, rows: list[dict], examples: int) -> None:
     """``report.md``: the summary table and the first ``examples`` prompts with both responses."""
     lines = [
         "# Win-rate",
         "",
-        f"Policy `{summary['policy']}` vs reference `{summary['reference']}`, judged by `{summary['judge']}`.",
+        f"Policy `{summary['policy']}`{_picked(summary)} vs reference `{summary['reference']}`, judged by `{summary['judge']}`.",
         "",
         markdown_table(
             ["win-rate", "95% CI (Wilson)", "n", "wins", "ties", "losses", "mean reward policy", "mean reward reference"],
@@ -364,8 +373,11 @@ def run_winrate(cfg: WinrateConfig) -> dict:
     if not prompts:
         raise ValueError("no evaluation prompts")
     log.info("win-rate on %d prompts: policy %s vs reference %s", len(prompts), cfg.policy, cfg.reference)
-    policy = _responses("policy", cfg.policy, prompts, cfg, run_dir)
-    reference = _responses("reference", cfg.reference, prompts, cfg, run_dir)
+    if cfg.best_of_n > 1:
+        policy = best_of_n_responses(prompts, cfg, run_dir)
+    else:
+        policy = _responses("policy", cfg.policy, prompts, cfg, run_dir)
+    reference = _responses("reference", cfg.reference, prompts, cfg, run_dir, cfg.reference_temperature)
 
     judge = make_judge(cfg, run_dir)
     rewards = judge.score(prompts + prompts, policy + reference)
@@ -397,6 +409,9 @@ def run_winrate(cfg: WinrateConfig) -> dict:
         "data": cfg.data,
         "data_split": cfg.data_split,
         "temperature": cfg.temperature,
+        "reference_temperature": cfg.temperature if cfg.reference_temperature is None else cfg.reference_temperature,
+        "best_of_n": cfg.best_of_n,
+        "selector": cfg.selector_model,
         "max_new_tokens": cfg.max_new_tokens,
     }
     atomic_write_json(run_dir / "winrate.json", summary)

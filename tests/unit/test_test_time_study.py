@@ -1,0 +1,127 @@
+"""scripts/test_time_study.py on fake evaluation files: the table's numbers, the long-search comparison at equal
+tokens and its interpolation (worked by hand), the plot written, and the errors on mismatched files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rlft.eval.countdown import CountdownEvalResult
+
+ROOT = Path(__file__).resolve().parents[2]
+Z = 1.959963984540054
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("test_time_study", ROOT / "scripts" / "test_time_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TASKS = [{"nums": [1, 2, 3], "target": t} for t in (6, 7, 8)]
+
+
+def write(path: Path, task_scores, task_tokens, k=4, mode="sampled", tasks=TASKS, **extra) -> str:
+    """An evaluation file with only the fields the study reads filled in meaningfully."""
+    result = CountdownEvalResult(num_tasks=len(task_scores), k=k, mode=mode, mean_score=0.0, accuracy=0.0, format_rate=0.0,
+                                 pass_at_k={1: 0.0}, mean_completion_tokens=0.0, truncated_rate=0.0, task_scores=task_scores,
+                                 task_tokens=task_tokens, tasks=tasks, **extra)
+    path.write_text(json.dumps(result.to_dict()))
+    return str(path)
+
+
+SAMPLED = dict(task_scores=[[0.1, 1.0, 1.0, 0.1], [0.0, 0.1, 1.0, 1.0], [1.0, 0.1, 0.1, 0.1]],
+               task_tokens=[[10, 20, 30, 40], [10, 10, 10, 10], [5, 5, 5, 5]],
+               task_values=[[5.0, 9.0, 9.0, 5.0], [None, 2.0, 9.0, 9.0], [16.0, 3.0, 3.0, 3.0]],
+               task_certainty=[[None] * 4] * 3)
+
+
+def ci_cell(score: float, d: list[float]) -> str:
+    m = sum(d) / len(d)
+    half = Z * math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
+    return f"{score:.3f} ({m:+.3f} [{m - half:+.3f}, {m + half:+.3f}])"
+
+
+def test_bracket_and_equal_cost_comparison_by_hand():
+    """majority: 10 tokens .2, 30 tokens .5, 100 tokens .6; self-certainty: 10 .1, 30 .4; oracle: higher, ignored.
+    At 20 tokens: w = .5, majority .35 > self-certainty .25; against a long search of .3: +.05. Per task, the mixture
+    of majority@1 (0, .4) and @2 (.5, .5) is (.25, .45); minus (.3, .3): d = (-.05, .15), sd = .1 * sqrt 2, half width
+    1.96 * .1. At 65 tokens: only majority reaches it, w = .5 -> .55. Outside 10..100: None."""
+    m = script()
+    assert m.bracket([10, 30, 100], 20) == (0, 1, 0.5)
+    assert m.bracket([10, 30, 100], 100) == (1, 2, 1.0)
+    assert m.bracket([10, 30, 100], 9.9) is None and m.bracket([10, 30, 100], 101) is None
+    curves = {
+        "majority": [{"n": 1, "tokens_per_task": 10, "score": 0.2, "chosen": [0.0, 0.4]},
+                     {"n": 2, "tokens_per_task": 30, "score": 0.5, "chosen": [0.5, 0.5]},
+                     {"n": 4, "tokens_per_task": 100, "score": 0.6, "chosen": [0.6, 0.6]}],
+        "self-certainty": [{"n": 1, "tokens_per_task": 10, "score": 0.1, "chosen": [0.1, 0.1]},
+                           {"n": 2, "tokens_per_task": 30, "score": 0.4, "chosen": [0.4, 0.4]}],
+        "oracle": [{"n": 1, "tokens_per_task": 10, "score": 0.9, "chosen": [0.9, 0.9]},
+                   {"n": 4, "tokens_per_task": 100, "score": 1.0, "chosen": [1.0, 1.0]}],
+    }
+    point = {"tokens": 20.0, "score": 0.3, "task_scores": [[0.3], [0.3]]}
+    cmp = m.equal_cost_comparison(curves, point)
+    assert (cmp["selector"], cmp["n_low"], cmp["n_high"]) == ("majority", 1, 2)
+    assert (cmp["w"], cmp["score"], cmp["diff"]) == (pytest.approx(0.5), pytest.approx(0.35), pytest.approx(0.05))
+    assert (cmp["ci_low"], cmp["ci_high"]) == (pytest.approx(0.05 - Z * 0.1), pytest.approx(0.05 + Z * 0.1))
+    unpaired = m.equal_cost_comparison(curves, point, same_tasks=False)
+    assert unpaired["diff"] == pytest.approx(0.05) and unpaired["ci_low"] is None
+    far = m.equal_cost_comparison(curves, {**point, "tokens": 65.0})
+    assert (far["selector"], far["n_low"], far["n_high"], far["score"]) == ("majority", 2, 4, pytest.approx(0.55))
+    assert m.equal_cost_comparison(curves, {**point, "tokens": 5.0}) is None
+    text = m.verdict("rl", "long", cmp, point, (10, 100))
+    assert "majority (between n=1 and n=2, w=0.50) scores 0.350, the long search 0.300: difference +0.050" in text
+    assert "better at equal generated tokens: rl best-of-N (the interval includes 0: not resolved)" in text
+    assert "outside rl's curve (10-100 tokens per task)" in m.verdict("rl", "long", None, {**point, "tokens": 5.0}, (10, 100))
+
+
+def test_study_on_fake_files(tmp_path, capsys):
+    """Greedy (1, .1, 0) at 8 tokens. majority@1 = sample 0 (.1, 0, 1): d = (-.9, -.1, 1); @2 (.1, .1, 1) d = (-.9, 0, 1);
+    @4 (.1, 1, .1) d = (-.9, .9, .1). Tokens per task: n=1 25/3, n=2 20, n=4 160/3. The long search (1, 1, 0) at 30
+    tokens: majority between n=2 (20) and n=4 (53.3), w = .3, .4 both sides -> .4 vs 2/3: -0.267; per task the mixture
+    (.1, .37, .73) minus (1, 1, 0)."""
+    m = script()
+    sampled = write(tmp_path / "s.json", **SAMPLED)
+    greedy = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8], [8], [8]], k=1, mode="greedy")
+    long = write(tmp_path / "long.json", [[1.0], [1.0], [0.0]], [[30], [30], [30]], k=1, mode="greedy")
+    png, md = tmp_path / "plot" / "study.png", tmp_path / "study.md"
+    m.main(["--model", f"m={sampled},{greedy}", "--direct", f"d={sampled}", "--point", f"long search={long}",
+            "--selectors", "majority", "self-certainty", "oracle", "--sizes", "1", "2", "4", "--plot", str(png), "--markdown", str(md)])
+    out = capsys.readouterr()
+    text = md.read_text()
+    assert text in out.out
+    assert "self-certainty skipped" in out.err  # the file has no certainty
+    assert f"| m | majority | {ci_cell(1.1 / 3, [-0.9, -0.1, 1.0])} | {ci_cell(1.2 / 3, [-0.9, 0.0, 1.0])} | " \
+           f"{ci_cell(1.2 / 3, [-0.9, 0.9, 0.1])} |" in text
+    assert f"| m | oracle = pass@n (upper bound) | {ci_cell(1.1 / 3, [-0.9, -0.1, 1.0])} | {ci_cell(2.1 / 3, [0.0, 0.0, 1.0])} | " \
+           f"{ci_cell(1.0, [0.0, 0.9, 1.0])} |" in text
+    assert "| m | tokens per task | 8 | 20 | 53 |" in text
+    assert "| m | greedy: 0.367, 8 tokens per task |" in text
+    assert "| d | majority | 0.367 | 0.400 | 0.400 |" in text  # a direct model: no greedy, no interval
+    mix, long_scores = [0.1, 0.37, 0.73], [1.0, 1.0, 0.0]
+    d = [a - b for a, b in zip(mix, long_scores)]
+    mean = sum(d) / 3
+    half = Z * math.sqrt(sum((x - mean) ** 2 for x in d) / 2) / math.sqrt(3)
+    assert (f"m vs long search, at 30 tokens per task: majority (between n=2 and n=4, w=0.30) scores 0.400, the long "
+            f"search 0.667: difference {mean:+.3f} [95% CI {mean - half:+.3f}, {mean + half:+.3f}]; better at equal "
+            f"generated tokens: long search") in text
+    assert "| long search | 0.667 |" in text
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_study_refuses_a_greedy_file_of_other_tasks(tmp_path):
+    m = script()
+    sampled = write(tmp_path / "s.json", **SAMPLED)
+    other = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy", tasks=TASKS[::-1])
+    with pytest.raises(SystemExit, match="--model m: .*g.json: task 0 is nums \\[1, 2, 3\\] target 8"):
+        m.main(["--model", f"m={sampled},{other}", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(SystemExit, match="no stored greedy baseline"):
+        m.main(["--model", f"m={sampled}", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(SystemExit, match="does not exist"):
+        m.main(["--model", f"m={tmp_path / 'missing.json'}", "--plot", str(tmp_path / "p.png")])

@@ -224,3 +224,23 @@ def test_command_greedy_from_file_and_its_mismatch(setup, tmp_path):
     with pytest.raises(OptionError, match="--greedy-from .*task 0 is nums \\[4, 6, 1\\] target 24"):
         run_eval_countdown(EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle",), greedy_from=str(greedy_file)))
     assert engine.calls == []
+
+
+def test_command_with_a_tiny_model(tmp_path, smol_tokenizer, one_thread):
+    """The real hf engine: its decoder reports self-certainty, so the certainty selectors run; costs add up."""
+    from tests.conftest import make_tiny_model
+
+    model_dir = tmp_path / "tiny"
+    make_tiny_model(len(smol_tokenizer)).save_pretrained(model_dir)
+    smol_tokenizer.save_pretrained(model_dir)
+    cfg = EvalCountdownConfig(model=str(model_dir), limit=2, mode="sampled", k=2, max_new_tokens=4, batch_size=4, device="cpu",
+                              select=("majority", "self-certainty-vote", "oracle"))
+    result = run_eval_countdown(cfg)
+    sel = result.selection
+    assert sel["skipped"] == {} and all(c is not None for row in result.task_certainty for c in row)
+    assert [(r["selector"], r["n"]) for r in sel["rows"]] == [(s, n) for s in cfg.select for n in (1, 2)]
+    for r in sel["rows"]:
+        assert r["tokens_per_task"] == sum(sum(row[: r["n"]]) for row in result.task_tokens) / 2 <= 4 * r["n"]
+    oracle = {r["n"]: r["score"] for r in sel["rows"] if r["selector"] == "oracle"}
+    assert oracle[2] == pytest.approx(sum(max(row) for row in result.task_scores) / 2)
+    assert len(sel["greedy"]["task_scores"]) == 2 and sel["greedy"]["tokens_per_task"] <= 4

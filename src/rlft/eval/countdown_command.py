@@ -91,8 +91,8 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions):
     """Sampling seed."""
     select: tuple[Selector, ...] = ()
     """Best-of-N selectors to apply to the k samples of each task (--mode sampled): majority (most common answer
-    value), self-certainty (the most certain sample, Kang et al. 2025; hf engine), self-certainty-vote (Borda vote
-    by certainty), reward-model (--select-reward-model's highest score), oracle (the best rule score: pass@n, the
+    value), self-certainty (the most certain sample, Kang et al. 2025; the hf engine, whose row-dropping decoder is
+    then used on CUDA too), self-certainty-vote (Borda vote by certainty), reward-model (--select-reward-model's highest score), oracle (the best rule score: pass@n, the
     upper bound). Each is paired against a greedy answer on the same tasks (see --greedy-from)."""
     select_n: tuple[int, ...] = ()
     """The n's of the best-of-N curve: each selector on the first n of the k samples (empty: 1, 2, 4, ... and k)."""
@@ -283,6 +283,8 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
     engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, url=cfg.rollout_url, batch_size=cfg.batch_size,
                          show_progress=True, add_special_tokens=adds_special_tokens(cfg.prompt_template))
+    if any(name.startswith("self-certainty") for name in cfg.select) and getattr(engine, "decoder", None) == "auto":
+        engine.decoder = "drop"  # the hf decoder that reports self-certainty (CUDA's default, static-cache generate, does not)
     greedy_params = SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=cfg.seed)
     if cfg.mode == "greedy":
         params = greedy_params

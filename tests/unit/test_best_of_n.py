@@ -89,6 +89,12 @@ def test_tokens_and_task_checks():
 
 
 def test_option_errors(tmp_path):
+    import typing
+
+    from rlft.eval.countdown_command import Selector
+    from rlft.eval.select import SELECTORS
+
+    assert typing.get_args(Selector) == SELECTORS  # the CLI's choices are the selectors
     with pytest.raises(OptionError, match="--select needs --mode sampled"):
         EvalCountdownConfig(select=("majority",))
     with pytest.raises(OptionError, match="needs --select-reward-model"):

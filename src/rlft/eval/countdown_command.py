@@ -19,14 +19,12 @@ under the JSON's ``selection`` key; ``--select reward-model`` scores every sampl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 import logging
-import typing
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, print_result
-from rlft.eval.select import SELECTORS
 from rlft.options import DeviceOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
@@ -39,7 +37,7 @@ log = logging.getLogger("rlft")
 DEFAULT_TEST_SIZE = 1024
 """Generated training tasks evaluated by ``--split train`` when ``limit`` is None."""
 Selector = Literal["majority", "self-certainty", "self-certainty-vote", "reward-model", "oracle"]
-assert set(typing.get_args(Selector)) == set(SELECTORS)
+"""The names of :data:`rlft.eval.select.SELECTORS`, as a type tyro offers as choices."""
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ Each workload runs twice with everything else the same: ``--dtype float32`` (flo
 mixed precision (float32 weights and AdamW state, ``torch.autocast`` bfloat16 compute; decoding from a bfloat16
 copy of the weights: what ``--dtype auto`` picks on a CPU with native bf16, see ``rlft.precision``).
 
-- SFT: forward + backward + AdamW on Countdown ``bounded`` traces of the ``standard`` preset (``--batch`` rows);
+- SFT: forward + backward + AdamW (fused, as ``rlft sft`` builds it) on Countdown ``bounded`` traces of the
+  ``standard`` preset (``--batch`` rows);
 - DPO: the same for chosen + rejected sequences (``--batch`` pairs) against precomputed reference log-probs;
-- decode: ``--rows`` greedy completions of ``--new-tokens`` tokens (rlft's row-dropping decoder), and the share of
-  rows whose greedy tokens are identical in both precisions.
+- decode: ``--rows`` greedy rows of exactly ``--new-tokens`` tokens each (rlft's decoder, no row stopping: the same
+  work in both precisions), and, stopping at EOS as usual, the share of rows whose greedy tokens are identical.
 
 Prints tokens/s of each, the ratio, the first-step losses of both precisions, and the process's peak RSS.
 
@@ -30,6 +31,7 @@ from rlft.losses.sft import sft_loss
 from rlft.models import DeviceSpec, load_model, load_tokenizer
 from rlft.ops import masked_sum, sequence_logprobs
 from rlft.rollout.base import SamplingParams
+from rlft.rollout.decode import decode
 from rlft.rollout.hf import HFEngine
 from rlft.tasks.countdown.generator import PRESETS, generate_tasks
 from rlft.tasks.countdown.prompts import render_prompt
@@ -62,7 +64,7 @@ def timed_steps(step, data, steps: int) -> tuple[float, float]:
 def sft_bench(args, tokenizer, spec) -> tuple[float, float]:
     torch.manual_seed(0)
     model = load_model(args.model, spec).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
     def step(b):
         optimizer.zero_grad(set_to_none=True)
@@ -70,7 +72,7 @@ def sft_bench(args, tokenizer, spec) -> tuple[float, float]:
         loss, _ = sft_loss(logprobs, b.loss_mask)
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
     return timed_steps(step, batches(tokenizer, args.steps + 1, args.batch, seed=1), args.steps)
 
@@ -78,7 +80,7 @@ def sft_bench(args, tokenizer, spec) -> tuple[float, float]:
 def dpo_bench(args, tokenizer, spec) -> tuple[float, float]:
     torch.manual_seed(0)
     model = load_model(args.model, spec).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     chosen = batches(tokenizer, args.steps + 1, args.batch, seed=2)
     rejected = batches(tokenizer, args.steps + 1, args.batch, seed=3)
     with torch.no_grad():  # the reference is the initial policy, its log-probs computed once (as rlft dpo does)
@@ -100,30 +102,38 @@ def dpo_bench(args, tokenizer, spec) -> tuple[float, float]:
         loss, _ = dpo_loss(pc, pr, ref_c, ref_r, beta=0.1)
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
     return timed_steps(step, [Pair(p) for p in pairs], args.steps)
 
 
 def decode_bench(args, tokenizer, spec) -> tuple[float, list[list[int]]]:
+    """``(tokens/s of --rows rows x --new-tokens tokens, the greedy completions stopping at EOS)``. The sampler is what
+    the RL loop and evaluation use: the model itself in float32, a bfloat16 copy under mixed precision."""
     model = load_model(args.model, spec)
     engine = HFEngine(model, tokenizer, batch_size=args.rows, decoder="drop", copy_weights=spec.compute_dtype is not None,
                       copy_dtype=spec.compute_dtype)
     tasks = generate_tasks(PRESETS["standard"], args.rows, seed=4)
     prompts = [render_prompt("short", t, tokenizer) for t in tasks]
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=args.new_tokens)
-    engine.generate(prompts[:4], SamplingParams(k=1, temperature=0.0, max_new_tokens=4))  # warm-up (and the bf16 copy)
-    t0 = time.perf_counter()
-    out = engine.generate(prompts, params)
-    seconds = time.perf_counter() - t0
-    ids = [row[0].completion_ids for row in out]
-    return sum(map(len, ids)) / seconds, ids
+    sampler = engine.sampler()  # the decoding weights
+    ids = engine.encode_prompts(prompts)
+    width = max(map(len, ids))
+    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(i)) + i for i in ids])
+    attention_mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+    with torch.no_grad():
+        decode(sampler, input_ids[:4], attention_mask[:4], SamplingParams(k=1, temperature=0.0, max_new_tokens=4), [-1])  # warm-up
+        t0 = time.perf_counter()
+        rows = decode(sampler, input_ids, attention_mask, params, [-1])  # no EOS: every row runs to --new-tokens
+        seconds = time.perf_counter() - t0
+    out = engine.generate(prompts, params)  # as the recipes decode: stopping at EOS
+    return sum(len(r.token_ids) for r in rows) / seconds, [row[0].completion_ids for row in out]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--batch", type=int, default=8, help="SFT rows / DPO pairs per step")
+    parser.add_argument("--batch", type=int, default=16, help="SFT rows / DPO pairs per step")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=64, help="decoded rows (one batch)")
     parser.add_argument("--new-tokens", type=int, default=128)

@@ -4,7 +4,7 @@ Each workload runs twice with everything else the same: ``--dtype float32`` (flo
 mixed precision (float32 weights and AdamW state, ``torch.autocast`` bfloat16 compute; decoding from a bfloat16
 copy of the weights: what ``--dtype auto`` picks on a CPU with native bf16, see ``rlft.precision``).
 
-- SFT: forward + backward + AdamW (fused, as ``rlft sft`` builds it) on Countdown ``bounded`` traces of the
+- SFT: forward + backward + AdamW (as ``rlft sft`` builds it) on Countdown ``bounded`` traces of the
   ``standard`` preset (``--batch`` rows);
 - DPO: the same for chosen + rejected sequences (``--batch`` pairs) against precomputed reference log-probs;
 - decode: ``--rows`` greedy rows of exactly ``--new-tokens`` tokens each (rlft's decoder, no row stopping: the same
@@ -64,7 +64,7 @@ def timed_steps(step, data, steps: int) -> tuple[float, float]:
 def sft_bench(args, tokenizer, spec) -> tuple[float, float]:
     torch.manual_seed(0)
     model = load_model(args.model, spec).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def step(b):
         optimizer.zero_grad(set_to_none=True)
@@ -80,7 +80,7 @@ def sft_bench(args, tokenizer, spec) -> tuple[float, float]:
 def dpo_bench(args, tokenizer, spec) -> tuple[float, float]:
     torch.manual_seed(0)
     model = load_model(args.model, spec).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     chosen = batches(tokenizer, args.steps + 1, args.batch, seed=2)
     rejected = batches(tokenizer, args.steps + 1, args.batch, seed=3)
     with torch.no_grad():  # the reference is the initial policy, its log-probs computed once (as rlft dpo does)

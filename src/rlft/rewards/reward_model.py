@@ -97,10 +97,8 @@ def sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 
 def _sequence_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    from rlft.ops import PAD_MULTIPLE, pad_width
     from rlft.precision import compute_context
 
-    input_ids, attention_mask = pad_width(PAD_MULTIPLE, input_ids, attention_mask)  # few distinct shapes; the mask reads the last token
     with compute_context(model):
         return _padded_rewards(model, input_ids, attention_mask)
 

@@ -60,7 +60,7 @@ PROBABILITY = (lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]")
 RULES: dict[str, Rule] = {
     # counts: at least one
     **{name: POSITIVE_INT for name in (
-        "batch_size", "steps", "max_steps", "limit", "k", "num_train", "num_rows", "num_prompts", "num_samples", "samples",
+        "batch_size", "steps", "max_steps", "limit", "k", "num_train", "num_rows", "best_of_n", "num_prompts", "num_samples", "samples",
         "prompts", "max_length", "max_new_tokens", "max_prompt_length", "max_prompt_tokens", "max_concurrency",
         "ppo_epochs", "prompts_per_step", "keep_checkpoints", "train_layers", "train_pairs", "max_prompt_batches",
         "max_tries", "max_tokens_per_micro_batch",

@@ -300,7 +300,7 @@ def test_stub_reward_model_is_learned_and_built_once(tiny_model_dir, tmp_path, m
 
     monkeypatch.setattr("rlft.rewards.reward_model.RewardModelScorer", UppercaseScorer)
     out = tmp_path / "learn"
-    cfg = make_cfg(tiny_model_dir, out, reward_model="stub-rm", max_steps=40, k=6, prompts_per_step=5, max_new_tokens=1, lr=5e-2,
+    cfg = make_cfg(tiny_model_dir, out, reward_model="stub-rm", max_steps=40, k=6, prompts_per_step=4, max_new_tokens=1, lr=5e-2,
                    eval_every=20, eval_prompts=1, eval_max_new_tokens=1)
     train_rl(cfg)
     assert built == ["stub-rm"]

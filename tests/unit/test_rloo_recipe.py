@@ -283,11 +283,22 @@ def test_training_tasks_never_include_heldout_tasks(tmp_path):
     train, heldout = load_rl_tasks(cfg)
     assert len(train) == 300 and len(heldout) == 40
     assert not {task_key(t) for t in train} & {task_key(t) for t in heldout}
-    # a file that contains a held-out task: it is dropped
-    rows = [{"target": t.target, "nums": list(t.nums)} for t in [heldout[0], train[0], train[1]]]
-    path = write_jsonl_rows(tmp_path / "tasks.jsonl", rows)
-    file_train, _ = load_rl_tasks(replace(cfg, data=str(path)))
-    assert [task_key(t) for t in file_train] == [task_key(train[0]), task_key(train[1])]
+    # a Countdown file: its held-out block (validation + test) never trains, and the in-loop evaluation reads its
+    # validation rows (or --eval-rows test); rows equal to a held-out row are dropped too (tests/unit/test_countdown_splits)
+    from rlft.tasks.countdown.generator import PRESETS, generate_tasks
+    from rlft.tasks.countdown.splits import load_split
+
+    tasks = generate_tasks(PRESETS["standard"], 1600, seed=9)
+    path = write_jsonl_rows(tmp_path / "tasks.jsonl", [{"target": t.target, "nums": list(t.nums)} for t in tasks])
+    split = load_split(str(path))
+    file_train, file_heldout = load_rl_tasks(replace(cfg, data=str(path), num_train=5000))
+    assert file_heldout == split.validation and file_train == split.train and len(file_train) <= 600
+    assert not {task_key(t) for t in file_train} & split.heldout_keys()
+    assert load_rl_tasks(replace(cfg, data=str(path), eval_rows="test"))[1] == split.test
+    # --no-data-heldout: every row trains (a small file), nothing is evaluated in the loop
+    small = write_jsonl_rows(tmp_path / "small.jsonl", [{"target": t.target, "nums": list(t.nums)} for t in tasks[:3]])
+    small_train, small_heldout = load_rl_tasks(replace(cfg, data=str(small), data_heldout=False))
+    assert [task_key(t) for t in small_train] == [task_key(t) for t in tasks[:3]] and small_heldout == []
 
 
 # --------------------------------------------------------------------------- training runs

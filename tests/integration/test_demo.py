@@ -37,7 +37,8 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     for model in ("base", "sft", "rl"):
         assert f"\n| {model} | " in text, f"no {model} row in the results table"
     assert "| score, 3 numbers | score, 4 numbers |" in text and "| sampled score | pass@1 | pass@2 |" in text
-    assert "## Paired against the SFT start" in text and "| base - sft | " in text and "| rl - sft | " in text
+    assert "## Paired against the SFT start" in text and "| rl - sft | " in text
+    assert "| base - sft |" not in text  # base is not trained from SFT: no paired row
     assert "(n=8)" in text  # the 8 quick test rows
     # best-of-N over the sampled evaluation's 2 samples, for the sampled models only
     for label in ("majority@2", "self-certainty@2", "self-certainty vote@2", "oracle = pass@k (upper bound)@2"):
@@ -101,6 +102,9 @@ def test_demo_defaults_are_the_countdown_real_setting():
     DemoConfig(rl_steps=0, pairs_prompts=0)  # skips RL, and pairs + DPO
     with pytest.raises(OptionError, match="--eval-limit"):
         DemoConfig(eval_limit=600)
+    assert cfg.base_eval_limit == 100  # the base model runs every row to the budget: a prefix of the rows
+    with pytest.raises(OptionError, match="--base-eval-limit"):
+        DemoConfig(eval_limit=50)
     DemoConfig(update_micro_batch_size=8)  # divides the DPO batch of 32
     with pytest.raises(OptionError, match="--update-micro-batch-size"):
         DemoConfig(update_micro_batch_size=5)

@@ -136,6 +136,9 @@ class DemoConfig:
     passk_limit: int = 100
     """Held-out test rows in the sampled evaluation (the first N of the greedy ones)."""
     eval_limit: int = 500
+    base_eval_limit: int = 100
+    """Held-out test rows the base model is evaluated on (greedy, the first N of eval_limit's): it writes no answer,
+    runs every row to max_new_tokens, and is not paired with anything, so a few rows show that at a fraction of the cost."""
     """Held-out test rows evaluated greedily (the first N of the 500; half 3-number, half 4-number)."""
     max_new_tokens: int = 256
     """Most generated tokens per completion: rollouts, pairs and evaluation (the SFT start cuts few answers there;
@@ -221,6 +224,8 @@ class DemoConfig:
         require(self.dpo_batch_size % self.dpo_micro_batch_size == 0,
                 f"--dpo-batch-size ({self.dpo_batch_size}) must be a multiple of --update-micro-batch-size "
                 f"({self.update_micro_batch_size}) when it is the larger")
+        require(self.base_eval_limit <= self.eval_limit,
+                f"--base-eval-limit ({self.base_eval_limit}) must be <= --eval-limit ({self.eval_limit}): a prefix of the same rows")
         require(self.passk_limit <= self.eval_limit,
                 f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation uses a prefix of the greedy one's tasks")
 
@@ -233,7 +238,7 @@ class DemoConfig:
         """This config, with the small sizes of ``--quick`` applied when it is set."""
         if not self.quick:
             return self
-        return replace(self, num_train=64, num_rows=2400, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8,
+        return replace(self, num_train=64, num_rows=2400, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8, base_eval_limit=8,
                        max_new_tokens=32, rl_steps=2, rl_k=4,
                        rl_prompts_per_step=2, rl_max_prompt_batches=2, rl_eval_every=1, rl_eval_limit=4,
                        pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk=2, passk_limit=4,

@@ -76,12 +76,12 @@ def eval_file(out_dir: Path, label: str, name: str) -> Path:
 
 
 def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoConfig, out_dir: Path,
-                   sampled: bool = True) -> dict[str, CountdownEvalResult]:
-    """Greedy on the first ``eval_limit`` test rows and (``sampled``) ``passk`` samples on the first ``passk_limit``;
+                   sampled: bool = True, limit: int | None = None) -> dict[str, CountdownEvalResult]:
+    """Greedy on the first ``limit`` (default ``eval_limit``) test rows and (``sampled``) ``passk`` samples on the first ``passk_limit``;
     cached as JSON in ``out_dir`` and, with ``--resume``, reused while the model's weights, sampling and tasks are
     unchanged (:func:`rlft.recipes.pipeline.evaluate_cached`)."""
     greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-    jobs = {GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[: cfg.eval_limit], greedy)}
+    jobs = {GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[: limit or cfg.eval_limit], greedy)}
     if cfg.passk and sampled:
         params = SamplingParams(k=cfg.passk, temperature=cfg.passk_temperature, top_p=cfg.passk_top_p,
                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
@@ -106,7 +106,8 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
     evals = run_dir / "eval"
 
     with Timer(timings, "evaluate base"):  # greedy only: the untuned model writes no answer
-        results = {"base": evaluate_model(cfg.model, "base", split.test, cfg, evals, sampled=False)}
+        results = {"base": evaluate_model(cfg.model, "base", split.test, cfg, evals, sampled=False,
+                                             limit=cfg.base_eval_limit)}
 
     sft = stage("SFT", run_dir / "sft" / "model", lambda: train_sft(SFTConfig(
         model=cfg.model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, heldout_size=1000, heldout_data=rows,

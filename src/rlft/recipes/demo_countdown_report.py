@@ -37,11 +37,11 @@ def scores_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResu
               "accuracy, 4 numbers"]
     if cfg.passk:
         header += ["sampled score", "pass@1", f"pass@{cfg.passk}"]
-    rows = []
+    rows, most = [], max(by[GREEDY].num_tasks for by in results.values())
     for model, by in results.items():
         g = by[GREEDY]
         sizes = g.by_size
-        row = [model, g.mean_score, g.accuracy, g.format_rate, g.truncated_rate, sizes.get("3", {}).get("score", "-"),
+        row = [model if g.num_tasks == most else f"{model} (first {g.num_tasks} rows)", g.mean_score, g.accuracy, g.format_rate, g.truncated_rate, sizes.get("3", {}).get("score", "-"),
                sizes.get("4", {}).get("score", "-"), sizes.get("4", {}).get("accuracy", "-")]
         if cfg.passk:
             s = by.get(SAMPLED)
@@ -61,7 +61,7 @@ def paired_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResu
         header.append(f"sampled ({cfg.passk} samples, first {cfg.passk_limit} rows)")
     rows = []
     for model, by in results.items():
-        if model == "sft":
+        if model in ("sft", "base"):  # base: not trained from SFT, and evaluated on fewer rows
             continue
         cells = [f"{model} - sft"]
         for size, _ in SIZES:
@@ -138,7 +138,7 @@ def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, Co
     bars = {label: {m: _mean(subset(by[GREEDY], size)) for m, by in results.items()} for size, label in SIZES}
     plot_grouped_bars(bars, run_dir / "scores.png", title="Countdown held-out test rows: mean score by model (greedy)",
                       ylabel="mean score")
-    n = len(results["base"][GREEDY].task_scores) if "base" in results else cfg.eval_limit
+    n = len(results["sft"][GREEDY].task_scores) if "sft" in results else cfg.eval_limit
     curves = [
         _curve_section("SFT", run_dir / "sft" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
         _curve_section("RL", run_dir / "rl" / "metrics.jsonl", [("reward/mean", "mean reward of the samples per step"),

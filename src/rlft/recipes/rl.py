@@ -260,9 +260,9 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     if curriculum is not None:
         curriculum.restore(history)  # a resumed run continues the bandit from its logged values
     order = curriculum if curriculum is not None else uniform
-    log.info("RL (%s advantages, %s loss, %s): %d training %s, %d steps of %d prompts x %d samples on %s/%s (KL %s, beta %g; "
+    log.info("RL (%s advantages, %s loss, %s): %d training %s, %d steps of %d prompts x %d samples on %s, %s (KL %s, beta %g; "
              "%s reward%s%s)", cfg.advantage, cfg.loss, cfg.loss_mode, len(prompts), "chat prompts" if chat else "tasks",
-             total_steps, cfg.prompts_per_step, cfg.k, spec.device, str(spec.dtype).removeprefix("torch."), cfg.kl_mode,
+             total_steps, cfg.prompts_per_step, cfg.k, spec.device, spec.label, cfg.kl_mode,
              cfg.beta, reward.kind, "; group filtering" if cfg.filter_groups else "", f"; LoRA r={lora.r}" if lora else "")
 
     sync_sampler()

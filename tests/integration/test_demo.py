@@ -92,13 +92,13 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
 
 def test_demo_defaults_are_the_countdown_real_setting():
     """The defaults: bounded standard-preset traces, real rows when found, 256 tokens; the RL loop's GRPO + filtering +
-    LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 8 samples for pass@k and best-of-N; a stage is skipped with 0."""
+    LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 4 samples on 50 rows for pass@k and best-of-N; a stage is skipped with 0."""
     cfg = DemoConfig()
     assert (cfg.rows, cfg.preset, cfg.prompt_template, cfg.trace_style, cfg.max_new_tokens) == ("auto", "standard", "short", "bounded", 256)
     assert (cfg.rl_advantage, cfg.rl_loss, cfg.rl_loss_mode, cfg.rl_filter_groups, cfg.rl_lora_r) == ("grpo", "ppo", "seq_mean", True, 16)
     assert cfg.rl_lr == 2e-4
     assert (cfg.dpo_loss_type, cfg.dpo_beta, cfg.dpo_lora_r, cfg.pairs_samples) == ("rpo", 0.5, 16, 2)
-    assert (cfg.eval_limit, cfg.passk_limit, cfg.passk, cfg.passk_temperature, cfg.passk_top_p) == (500, 100, 8, 0.6, 0.95)
+    assert (cfg.eval_limit, cfg.passk_limit, cfg.passk, cfg.passk_temperature, cfg.passk_top_p) == (500, 50, 4, 0.6, 0.95)
     DemoConfig(rl_steps=0, pairs_prompts=0)  # skips RL, and pairs + DPO
     with pytest.raises(OptionError, match="--eval-limit"):
         DemoConfig(eval_limit=600)

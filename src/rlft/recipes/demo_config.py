@@ -51,15 +51,15 @@ class DemoConfig:
     num_train: int = 8000
     """SFT's fixed dataset: one solver trace for each of num_train generated training tasks (the first sft_steps x
     batch_size of a seeded order are seen)."""
-    sft_steps: int = 125
-    """SFT optimizer steps (see docs/results/countdown-real for the converged start's curve)."""
+    sft_steps: int = 100
+    """SFT optimizer steps (~10 min on a 2-core CPU; docs/results/countdown-real trains its start for 350)."""
     batch_size: int = 16
     """SFT examples per step."""
     micro_batch_size: int = 8
     """SFT examples per forward/backward pass."""
     lr: float = 1e-4
     """SFT peak learning rate (constant after 3% warmup, the countdown-real recipe)."""
-    rl_steps: int = 12
+    rl_steps: int = 5
     """RL steps on the SFT model (`rlft rl`; 0 skips RL)."""
     rl_k: int = 8
     """RL samples per prompt."""
@@ -95,12 +95,12 @@ class DemoConfig:
     update_micro_batch_size: int = 8
     """Sequences per forward/backward pass of the RL and DPO updates (gradient accumulation is exact, so this trades
     memory for speed only; 8 keeps 256-token runs within 24 GB)."""
-    rl_eval_every: int = 6
+    rl_eval_every: int = 5
     """Greedy evaluation on the first rl_eval_limit held-out validation rows every N RL steps and at the end: the
     points of the samples-vs-score plot, which starts from the SFT model's score on them (0: none)."""
     rl_eval_limit: int = 100
     """Validation rows of the in-loop RL evaluation."""
-    pairs_prompts: int = 480
+    pairs_prompts: int = 192
     """Training rows sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
     pairs_samples: int = 2
     """Samples per prompt from the SFT model; the pair is best vs worst score, ties dropped."""
@@ -126,14 +126,14 @@ class DemoConfig:
     """DPO LoRA rank (0: full fine-tuning)."""
     dpo_lora_alpha: float = 32.0
     """DPO LoRA alpha."""
-    passk: int = 8
+    passk: int = 4
     """Samples per task of the sampled evaluation of SFT, RL and DPO (mean score, pass@k, and the best-of-N
     selectors majority@k and self-certainty@k; 0 skips it)."""
     passk_temperature: float = 0.6
     """Sampling temperature of the sampled evaluation."""
     passk_top_p: float = 0.95
     """Nucleus mass of the sampled evaluation."""
-    passk_limit: int = 100
+    passk_limit: int = 50
     """Held-out test rows in the sampled evaluation (the first N of the greedy ones)."""
     eval_limit: int = 500
     base_eval_limit: int = 100

@@ -132,6 +132,18 @@ class SpeedOptions:
     loss normalisers are unchanged (whole-step token and pair counts), so the gradient is the same up to
     float rounding. DPO's reference pass is cut the same way. None: --micro-batch-size examples each."""
 
+    def _check_micro_batches(self) -> None:
+        """Refuse a step that micro-batches of ``micro_batch_size`` examples do not tile (call from ``__post_init__``
+        of a config with ``batch_size`` and ``micro_batch_size``).
+
+        Raises:
+            OptionError: ``batch_size`` is not a multiple of ``micro_batch_size`` and no token budget is set.
+        """
+        from rlft.validation import require
+
+        require(self.max_tokens_per_micro_batch is not None or self.batch_size % self.micro_batch_size == 0,
+                f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
+
 
 @dataclass(frozen=True)
 class DistributedOptions:

@@ -136,10 +136,10 @@ class DemoConfig:
     passk_limit: int = 50
     """Held-out test rows in the sampled evaluation (the first N of the greedy ones)."""
     eval_limit: int = 500
-    base_eval_limit: int = 100
-    """Held-out test rows the base model is evaluated on (greedy, the first N of eval_limit's): it writes no answer,
-    runs every row to max_new_tokens, and is not paired with anything, so a few rows show that at a fraction of the cost."""
     """Held-out test rows evaluated greedily (the first N of the 500; half 3-number, half 4-number)."""
+    base_eval_limit: int = 100
+    """Held-out test rows the base model is evaluated on (greedy, a prefix of eval_limit's): it is paired with
+    nothing and rarely writes an answer in the format, so a prefix shows its score at a fraction of the cost."""
     max_new_tokens: int = 256
     """Most generated tokens per completion: rollouts, pairs and evaluation (the SFT start cuts few answers there;
     the reference evaluates with >= 1024 on GPU)."""

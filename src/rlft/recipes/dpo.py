@@ -126,8 +126,7 @@ class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         self._check_lora()
         self._check_distributed()
         require(self.beta > 0, f"--beta must be > 0 (the inverse temperature of the implicit reward), got {self.beta}")
-        require(self.max_tokens_per_micro_batch is not None or self.batch_size % self.micro_batch_size == 0,
-                f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
+        self._check_micro_batches()
         require(self.max_prompt_length is None or self.max_prompt_length < self.max_length,
                 f"--max-prompt-length must be < --max-length ({self.max_length}), got {self.max_prompt_length}")
 

@@ -52,7 +52,7 @@ from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, fi
 from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
-from rlft.validation import require, validate_options
+from rlft.validation import validate_options
 
 log = logging.getLogger("rlft")
 
@@ -134,8 +134,7 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         validate_options(self)
         self._check_lora()
         self._check_distributed()
-        require(self.max_tokens_per_micro_batch is not None or self.batch_size % self.micro_batch_size == 0,
-                f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size {self.micro_batch_size}")
+        self._check_micro_batches()
 
 
 def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:

@@ -102,7 +102,7 @@ def test_demo_defaults_are_the_countdown_real_setting():
     DemoConfig(rl_steps=0, pairs_prompts=0)  # skips RL, and pairs + DPO
     with pytest.raises(OptionError, match="--eval-limit"):
         DemoConfig(eval_limit=600)
-    assert cfg.base_eval_limit == 100  # the base model runs every row to the budget: a prefix of the rows
+    assert cfg.base_eval_limit == 100  # the base model, paired with nothing: a prefix of the rows
     with pytest.raises(OptionError, match="--base-eval-limit"):
         DemoConfig(eval_limit=50)
     DemoConfig(update_micro_batch_size=8)  # divides the DPO batch of 32

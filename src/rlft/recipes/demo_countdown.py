@@ -81,7 +81,7 @@ def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoC
     cached as JSON in ``out_dir`` and, with ``--resume``, reused while the model's weights, sampling and tasks are
     unchanged (:func:`rlft.recipes.pipeline.evaluate_cached`)."""
     greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-    jobs = {GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[: limit or cfg.eval_limit], greedy)}
+    jobs = {GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[: cfg.eval_limit if limit is None else limit], greedy)}
     if cfg.passk and sampled:
         params = SamplingParams(k=cfg.passk, temperature=cfg.passk_temperature, top_p=cfg.passk_top_p,
                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)

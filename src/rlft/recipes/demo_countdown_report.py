@@ -41,7 +41,8 @@ def scores_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResu
     for model, by in results.items():
         g = by[GREEDY]
         sizes = g.by_size
-        row = [model if g.num_tasks == most else f"{model} (first {g.num_tasks} rows)", g.mean_score, g.accuracy, g.format_rate, g.truncated_rate, sizes.get("3", {}).get("score", "-"),
+        name = model if g.num_tasks == most else f"{model} (first {g.num_tasks} rows)"  # the base model: a prefix
+        row = [name, g.mean_score, g.accuracy, g.format_rate, g.truncated_rate, sizes.get("3", {}).get("score", "-"),
                sizes.get("4", {}).get("score", "-"), sizes.get("4", {}).get("accuracy", "-")]
         if cfg.passk:
             s = by.get(SAMPLED)

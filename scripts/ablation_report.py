@@ -141,20 +141,44 @@ def churn(variants: dict, out: Path, n: int) -> str:
     return "\n".join(lines)
 
 
+def inloop_eval_file(folder: Path) -> str | None:
+    """The file-name prefix of the SFT start's greedy evaluation on the rows the RL run in ``folder`` evaluates in its
+    loop (its first ``eval_limit`` held-out tasks): ``eval_val_greedy_`` (validation rows) when it trains on a
+    Countdown dataset (``data``) with ``eval_rows: validation``, else ``eval_greedy_`` (test rows; a generated preset's
+    held-out tasks). Read from the run's ``config.yaml``; None without
+    one (an archive that kept only the metrics)."""
+    import yaml
+
+    if not (folder / "run" / "config.yaml").exists():
+        return None
+    cfg = yaml.safe_load((folder / "run" / "config.yaml").read_text()) or {}
+    on_validation = cfg.get("data") and cfg.get("data_heldout", True) and cfg.get("eval_rows", "validation") == "validation"
+    return "eval_val_greedy_" if on_validation else "eval_greedy_"
+
+
 def plot_samples_vs_score(variants: dict, out: Path, n_curve: int = 100) -> Path | None:
     """Held-out greedy score (the first ``n_curve`` tasks, logged by the RL loop every 10 steps) against
-    samples generated, one line per RL variant/seed, starting at the SFT model's score; ``out/samples_vs_score.png``."""
+    samples generated, one line per RL variant/seed, starting at the SFT model's score; ``out/samples_vs_score.png``.
+
+    The start is the SFT start's score on the same rows as the in-loop points (:func:`inloop_eval_file`: validation
+    rows for runs on a Countdown dataset, test rows for a generated preset), the first ``n_curve`` tasks of a larger
+    evaluation of them; without that evaluation (or when the runs evaluate different rows) no start is drawn. A run
+    without a ``config.yaml`` (archives of the generated-preset studies) counts as evaluating test rows."""
     from rlft.checkpoint import read_metrics
     from rlft.eval.report import plot_samples_vs_score as plot_runs
 
-    start = None  # the SFT model's score on the same first n_curve tasks (a prefix of a larger greedy evaluation)
-    for path in sorted((out / "sft_start").glob("eval_greedy_*.json")):
-        scores = json.loads(path.read_text())["task_scores"]
-        if len(scores) >= n_curve:
-            start = sum(row[0] for row in scores[:n_curve]) / n_curve
-            break
-    runs = {f"{name} s{folder.name[1:]}": read_metrics(folder / "run" / "metrics.jsonl")
-            for name, folder in seed_folders(variants, out, "rl")}
+    folders = list(seed_folders(variants, out, "rl"))
+    # archives of the generated-preset studies kept no run config: their in-loop rows are the test prefix
+    prefixes = {inloop_eval_file(folder) or "eval_greedy_" for _, folder in folders}
+    start = None
+    if len(prefixes) == 1:
+        prefix = prefixes.pop()
+        for path in sorted((out / "sft_start").glob(f"{prefix}*.json")):
+            scores = json.loads(path.read_text())["task_scores"]
+            if len(scores) >= n_curve:
+                start = sum(row[0] for row in scores[:n_curve]) / n_curve
+                break
+    runs = {f"{name} s{folder.name[1:]}": read_metrics(folder / "run" / "metrics.jsonl") for name, folder in folders}
     return plot_runs(runs, out / "samples_vs_score.png", start=start, ylabel=f"greedy score ({n_curve} held-out tasks)",
                      title="Held-out score against samples seen")
 

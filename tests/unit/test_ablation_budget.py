@@ -391,3 +391,41 @@ def test_sizes_pairs_each_run_by_count_of_numbers(report, tmp_path):
     # mixed +0.25 (0.9 + 0.1 over 4 rows), 3 numbers +0.45, 4 numbers +0.05
     row = next(line for line in text.splitlines() if line.startswith("| real_grpo | 0 |"))
     assert "| 0.550 / 1.000 / 0.100 | 0.250 | +0.250 [" in row and "| +0.450 [" in row and "| +0.050 [" in row
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("data: ../shared/data/countdown/train.parquet\neval_rows: validation\n", 0.5),  # real rows: validation start
+    ("data: ../shared/data/countdown/train.parquet\neval_rows: test\n", 0.2),
+    ("preset: medium3\n", 0.2),  # a generated preset's held-out tasks are the test rows
+    (None, 0.2),  # an archive without the run's config: a generated-preset study
+])
+def test_samples_vs_score_starts_from_the_sft_score_on_the_in_loop_rows(report, tmp_path, config, expected):
+    """The dashed start line and each run's first point are the SFT start's score on the rows the RL loop evaluates:
+    its validation evaluation for runs on a Countdown dataset, never the test evaluation of other rows."""
+    variants = {"grpo": {"kind": "rl"}}
+    run = tmp_path / "grpo" / "s0" / "run"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "samples/total": 640, "eval/score": 0.6}) + "\n")
+    if config is not None:
+        (run / "config.yaml").write_text(config)
+    (tmp_path / "sft_start").mkdir()
+    for name, first in (("eval_greedy_500.json", 0.2), ("eval_val_greedy_500.json", 0.5)):
+        scores = [[first]] * 100 + [[1.0]] * 400  # only the first 100 rows (n_curve) count
+        (tmp_path / "sft_start" / name).write_text(json.dumps({"task_scores": scores}))
+    with mock.patch("rlft.eval.report.plot_samples_vs_score", return_value=None) as plot:
+        report.plot_samples_vs_score(variants, tmp_path)
+    assert plot.call_args.kwargs["start"] == pytest.approx(expected)
+
+
+def test_samples_vs_score_draws_no_start_when_runs_evaluate_different_rows(report, tmp_path):
+    variants = {"a": {"kind": "rl"}, "b": {"kind": "rl"}}
+    for name, config in (("a", "data: x.parquet\neval_rows: validation\n"), ("b", "preset: medium3\n")):
+        run = tmp_path / name / "s0" / "run"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(config)
+        (run / "metrics.jsonl").write_text("")
+    (tmp_path / "sft_start").mkdir()
+    (tmp_path / "sft_start" / "eval_greedy_500.json").write_text(json.dumps({"task_scores": [[0.2]] * 500}))
+    with mock.patch("rlft.eval.report.plot_samples_vs_score", return_value=None) as plot:
+        report.plot_samples_vs_score(variants, tmp_path)
+    assert plot.call_args.kwargs["start"] is None

@@ -359,7 +359,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
     steps_per_epoch, total_steps = step_plan(len(pairs), cfg)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
-    log.info("%s: %d pairs, %d steps of %d pairs (%s) on %s/%s, beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, str(spec.dtype).removeprefix("torch."), cfg.beta)
+    log.info("%s: %d pairs, %d steps of %d pairs (%s) on %s (%s), beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, spec.label, cfg.beta)
 
     with training_progress(cfg.loss_type) as progress:
         bar = progress.add_task(cfg.loss_type, total=total_steps, completed=start_step, info="")

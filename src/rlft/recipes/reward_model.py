@@ -324,8 +324,8 @@ def train_rm(cfg: RMConfig) -> Path:
     steps_per_epoch, total_steps = step_plan(len(train), cfg)
     setup, tracker = _start_training(cfg, run_dir, spec, tokenizer, total_steps)
     model, start_step = setup.model, setup.start_step
-    log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (%s) on %s/%s",
-             len(train), len(heldout), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, str(spec.dtype).removeprefix("torch."))
+    log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (%s) on %s (%s)",
+             len(train), len(heldout), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, spec.label)
 
     sharded = distributed.sharded(model)  # FSDP2: every forward is collective, so every rank evaluates too
     size = lambda idx: pair_batch_tokens([train[i] for i in idx], cfg.packing)  # noqa: E731

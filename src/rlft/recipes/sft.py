@@ -379,7 +379,7 @@ def train_sft(cfg: SFTConfig) -> Path:
     steps_per_epoch, total_steps = step_plan(len(examples), cfg)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
-    log.info("SFT: %d examples, %d steps of %d (%s) on %s/%s", len(examples), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, str(spec.dtype).removeprefix("torch."))
+    log.info("SFT: %d examples, %d steps of %d (%s) on %s (%s)", len(examples), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, spec.label)
 
     with training_progress("sft") as progress:
         bar = progress.add_task("sft", total=total_steps, completed=start_step, info="")

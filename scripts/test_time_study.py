@@ -138,8 +138,8 @@ def verdict(model: str, label: str, cmp: dict | None, point: dict, span: tuple[f
     winner = f"{model} best-of-N" if cmp["diff"] > 0 else label if cmp["diff"] < 0 else "neither"
     return (f"{model} vs {label}, at {cmp['tokens']:.0f} tokens per task: {LABELS[cmp['selector']]} (between n={cmp['n_low']} "
             f"and n={cmp['n_high']}, w={cmp['w']:.2f}) scores {cmp['score']:.3f}, the long search {cmp['point_score']:.3f}: "
-            f"difference {cmp['diff']:+.3f}{ci}; better at equal generated tokens: {winner}"
-            f"{'' if sure or cmp['ci_low'] is None else ' (the interval includes 0: not resolved)'}.")
+            f"difference {cmp['diff']:+.3f}{ci}; better at equal generated tokens: "
+            + (winner if sure or cmp["ci_low"] is None else f"not resolved (the interval includes 0; ahead on the point estimate: {winner})") + ".")
 
 
 def _cell(p: dict) -> str:

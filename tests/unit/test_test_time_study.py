@@ -77,7 +77,11 @@ def test_bracket_and_equal_cost_comparison_by_hand():
     assert m.equal_cost_comparison(curves, {**point, "tokens": 5.0}) is None
     text = m.verdict("rl", "long", cmp, point, (10, 100))
     assert "majority (between n=1 and n=2, w=0.50) scores 0.350, the long search 0.300: difference +0.050" in text
-    assert "better at equal generated tokens: rl best-of-N (the interval includes 0: not resolved)" in text
+    assert "better at equal generated tokens: not resolved (the interval includes 0; ahead on the point estimate: rl best-of-N)" in text
+    sure = m.verdict("rl", "long", {**cmp, "ci_low": 0.01, "ci_high": 0.09}, point, (10, 100))
+    assert sure.endswith("better at equal generated tokens: rl best-of-N.")
+    assert m.verdict("rl", "long", {**cmp, "diff": -0.05, "ci_low": -0.09, "ci_high": -0.01}, point, (10, 100)).endswith(
+        "better at equal generated tokens: long.")
     assert "outside rl's curve (10-100 tokens per task)" in m.verdict("rl", "long", None, {**point, "tokens": 5.0}, (10, 100))
 
 
@@ -110,7 +114,7 @@ def test_study_on_fake_files(tmp_path, capsys):
     half = Z * math.sqrt(sum((x - mean) ** 2 for x in d) / 2) / math.sqrt(3)
     assert (f"m vs long search, at 30 tokens per task: majority (between n=2 and n=4, w=0.30) scores 0.400, the long "
             f"search 0.667: difference {mean:+.3f} [95% CI {mean - half:+.3f}, {mean + half:+.3f}]; better at equal "
-            f"generated tokens: long search") in text
+            f"generated tokens: not resolved (the interval includes 0; ahead on the point estimate: long search)") in text
     assert "| long search | 0.667 |" in text
     assert png.read_bytes()[:4] == b"\x89PNG"
 

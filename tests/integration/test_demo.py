@@ -41,7 +41,7 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     assert "| base - sft |" not in text  # base is not trained from SFT: no paired row
     assert "(n=8)" in text  # the 8 quick test rows
     # best-of-N over the sampled evaluation's 2 samples, for the sampled models only
-    for label in ("majority@2", "self-certainty@2", "self-certainty vote@2", "oracle = pass@k (upper bound)@2"):
+    for label in ("majority@2", "self-certainty@2", "self-certainty vote@2", "oracle@2 = pass@2 (upper bound)"):
         assert f"| sft | {label} |" in text and f"| rl | {label} |" in text
     assert "| base | majority" not in text
     assert "![samples vs score](samples_vs_score.png)" in text and (run_dir / "samples_vs_score.png").stat().st_size > 1000

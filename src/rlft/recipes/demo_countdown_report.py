@@ -13,8 +13,8 @@ from rlft.recipes.demo_config import DemoConfig
 
 GREEDY, SAMPLED = "greedy", "sampled"
 SIZES = ((None, "mixed"), (3, "3 numbers"), (4, "4 numbers"))
-SELECTORS = (("majority", "majority"), ("self-certainty", "self-certainty"), ("self-certainty-vote", "self-certainty vote"),
-             ("oracle", "oracle = pass@k (upper bound)"))
+SELECTORS = (("majority", "majority@{k}"), ("self-certainty", "self-certainty@{k}"),
+             ("self-certainty-vote", "self-certainty vote@{k}"), ("oracle", "oracle@{k} = pass@{k} (upper bound)"))
 
 
 def _ci(d: dict) -> str:
@@ -100,7 +100,7 @@ def selection_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalR
                 continue
             chosen = selected_scores(name, sampled.task_scores, sampled.task_values, sampled.task_certainty, sampled.k)
             d = paired_difference([[x] for x in chosen], base)
-            rows.append([model, f"{label}@{sampled.k}", sum(chosen) / n, _ci(d), f"{sampled_tokens:.0f}"])
+            rows.append([model, label.format(k=sampled.k), sum(chosen) / n, _ci(d), f"{sampled_tokens:.0f}"])
     if not rows:
         return "none (no sampled evaluation)"
     return markdown_table(["model", "answer", "score", "minus greedy [95% CI]", "tokens generated per task"], rows)

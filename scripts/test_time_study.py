@@ -172,13 +172,16 @@ def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    styles = {"oracle": ":", "reward-model": "-.", "self-certainty": "--"}
+    fig, ax = plt.subplots(figsize=(10, 5))
+    # colour: the model; line style and marker: the selector
+    styles = {"majority": ("-", "o"), "self-certainty": ("--", "s"), "self-certainty-vote": ("-.", "^"),
+              "reward-model": ((0, (5, 1, 1, 1, 1, 1)), "D"), "oracle": (":", "x")}
     for c, (name, m) in enumerate(models.items()):
         color = f"C{c}"
         for sel, pts in m["curves"].items():
+            linestyle, marker = styles.get(sel, ("-", "o"))
             ax.errorbar([p["tokens_per_task"] for p in pts], [p["score"] for p in pts], yerr=[p["half"] for p in pts],
-                        color=color, linestyle=styles.get(sel, "-"), marker="o", ms=3, capsize=2,
+                        color=color, linestyle=linestyle, marker=marker, ms=4, capsize=2,
                         label=f"{name}: {LABELS[sel]}" + (" (direct)" if m["direct"] else ""))
         if m["greedy"] is not None:
             g = m["greedy"]
@@ -192,7 +195,7 @@ def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
     ax.set_ylabel("mean score of the answer kept (0 / 0.1 / 1)")
     ax.set_title("Test-time scaling: best-of-N vs a single long search")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a curve
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

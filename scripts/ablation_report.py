@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablation_archive import unpack_archive  # noqa: E402  (the unpack command)
 from countdown_ablation import CONFIGS, pairs_file  # noqa: E402  (the runner's folder layout)
 
 from rlft.recipes.pipeline import load_variants  # noqa: E402
@@ -251,34 +251,6 @@ def plot_paired(variants: dict, out: Path, n: int) -> Path | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-ARCHIVED = re.compile(r"^(?P<name>.+?)_s(?P<seed>\d+)_(?P<file>eval_.+\.json|metrics\.jsonl|pairs_stats\.json|train_time\.json)$")
-"""An archived run file, ``<variant>_s<seed>_<file>`` (docs/results/countdown-bounded/data)."""
-UNPACKED_AS = {"metrics.jsonl": "run/metrics.jsonl", "pairs_stats.json": "pairs.stats.json"}
-"""Where an archived file goes inside ``<variant>/s<seed>/`` when its run folder names it differently."""
-
-
-def unpack_archive(variants: dict, archive: Path, out: Path) -> int:
-    """Copy an archive's run files into the ``out/<variant>/s<seed>/`` layout that ``report`` and the plots read:
-    ``eval_*.json`` and ``train_time.json`` as they are, ``metrics.jsonl`` to ``run/metrics.jsonl``, ``pairs_stats.json``
-    to ``pairs.stats.json``; ``sft_start_eval_*.json`` to ``sft_start/``. Files of unknown variants and files already
-    in ``out`` are left alone. Returns the number of files copied."""
-    import shutil
-
-    copied = 0
-    for path in sorted(archive.iterdir()):
-        if path.name.startswith("sft_start_eval_"):
-            target = out / "sft_start" / path.name.removeprefix("sft_start_")
-        elif (m := ARCHIVED.match(path.name)) and m["name"] in variants:
-            target = out / m["name"] / f"s{m['seed']}" / UNPACKED_AS.get(m["file"], m["file"])
-        else:
-            continue
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-            copied += 1
-    return copied
 
 
 def main(argv: list[str] | None = None) -> None:

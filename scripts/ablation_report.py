@@ -141,18 +141,20 @@ def churn(variants: dict, out: Path, n: int) -> str:
     return "\n".join(lines)
 
 
-def inloop_eval_file(folder: Path) -> str | None:
+def inloop_eval_file(folder: Path) -> str:
     """The file-name prefix of the SFT start's greedy evaluation on the rows the RL run in ``folder`` evaluates in its
-    loop (its first ``eval_limit`` held-out tasks): ``eval_val_greedy_`` (validation rows) when it trains on a
-    Countdown dataset (``data``) with ``eval_rows: validation``, else ``eval_greedy_`` (test rows; a generated preset's
-    held-out tasks). Read from the run's ``config.yaml``; None without
-    one (an archive that kept only the metrics)."""
+    loop (its first ``eval_limit`` held-out tasks): ``eval_val_greedy_`` (validation rows) when its ``config.yaml``
+    says it trains on a Countdown dataset (``data``, held out) with ``eval_rows: validation``, else ``eval_greedy_``
+    (test rows: a generated preset's held-out tasks; also a run without a ``config.yaml``, as the archives of the
+    generated-preset studies are). Fields the file lacks take :class:`rlft.rl.config.RLConfig`'s defaults."""
     import yaml
 
-    if not (folder / "run" / "config.yaml").exists():
-        return None
-    cfg = yaml.safe_load((folder / "run" / "config.yaml").read_text()) or {}
-    on_validation = cfg.get("data") and cfg.get("data_heldout", True) and cfg.get("eval_rows", "validation") == "validation"
+    from rlft.rl.config import RLConfig
+
+    path = folder / "run" / "config.yaml"
+    cfg = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    on_validation = (cfg.get("data", RLConfig.data) and cfg.get("data_heldout", RLConfig.data_heldout)
+                     and cfg.get("eval_rows", RLConfig.eval_rows) == "validation")
     return "eval_val_greedy_" if on_validation else "eval_greedy_"
 
 
@@ -168,8 +170,7 @@ def plot_samples_vs_score(variants: dict, out: Path, n_curve: int = 100) -> Path
     from rlft.eval.report import plot_samples_vs_score as plot_runs
 
     folders = list(seed_folders(variants, out, "rl"))
-    # archives of the generated-preset studies kept no run config: their in-loop rows are the test prefix
-    prefixes = {inloop_eval_file(folder) or "eval_greedy_" for _, folder in folders}
+    prefixes = {inloop_eval_file(folder) for _, folder in folders}
     start = None
     if len(prefixes) == 1:
         prefix = prefixes.pop()

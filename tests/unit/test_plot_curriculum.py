@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def plot():
-    spec = importlib.util.spec_from_file_location("plot_curriculum", ROOT / "scripts" / "plot_curriculum.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("plot_curriculum")
 
 
 def _write(path: Path, records: list[dict]) -> Path:

@@ -3,7 +3,6 @@ swapped pairs giving 1 - accuracy, ties and over-long prompts skipped and counte
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,17 +10,13 @@ from pathlib import Path
 import pytest
 
 from rlft.rewards.reward_model import RewardModelScorer
-from tests.conftest import make_tiny_rm, save_model_dir, write_jsonl_rows
+from tests.conftest import load_script, make_tiny_rm, save_model_dir, write_jsonl_rows
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("rm_pair_accuracy", ROOT / "scripts" / "rm_pair_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("rm_pair_accuracy")
 
 
 def run(monkeypatch, *args) -> dict:

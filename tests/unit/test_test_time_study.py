@@ -3,7 +3,6 @@ tokens and its interpolation (worked by hand), the plot written, and the errors 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -11,16 +10,13 @@ from pathlib import Path
 import pytest
 
 from rlft.eval.countdown import CountdownEvalResult
+from tests.conftest import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 Z = 1.959963984540054
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("test_time_study", ROOT / "scripts" / "test_time_study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("test_time_study")
 
 
 TASKS = [{"nums": [1, 2, 3], "target": t} for t in (6, 7, 8)]

@@ -4,20 +4,16 @@ errors on runs that do not share their reference answers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import load_script
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("uf_best_of_n_report", ROOT / "scripts" / "uf_best_of_n_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("uf_best_of_n_report")
 
 
 class StubJudge:

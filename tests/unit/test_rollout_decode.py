@@ -109,3 +109,16 @@ def test_shape_errors():
         decode(None, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), SamplingParams(), [0])
     with pytest.raises(ValueError, match="N >= 1"):
         decode(None, torch.zeros(0, 3, dtype=torch.long), torch.ones(0, 3, dtype=torch.long), SamplingParams(), [0])
+
+
+@pytest.mark.parametrize("tok_name", ["smol_tokenizer", "qwen_tokenizer"])
+def test_static_cache_greedy_equals_the_eager_paths(tok_name, request):
+    """decoder='static' (CUDA's default: transformers' static-cache generate, compiled there; uncompiled here) picks
+    the tokens of the dynamic-cache ``generate`` and of rlft's own loop, with rows of different prompt lengths."""
+    tokenizer = request.getfixturevalue(tok_name)
+    model = tiny_model(tokenizer)
+    params = SamplingParams(k=1, temperature=0.0, max_new_tokens=10)
+    static = HFEngine(model, tokenizer, batch_size=8, decoder="static").generate(PROMPTS, params)
+    assert ids_of(static) == ids_of(HFEngine(model, tokenizer, batch_size=8, decoder="generate").generate(PROMPTS, params))
+    assert ids_of(static) == ids_of(HFEngine(model, tokenizer, batch_size=8, decoder="drop").generate(PROMPTS, params))
+    assert len({tuple(s.completion_ids) for samples in static for s in samples}) > 1

@@ -47,8 +47,27 @@ def test_accuracy_matches_a_naive_loop_and_swaps(tmp_path, monkeypatch, smol_tok
     assert back["accuracy"] == pytest.approx(1 - out["accuracy"])
 
 
-def test_missing_field_names_the_row(tmp_path, monkeypatch, smol_tokenizer):
+def test_invalid_row_names_the_row_or_is_skipped_and_counted(tmp_path, monkeypatch, smol_tokenizer):
+    """A row with no ``rejected`` (and one with an empty reply) stops the run naming file, row and field; with
+    --skip-invalid they are skipped, counted, and the rest scored as if they were not there."""
     model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer), smol_tokenizer)
-    pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", [ROWS[0], {"prompt": "p", "chosen": "c"}])
-    with pytest.raises(ValueError, match=r"row 1: no field 'rejected'"):
+    bad = [{"prompt": "p", "chosen": "c"}, {"prompt": "q", "chosen": "", "rejected": "r"}]
+    pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", [ROWS[0], *bad, *ROWS[1:4]])
+    with pytest.raises(ValueError, match=r"pairs.jsonl: row 1: field 'rejected'"):
         run(monkeypatch, "--model", model_dir, "--pairs", pairs, "--json", tmp_path / "c.json")
+    out = run(monkeypatch, "--model", model_dir, "--pairs", pairs, "--skip-invalid", "--max-length", 128, "--dtype",
+              "float32", "--json", tmp_path / "d.json")
+    clean = run(monkeypatch, "--model", model_dir, "--pairs", write_jsonl_rows(tmp_path / "clean.jsonl", ROWS[:4]),
+                "--max-length", 128, "--dtype", "float32", "--json", tmp_path / "e.json")
+    assert out["skipped_invalid"] == 2 and out["n"] == clean["n"] == 4 and out["accuracy"] == clean["accuracy"]
+
+
+def test_interval_is_wilsons(tmp_path, monkeypatch, smol_tokenizer):
+    """The interval is Wilson's: inside [0, 1] and not a point when every pair is won (the normal one collapses)."""
+    model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer, seed=3), smol_tokenizer)
+    out = run(monkeypatch, "--model", model_dir, "--pairs", write_jsonl_rows(tmp_path / "p.jsonl", ROWS), "--max-length",
+              128, "--dtype", "float32", "--json", tmp_path / "f.json")
+    n, p, z = out["n"], out["accuracy"], 1.959963984540054
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    assert out["interval"] == "wilson" and out["ci95"] == pytest.approx([center - half, center + half])

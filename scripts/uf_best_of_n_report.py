@@ -28,13 +28,9 @@ from itertools import combinations
 from pathlib import Path
 from statistics import mean
 
+from rlft.data.files import read_jsonl
 from rlft.eval.countdown import paired_difference
 from rlft.eval.winrate import winrate_label
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def column(values: list[float]) -> list[list[float]]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import rlft.recipes.pairs as pairs_recipe
+from rlft.data.files import read_jsonl
 from rlft.recipes.dpo import DPOConfig
 from rlft.recipes.dpo_data import TextPair, load_text_pairs
 from rlft.recipes.pairs import PairsConfig, best_and_worst, load_pair_tasks, make_countdown_pairs, stats_path
@@ -44,10 +45,6 @@ def cfg_for(tmp_path: Path, **overrides) -> PairsConfig:
     base = PairsConfig(model=str(tmp_path / "no-model-needed"), preset="tiny", num_prompts=4, device="cpu",
                        output=str(tmp_path / "pairs" / "countdown.jsonl"))
     return replace(base, **overrides)
-
-
-def read_jsonl(path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def correct(task) -> str:

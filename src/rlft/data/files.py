@@ -179,6 +179,13 @@ def _read_local(path: Path, columns: list[str] | None) -> list:
     return rows
 
 
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a JSONL file that rlft wrote (:func:`write_jsonl`), blank lines skipped. User data goes through
+    :func:`read_rows`, whose errors name the file, row and field."""
+    with Path(path).open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def write_jsonl(path: str | Path, rows) -> None:
     """Write rows (dicts) as JSONL atomically (:func:`rlft.fsio.atomic_open`), creating the folder."""
     path = Path(path)

@@ -59,10 +59,11 @@ from pathlib import Path
 
 from rlft.checkpoint import read_metrics
 from rlft.console import console
+from rlft.data.files import read_jsonl
 from rlft.eval.report import markdown_table, plot_curve
 from rlft.eval.winrate import WinrateConfig, load_prompts, prompt_key, run_winrate, winrate_label, winrate_summary
 from rlft.recipes.demo_config import DemoConfig
-from rlft.recipes.demo_ultrafeedback_data import READ_LIMIT, generate_responses, read_jsonl, resolve_data, sft_data
+from rlft.recipes.demo_ultrafeedback_data import READ_LIMIT, generate_responses, resolve_data, sft_data
 from rlft.recipes.demo_ultrafeedback_data import split_preferences  # noqa: F401  (part of this track's interface)
 from rlft.recipes.pipeline import run_stage
 

@@ -135,7 +135,3 @@ def generate_responses(model_name: str, prompts: list, cfg: DemoConfig, path: Pa
     log.info("generating %d responses with %s", len(texts), model_name)
     samples = HFEngine(model, tokenizer, batch_size=cfg.eval_batch_size, show_progress=True, add_special_tokens=False).generate(texts, params)
     write_jsonl(path, ({"prompt": m, "response": s[0].text, "truncated": s[0].finish_reason == "length"} for m, s in zip(prompts, samples)))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -11,7 +11,7 @@ pass@1/pass@4. ``scripts/ablation_report.py`` pairs each against the SFT start (
     python scripts/ablation_report.py report --out runs/ablation --tasks 200
 
 ``run`` is resumable: a finished variant/seed (its ``eval_*.json`` present) is skipped, an unfinished run resumes from
-its last checkpoint, and evaluations are cached (:func:`rlft.recipes.pipeline.evaluate_cached`: a rebuilt model is
+its last checkpoint (one killed before its first checkpoint restarts; rlft moves the old folder aside), and evaluations are cached (:func:`rlft.recipes.pipeline.evaluate_cached`: a rebuilt model is
 evaluated again). ``pairs`` only samples the DPO variants' pairs; ``list`` prints the variants; ``sft-curve`` scores an
 SFT run's checkpoints. Runs go one after another (2 CPU cores: never two at once).
 """
@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from rlft.checkpoint import checkpoint_folders
 from rlft.recipes.pipeline import Setting, heldout_tasks, load_settings, load_variants
 from rlft.validation import OptionError
 
@@ -147,7 +148,9 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     run, model_dir = folder / "run", folder / "run" / "model"
-    resume, device = (run / "checkpoints").exists(), dict(device=s.device, dtype=s.dtype)
+    # resume from the newest checkpoint; a run killed before its first one is moved aside (run.replaced-<time>), restarted
+    resume = run.exists() and bool(checkpoint_folders(run))
+    restart, device = dict(resume=resume, overwrite=run.exists() and not resume), dict(device=s.device, dtype=s.dtype)
     if not model_dir.exists():
         t0 = time.perf_counter()
         start = start_model(ab, name, seed)
@@ -158,7 +161,7 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
             options = {**s.tasks, **s.rl, "max_new_tokens": s.max_new_tokens, "eval_max_new_tokens": s.max_new_tokens,
                        "micro_batch_size": s.micro_batch_size, **recipe_options(RLConfig, name, spec)}
             train_rl(RLConfig(**{**options, **({"max_steps": ab.steps} if ab.steps else {})}, model=str(start),
-                              output_dir=str(run), seed=seed, resume=resume, **device,
+                              output_dir=str(run), seed=seed, **restart, **device,
                               # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch
                               resume_override=("micro_batch_size",)))
         elif spec["kind"] == "dpo":
@@ -166,7 +169,7 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
 
             pairs = ensure_pairs(ab, name, seed)
             train_dpo(DPOConfig(**{**s.dpo, **recipe_options(DPOConfig, name, spec)}, model=str(start), data=str(pairs),
-                                output_dir=str(run), micro_batch_size=s.micro_batch_size, seed=seed, resume=resume, **device))
+                                output_dir=str(run), micro_batch_size=s.micro_batch_size, seed=seed, **restart, **device))
         else:  # continued SFT from the SFT start, for the budget of an RL run
             from rlft.recipes.sft import SFTConfig, train_sft
 
@@ -178,7 +181,7 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
                 budget = rl_wallclock(ab, seed)
             train_sft(SFTConfig(**{**s.tasks, **s.sft_continued, **recipe_options(SFTConfig, name, spec)},
                                 model=str(ab.sft), trace_style=s.trace_style, give_up=s.give_up, output_dir=str(run),
-                                max_steps=max(1, round(budget / ab.sft_step_s)), seed=seed, resume=resume, **device))
+                                max_steps=max(1, round(budget / ab.sft_step_s)), seed=seed, **restart, **device))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     evaluate(ab, model_dir, folder, seed)
 

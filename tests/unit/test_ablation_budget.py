@@ -89,6 +89,27 @@ def test_budget_from_an_archived_metrics_file_overrides_budget_of(ablation, tmp_
         ablation.summed_step_seconds(tmp_path / "eval_only.jsonl")
 
 
+def test_a_run_resumes_from_its_checkpoint_and_one_killed_before_any_restarts(ablation, tmp_path):
+    """The runner resumes a run with a checkpoint; a run holding only metrics (killed before its first checkpoint)
+    is restarted with overwrite (moved aside by rlft, not deleted); a fresh folder starts with neither."""
+    seen = []
+
+    def fake_train_sft(cfg):
+        seen.append((cfg.resume, cfg.overwrite))
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    for seed in (0, 1, 2):  # the RL runs that size the budget
+        _finished_rl_run(tmp_path / "grpo_filter_lora_1e4_60" / f"s{seed}", [60.0])
+    folder = tmp_path / "sft_continued_60"
+    (folder / "s1" / "run" / "checkpoints" / "step-5").mkdir(parents=True)
+    (folder / "s2" / "run").mkdir(parents=True)
+    (folder / "s2" / "run" / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    with mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch.object(ablation, "evaluate"):
+        for seed in (0, 1, 2):
+            ablation.run_variant(make(ablation, tmp_path), "sft_continued_60", seed)
+    assert seen == [(False, False), (True, False), (False, True)]
+
+
 def test_compare_prints_the_paired_difference(report, tmp_path, capsys):
     """compare --pair A B: A minus B per task (3 tasks: +1, 0, -0.5), mean +0.167, better/worse 1/1."""
     a, b = tmp_path / "a.json", tmp_path / "b.json"
@@ -105,7 +126,7 @@ def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
     of the same seed, sampling them when absent; the pair options never reach DPOConfig (it would raise on an unknown
     field); every DPO run checkpoints every 5 steps and resumes when its folder has checkpoints."""
     pairs, dpo, resumes = [], [], []
-    (tmp_path / "dpo_4x_lora_1e4" / "s0" / "run" / "checkpoints").mkdir(parents=True)  # a killed run's
+    (tmp_path / "dpo_4x_lora_1e4" / "s0" / "run" / "checkpoints" / "step-5").mkdir(parents=True)  # a killed run's
 
     def fake_pairs(cfg):
         pairs.append((cfg.num_prompts, cfg.start, cfg.num_samples, cfg.seed))

@@ -4,8 +4,8 @@ Pairs are read by :func:`rlft.data.preferences.load_preference_pairs`, as ``rlft
 (equal ``score_chosen`` and ``score_rejected``) are dropped and counted, as ``--drop-ties`` does; an invalid row
 (a missing field, an empty reply, chosen and rejected after different conversations) is an error naming the file,
 row and field, or with ``--skip-invalid`` is skipped and counted. The model scores both answers of each pair
-through :class:`rlft.rewards.reward_model.RewardModelScorer`; accuracy is the fraction with chosen > rejected (an
-exact tie counts 0.5), with Wilson's 95% interval (:func:`rlft.eval.winrate.winrate_summary`). Pairs whose prompt
+through :class:`rlft.rewards.reward_model.RewardModelScorer`; accuracy is the fraction with chosen > rejected, strictly
+(an exact score tie counts 0, as in ``rlft rm``'s held-out accuracy; ties are counted in ``score_ties``), with Wilson's 95% interval (:func:`rlft.eval.winrate.winrate_summary`). Pairs whose prompt
 alone is longer than ``--max-length`` are skipped and counted, as in training; longer answers are cut at the end,
 as in training.
 
@@ -51,9 +51,10 @@ def main() -> None:
     prompts = [pair.prompt for pair in kept]
     chosen = scorer.score(prompts, [pair.chosen for pair in kept])
     rejected = scorer.score(prompts, [pair.rejected for pair in kept])
-    summary = winrate_summary([1.0 if c > j else 0.5 if c == j else 0.0 for c, j in zip(chosen, rejected)])
+    summary = winrate_summary([1.0 if c > j else 0.0 for c, j in zip(chosen, rejected)])
     out = {"model": args.model, "pairs": str(args.pairs), "n": summary["n"], "accuracy": summary["win_rate"],
-           "ci95": [summary["ci_low"], summary["ci_high"]], "interval": "wilson", "skipped_ties": counts["dropped_ties"],
+           "ci95": [summary["ci_low"], summary["ci_high"]], "interval": "wilson",
+           "score_ties": sum(c == j for c, j in zip(chosen, rejected)), "skipped_ties": counts["dropped_ties"],
            "skipped_invalid": counts["skipped_invalid"], "skipped_prompt_too_long": too_long, "max_length": args.max_length}
     print(json.dumps(out, indent=1))
     if args.json:

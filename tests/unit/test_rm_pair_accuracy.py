@@ -71,3 +71,12 @@ def test_interval_is_wilsons(tmp_path, monkeypatch, smol_tokenizer):
     center = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
     assert out["interval"] == "wilson" and out["ci95"] == pytest.approx([center - half, center + half])
+
+
+def test_an_exact_score_tie_counts_zero_as_in_rlft_rm(tmp_path, monkeypatch, smol_tokenizer):
+    """Identical answers score identically: the pair counts 0 (strict chosen > rejected) and is counted in score_ties."""
+    model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer, seed=3), smol_tokenizer)
+    same = {"prompt": "same", "chosen": "an answer", "rejected": "an answer"}
+    out = run(monkeypatch, "--model", model_dir, "--pairs", write_jsonl_rows(tmp_path / "p.jsonl", [same] * 3),
+              "--max-length", 128, "--dtype", "float32", "--json", tmp_path / "a.json")
+    assert out["n"] == 3 and out["score_ties"] == 3 and out["accuracy"] == 0.0

@@ -117,15 +117,6 @@ def evaluate_countdown(
         score_completions([prompt] * params.k, [s.text for s in row], [task.ground_truth()] * params.k)
         for task, prompt, row in zip(tasks, prompts, samples)
     ]
-    flat = [x for row in scores for x in row]
-    flat_samples = [s for row in samples for s in row]
-    accuracy = sum(x == 1.0 for x in flat) / len(flat)
-    greedy = params.temperature == 0.0
-    if greedy:
-        pass_at = {1: accuracy}
-    else:
-        correct = [sum(x == 1.0 for x in row) for row in scores]
-        pass_at = {j: mean_pass_at_k(params.k, correct, j) for j in pass_at_k_sizes(params.k)}
     examples = [
         {
             "prompt_tail": prompt[-PROMPT_TAIL_CHARS:],
@@ -136,24 +127,61 @@ def evaluate_countdown(
         }
         for task, prompt, row, row_scores in list(zip(tasks, prompts, samples, scores))[:num_examples]
     ]
-    truncated = [[s.finish_reason == "length" for s in row] for row in samples]
+    return summarize(
+        "greedy" if params.temperature == 0.0 else "sampled",
+        task_scores=scores,
+        tasks=[{"nums": list(task.nums), "target": task.target} for task in tasks],
+        task_truncated=[[s.finish_reason == "length" for s in row] for row in samples],
+        task_tokens=[[len(s.completion_ids) for s in row] for row in samples],
+        task_values=[[answer_value(prompt, s.text) for s in row] for prompt, row in zip(prompts, samples)],
+        task_certainty=[[s.self_certainty for s in row] for row in samples],
+        examples=examples,
+    )
+
+
+def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], task_truncated: list[list[bool]],
+              task_tokens: list[list[int]], task_values: list[list[float | None]],
+              task_certainty: list[list[float | None]], examples: list[dict] | None = None,
+              task_rm_scores: list[list[float]] | None = None) -> CountdownEvalResult:
+    """A :class:`CountdownEvalResult` from its per-task lists, each of shape (num_tasks, k): the rates are means
+    over all tasks x samples; pass@j (sampled: j in :func:`pass_at_k_sizes`, unbiased estimator; greedy: {1:
+    accuracy}); ``by_size`` (:func:`size_summary`). ``mode``: ``"greedy"`` or ``"sampled"``.
+
+    Raises:
+        ValueError: no tasks, or a task whose lists do not all hold the same k samples.
+    """
+    if not task_scores:
+        raise ValueError("no tasks to summarize")
+    k = len(task_scores[0])
+    per_task = [task_scores, task_truncated, task_tokens, task_values, task_certainty, *([task_rm_scores] if task_rm_scores else [])]
+    if k == 0 or any(len(lists) != len(task_scores) or any(len(row) != k for row in lists) for lists in per_task) \
+            or len(tasks) != len(task_scores):
+        raise ValueError(f"every per-task list needs {len(task_scores)} tasks of {k} samples each")
+    flat = [x for row in task_scores for x in row]
+    accuracy = sum(x == 1.0 for x in flat) / len(flat)
+    if mode == "greedy":
+        pass_at = {1: accuracy}
+    else:
+        correct = [sum(x == 1.0 for x in row) for row in task_scores]
+        pass_at = {j: mean_pass_at_k(k, correct, j) for j in pass_at_k_sizes(k)}
     result = CountdownEvalResult(
-        num_tasks=len(tasks),
-        k=params.k,
-        mode="greedy" if greedy else "sampled",
+        num_tasks=len(task_scores),
+        k=k,
+        mode=mode,
         mean_score=sum(flat) / len(flat),
         accuracy=accuracy,
         format_rate=sum(x >= 0.1 for x in flat) / len(flat),
         pass_at_k=pass_at,
-        mean_completion_tokens=sum(len(s.completion_ids) for s in flat_samples) / len(flat_samples),
-        truncated_rate=sum(s.finish_reason == "length" for s in flat_samples) / len(flat_samples),
-        examples=examples,
-        task_scores=scores,
-        tasks=[{"nums": list(task.nums), "target": task.target} for task in tasks],
-        task_truncated=truncated,
-        task_tokens=[[len(s.completion_ids) for s in row] for row in samples],
-        task_values=[[answer_value(prompt, s.text) for s in row] for prompt, row in zip(prompts, samples)],
-        task_certainty=[[s.self_certainty for s in row] for row in samples],
+        mean_completion_tokens=sum(x for row in task_tokens for x in row) / len(flat),
+        truncated_rate=sum(x for row in task_truncated for x in row) / len(flat),
+        examples=examples or [],
+        task_scores=task_scores,
+        tasks=tasks,
+        task_truncated=task_truncated,
+        task_tokens=task_tokens,
+        task_values=task_values,
+        task_certainty=task_certainty,
+        task_rm_scores=task_rm_scores or [],
     )
     result.by_size = size_summary(result)
     return result
@@ -241,3 +269,34 @@ def print_result(result: CountdownEvalResult, title: str = "Countdown eval") -> 
             sizes.add_row(name, str(m["n"]), f"{m['score']:.4f}", f"{m['accuracy']:.4f}", f"{m['format_rate']:.4f}",
                           f"{m['truncated_rate']:.4f}")
         Console().print(sizes)
+
+
+def merge_samples(results: list[CountdownEvalResult]) -> CountdownEvalResult:
+    """One sampled evaluation with every sample of ``results``: per task, the samples of ``results[0]``, then
+    ``results[1]``'s, ... (k = the sum of their k), and every rate recomputed (:func:`summarize`). For best-of-N
+    curves past the k one run can afford: evaluations of the same model on the same tasks at different seeds are
+    independent samples. Which model, temperature and seed each file used is the caller's check (their ``config``).
+
+    Raises:
+        ValueError: fewer than two results, a greedy one, different tasks (nums and target, in order), or reward-model
+            scores in some results but not all (they would be lost).
+    """
+    if len(results) < 2:
+        raise ValueError(f"merging needs at least two sampled evaluations, got {len(results)}")
+    if any(r.mode != "sampled" for r in results):
+        raise ValueError("only sampled evaluations can be merged (a greedy one has one deterministic sample per task)")
+    for i, r in enumerate(results[1:], start=1):
+        if r.tasks != results[0].tasks:
+            raise ValueError(f"evaluation {i} is of other tasks than evaluation 0 (nums and target, in order)")
+    with_rm = [bool(r.task_rm_scores) for r in results]
+    if any(with_rm) and not all(with_rm):
+        raise ValueError(f"reward-model scores in evaluations {[i for i, x in enumerate(with_rm) if x]} only: "
+                         "score the others with the same --select-reward-model, or merge only files without them")
+
+    def joined(name: str) -> list[list]:
+        return [[x for r in results for x in getattr(r, name)[t]] for t in range(results[0].num_tasks)]
+
+    return summarize("sampled", task_scores=joined("task_scores"), tasks=results[0].tasks,
+                     task_truncated=joined("task_truncated"), task_tokens=joined("task_tokens"),
+                     task_values=joined("task_values"), task_certainty=joined("task_certainty"),
+                     examples=results[0].examples, task_rm_scores=joined("task_rm_scores") if all(with_rm) else None)

@@ -1,0 +1,96 @@
+"""rlft.eval.countdown.merge_samples and scripts/merge_sampled_evals.py: splitting a k=4 evaluation into two k=2 halves
+and merging them gives the k=4 evaluation back, rates and pass@k by hand, and every refusal names what is wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlft.eval.countdown import CountdownEvalResult, merge_samples, summarize
+from tests.conftest import load_script
+
+TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [4, 5, 6, 7], "target": 22}]
+LISTS = dict(task_scores=[[1.0, 0.1, 0.0, 1.0], [0.1, 0.1, 0.1, 1.0]],
+             task_truncated=[[False, False, True, False], [False, False, False, False]],
+             task_tokens=[[10, 20, 64, 30], [40, 41, 42, 43]],
+             task_values=[[6.0, 5.0, None, 6.0], [21.0, 20.0, 19.0, 22.0]],
+             task_certainty=[[1.5, 1.0, 0.2, 1.4], [0.9, 0.8, 0.7, 1.1]],
+             task_rm_scores=[[2.0, -1.0, -3.0, 1.0], [0.0, 0.5, -0.5, 2.5]])
+
+
+def half(j: slice, **drop) -> CountdownEvalResult:
+    """The evaluation with only samples ``j`` of each task (as if sampled with k=2 at another seed)."""
+    lists = {name: [row[j] for row in rows] for name, rows in LISTS.items() if name not in drop}
+    return summarize("sampled", tasks=TASKS, **lists)
+
+
+def test_merging_two_halves_gives_the_whole_back_with_rates_by_hand():
+    merged = merge_samples([half(slice(0, 2)), half(slice(2, 4))])
+    whole = summarize("sampled", tasks=TASKS, **LISTS)
+    assert merged.to_dict() == whole.to_dict()
+    assert merged.k == 4 and merged.task_scores == LISTS["task_scores"]
+    assert merged.mean_score == pytest.approx((2.1 + 1.3) / 8)
+    assert merged.accuracy == pytest.approx(3 / 8) and merged.format_rate == pytest.approx(7 / 8)
+    assert merged.truncated_rate == pytest.approx(1 / 8) and merged.mean_completion_tokens == pytest.approx(290 / 8)
+    # pass@2, unbiased: task 0 has 2 of 4 right: 1 - C(2,2)/C(4,2) = 5/6; task 1 has 1 of 4: 1 - C(3,2)/C(4,2) = 1/2
+    assert merged.pass_at_k[2] == pytest.approx((5 / 6 + 1 / 2) / 2) and merged.pass_at_k[4] == 1.0
+    assert merged.by_size["4"]["score"] == pytest.approx(1.3 / 4)
+    assert half(slice(0, 2)).pass_at_k == {1: pytest.approx((1 / 2 + 0) / 2), 2: pytest.approx(1 / 2)}
+
+
+def test_merge_refuses_greedy_other_tasks_one_file_and_partial_reward_model_scores():
+    a = half(slice(0, 2))
+    with pytest.raises(ValueError, match="at least two"):
+        merge_samples([a])
+    greedy = summarize("greedy", tasks=TASKS, **{n: [row[:1] for row in rows] for n, rows in LISTS.items()})
+    with pytest.raises(ValueError, match="only sampled"):
+        merge_samples([a, greedy])
+    other = summarize("sampled", tasks=[TASKS[1], TASKS[0]], **{n: [row[2:] for row in rows] for n, rows in LISTS.items()})
+    with pytest.raises(ValueError, match="evaluation 1 is of other tasks"):
+        merge_samples([a, other])
+    with pytest.raises(ValueError, match=r"reward-model scores in evaluations \[0\] only"):
+        merge_samples([a, half(slice(2, 4), task_rm_scores=True)])
+    neither = merge_samples([half(slice(0, 2), task_rm_scores=True), half(slice(2, 4), task_rm_scores=True)])
+    assert neither.task_rm_scores == [] and neither.k == 4
+
+
+def write(path: Path, result: CountdownEvalResult, **config) -> Path:
+    cfg = {"model": "runs/sft/model", "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 256,
+           "prompt_template": "short", "select_reward_model": None, "k": result.k, **config}
+    path.write_text(json.dumps({**result.to_dict(), "config": cfg}))
+    return path
+
+
+def test_script_writes_the_merged_file_that_test_time_study_reads(tmp_path, capsys):
+    a = write(tmp_path / "a.json", half(slice(0, 2)), seed=0)
+    b = write(tmp_path / "b.json", half(slice(2, 4)), seed=7)
+    out = tmp_path / "merged" / "k4.json"
+    load_script("merge_sampled_evals").main([str(a), str(b), "--output", str(out)])
+    data = json.loads(out.read_text())
+    assert data["config"]["k"] == 4 and data["config"]["seeds"] == [0, 7] and data["config"]["seed"] is None
+    assert data["config"]["merged_from"] == [str(a), str(b)] and "4 samples (seeds [0, 7])" in capsys.readouterr().out
+    assert load_script("test_time_study").load(str(out)).task_scores == LISTS["task_scores"]
+    with pytest.raises(Exception, match="exists"):  # the output is never replaced without --overwrite
+        load_script("merge_sampled_evals").main([str(a), str(b), "--output", str(out)])
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"seed": 0}, "seed 0, as .*a.json"),
+    ({"seed": None}, "no seed"),
+    ({"seed": 1, "temperature": 1.0}, "temperature is 1.0, but .*a.json has 0.6"),
+    ({"seed": 1, "model": "runs/rl/model"}, "model is 'runs/rl/model'"),
+])
+def test_script_refuses_a_repeated_seed_or_another_setting(tmp_path, config, message):
+    a = write(tmp_path / "a.json", half(slice(0, 2)), seed=0)
+    b = write(tmp_path / "b.json", half(slice(2, 4)), **config)
+    with pytest.raises(SystemExit, match=message):
+        load_script("merge_sampled_evals").main([str(a), str(b), "--output", str(tmp_path / "m.json")])
+
+
+def test_script_names_a_file_that_is_not_an_evaluation(tmp_path):
+    a = write(tmp_path / "a.json", half(slice(0, 2)), seed=0)
+    (tmp_path / "b.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(SystemExit, match="b.json: not an `rlft eval countdown"):
+        load_script("merge_sampled_evals").main([str(a), str(tmp_path / "b.json"), "--output", str(tmp_path / "m.json")])

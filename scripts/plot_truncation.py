@@ -1,0 +1,106 @@
+"""The truncation screen's picture: RL runs with and without the options for answers that run over the budget
+(``--mask-truncated``, ``--overlong-buffer``), before and after RL.
+
+Reads each run's ``metrics.jsonl`` and greedy evaluation (``rlft eval countdown --output`` JSON, the same tasks for
+every run, checked) and the start's evaluation; writes one PNG with three panels and prints a Markdown table:
+
+1. the share of training samples cut at ``max_new_tokens`` per step (``completion/truncated_frac``);
+2. the mean generated tokens of the training samples per step (``completion/mean_tokens``);
+3. greedy evaluation: score and share of answers cut, for the start and each run.
+
+    python scripts/plot_truncation.py --start docs/results/countdown-real/data/sft_start_eval_validation_greedy.json \\
+        --run "real_grpo=D/rl_s0_metrics.jsonl,D/rl_s0_eval_validation_greedy.json" \\
+        --run "mask=D/mask_s0_metrics.jsonl,D/mask_s0_eval_validation_greedy.json" --out truncation_s0.png
+
+SystemExit naming the file: a missing file, an evaluation of other tasks, a run with no step records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rlft.checkpoint import read_metrics
+from rlft.eval.countdown import CountdownEvalResult
+
+
+def load_eval(path: Path) -> CountdownEvalResult:
+    """A greedy evaluation file; SystemExit naming it when missing or not an evaluation."""
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist")
+    try:
+        return CountdownEvalResult.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
+
+
+def load_run(spec: str) -> tuple[str, list[dict], Path]:
+    """``LABEL=METRICS,EVAL`` -> (label, step records, eval path); SystemExit naming what is wrong."""
+    label, sep, paths = spec.partition("=")
+    parts = [p.strip() for p in paths.split(",")]
+    if not sep or not label.strip() or len(parts) != 2:
+        raise SystemExit(f"--run {spec!r}: expected LABEL=METRICS.jsonl,EVAL.json")
+    metrics = Path(parts[0])
+    if not metrics.is_file():
+        raise SystemExit(f"{metrics} does not exist")
+    records = [r for r in read_metrics(metrics) if "step" in r and "completion/truncated_frac" in r]
+    if not records:
+        raise SystemExit(f"{metrics}: no step records with completion/truncated_frac (not an RL run's metrics?)")
+    return label.strip(), records, Path(parts[1])
+
+
+def table(rows: list[tuple[str, CountdownEvalResult]]) -> str:
+    """Markdown: per model, score (mixed / 3 / 4 numbers), accuracy, format rate, cut share, tokens per answer."""
+    lines = ["| greedy | score (mixed / 3 / 4) | accuracy | format rate | cut | tokens |", "|---|---|---|---|---|---|"]
+    for label, r in rows:
+        sizes = " / ".join(f"{r.by_size[k]['score']:.3f}" for k in ("3", "4") if k in r.by_size)
+        lines.append(f"| {label} | {r.mean_score:.3f} / {sizes} | {r.accuracy:.3f} | {r.format_rate:.3f} | "
+                     f"{r.truncated_rate:.3f} | {r.mean_completion_tokens:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--start", type=Path, required=True, help="the start model's greedy evaluation")
+    parser.add_argument("--run", action="append", required=True, help="LABEL=METRICS.jsonl,EVAL.json (repeat)")
+    parser.add_argument("--out", type=Path, required=True, help="the PNG")
+    args = parser.parse_args(argv)
+    start = load_eval(args.start)
+    runs = [load_run(spec) for spec in args.run]
+    evals = [("start", start)]
+    for label, _, path in runs:
+        result = load_eval(path)
+        if result.tasks != start.tasks:
+            raise SystemExit(f"{path}: other tasks than {args.start} (nums and target, in order)")
+        evals.append((label, result))
+    print(table(evals))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for label, records, _ in runs:
+        steps = [r["step"] for r in records]
+        axes[0].plot(steps, [r["completion/truncated_frac"] for r in records], marker="o", label=label)
+        axes[1].plot(steps, [r.get("completion/mean_tokens", float("nan")) for r in records], marker="o", label=label)
+    axes[0].set(xlabel="RL step", ylabel="share of training samples cut", title="training samples cut at the budget")
+    axes[1].set(xlabel="RL step", ylabel="tokens", title="training samples: mean generated tokens")
+    x = range(len(evals))
+    axes[2].bar([i - 0.2 for i in x], [r.mean_score for _, r in evals], width=0.4, label="score")
+    axes[2].bar([i + 0.2 for i in x], [r.truncated_rate for _, r in evals], width=0.4, label="answers cut")
+    axes[2].set_xticks(list(x), [label for label, _ in evals])
+    axes[2].set(title=f"greedy, {start.num_tasks} tasks", ylim=(0, 1))
+    for ax in axes:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""scripts/plot_truncation.py on hand-built files: the table's numbers, the PNG written, and the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlft.eval.countdown import summarize
+from tests.conftest import load_script
+
+TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [4, 5, 6, 7], "target": 22}]
+
+
+def write_eval(path: Path, scores: list[float], cut: list[bool], tokens: list[int], tasks=TASKS) -> str:
+    result = summarize("greedy", task_scores=[[s] for s in scores], tasks=tasks, task_truncated=[[c] for c in cut],
+                       task_tokens=[[t] for t in tokens], task_values=[[None]] * 2, task_certainty=[[None]] * 2)
+    path.write_text(json.dumps(result.to_dict()))
+    return str(path)
+
+
+def write_metrics(path: Path, cut: list[float]) -> str:
+    path.write_text("".join(json.dumps({"step": i + 1, "completion/truncated_frac": c, "completion/mean_tokens": 50 + i})
+                            + "\n" for i, c in enumerate(cut)))
+    return str(path)
+
+
+def test_table_and_plot(tmp_path, capsys):
+    start = write_eval(tmp_path / "start.json", [0.1, 0.1], [False, False], [60, 80])
+    run = f"rl={write_metrics(tmp_path / 'm.jsonl', [0.0, 0.25])},{write_eval(tmp_path / 'rl.json', [1.0, 0.0], [False, True], [90, 256])}"
+    load_script("plot_truncation").main(["--start", start, "--run", run, "--out", str(tmp_path / "t.png")])
+    out = capsys.readouterr().out
+    assert "| start | 0.100 / 0.100 / 0.100 | 0.000 | 1.000 | 0.000 | 70 |" in out
+    assert "| rl | 0.500 / 1.000 / 0.000 | 0.500 | 0.500 | 0.500 | 173 |" in out
+    assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_refuses_other_tasks_and_a_malformed_run(tmp_path):
+    start = write_eval(tmp_path / "start.json", [0.1, 0.1], [False, False], [60, 80])
+    other = write_eval(tmp_path / "o.json", [0.1, 0.1], [False, False], [60, 80], tasks=TASKS[::-1])
+    metrics = write_metrics(tmp_path / "m.jsonl", [0.0])
+    script = load_script("plot_truncation")
+    with pytest.raises(SystemExit, match="o.json: other tasks"):
+        script.main(["--start", start, "--run", f"rl={metrics},{other}", "--out", str(tmp_path / "t.png")])
+    with pytest.raises(SystemExit, match="expected LABEL=METRICS.jsonl,EVAL.json"):
+        script.main(["--start", start, "--run", f"rl={metrics}", "--out", str(tmp_path / "t.png")])
+    (tmp_path / "sft.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    with pytest.raises(SystemExit, match="no step records with completion/truncated_frac"):
+        script.main(["--start", start, "--run", f"rl={tmp_path / 'sft.jsonl'},{start}", "--out", str(tmp_path / "t.png")])

@@ -94,3 +94,14 @@ def test_script_names_a_file_that_is_not_an_evaluation(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps({"hello": 1}))
     with pytest.raises(SystemExit, match="b.json: not an `rlft eval countdown"):
         load_script("merge_sampled_evals").main([str(a), str(tmp_path / "b.json"), "--output", str(tmp_path / "m.json")])
+
+
+def test_summarize_names_the_list_of_the_wrong_shape():
+    """An older file without per-sample values (task_values empty) cannot be merged: the error names the list."""
+    lists = {**LISTS, "task_values": []}
+    with pytest.raises(ValueError, match="task_values: every per-task list needs 2 tasks of 4 samples each"):
+        summarize("sampled", tasks=TASKS, **lists)
+    with pytest.raises(ValueError, match=r"task_tokens: .* got 2 tasks of \[3, 4\] samples"):
+        summarize("sampled", tasks=TASKS, **{**LISTS, "task_tokens": [[1, 2, 3], [1, 2, 3, 4]]})
+    with pytest.raises(ValueError, match="tasks: .* got 1 tasks"):
+        summarize("sampled", tasks=TASKS[:1], **LISTS)

@@ -152,11 +152,13 @@ def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], t
     """
     if not task_scores:
         raise ValueError("no tasks to summarize")
-    k = len(task_scores[0])
-    per_task = [task_scores, task_truncated, task_tokens, task_values, task_certainty, *([task_rm_scores] if task_rm_scores else [])]
-    if k == 0 or any(len(lists) != len(task_scores) or any(len(row) != k for row in lists) for lists in per_task) \
-            or len(tasks) != len(task_scores):
-        raise ValueError(f"every per-task list needs {len(task_scores)} tasks of {k} samples each")
+    k, n = len(task_scores[0]), len(task_scores)
+    per_task = {"task_scores": task_scores, "task_truncated": task_truncated, "task_tokens": task_tokens,
+                "task_values": task_values, "task_certainty": task_certainty, "task_rm_scores": task_rm_scores or [[0.0] * k] * n}
+    for name, rows in {**per_task, "tasks": [[None] * k for _ in tasks]}.items():
+        if k == 0 or len(rows) != n or any(len(row) != k for row in rows):
+            raise ValueError(f"{name}: every per-task list needs {n} tasks of {k} samples each (task_scores' shape), "
+                             f"got {len(rows)} tasks" + (f" of {sorted({len(row) for row in rows})} samples" if rows else ""))
     flat = [x for row in task_scores for x in row]
     accuracy = sum(x == 1.0 for x in flat) / len(flat)
     if mode == "greedy":

@@ -18,11 +18,10 @@ file); its ``config`` is the first file's with ``k`` the total, ``seed`` None, `
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from rlft.eval.countdown import CountdownEvalResult, merge_samples
+from rlft.eval.countdown import CountdownEvalResult, merge_samples, read_eval_file
 from rlft.fsio import atomic_write_json
 from rlft.run_folder import check_output_file
 
@@ -31,14 +30,12 @@ SAME = ("model", "temperature", "top_p", "max_new_tokens", "prompt_template", "s
 
 
 def load(path: Path) -> tuple[CountdownEvalResult, dict]:
-    """An evaluation file and its ``config``; SystemExit naming the file otherwise."""
+    """An evaluation file and its ``config`` (:func:`rlft.eval.countdown.read_eval_file`); SystemExit naming the file
+    otherwise."""
     try:
-        data = json.loads(path.read_text())
-        return CountdownEvalResult.from_dict(data), data.get("config") or {}
-    except FileNotFoundError:
-        raise SystemExit(f"{path} does not exist") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"{path}: not an `rlft eval countdown --output` JSON ({type(e).__name__}: {e})") from None
+        return read_eval_file(path)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def check_configs(paths: list[Path], configs: list[dict]) -> None:

@@ -18,21 +18,19 @@ SystemExit naming the file: a missing file, an evaluation of other tasks, a run 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rlft.checkpoint import read_metrics
-from rlft.eval.countdown import CountdownEvalResult
+from rlft.eval.countdown import CountdownEvalResult, read_eval_file
 
 
 def load_eval(path: Path) -> CountdownEvalResult:
-    """A greedy evaluation file; SystemExit naming it when missing or not an evaluation."""
-    if not path.is_file():
-        raise SystemExit(f"{path} does not exist")
+    """A greedy evaluation file (:func:`rlft.eval.countdown.read_eval_file`); SystemExit naming it when missing or not an
+    evaluation."""
     try:
-        return CountdownEvalResult.from_dict(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"{path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
+        return read_eval_file(path)[0]
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def load_run(spec: str) -> tuple[str, list[dict], Path]:

@@ -23,13 +23,12 @@ selector with 95% error bars (the interval of the mean selected score over tasks
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 from rlft.eval.best_of_n import LABELS, available_selectors, check_same_tasks, selection_row, tokens_per_task
-from rlft.eval.countdown import CountdownEvalResult, paired_difference
+from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file
 from rlft.eval.report import markdown_table
 from rlft.eval.select import SELECTORS, selected_scores
 
@@ -38,14 +37,12 @@ DIRECT_SELECTORS = ("majority", "oracle")
 
 
 def load(path: str) -> CountdownEvalResult:
-    """An evaluation file; SystemExit naming it when it is missing or not an evaluation."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise SystemExit(f"{path} does not exist (an `rlft eval countdown --output` file)")
+    """An evaluation file (:func:`rlft.eval.countdown.read_eval_file`); SystemExit naming it when it is missing or not an
+    evaluation."""
     try:
-        return CountdownEvalResult.from_dict(json.loads(p.read_text()))
-    except (ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"{path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
+        return read_eval_file(path)[0]
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def named(spec: str, option: str) -> tuple[str, list[str]]:

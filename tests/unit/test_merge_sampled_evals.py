@@ -105,3 +105,20 @@ def test_summarize_names_the_list_of_the_wrong_shape():
         summarize("sampled", tasks=TASKS, **{**LISTS, "task_tokens": [[1, 2, 3], [1, 2, 3, 4]]})
     with pytest.raises(ValueError, match="tasks: .* got 1 tasks"):
         summarize("sampled", tasks=TASKS[:1], **LISTS)
+
+
+def test_read_eval_file_returns_result_and_config_and_names_a_bad_file(tmp_path):
+    from rlft.eval.countdown import read_eval_file
+
+    path = write(tmp_path / "a.json", half(slice(0, 2)), seed=5)
+    result, config = read_eval_file(path)
+    assert result.task_scores == [row[:2] for row in LISTS["task_scores"]] and config["seed"] == 5
+    (tmp_path / "bare.json").write_text(json.dumps(half(slice(0, 2)).to_dict()))
+    assert read_eval_file(tmp_path / "bare.json")[1] == {}
+    with pytest.raises(ValueError, match="missing.json does not exist"):
+        read_eval_file(tmp_path / "missing.json")
+    for bad, why in ((tmp_path, "IsADirectoryError"), (tmp_path / "b.txt", "JSONDecodeError"), (tmp_path / "l.json", "AttributeError")):
+        if bad != tmp_path:
+            bad.write_text("[1, 2]" if bad.suffix == ".json" else "not json")
+        with pytest.raises(ValueError, match=f"not an `rlft eval countdown` JSON \\({why}"):
+            read_eval_file(bad)

@@ -6,8 +6,10 @@ Scores come from :func:`rlft.rewards.countdown.score_completions` (the TinyZero-
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 from rlft.eval.passk import mean_pass_at_k
 from rlft.eval.stats import Z_95
@@ -78,6 +80,22 @@ class CountdownEvalResult:
         kwargs = {key: value for key, value in data.items() if key in known}
         kwargs["pass_at_k"] = {int(j): float(v) for j, v in data["pass_at_k"].items()}
         return cls(**kwargs)
+
+
+def read_eval_file(path: str | Path) -> tuple[CountdownEvalResult, dict]:
+    """An ``rlft eval countdown --output`` file: ``(result, config)`` (``config`` is ``{}`` when the file has none).
+
+    Raises:
+        ValueError: naming ``path``: it does not exist, cannot be read, or is not an evaluation's JSON.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ValueError(f"{path} does not exist (an `rlft eval countdown --output` file)")
+    try:
+        data = json.loads(p.read_text())
+        return CountdownEvalResult.from_dict(data), data.get("config") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
 
 
 def pass_at_k_sizes(k: int) -> list[int]:
@@ -153,9 +171,12 @@ def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], t
     if not task_scores:
         raise ValueError("no tasks to summarize")
     k, n = len(task_scores[0]), len(task_scores)
+    if len(tasks) != n:
+        raise ValueError(f"tasks: every per-task list needs {n} tasks (task_scores' length), got {len(tasks)} tasks")
     per_task = {"task_scores": task_scores, "task_truncated": task_truncated, "task_tokens": task_tokens,
-                "task_values": task_values, "task_certainty": task_certainty, "task_rm_scores": task_rm_scores or [[0.0] * k] * n}
-    for name, rows in {**per_task, "tasks": [[None] * k for _ in tasks]}.items():
+                "task_values": task_values, "task_certainty": task_certainty,
+                **({"task_rm_scores": task_rm_scores} if task_rm_scores else {})}
+    for name, rows in per_task.items():
         if k == 0 or len(rows) != n or any(len(row) != k for row in rows):
             raise ValueError(f"{name}: every per-task list needs {n} tasks of {k} samples each (task_scores' shape), "
                              f"got {len(rows)} tasks" + (f" of {sorted({len(row) for row in rows})} samples" if rows else ""))

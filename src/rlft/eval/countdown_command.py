@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, print_result
+from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, print_result, read_eval_file
 from rlft.options import DeviceOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
@@ -199,20 +199,17 @@ def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: 
     Raises:
         OptionError: not an evaluation file, or another mode or other tasks (the message names the option).
     """
-    import json
-
     from rlft.eval.best_of_n import check_same_tasks
 
     try:
-        data = json.loads(Path(path).expanduser().read_text())
-        greedy = CountdownEvalResult.from_dict(data)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise OptionError(f"--greedy-from {path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
+        greedy, config = read_eval_file(path)
+    except ValueError as e:
+        raise OptionError(f"--greedy-from {e}") from None
     try:
         check_same_tasks([{"nums": list(t.nums), "target": t.target} for t in tasks], greedy, f"--greedy-from {path}")
     except ValueError as e:
         raise OptionError(str(e)) from None
-    theirs = (data.get("config") or {}).get("max_new_tokens")
+    theirs = config.get("max_new_tokens")
     if max_new_tokens is not None and theirs not in (None, max_new_tokens):
         log.warning("--greedy-from %s was generated with max_new_tokens %s, the samples with %d: the comparison is not at "
                     "equal budgets per answer", path, theirs, max_new_tokens)

@@ -77,6 +77,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def weights_sha256(model: str | Path) -> str | None:
+    """A content hash of a local model folder's weights: the SHA-256 of its one ``*.safetensors`` file (what
+    ``sha256sum model.safetensors`` prints), or, for a sharded folder, the SHA-256 of its ``"name sha256"`` lines in
+    name order. None when ``model`` is not a folder holding ``*.safetensors`` (a built-in name or Hub id).
+
+    Evaluations record it, so files from two different trainings saved at the same path cannot be merged or paired
+    as one model's."""
+    folder = Path(model).expanduser()
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        return None
+    if len(files) == 1:
+        return _sha256(files[0])
+    return hashlib.sha256("".join(f"{f.name} {_sha256(f)}\n" for f in files).encode()).hexdigest()
+
+
 def write_manifest(folder: Path) -> None:
     """Write ``folder/manifest.json``: every other file's relative path, size and SHA-256."""
     folder = Path(folder)

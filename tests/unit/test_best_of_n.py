@@ -232,6 +232,42 @@ def test_command_greedy_from_file_and_its_mismatch(setup, tmp_path):
     assert engine.calls == []
 
 
+def test_command_records_the_weights_hash_and_refuses_a_greedy_file_of_other_weights(setup, tmp_path):
+    """A model folder saved twice at one path (a rebuilt run) is two models: the output's config records
+    ``model_sha256``, and a --greedy-from of other weights is refused before sampling."""
+    import hashlib
+
+    engine, _, base = setup
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"first training")
+    base = {**base, "model": str(folder)}
+    greedy_file = tmp_path / "greedy.json"
+    run_eval_countdown(EvalCountdownConfig(**base, output=str(greedy_file)))
+    recorded = json.loads(greedy_file.read_text())["config"]["model_sha256"]
+    assert recorded == hashlib.sha256(b"first training").hexdigest()
+    run_eval_countdown(EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle",), greedy_from=str(greedy_file)))
+    (folder / "model.safetensors").write_bytes(b"the rebuild")
+    engine.calls.clear()
+    with pytest.raises(OptionError, match="--greedy-from .*greedy.json evaluated weights with SHA-256 "
+                                          + recorded[:16]):
+        run_eval_countdown(EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle",), greedy_from=str(greedy_file)))
+    assert engine.calls == []
+
+
+def test_weights_sha256_of_one_file_a_sharded_folder_and_a_name(tmp_path):
+    import hashlib
+
+    from rlft.checkpoint import weights_sha256
+
+    (tmp_path / "a.safetensors").write_bytes(b"A")
+    assert weights_sha256(tmp_path) == hashlib.sha256(b"A").hexdigest()  # what sha256sum prints
+    (tmp_path / "b.safetensors").write_bytes(b"B")
+    lines = f"a.safetensors {hashlib.sha256(b'A').hexdigest()}\nb.safetensors {hashlib.sha256(b'B').hexdigest()}\n"
+    assert weights_sha256(tmp_path) == hashlib.sha256(lines.encode()).hexdigest()
+    assert weights_sha256("smollm2-135m") is None and weights_sha256(tmp_path / "missing") is None
+
+
 def test_command_with_a_tiny_model(tmp_path, smol_tokenizer, one_thread):
     """The real hf engine: its decoder reports self-certainty, so the certainty selectors run; costs add up."""
     from tests.conftest import make_tiny_model

@@ -81,6 +81,8 @@ def test_script_writes_the_merged_file_that_test_time_study_reads(tmp_path, caps
     ({"seed": None}, "no seed"),
     ({"seed": 1, "temperature": 1.0}, "temperature is 1.0, but .*a.json has 0.6"),
     ({"seed": 1, "model": "runs/rl/model"}, "model is 'runs/rl/model'"),
+    # the same path, retrained: another weights file
+    ({"seed": 1, "model_sha256": "ab" * 32}, "model_sha256 is 'abab"),
 ])
 def test_script_refuses_a_repeated_seed_or_another_setting(tmp_path, config, message):
     a = write(tmp_path / "a.json", half(slice(0, 2)), seed=0)

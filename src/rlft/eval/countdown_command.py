@@ -192,12 +192,15 @@ def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
     return make_splits(PRESETS[cfg.preset], n_train=0, n_test=n, seed=cfg.split_seed)[1]
 
 
-def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: int | None = None) -> CountdownEvalResult:
+def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: int | None = None,
+                         model_sha256: str | None = None) -> CountdownEvalResult:
     """The ``--greedy-from`` evaluation, checked to be greedy and of ``tasks`` in the same order; a warning is logged
     when its ``max_new_tokens`` (from its ``config``) differs from ``max_new_tokens``.
 
     Raises:
-        OptionError: not an evaluation file, or another mode or other tasks (the message names the option).
+        OptionError: not an evaluation file, another mode or other tasks, or weights other than ``model_sha256`` (its
+            ``config`` records another ``model_sha256``; files without one are not checked). The message names the
+            option.
     """
     from rlft.eval.best_of_n import check_same_tasks
 
@@ -209,6 +212,10 @@ def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: 
         check_same_tasks([{"nums": list(t.nums), "target": t.target} for t in tasks], greedy, f"--greedy-from {path}")
     except ValueError as e:
         raise OptionError(str(e)) from None
+    recorded = config.get("model_sha256")
+    if model_sha256 is not None and recorded is not None and recorded != model_sha256:
+        raise OptionError(f"--greedy-from {path} evaluated weights with SHA-256 {recorded[:16]}..., but --model has "
+                          f"{model_sha256[:16]}...: pair an evaluation of the same model file")
     theirs = config.get("max_new_tokens")
     if max_new_tokens is not None and theirs not in (None, max_new_tokens):
         log.warning("--greedy-from %s was generated with max_new_tokens %s, the samples with %d: the comparison is not at "
@@ -260,10 +267,11 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
 
     Raises:
         UsageError: launched by torchrun; an --output that must not be written (:meth:`EvalCountdownConfig.check_outputs`);
-            a --greedy-from of other tasks (:func:`load_greedy_baseline`); all before the model is loaded.
+            a --greedy-from of other tasks or other weights (:func:`load_greedy_baseline`); all before the model is loaded.
         rlft.models.ModelNotFoundError: the model cannot be loaded.
         ValueError: unknown preset or prompt template, or no tasks.
     """
+    from rlft.checkpoint import weights_sha256
     from rlft.distributed import require_one_process
     from rlft.models import load_tokenizer, pick_device
     from rlft.rollout.engines import make_engine
@@ -273,7 +281,8 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     spec = pick_device(cfg.device, cfg.dtype)
     max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
     tasks = load_eval_tasks(cfg)
-    greedy = load_greedy_baseline(cfg.greedy_from, tasks, max_new_tokens) if cfg.greedy_from else None
+    model_sha256 = weights_sha256(cfg.model)
+    greedy = load_greedy_baseline(cfg.greedy_from, tasks, max_new_tokens, model_sha256) if cfg.greedy_from else None
     tokenizer = load_tokenizer(cfg.model)
     prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
     engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, url=cfg.rollout_url, batch_size=cfg.batch_size,
@@ -303,5 +312,5 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     if cfg.output:
         path = Path(cfg.output).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {**result.to_dict(), "config": asdict(cfg)})
+        atomic_write_json(path, {**result.to_dict(), "config": {**asdict(cfg), "model_sha256": model_sha256}})
     return result

@@ -47,6 +47,7 @@ import yaml
 
 from rlft import distributed
 from rlft.checkpoint import CONFIG, checkpoint_folders, count_metrics, remove_partial_saves
+from rlft.provenance import record_environment
 from rlft.checkpoint import config_dict, write_run_config  # noqa: F401 (re-exported: config.yaml is part of a run folder)
 from rlft.validation import OptionError, UsageError
 
@@ -54,7 +55,7 @@ log = logging.getLogger("rlft")
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
 """Entries that make a folder hold a run (``metrics.jsonl`` only when not empty)."""
-LEFTOVERS = ("data_stats.json", "ref_logps.pt", "eval.json")
+LEFTOVERS = ("data_stats.json", "ref_logps.pt", "eval.json", "environment.jsonl")
 """Files a run writes before its first checkpoint: alone, they do not make a folder hold a run."""
 RUN_CONTROL = ("resume", "overwrite", "resume_override", "distributed")
 """Fields that say how to start or run, not what to train: never compared on resume (``distributed``: the result
@@ -121,7 +122,8 @@ class RunFolder:
 
     def open(self) -> Path:
         """Create the folder (call once inputs are validated): with ``--overwrite`` the old folder is
-        moved aside first; leftovers of saves killed mid-write are removed. Returns the path.
+        moved aside first; leftovers of saves killed mid-write are removed; a line saying which code and machine
+        ran is appended to ``environment.jsonl`` (:func:`rlft.provenance.record_environment`). Returns the path.
 
         Under torchrun only rank 0 touches the folder; every rank waits for it (barrier) before returning."""
         if distributed.is_main():
@@ -141,6 +143,7 @@ class RunFolder:
             log.warning("--overwrite: moved the previous contents of %s to %s", self.path, aside)
         self.path.mkdir(parents=True, exist_ok=True)
         remove_partial_saves(self.path)
+        record_environment(self.path)
 
 
 def claim_run_dir(cfg: Any, output_dir: str | Path | None = None) -> RunFolder:

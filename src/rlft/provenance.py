@@ -1,0 +1,63 @@
+"""Where a run ran: rlft's code, the libraries and the machine.
+
+Each time a run folder is opened (a fresh run or a ``--resume``), :func:`record_environment` appends one JSON line to
+``run_dir/environment.jsonl``. A run rebuilt later, on another machine or another commit, can then be told apart
+from the archived one before its results are compared: two trainings with the same options can differ (bf16
+kernels, changed code), and the config alone does not say which code ran.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENVIRONMENT = "environment.jsonl"
+
+
+def git_commit(folder: Path) -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the git checkout holding ``folder``: HEAD's full hash, and whether tracked files
+    differ from it. ``(None, None)`` outside a checkout or without git (an installed wheel)."""
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, check=True,
+                                  timeout=10).stdout.strip()
+
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict:
+    """What ran: ``rlft_commit`` and ``rlft_dirty`` (:func:`git_commit` of rlft's source), the versions of python,
+    torch and transformers, the ``cpu``, the ``gpu`` (CUDA device 0's name, or None), the host and the command line."""
+    import torch
+    import transformers
+
+    commit, dirty = git_commit(Path(__file__).resolve().parent)
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rlft_commit": commit, "rlft_dirty": dirty,
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "cpu": cpu_name(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "host": platform.node(), "argv": sys.argv}
+
+
+def record_environment(run_dir: str | Path) -> dict:
+    """Append :func:`environment` as one line to ``run_dir/environment.jsonl``; returns it."""
+    env = environment()
+    with (Path(run_dir) / ENVIRONMENT).open("a") as f:
+        f.write(json.dumps(env) + "\n")
+    return env

@@ -1,0 +1,55 @@
+"""rlft.provenance: every opening of a run folder appends which code, libraries and machine ran, so a rebuilt run
+can be told from the archived one; git state by hand on a scratch repository."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from dataclasses import dataclass
+
+import torch
+
+from rlft.provenance import ENVIRONMENT, git_commit
+from rlft.run_folder import claim_run_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Config:
+    output_dir: str
+
+
+def git(folder: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_each_opening_appends_the_code_and_machine(tmp_path):
+    out = tmp_path / "run"
+    claim_run_dir(Config(str(out))).open()
+    (line,) = (out / ENVIRONMENT).read_text().splitlines()
+    env = json.loads(line)
+    expected, _ = git_commit(REPO)
+    assert env["rlft_commit"] == expected and env["torch"] == torch.__version__
+    assert env["cpu"] and env["gpu"] is None and isinstance(env["argv"], list)
+    if expected is not None:  # a git checkout (tests and CI run in one)
+        assert env["rlft_commit"] == git(REPO, "rev-parse", "HEAD") and isinstance(env["rlft_dirty"], bool)
+    # the file alone does not make the folder hold a run: a second start is allowed, and adds its own line
+    claim_run_dir(Config(str(out))).open()
+    assert len((out / ENVIRONMENT).read_text().splitlines()) == 2
+
+
+def test_git_commit_and_dirty_by_hand(tmp_path):
+    assert git_commit(tmp_path) == (None, None)  # not a checkout
+    git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git(tmp_path, "add", "a.py")
+    git(tmp_path, "commit", "-q", "-m", "one")
+    head = git(tmp_path, "rev-parse", "HEAD")
+    assert git_commit(tmp_path) == (head, False)
+    (tmp_path / "untracked.txt").write_text("not code")
+    assert git_commit(tmp_path) == (head, False)  # untracked files do not count
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == (head, True)

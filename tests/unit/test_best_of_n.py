@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from rlft.eval.best_of_n import check_same_tasks, selection_rows, selection_sizes, tokens_per_task
 from rlft.eval.countdown import CountdownEvalResult
@@ -246,6 +247,7 @@ def test_command_records_the_weights_hash_and_refuses_a_greedy_file_of_other_wei
     run_eval_countdown(EvalCountdownConfig(**base, output=str(greedy_file)))
     recorded = json.loads(greedy_file.read_text())["config"]["model_sha256"]
     assert recorded == hashlib.sha256(b"first training").hexdigest()
+    assert json.loads(greedy_file.read_text())["environment"]["torch"] == torch.__version__  # which code and machine ran
     run_eval_countdown(EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle",), greedy_from=str(greedy_file)))
     (folder / "model.safetensors").write_bytes(b"the rebuild")
     engine.calls.clear()

@@ -262,7 +262,8 @@ def best_of_n(cfg: EvalCountdownConfig, result: CountdownEvalResult, greedy: Cou
 
 
 def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
-    """Load the model, build tasks and prompts, evaluate, print a table, write ``cfg.output`` if set; with
+    """Load the model, build tasks and prompts, evaluate, print a table, write ``cfg.output`` if set (the result, its
+    ``config`` with the weights' ``model_sha256``, and the ``environment``, :func:`rlft.provenance.environment`); with
     ``cfg.select``, also the best-of-N curves against a greedy answer (the output's ``selection`` key).
 
     Raises:
@@ -272,6 +273,7 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
         ValueError: unknown preset or prompt template, or no tasks.
     """
     from rlft.checkpoint import weights_sha256
+    from rlft.provenance import environment
     from rlft.distributed import require_one_process
     from rlft.models import load_tokenizer, pick_device
     from rlft.rollout.engines import make_engine
@@ -312,5 +314,6 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     if cfg.output:
         path = Path(cfg.output).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {**result.to_dict(), "config": {**asdict(cfg), "model_sha256": model_sha256}})
+        atomic_write_json(path, {**result.to_dict(), "config": {**asdict(cfg), "model_sha256": model_sha256},
+                                 "environment": environment()})
     return result

@@ -47,8 +47,8 @@ import yaml
 
 from rlft import distributed
 from rlft.checkpoint import CONFIG, checkpoint_folders, count_metrics, remove_partial_saves
-from rlft.provenance import record_environment
 from rlft.checkpoint import config_dict, write_run_config  # noqa: F401 (re-exported: config.yaml is part of a run folder)
+from rlft.provenance import record_environment
 from rlft.validation import OptionError, UsageError
 
 log = logging.getLogger("rlft")

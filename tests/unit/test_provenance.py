@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 

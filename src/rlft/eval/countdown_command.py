@@ -273,9 +273,9 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
         ValueError: unknown preset or prompt template, or no tasks.
     """
     from rlft.checkpoint import weights_sha256
-    from rlft.provenance import environment
     from rlft.distributed import require_one_process
     from rlft.models import load_tokenizer, pick_device
+    from rlft.provenance import environment
     from rlft.rollout.engines import make_engine
 
     require_one_process("rlft eval countdown")

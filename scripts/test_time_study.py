@@ -39,10 +39,24 @@ DIRECT_SELECTORS = ("majority", "oracle")
 def load(path: str) -> CountdownEvalResult:
     """An evaluation file (:func:`rlft.eval.countdown.read_eval_file`); SystemExit naming it when it is missing or not an
     evaluation."""
+    return load_with_config(path)[0]
+
+
+def load_with_config(path: str) -> tuple[CountdownEvalResult, dict]:
+    """:func:`load` and the file's ``config`` (``{}`` when it has none)."""
     try:
-        return read_eval_file(path)[0]
+        return read_eval_file(path)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+
+
+def check_same_weights(name: str, sampled: dict, greedy: dict, greedy_path: str) -> None:
+    """SystemExit when both ``config``s record a ``model_sha256`` and they differ: a model's samples are paired only
+    with the greedy answers of the same model file."""
+    a, b = sampled.get("model_sha256"), greedy.get("model_sha256")
+    if a is not None and b is not None and a != b:
+        raise SystemExit(f"--model {name}: {greedy_path} evaluated weights {b[:16]}..., the samples {a[:16]}...: "
+                         "pair the greedy evaluation of the same model file")
 
 
 def named(spec: str, option: str) -> tuple[str, list[str]]:
@@ -212,10 +226,11 @@ def build(args) -> tuple[dict, dict]:
     models = {}
     for spec, direct in [(s, False) for s in args.model] + [(s, True) for s in args.direct]:
         name, paths = named(spec, "--direct" if direct else "--model")
-        sampled = load(paths[0])
+        sampled, sampled_config = load_with_config(paths[0])
         greedy = None
         if not direct and len(paths) > 1:
-            g = load(paths[1])
+            g, greedy_config = load_with_config(paths[1])
+            check_same_weights(name, sampled_config, greedy_config, paths[1])
             try:
                 check_same_tasks(sampled.tasks, g, paths[1])
             except ValueError as e:

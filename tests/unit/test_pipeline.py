@@ -3,6 +3,7 @@ rebuilt model, other sampling or other tasks do not match; a study's settings an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -127,6 +128,20 @@ def test_evaluate_cached_writes_the_eval_countdown_format_and_reuses_it(tmp_path
     assert _evaluate(model, path) == result and FakeEngine.calls == 1  # reused: no generation
     _evaluate(model, path, reuse=False)
     assert FakeEngine.calls == 2
+
+
+def test_the_evaluation_records_its_weights_so_greedy_from_refuses_another_model_file(tmp_path, fake_loading):
+    """A study's greedy file is a ``--greedy-from`` baseline: it records ``sha256sum model.safetensors``, and the
+    baseline loader takes it for those weights and refuses it for a model rebuilt with other weights."""
+    from rlft.eval.countdown_command import load_greedy_baseline
+
+    model, path = _model_folder(tmp_path / "model"), tmp_path / "greedy.json"
+    _evaluate(model, path)
+    config = json.loads(path.read_text())["config"]
+    assert config == {"model_sha256": hashlib.sha256(b"0123").hexdigest(), "max_new_tokens": 8, "prompt_template": "short"}
+    assert load_greedy_baseline(str(path), TASKS, 8, hashlib.sha256(b"0123").hexdigest()).task_scores == [[1.0], [0.1], [0.1]]
+    with pytest.raises(OptionError, match="pair an evaluation of the same model file"):
+        load_greedy_baseline(str(path), TASKS, 8, hashlib.sha256(b"01234").hexdigest())
 
 
 def test_a_rebuilt_model_other_sampling_or_other_tasks_evaluate_again(tmp_path, fake_loading, rlft_log):

@@ -125,3 +125,25 @@ def test_study_refuses_a_greedy_file_of_other_tasks(tmp_path):
         m.main(["--model", f"m={sampled}", "--plot", str(tmp_path / "p.png")])
     with pytest.raises(SystemExit, match="does not exist"):
         m.main(["--model", f"m={tmp_path / 'missing.json'}", "--plot", str(tmp_path / "p.png")])
+
+
+def test_study_refuses_a_greedy_file_of_other_weights(tmp_path):
+    """Both files record their weights' SHA-256: another model file's greedy answers are refused; the same hash, or a
+    file that records none (archived), is taken."""
+    m = script()
+
+    def stamped(path: Path, sha: str | None) -> str:
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "config": {} if sha is None else {"model_sha256": sha}}))
+        return str(path)
+
+    sampled = stamped(Path(write(tmp_path / "s.json", **SAMPLED)), "a" * 64)
+    greedy = Path(write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy"))
+    run = ["--model", f"m={sampled},{greedy}", "--plot", str(tmp_path / "p.png"), "--sizes", "1", "2"]
+    stamped(greedy, "b" * 64)
+    with pytest.raises(SystemExit, match=f"--model m: {greedy} evaluated weights bbbbbbbbbbbbbbbb..., the samples aaaa"):
+        m.main(run)
+    for sha in ("a" * 64, None):
+        stamped(greedy, sha)
+        m.main(run)
+        assert (tmp_path / "p.png").exists()

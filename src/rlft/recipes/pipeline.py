@@ -137,13 +137,16 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
 
     With ``reuse``, a job whose cached file answers it (:func:`read_cached`) is read back; the model is loaded (once)
     only when some job is left. Each evaluated job is written to its ``path`` (atomically) as
-    ``{**result.to_dict(), "eval_s", "model", "cache_key"}``, and its metrics printed under
+    ``{**result.to_dict(), "eval_s", "model", "cache_key", "config"}`` (``config``: the weights' ``model_sha256``,
+    ``max_new_tokens`` and ``prompt_template``, as ``rlft eval countdown`` records them, so ``--greedy-from`` and
+    ``scripts/merge_sampled_evals.py`` can refuse another model file), and its metrics printed under
     ``"<label> on <job name>"``. ``batch_size``: sequences generated together.
 
     Raises:
         rlft.models.ModelNotFoundError: a job is left and the model cannot be loaded.
         ValueError: a job has no tasks.
     """
+    from rlft.checkpoint import weights_sha256
     from rlft.eval.countdown import evaluate_countdown, print_result
     from rlft.models import load_model, load_tokenizer, pick_device
     from rlft.rollout.hf import HFEngine
@@ -161,7 +164,7 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
             results[name] = cached
             log.info("reusing %s", job.path)
     if todo:
-        tokenizer = load_tokenizer(str(model))
+        tokenizer, sha256 = load_tokenizer(str(model)), weights_sha256(model)
         # evaluation only generates: weights in the compute dtype under mixed precision (DeviceSpec.for_inference)
         engine = HFEngine(load_model(str(model), pick_device(device, dtype).for_inference()), tokenizer, batch_size=batch_size,
                           show_progress=show_progress, add_special_tokens=adds_special_tokens(prompt_template))
@@ -170,7 +173,9 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
             t0 = time.perf_counter()
             prompts = [render_prompt(prompt_template, t, tokenizer) for t in job.tasks]
             result = evaluate_countdown(engine, job.tasks, prompts, job.params)
-            data = {**result.to_dict(), "eval_s": time.perf_counter() - t0, "model": str(model), "cache_key": keys[name]}
+            data = {**result.to_dict(), "eval_s": time.perf_counter() - t0, "model": str(model), "cache_key": keys[name],
+                    "config": {"model_sha256": sha256, "max_new_tokens": job.params.max_new_tokens,
+                               "prompt_template": prompt_template}}
             job.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = job.path.with_name(job.path.name + ".tmp")
             tmp.write_text(json.dumps(data, indent=2))

@@ -13,11 +13,14 @@ at equal generated tokens. Read-only over ``rlft eval countdown --output`` JSON 
 - ``--point LABEL=GREEDY``: one evaluation (e.g. greedy with a larger max_new_tokens: a single long search), drawn
   at its tokens per task.
 - ``--direct NAME=SAMPLED``: a direct-trace model's samples (no greedy needed): majority and oracle curves.
+- ``--versus A B``: two ``--model`` names on the same tasks: A's best-of-N minus B's per selector, at the same n and
+  at B's tokens per task (:func:`versus`).
 
 Printed (and written with ``--markdown``): the score-vs-N table (cells ``score (minus greedy [95% CI])``), the tokens
 generated per task, the long searches, and for every long search and model the comparison at equal generated tokens
-(:func:`equal_cost_comparison`). ``--plot``: score against tokens per task (log2 x axis), one line per model x
-selector with 95% error bars (the interval of the mean selected score over tasks), greedy and long searches as points.
+(:func:`rlft.eval.best_of_n.equal_cost_comparison`). ``--plot``: score against tokens per task (log2 x axis), one
+line per model x selector with 95% error bars (the interval of the mean selected score over tasks), greedy and long
+searches as points.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import math
 import sys
 from pathlib import Path
 
-from rlft.eval.best_of_n import LABELS, available_selectors, check_same_tasks, selection_row, tokens_per_task
+from rlft.eval.best_of_n import (LABELS, available_selectors, check_same_tasks, equal_cost_comparison, selection_row,
+                                 tokens_per_task)
 from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file
 from rlft.eval.report import markdown_table
 from rlft.eval.select import SELECTORS, selected_scores
@@ -89,54 +93,6 @@ def curves(result: CountdownEvalResult, greedy: list[list[float]] | None, select
             points.append({**row, "chosen": chosen, "half": mean_ci(chosen)[1]})
         out[name] = points
     return out
-
-
-def bracket(xs: list[float], x: float) -> tuple[int, int, float] | None:
-    """``(i, j, w)`` with ``xs[i] <= x <= xs[j]``, ``x = (1 - w) xs[i] + w xs[j]``; None when ``x`` lies outside
-    ``[min(xs), max(xs)]`` (no extrapolation). ``xs`` ascending."""
-    if not xs or not xs[0] <= x <= xs[-1]:
-        return None
-    for i in range(len(xs) - 1):
-        if xs[i] <= x <= xs[i + 1]:
-            width = xs[i + 1] - xs[i]
-            return i, i + 1, 0.0 if width == 0 else (x - xs[i]) / width
-    return len(xs) - 1, len(xs) - 1, 0.0  # a one-point curve hit exactly
-
-
-def equal_cost_comparison(model_curves: dict[str, list[dict]], point: dict, same_tasks: bool = True) -> dict | None:
-    """The best non-oracle selector's curve at the long search's token cost against the long search.
-
-    Each curve is interpolated *linearly in tokens* between the two n's that bracket ``point["tokens"]``: a run that
-    uses the smaller n with probability 1 - w and the larger with probability w costs exactly that many tokens on
-    average and scores exactly the interpolated mean, so the comparison is at equal expected cost. The best
-    selector is the one with the highest interpolated score. ``point``: ``tokens``, ``score``, ``task_scores``
-    ((N, 1)); with ``same_tasks`` the difference gets a paired 95% interval from the per-task mixtures.
-
-    Returns:
-        None when no non-oracle curve reaches the point's cost; else ``{"selector", "tokens", "score" (interpolated),
-        "point_score", "diff", "ci_low", "ci_high" (None without same_tasks), "n_low", "n_high", "w"}``.
-    """
-    best = None
-    for name, pts in model_curves.items():
-        if name == "oracle":
-            continue
-        b = bracket([p["tokens_per_task"] for p in pts], point["tokens"])
-        if b is None:
-            continue
-        i, j, w = b
-        score = (1 - w) * pts[i]["score"] + w * pts[j]["score"]
-        if best is None or score > best["score"]:
-            best = {"selector": name, "tokens": point["tokens"], "score": score, "point_score": point["score"],
-                    "diff": score - point["score"], "ci_low": None, "ci_high": None, "n_low": pts[i]["n"],
-                    "n_high": pts[j]["n"], "w": w, "_mix": (pts[i]["chosen"], pts[j]["chosen"])}
-    if best is None:
-        return None
-    lo, hi = best.pop("_mix")
-    if same_tasks:
-        mix = [[(1 - best["w"]) * a + best["w"] * b] for a, b in zip(lo, hi)]
-        d = paired_difference(mix, point["task_scores"])
-        best.update(diff=d["diff"], ci_low=d["ci_low"], ci_high=d["ci_high"])
-    return best
 
 
 def verdict(model: str, label: str, cmp: dict | None, point: dict, span: tuple[float, float]) -> str:
@@ -257,7 +213,36 @@ def build(args) -> tuple[dict, dict]:
     return models, points
 
 
-def report(models: dict, points: dict, sizes) -> str:
+def versus(models: dict[str, dict], names: list[str]) -> str:
+    """``--versus A B``: Markdown of model A's best-of-N minus model B's, per selector both have and n of B's curve:
+    at the same n (paired task by task, 95% interval), and at B's tokens per task (A's curve of the same selector
+    interpolated to B's cost, :func:`rlft.eval.best_of_n.equal_cost_comparison`; "-" for the oracle and where B's cost
+    lies outside A's curve; a row only where one of the two exists). SystemExit when A or B is not a ``--model`` name or their tasks differ."""
+    if len(names) != 2 or any(n not in models for n in names):
+        raise SystemExit(f"--versus {names}: expected two --model names ({', '.join(models)})")
+    (na, a), (nb, b) = ((n, models[n]) for n in names)
+    if a["tasks"] != b["tasks"]:
+        raise SystemExit(f"--versus {names}: {na} and {nb} were evaluated on other tasks (no paired difference)")
+    rows = []
+    for sel in [s for s in a["curves"] if s in b["curves"]]:
+        by_n = {p["n"]: p for p in a["curves"][sel]}
+        for q in b["curves"][sel]:
+            p, same = by_n.get(q["n"]), "-"
+            if p is not None:
+                d = paired_difference([[x] for x in p["chosen"]], [[x] for x in q["chosen"]])
+                same = f"{p['score']:.3f} - {q['score']:.3f} = {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+            point = {"tokens": q["tokens_per_task"], "score": q["score"], "task_scores": [[x] for x in q["chosen"]]}
+            cmp = None if sel == "oracle" else equal_cost_comparison({sel: a["curves"][sel]}, point)
+            at = "-" if cmp is None else (f"{cmp['score']:.3f} (n={cmp['n_low']}-{cmp['n_high']}) - {q['score']:.3f} = "
+                                          f"{cmp['diff']:+.3f} [{cmp['ci_low']:+.3f}, {cmp['ci_high']:+.3f}]")
+            if p is not None or cmp is not None:  # else B's n is past A's samples and B's cost past A's curve
+                tokens = f"{p['tokens_per_task']:.0f}" if p is not None else "-"
+                rows.append([LABELS[sel], q["n"], same, f"{tokens} / {q['tokens_per_task']:.0f}", at])
+    header = ["selector", "n", f"{na} minus {nb}, same n [95% CI]", "tokens per task", f"{na} at {nb}'s tokens minus {nb}"]
+    return f"## {na} against {nb}, task by task\n\n" + markdown_table(header, rows)
+
+
+def report(models: dict, points: dict, sizes, versus_pairs=()) -> str:
     """The Markdown of the study: the score-vs-N table, the long searches, the equal-cost comparisons."""
     text = ["## Score against N (score (minus greedy [95% CI]); the oracle is pass@n, an upper bound)", "",
             table(models, sizes)]
@@ -271,6 +256,8 @@ def report(models: dict, points: dict, sizes) -> str:
                 xs = [q["tokens_per_task"] for sel, pts in m["curves"].items() if sel != "oracle" for q in pts]
                 cmp = equal_cost_comparison(m["curves"], p, same_tasks=m["tasks"] == p["tasks"])
                 text.append("- " + verdict(name, label, cmp, p, (min(xs, default=math.nan), max(xs, default=math.nan))))
+    for names in versus_pairs:
+        text += ["", versus(models, names)]
     return "\n".join(text) + "\n"
 
 
@@ -279,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", action="append", default=[], help="NAME=SAMPLED.json[,GREEDY.json]")
     parser.add_argument("--point", action="append", default=[], help="LABEL=EVAL.json: a single long search")
     parser.add_argument("--direct", action="append", default=[], help="NAME=SAMPLED.json: a direct-trace model's samples")
+    parser.add_argument("--versus", action="append", nargs=2, default=[], metavar=("A", "B"),
+                        help="two --model names: A's best-of-N minus B's, task by task")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="the n's of the curves")
     parser.add_argument("--selectors", nargs="+", choices=SELECTORS, default=None, help="default: all a file supports")
     parser.add_argument("--plot", default="test_time_study.png", help="PNG of score against tokens per task")
@@ -289,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(n < 1 for n in args.sizes):
         parser.error("--sizes must be >= 1")
     models, points = build(args)
-    text = report(models, points, sorted(set(args.sizes)))
+    text = report(models, points, sorted(set(args.sizes)), args.versus)
     print(text)
     if args.markdown:
         Path(args.markdown).expanduser().write_text(text)

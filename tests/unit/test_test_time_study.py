@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rlft.eval.best_of_n import bracket, equal_cost_comparison
 from rlft.eval.countdown import CountdownEvalResult
 from tests.conftest import load_script
 
@@ -49,9 +50,9 @@ def test_bracket_and_equal_cost_comparison_by_hand():
     of majority@1 (0, .4) and @2 (.5, .5) is (.25, .45); minus (.3, .3): d = (-.05, .15), sd = .1 * sqrt 2, half width
     1.96 * .1. At 65 tokens: only majority reaches it, w = .5 -> .55. Outside 10..100: None."""
     m = script()
-    assert m.bracket([10, 30, 100], 20) == (0, 1, 0.5)
-    assert m.bracket([10, 30, 100], 100) == (1, 2, 1.0)
-    assert m.bracket([10, 30, 100], 9.9) is None and m.bracket([10, 30, 100], 101) is None
+    assert bracket([10, 30, 100], 20) == (0, 1, 0.5)
+    assert bracket([10, 30, 100], 100) == (1, 2, 1.0)
+    assert bracket([10, 30, 100], 9.9) is None and bracket([10, 30, 100], 101) is None
     curves = {
         "majority": [{"n": 1, "tokens_per_task": 10, "score": 0.2, "chosen": [0.0, 0.4]},
                      {"n": 2, "tokens_per_task": 30, "score": 0.5, "chosen": [0.5, 0.5]},
@@ -62,15 +63,15 @@ def test_bracket_and_equal_cost_comparison_by_hand():
                    {"n": 4, "tokens_per_task": 100, "score": 1.0, "chosen": [1.0, 1.0]}],
     }
     point = {"tokens": 20.0, "score": 0.3, "task_scores": [[0.3], [0.3]]}
-    cmp = m.equal_cost_comparison(curves, point)
+    cmp = equal_cost_comparison(curves, point)
     assert (cmp["selector"], cmp["n_low"], cmp["n_high"]) == ("majority", 1, 2)
     assert (cmp["w"], cmp["score"], cmp["diff"]) == (pytest.approx(0.5), pytest.approx(0.35), pytest.approx(0.05))
     assert (cmp["ci_low"], cmp["ci_high"]) == (pytest.approx(0.05 - Z * 0.1), pytest.approx(0.05 + Z * 0.1))
-    unpaired = m.equal_cost_comparison(curves, point, same_tasks=False)
+    unpaired = equal_cost_comparison(curves, point, same_tasks=False)
     assert unpaired["diff"] == pytest.approx(0.05) and unpaired["ci_low"] is None
-    far = m.equal_cost_comparison(curves, {**point, "tokens": 65.0})
+    far = equal_cost_comparison(curves, {**point, "tokens": 65.0})
     assert (far["selector"], far["n_low"], far["n_high"], far["score"]) == ("majority", 2, 4, pytest.approx(0.55))
-    assert m.equal_cost_comparison(curves, {**point, "tokens": 5.0}) is None
+    assert equal_cost_comparison(curves, {**point, "tokens": 5.0}) is None
     text = m.verdict("rl", "long", cmp, point, (10, 100))
     assert "majority (between n=1 and n=2, w=0.50) scores 0.350, the long search 0.300: difference +0.050" in text
     assert "better at equal generated tokens: not resolved (the interval includes 0; ahead on the point estimate: rl best-of-N)" in text
@@ -147,3 +148,35 @@ def test_study_refuses_a_greedy_file_of_other_weights(tmp_path):
         stamped(greedy, sha)
         m.main(run)
         assert (tmp_path / "p.png").exists()
+
+
+def _diff_cell(d: list[float]) -> str:
+    m = sum(d) / len(d)
+    half = Z * math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1)) / math.sqrt(len(d))
+    return f"{m:+.3f} [{m - half:+.3f}, {m + half:+.3f}]"
+
+
+def test_versus_pairs_two_models_at_the_same_n_and_at_equal_tokens(tmp_path):
+    """A = SAMPLED: majority picks (.1, 0, 1) @1, (.1, .1, 1) @2, (.1, 1, .1) @4 at 25/3, 20, 160/3 tokens a task.
+    B: every sample scores .1 with the same value, 10 tokens each: .1 at 10, 20, 40 tokens. Same n: A - B =
+    (0, -.1, .9), (0, 0, .9), (0, .9, 0). At B's tokens: 10 lies between A's n=1 and n=2, w = (10 - 25/3) / (35/3) = 1/7:
+    A's mixture (.1, 1/70, 1); 20 is A's n=2 (w = 1); 40 lies between n=2 and n=4, w = .6: (.1, .64, .46)."""
+    m = script()
+    a = write(tmp_path / "a.json", **SAMPLED)
+    b = write(tmp_path / "b.json", [[0.1] * 4] * 3, [[10] * 4] * 3, task_values=[[1.0] * 4] * 3,
+              task_certainty=[[None] * 4] * 3)
+    greedy = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy")
+    md = tmp_path / "study.md"
+    m.main(["--model", f"A, rl={a},{greedy}", "--model", f"B={b},{greedy}", "--versus", "A, rl", "B", "--selectors",
+            "majority", "oracle", "--sizes", "1", "2", "4", "--plot", str(tmp_path / "p.png"), "--markdown", str(md)])
+    text = md.read_text()
+    assert "## A, rl against B, task by task" in text
+    assert f"| majority | 1 | 0.367 - 0.100 = {_diff_cell([0, -0.1, 0.9])} | 8 / 10 | " \
+           f"0.371 (n=1-2) - 0.100 = {_diff_cell([0, 1 / 70 - 0.1, 0.9])} |" in text
+    assert f"| majority | 2 | 0.400 - 0.100 = {_diff_cell([0, 0, 0.9])} | 20 / 20 | " \
+           f"0.400 (n=1-2) - 0.100 = {_diff_cell([0, 0, 0.9])} |" in text
+    assert f"| majority | 4 | 0.400 - 0.100 = {_diff_cell([0, 0.9, 0])} | 53 / 40 | " \
+           f"0.400 (n=2-4) - 0.100 = {_diff_cell([0, 0.54, 0.36])} |" in text
+    assert f"| oracle = pass@n (upper bound) | 4 | 1.000 - 0.100 = {_diff_cell([0.9, 0.9, 0.9])} | 53 / 40 | - |" in text
+    with pytest.raises(SystemExit, match="expected two --model names"):
+        m.main(["--model", f"B={b},{greedy}", "--versus", "A", "B", "--plot", str(tmp_path / "p.png")])

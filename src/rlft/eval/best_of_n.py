@@ -125,6 +125,54 @@ def selection_rows(sampled: CountdownEvalResult, greedy_scores: list[list[float]
     return rows
 
 
+def bracket(xs: list[float], x: float) -> tuple[int, int, float] | None:
+    """``(i, j, w)`` with ``xs[i] <= x <= xs[j]``, ``x = (1 - w) xs[i] + w xs[j]``; None when ``x`` lies outside
+    ``[min(xs), max(xs)]`` (no extrapolation). ``xs`` ascending."""
+    if not xs or not xs[0] <= x <= xs[-1]:
+        return None
+    for i in range(len(xs) - 1):
+        if xs[i] <= x <= xs[i + 1]:
+            width = xs[i + 1] - xs[i]
+            return i, i + 1, 0.0 if width == 0 else (x - xs[i]) / width
+    return len(xs) - 1, len(xs) - 1, 0.0  # a one-point curve hit exactly
+
+
+def equal_cost_comparison(model_curves: dict[str, list[dict]], point: dict, same_tasks: bool = True) -> dict | None:
+    """The best non-oracle selector's curve at the long search's token cost against the long search.
+
+    Each curve is interpolated *linearly in tokens* between the two n's that bracket ``point["tokens"]``: a run that
+    uses the smaller n with probability 1 - w and the larger with probability w costs exactly that many tokens on
+    average and scores exactly the interpolated mean, so the comparison is at equal expected cost. The best
+    selector is the one with the highest interpolated score. ``point``: ``tokens``, ``score``, ``task_scores``
+    ((N, 1)); with ``same_tasks`` the difference gets a paired 95% interval from the per-task mixtures.
+
+    Returns:
+        None when no non-oracle curve reaches the point's cost; else ``{"selector", "tokens", "score" (interpolated),
+        "point_score", "diff", "ci_low", "ci_high" (None without same_tasks), "n_low", "n_high", "w"}``.
+    """
+    best = None
+    for name, pts in model_curves.items():
+        if name == "oracle":
+            continue
+        b = bracket([p["tokens_per_task"] for p in pts], point["tokens"])
+        if b is None:
+            continue
+        i, j, w = b
+        score = (1 - w) * pts[i]["score"] + w * pts[j]["score"]
+        if best is None or score > best["score"]:
+            best = {"selector": name, "tokens": point["tokens"], "score": score, "point_score": point["score"],
+                    "diff": score - point["score"], "ci_low": None, "ci_high": None, "n_low": pts[i]["n"],
+                    "n_high": pts[j]["n"], "w": w, "_mix": (pts[i]["chosen"], pts[j]["chosen"])}
+    if best is None:
+        return None
+    lo, hi = best.pop("_mix")
+    if same_tasks:
+        mix = [[(1 - best["w"]) * a + best["w"] * b] for a, b in zip(lo, hi)]
+        d = paired_difference(mix, point["task_scores"])
+        best.update(diff=d["diff"], ci_low=d["ci_low"], ci_high=d["ci_high"])
+    return best
+
+
 def _ci(row: dict) -> str:
     return f"{row['diff']:+.3f} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]"
 

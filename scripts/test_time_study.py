@@ -162,7 +162,9 @@ def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
     ax.set_ylabel("mean score of the answer kept (0 / 0.1 / 1)")
     ax.set_title("Test-time scaling: best-of-N vs a single long search")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a curve
+    ncol = 1 + (len(ax.get_legend_handles_labels()[0]) - 1) // 24  # ~24 entries fit beside 5 inches of axes
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=ncol)  # beside the axes: never over a curve
+    fig.set_size_inches(10 + 3 * (ncol - 1), 5)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -11,8 +11,9 @@ second's, ...) and recomputes every rate; ``scripts/test_time_study.py`` then re
 Refused, naming the file: a file that is not an ``rlft eval countdown --output`` JSON, a greedy one, other tasks,
 another model or sampling setting (``model``, its weights' ``model_sha256``, ``temperature``, ``top_p``,
 ``max_new_tokens``, ``prompt_template``, ``select_reward_model``), a seed used twice (the samples would repeat),
-reward-model scores in some files only, and an existing ``--output`` without ``--overwrite``. The output's ``selection`` is empty (give test_time_study the greedy
-file); its ``config`` is the first file's with ``k`` the total, ``seed`` None, ``merged_from`` the files and ``seeds``.
+reward-model scores in some files only, and an existing ``--output`` without ``--overwrite``. The output's
+``selection`` is empty (give test_time_study the greedy file); its ``config`` is the first file's with ``k`` the
+total, ``seed`` None, ``merged_from`` the files and ``seeds``.
 """
 
 from __future__ import annotations

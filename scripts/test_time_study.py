@@ -32,7 +32,7 @@ from pathlib import Path
 
 from rlft.eval.best_of_n import (LABELS, available_selectors, check_same_tasks, equal_cost_comparison, selection_row,
                                  tokens_per_task)
-from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file
+from rlft.eval.countdown import CountdownEvalResult, other_weights, paired_difference, read_eval_file
 from rlft.eval.report import markdown_table
 from rlft.eval.select import SELECTORS, selected_scores
 
@@ -58,7 +58,7 @@ def check_same_weights(name: str, sampled: dict, greedy: dict, greedy_path: str)
     """SystemExit when both ``config``s record a ``model_sha256`` and they differ: a model's samples are paired only
     with the greedy answers of the same model file."""
     a, b = sampled.get("model_sha256"), greedy.get("model_sha256")
-    if a is not None and b is not None and a != b:
+    if other_weights(a, b):
         raise SystemExit(f"--model {name}: {greedy_path} evaluated weights {b[:16]}..., the samples {a[:16]}...: "
                          "pair the greedy evaluation of the same model file")
 

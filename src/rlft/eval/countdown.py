@@ -98,6 +98,12 @@ def read_eval_file(path: str | Path) -> tuple[CountdownEvalResult, dict]:
         raise ValueError(f"{path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
 
 
+def other_weights(recorded: str | None, expected: str | None) -> bool:
+    """True when two evaluations' weights SHA-256s (``config.model_sha256``) are both known and differ; a file
+    written before weights were recorded (None) is not checked."""
+    return recorded is not None and expected is not None and recorded != expected
+
+
 def pass_at_k_sizes(k: int) -> list[int]:
     """1, 2, 4, ... up to k, and k itself: ``pass_at_k_sizes(6) == [1, 2, 4, 6]``."""
     sizes = {k}

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, print_result, read_eval_file
+from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, other_weights, print_result, read_eval_file
 from rlft.options import DeviceOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
@@ -213,7 +213,7 @@ def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: 
     except ValueError as e:
         raise OptionError(str(e)) from None
     recorded = config.get("model_sha256")
-    if model_sha256 is not None and recorded is not None and recorded != model_sha256:
+    if other_weights(recorded, model_sha256):
         raise OptionError(f"--greedy-from {path} evaluated weights with SHA-256 {recorded[:16]}..., but --model has "
                           f"{model_sha256[:16]}...: pair an evaluation of the same model file")
     theirs = config.get("max_new_tokens")

@@ -1,8 +1,8 @@
 """The package's shape: no import cycles between rlft's modules, and no oversized files.
 
 The import graph is read with ``ast`` (nothing is imported): every ``import`` / ``from ... import`` in
-src/rlft, module level or inside a function, except those under ``if TYPE_CHECKING:`` (annotations
-only, never run). An edge goes to the module named, and for ``from package import name`` also to
+src/rlft, module level or inside a function, and those under ``if TYPE_CHECKING:`` too (an annotation-only import
+is still a dependency a reader must follow; a cycle through one is a cycle). An edge goes to the module named, and for ``from package import name`` also to
 ``package.name`` when that is a module. A package's ``__init__`` counts as the package.
 """
 
@@ -31,20 +31,11 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def imported_names(tree: ast.Module, module: str, is_package: bool) -> list[str]:
-    """Absolute names of what ``tree`` imports (module names, or module.name for ``from`` imports)."""
+    """Absolute names of what ``tree`` imports (module names, or module.name for ``from`` imports), wherever the
+    import stands: module level, a function, or an ``if TYPE_CHECKING:`` block."""
     names: list[str] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:  # the else branch does run
-                visit(child)
-            return
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -55,10 +46,6 @@ def imported_names(tree: ast.Module, module: str, is_package: bool) -> list[str]
                 base = node.module or ""
             names.append(base)
             names.extend(f"{base}.{alias.name}" for alias in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
     return names
 
 
@@ -134,7 +121,7 @@ def test_the_cycle_finder_finds_cycles_and_only_cycles():
         ["a", "b", "c", "a"], ["e", "f", "e"]]
 
 
-def test_the_graph_sees_local_imports_and_skips_type_checking_blocks():
+def test_the_graph_sees_local_and_type_checking_imports():
     tree = ast.parse(
         "from typing import TYPE_CHECKING\n"
         "import rlft.ops\n"
@@ -147,7 +134,7 @@ def test_the_graph_sees_local_imports_and_skips_type_checking_blocks():
     )
     names = set(imported_names(tree, "rlft.run_folder", is_package=False))
     assert {"rlft.ops", "rlft.distributed", "rlft.fsio", "rlft.checkpoint"} <= names
-    assert not any(n.startswith("rlft.recipes") for n in names)
+    assert "rlft.recipes.dpo.DPOConfig" in names  # a type-only import is an edge too
     graph = import_graph()
     assert "rlft.checkpoint" in graph["rlft.run_folder"] and "rlft.fsio" in graph["rlft.checkpoint"]
 

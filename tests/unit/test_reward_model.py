@@ -47,7 +47,7 @@ def tiny_rm(smol_tokenizer):
 
 @pytest.fixture
 def padding_side(smol_tokenizer):
-    """Set the (session-wide) tokenizer's padding side for one test, then restore it."""
+    """Set the (shared) tokenizer's padding side for one test, then restore it."""
     saved = smol_tokenizer.padding_side
 
     def set_side(side: str):

@@ -2,7 +2,7 @@
 JSONL journal, and a run restarted on the same journal continues after its last written prompt.
 
 Hours of CPU sampling (e.g. on-policy preference pairs: 1,920 prompts x 4 samples at 144 tokens) should not be
-lost to a session's end. The journal's first line is ``{"meta": {...}}`` (what produced the samples: model,
+lost when the process is stopped. The journal's first line is ``{"meta": {...}}`` (what produced the samples: model,
 sampling parameters, task range; the caller decides); every further line is one prompt::
 
     {"index": b, "prompt": str, "seconds": float,

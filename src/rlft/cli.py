@@ -32,6 +32,7 @@ from rlft.validation import OptionError, UsageError
 def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type, Callable[[Any], Any], str, dict[str, Any]]]:
     """Command name -> ``(config class, run function, one-line help[, defaults])``: ``defaults`` (a dict of field
     values) replace the class's own defaults, under ``--config`` values and flags."""
+    from rlft.eval.compare import EvalCompareConfig, run_eval_compare
     from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
     from rlft.eval.winrate import WinrateConfig, run_winrate
     from rlft.recipes.demo import DemoConfig, run_demo
@@ -53,6 +54,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type
         "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data (UltraFeedback, HH)."),
         "rm": (RMConfig, train_rm, "Bradley-Terry reward model (scalar head on a causal LM) on preference pairs."),
         "eval countdown": (EvalCountdownConfig, run_eval_countdown, "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
+        "eval compare": (EvalCompareConfig, run_eval_compare, "Paired difference B - A of `eval countdown --output` files of the same tasks (mixed, 3 and 4 numbers), 95% CI; BASE X Y ...: Holm across the batch."),
         "eval winrate": (WinrateConfig, run_winrate, "Win-rate of a policy vs a reference, judged by a local reward model or a remote reward API."),
     }
 

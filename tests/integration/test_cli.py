@@ -24,7 +24,14 @@ def test_every_option_has_help_text(name):
     cls = _commands()[name][0]
     result = subprocess.run([sys.executable, "-m", "rlft.cli", *name.split(), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    import typing
+
+    import tyro
+
+    hints = typing.get_type_hints(cls, include_extras=True)
     for f in fields(cls):
+        if tyro.conf.Positional[int].__metadata__[0] in getattr(hints[f.name], "__metadata__", ()):
+            continue  # a positional argument (`rlft eval compare A.json B.json`): it has no flag
         flag = "--" + f.name.replace("_", "-")
         assert flag in result.stdout, f"{flag} missing from `rlft {name} --help`"
     import ast

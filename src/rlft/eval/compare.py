@@ -1,0 +1,308 @@
+"""``rlft eval compare A.json B.json [C.json ...]``: paired differences of ``rlft eval countdown --output`` files.
+
+Sign convention: every difference is **B minus A** (the later file minus the first, BASE): positive means B scores
+higher. Per task i, ``d_i = mean(B's scores on task i) - mean(A's)``; the difference is the mean of d over the tasks,
+with the paired 95% interval of :func:`rlft.eval.countdown.paired_difference` (normal approximation, ``sd(d) /
+sqrt(N)``). Each comparison is reported on all tasks ("mixed") and by count of numbers (3, 4), each with A's and B's
+mean score, the difference and its interval, the tasks where B is better / worse / equal, and the share of answers
+cut at max_new_tokens (truncated) of each file.
+
+With more files, ``rlft eval compare BASE.json X.json Y.json ...`` compares each of X, Y, ... against BASE. The m
+comparisons are one batch: beside each raw interval it reports the Holm-adjusted one (Holm 1979,
+:func:`rlft.eval.stats.holm`), so that the chance of any of the m intervals missing is at most 5%. The batch is
+adjusted per slice (mixed, 3 numbers, 4 numbers: m comparisons each). The adjusted interval of the comparison whose
+p-value has rank i (1 = smallest) is the paired interval at error rate ``0.05 / (m - i + 1)``, held at the stopping
+rank's rate once Holm's step-down stops (its levels never decrease with rank), so that it excludes 0 exactly when the
+Holm-adjusted p-value is below 0.05.
+
+Refusals (one line, exit 2, naming the files): a file that is not an evaluation; two files of different task lists
+(the ``tasks`` lists themselves, nums and target in order, are compared, not only their count); a file without a task
+list (an older evaluation) unless ``--allow-unrecorded-tasks``, which pairs by position; and files whose evaluation
+settings differ (:data:`SETTINGS`: mode, k, temperature and top_p when both are sampled, max_new_tokens,
+prompt_template) unless each differing setting is named in ``--allow-setting``: a difference is then the model's only
+when everything else is held fixed. A setting a file does not record is not checked (the output says so).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import tyro
+
+from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file, size_summary
+from rlft.eval.stats import ALPHA, Z_95, holm, normal_p_value, z_for_level
+from rlft.validation import OptionError, UsageError, validate_options
+
+SIGN = "B - A: the later file minus the first (BASE); positive means B scores higher"
+"""The sign convention, written into every printed table and JSON."""
+Setting = Literal["mode", "k", "temperature", "top_p", "max_new_tokens", "prompt_template"]
+SETTINGS: tuple[str, ...] = ("mode", "k", "temperature", "top_p", "max_new_tokens", "prompt_template")
+"""The evaluation settings that must be equal for a difference to be the model's (``--allow-setting`` accepts one)."""
+SLICE_NAMES = {"all": "mixed", "3": "3 numbers", "4": "4 numbers"}
+
+
+@dataclass(frozen=True)
+class EvalCompareConfig:
+    """Paired difference B - A of `rlft eval countdown --output` files of the same tasks (positive: B scores higher)."""
+
+    files: Annotated[tyro.conf.Positional[tuple[str, ...]], tyro.conf.arg(metavar="A.json B.json [C.json ...]")] = ()
+    """A.json B.json: B minus A, paired task by task; A.json B.json C.json ...: each later file minus the first (BASE),
+    with Holm-adjusted intervals across the batch beside the raw ones."""
+    json: str | None = None
+    """Write the comparison to this JSON file (an existing file is refused unless --overwrite; one of the inputs always)."""
+    overwrite: bool = False
+    """Replace an existing --json file."""
+    holm: bool = True
+    """With more than one comparison, report Holm-adjusted 95% intervals across the batch beside the raw ones (--no-holm: raw only)."""
+    allow_setting: tuple[Setting, ...] = ()
+    """Evaluation settings allowed to differ between the files (refused otherwise): mode, k, temperature, top_p,
+    max_new_tokens, prompt_template. An allowed difference is named in the output."""
+    allow_unrecorded_tasks: bool = False
+    """Pair files that record no task list (older evaluations) by position, checking only their number of tasks."""
+
+    def __post_init__(self) -> None:
+        validate_options(self)
+
+    def check_outputs(self) -> None:
+        """Before reading anything: at least two files, each an existing file, none named twice; a --json that may be
+        written (:func:`rlft.run_folder.check_output_file`) and is none of the inputs (even with --overwrite).
+
+        Raises:
+            UsageError: the message names the file.
+        """
+        from rlft.run_folder import check_output_file
+
+        if len(self.files) < 2:
+            raise OptionError(f"two evaluation files or more are needed (A.json B.json: B minus A), got {len(self.files)}")
+        seen: dict[Path, str] = {}
+        for name in self.files:
+            path = Path(name).expanduser()
+            if not path.is_file():
+                raise OptionError(f"{name}: no such file (an `rlft eval countdown --output` JSON)")
+            key = path.resolve()
+            if key in seen:
+                raise OptionError(f"{name} is named twice (as {seen[key]} too): compare each file once")
+            seen[key] = name
+        if self.json is not None:
+            out = Path(self.json).expanduser()
+            if out.resolve() in seen:
+                raise OptionError(f"--json {self.json} is one of the input evaluations; choose another file")
+            check_output_file(self.json, option="--json", overwrite=self.overwrite)
+
+
+def load(path: str) -> tuple[CountdownEvalResult, dict]:
+    """``read_eval_file(path)``, its per-task lists checked to be of one length.
+
+    Raises:
+        UsageError: not an evaluation file, or per-task lists of different lengths (naming ``path``).
+    """
+    try:
+        result, config = read_eval_file(path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    n = len(result.task_scores)
+    if n == 0 or any(not row for row in result.task_scores):
+        raise UsageError(f"{path}: no per-task scores (task_scores) to pair")
+    for name in ("tasks", "task_truncated"):
+        rows = getattr(result, name)
+        if rows and len(rows) != n:
+            raise UsageError(f"{path}: {name} lists {len(rows)} tasks, task_scores {n}")
+    return result, config
+
+
+def check_same_tasks(a: CountdownEvalResult, b: CountdownEvalResult, name_a: str, name_b: str, *,
+                     unrecorded_ok: bool = False) -> bool:
+    """Refuse two evaluations of different tasks: their ``tasks`` lists (nums and target of each, in order) must be
+    equal. Returns True when the lists were compared, False when a file records none and ``unrecorded_ok`` (the
+    files are then paired by position, only their number of tasks checked).
+
+    Raises:
+        UsageError: different numbers of tasks; a file without a task list (unless ``unrecorded_ok``); the first task
+            that differs (the message names both files, the task and how many tasks differ).
+    """
+    na, nb = len(a.task_scores), len(b.task_scores)
+    if na != nb:
+        raise UsageError(f"{name_a} has {na} tasks, {name_b} {nb}: compare evaluations of the same tasks")
+    missing = [name for name, r in ((name_a, a), (name_b, b)) if not r.tasks]
+    if missing:
+        if unrecorded_ok:
+            return False
+        raise UsageError(f"{' and '.join(missing)} record{'s' if len(missing) == 1 else ''} no task list (an older "
+                         f"evaluation), so {name_a} and {name_b} cannot be checked to be of the same tasks; evaluate "
+                         "again, or pass --allow-unrecorded-tasks to pair them by position")
+    key = [(list(t["nums"]), t["target"]) for t in a.tasks], [(list(t["nums"]), t["target"]) for t in b.tasks]
+    differ = [i for i, (x, y) in enumerate(zip(*key)) if x != y]
+    if differ:
+        i = differ[0]
+        raise UsageError(f"{name_a} and {name_b} are evaluations of different tasks ({len(differ)} of {na} differ; task "
+                         f"{i} is nums {key[0][i][0]} target {key[0][i][1]} in {name_a}, nums {key[1][i][0]} target "
+                         f"{key[1][i][1]} in {name_b}): compare evaluations of the same tasks in the same order")
+    return True
+
+
+def resolved_max_new_tokens(result: CountdownEvalResult, config: dict) -> int | None:
+    """The token budget an evaluation ran with: ``config.max_new_tokens``; when unset there, the length of a truncated
+    sample (it stopped at the budget), else the command's device default (256 on ``--device cpu``, 1024 on
+    ``cuda``); None when none of these says."""
+    if config.get("max_new_tokens") is not None:
+        return config["max_new_tokens"]
+    for cut_row, tokens_row in zip(result.task_truncated, result.task_tokens):
+        for cut, tokens in zip(cut_row, tokens_row):
+            if cut:
+                return tokens
+    device = str(config.get("device", ""))
+    return 256 if device == "cpu" else 1024 if device.startswith("cuda") else None
+
+
+def settings(result: CountdownEvalResult, config: dict) -> dict:
+    """The file's values of :data:`SETTINGS` (None: not recorded; temperature and top_p only in sampled mode)."""
+    sampled = result.mode == "sampled"
+    return {"mode": result.mode, "k": result.k, "temperature": config.get("temperature") if sampled else None,
+            "top_p": config.get("top_p") if sampled else None, "max_new_tokens": resolved_max_new_tokens(result, config),
+            "prompt_template": config.get("prompt_template")}
+
+
+def check_settings(a: tuple[CountdownEvalResult, dict], b: tuple[CountdownEvalResult, dict], name_a: str, name_b: str,
+                   allowed: tuple[str, ...] = ()) -> list[str]:
+    """Refuse evaluations whose :func:`settings` differ, but for the names in ``allowed``; returns notes (allowed
+    differences, settings a file does not record).
+
+    Raises:
+        UsageError: naming the setting, both files and both values.
+    """
+    sa, sb = settings(*a), settings(*b)
+    notes = []
+    for name in SETTINGS:
+        x, y = sa[name], sb[name]
+        if x is None or y is None:
+            if name in ("max_new_tokens", "prompt_template") or sa["mode"] == sb["mode"] == "sampled":  # not greedy's T
+                unknown = [n for n, v in ((name_a, x), (name_b, y)) if v is None]
+                notes.append(f"{name} not recorded in {' and '.join(unknown)}: not checked")
+            continue
+        if x == y:
+            continue
+        if name not in allowed:
+            raise UsageError(f"{name_a} and {name_b} were evaluated with different {name} ({x!r} and {y!r}): the "
+                             f"difference would not be the model's alone; pass --allow-setting {name} to compare anyway")
+        notes.append(f"{name} differs (allowed): {x!r} in {name_a}, {y!r} in {name_b}")
+    return notes
+
+
+def slice_rows(a: CountdownEvalResult, b: CountdownEvalResult) -> dict[str, list[int]]:
+    """Task indices of each slice of a comparison: ``"all"``, then per count of numbers (``"3"``, ``"4"``, ...) of A's
+    tasks when both files record their tasks (else ``"all"`` only)."""
+    sizes: dict[str, list[int]] = {}
+    for i, task in enumerate(a.tasks if b.tasks else []):
+        sizes.setdefault(str(len(task["nums"])), []).append(i)
+    return {"all": list(range(len(a.task_scores))), **dict(sorted(sizes.items(), key=lambda kv: int(kv[0])))}
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+def compare_results(a: CountdownEvalResult, b: CountdownEvalResult, *, z: float = Z_95) -> dict[str, dict]:
+    """B minus A on each slice of :func:`slice_rows` (the caller has checked the tasks): ``{slice: {n, mean_a, mean_b,
+    diff, ci_low, ci_high, p, better, worse, equal, cut_a, cut_b}}``. ``diff``/``ci_*``/``better``/``worse`` are
+    :func:`rlft.eval.countdown.paired_difference` of B's and A's task scores (B better: d_i > 0); ``equal`` the tasks
+    with d_i == 0; ``mean_*`` and ``cut_*`` (share of samples truncated; None when not recorded) are
+    :func:`rlft.eval.countdown.size_summary`'s; ``p`` the two-sided p-value of d = 0 (:func:`rlft.eval.stats.normal_p_value`)."""
+    sums = size_summary(a), size_summary(b)
+    out = {}
+    for name, rows in slice_rows(a, b).items():
+        d = paired_difference([b.task_scores[i] for i in rows], [a.task_scores[i] for i in rows], z=z)
+        out[name] = {"n": d["n"], "mean_a": sums[0][name]["score"], "mean_b": sums[1][name]["score"], "diff": d["diff"],
+                     "ci_low": d["ci_low"], "ci_high": d["ci_high"], "p": normal_p_value(d["diff"], d["ci_high"] - d["diff"], z),
+                     "better": d["better"], "worse": d["worse"], "equal": d["n"] - d["better"] - d["worse"],
+                     "cut_a": _finite(sums[0][name]["truncated_rate"]), "cut_b": _finite(sums[1][name]["truncated_rate"])}
+    return out
+
+
+def add_holm(pairs: list[tuple[CountdownEvalResult, CountdownEvalResult]], comparisons: list[dict[str, dict]],
+             alpha: float = ALPHA) -> None:
+    """Add ``holm`` (``{rank, level, p_adjusted, rejected, ci_low, ci_high}``) to every slice of ``comparisons`` (the
+    :func:`compare_results` of each ``(A, B)`` in ``pairs``): per slice name, the comparisons that have it form one
+    batch (:func:`rlft.eval.stats.holm`); the adjusted interval is the paired interval at the Holm level's quantile."""
+    for name in dict.fromkeys(s for c in comparisons for s in c):
+        batch = [j for j, c in enumerate(comparisons) if name in c]
+        for j, h in zip(batch, holm([comparisons[j][name]["p"] for j in batch], alpha)):
+            a, b = pairs[j]
+            rows = slice_rows(a, b)[name]
+            d = paired_difference([b.task_scores[i] for i in rows], [a.task_scores[i] for i in rows], z=z_for_level(h["level"]))
+            comparisons[j][name]["holm"] = {**h, "ci_low": d["ci_low"], "ci_high": d["ci_high"]}
+
+
+def compare_files(paths: list[str], *, allow_setting: tuple[str, ...] = (), holm_adjust: bool = True,
+                  unrecorded_tasks: bool = False) -> dict:
+    """Each of ``paths[1:]`` minus ``paths[0]`` (the BASE): ``{"convention", "alpha", "base", "holm" (m when the
+    intervals are Holm-adjusted, else None), "comparisons": [{"a", "b", "tasks_checked", "notes", "slices"}]}``
+    (``slices``: :func:`compare_results`, with ``holm`` when adjusted). Every file is read and checked before any
+    difference is computed.
+
+    Raises:
+        UsageError: a file is not an evaluation, or one of ``paths[1:]`` is of other tasks or settings than BASE
+            (:func:`check_same_tasks`, :func:`check_settings`).
+    """
+    loaded = [load(p) for p in paths]
+    out = {"convention": SIGN, "alpha": ALPHA, "base": paths[0], "holm": None, "comparisons": []}
+    for path, other in zip(paths[1:], loaded[1:]):
+        checked = check_same_tasks(loaded[0][0], other[0], paths[0], path, unrecorded_ok=unrecorded_tasks)
+        notes = check_settings(loaded[0], other, paths[0], path, allow_setting)
+        if not checked:
+            notes.append("no task list recorded: paired by position")
+        out["comparisons"].append({"a": paths[0], "b": path, "tasks_checked": checked, "notes": notes})
+    pairs = [(loaded[0][0], other[0]) for other in loaded[1:]]
+    slices = [compare_results(a, b) for a, b in pairs]
+    if holm_adjust and len(pairs) > 1:
+        add_holm(pairs, slices)
+        out["holm"] = len(pairs)
+    for comparison, s in zip(out["comparisons"], slices):
+        comparison["slices"] = s
+    return out
+
+
+def _ci(low: float, high: float) -> str:
+    return f"[{low:+.3f}, {high:+.3f}]"
+
+
+def format_comparison(report: dict) -> str:
+    """The report as plain text: the sign convention, then per comparison a row per slice (tasks, mean A, mean B,
+    B - A with its 95% interval, the Holm-adjusted interval and p-value when the report has them, better/worse/equal,
+    the cut shares) and its notes."""
+    m = report["holm"]
+    lines = [f"paired difference {SIGN}; 95% intervals" +
+             (f", Holm-adjusted across the batch of {m} comparisons beside the raw ones" if m else "")]
+    header = (f"{'tasks':<10} {'n':>5} {'mean A':>7} {'mean B':>7} {'B - A':>7}  {'95% CI':<18}"
+              + (f" {'Holm 95% CI':<18} {'Holm p':>7}" if m else "") + f" {'better/worse/equal':>18} {'cut A':>6} {'cut B':>6}")
+    for c in report["comparisons"]:
+        lines += ["", f"B = {c['b']}", f"A = {c['a']}", header]
+        for name, s in c["slices"].items():
+            holm_cells = f" {_ci(s['holm']['ci_low'], s['holm']['ci_high']):<18} {s['holm']['p_adjusted']:>7.3g}" if m else ""
+            cut = " ".join(f"{'-' if x is None else f'{x:.3f}':>6}" for x in (s["cut_a"], s["cut_b"]))
+            counts = f"{s['better']}/{s['worse']}/{s['equal']}"
+            lines.append(f"{SLICE_NAMES.get(name, f'{name} numbers'):<10} {s['n']:>5} {s['mean_a']:>7.3f} {s['mean_b']:>7.3f} "
+                         f"{s['diff']:>+7.3f}  {_ci(s['ci_low'], s['ci_high']):<18}{holm_cells} {counts:>18} {cut}")
+        lines += [f"note: {note}" for note in c["notes"]]
+    return "\n".join(lines)
+
+
+def run_eval_compare(cfg: EvalCompareConfig) -> dict:
+    """Compare ``cfg.files`` (:func:`compare_files`), print the tables and write ``cfg.json`` if set; returns the report.
+
+    Raises:
+        UsageError: what :meth:`EvalCompareConfig.check_outputs` and :func:`compare_files` refuse (the CLI exits 2).
+    """
+    from rlft.fsio import atomic_write_json
+
+    cfg.check_outputs()
+    report = compare_files(list(cfg.files), allow_setting=cfg.allow_setting, holm_adjust=cfg.holm,
+                           unrecorded_tasks=cfg.allow_unrecorded_tasks)
+    print(format_comparison(report))
+    if cfg.json is not None:
+        path = Path(cfg.json).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, report)
+    return report

@@ -1,0 +1,184 @@
+"""Existing configs and command lines keep their meaning when option blocks move.
+
+``tests/assets/config_snapshot.json`` was written (``python tests/unit/test_config_snapshot.py --write``) before the
+Countdown, RL and demo options were grouped into blocks (2026-11-27). It holds:
+
+- ``configs``: every ``configs/**/*.yaml`` headed ``# rlft <command>``, parsed as ``--config`` parses it
+  (:func:`rlft.cli.load_config_defaults`), and every (setting, variant) of ``configs/countdown/ablation`` built as
+  ``scripts/countdown_ablation.py`` builds it, as ``dataclasses.asdict`` (or the error it raised);
+- ``help``: for the commands whose config classes the blocks touch, each flag of ``rlft <command> --help`` with its
+  type, help text and default, as tyro prints them.
+
+The tests compare today's parse with it: same values, same flags, same defaults and help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import re
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT = ROOT / "tests" / "assets" / "config_snapshot.json"
+HELP_COMMANDS = ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown")
+"""The commands whose config classes are built from the option blocks."""
+SCRIPT_KEYS = ("kind", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "pair_offset", "start_from")
+"""Variant keys that are the ablation script's own, not recipe options (scripts/countdown_ablation.py)."""
+HELP_REWORDED: dict[str, set[str]] = {}
+"""Flags whose help text was deliberately reworded, per command (their type and default still must not change)."""
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value))
+
+
+def _attempt(build) -> dict:
+    try:
+        return {"values": _jsonable(dataclasses.asdict(build()))}
+    except (ValueError, TypeError) as e:  # OptionError is a ValueError
+        return {"error": str(e)}
+
+
+def parsed_configs() -> dict[str, dict]:
+    """``{relative path: {"command", "values"|"error"}}`` of every headed YAML file under configs/."""
+    from rlft.cli import _commands, load_config_defaults
+    from rlft.config_files import header_command
+
+    commands = _commands()
+    out = {}
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        command = header_command(path.read_text(), list(commands))
+        if command is None:
+            continue
+        cls, _, _, *preset = commands[command]
+        rel = str(path.relative_to(ROOT))
+        out[rel] = {"command": command,
+                    **_attempt(lambda: load_config_defaults(cls, str(path), preset[0] if preset else None, command))}
+    return out
+
+
+def ablation_configs() -> dict[str, dict]:
+    """``{"setting/variant[/pairs]": {"values"|"error"}}``: each variant's recipe config for each setting, built from
+    ``settings.yaml`` and the variant files as scripts/countdown_ablation.py builds it (placeholders for paths)."""
+    from rlft.recipes.dpo import DPOConfig
+    from rlft.recipes.pairs import PairsConfig
+    from rlft.recipes.pipeline import load_settings, load_variants
+    from rlft.recipes.sft import SFTConfig
+    from rlft.rl.config import RLConfig
+
+    folder = ROOT / "configs" / "countdown" / "ablation"
+    settings, variants = load_settings(folder), load_variants(folder)
+    out = {}
+    for sname, s in settings.items():
+        device = dict(device=s.device, dtype=s.dtype)
+        for vname, spec in variants.items():
+            options = {k: v for k, v in spec.items() if k not in SCRIPT_KEYS}
+            key = f"{sname}/{vname}"
+            if spec["kind"] == "rl":
+                out[key] = _attempt(lambda: RLConfig(
+                    **{**s.tasks, **s.rl, "max_new_tokens": s.max_new_tokens, "eval_max_new_tokens": s.max_new_tokens,
+                       "micro_batch_size": s.micro_batch_size, **options},
+                    model="start", output_dir="run", seed=0, **device, resume_override=("micro_batch_size",)))
+            elif spec["kind"] == "dpo":
+                out[key] = _attempt(lambda: DPOConfig(**{**s.dpo, **options}, model="start", data="pairs.jsonl",
+                                                      output_dir="run", micro_batch_size=s.micro_batch_size, seed=0, **device))
+                n = spec.get("pair_prompts", s.pairs["num_prompts"])
+                out[key + "/pairs"] = _attempt(lambda: PairsConfig(
+                    **{**s.tasks, **s.pairs, "num_prompts": n, "num_samples": spec.get("pair_samples", s.pairs["num_samples"])},
+                    model="start", start=spec.get("pair_offset", 0), max_new_tokens=s.max_new_tokens, output="pairs.jsonl",
+                    seed=0, **device))
+            else:
+                out[key] = _attempt(lambda: SFTConfig(**{**s.tasks, **s.sft_continued, **options}, model="start",
+                                                      trace_style=s.trace_style, give_up=s.give_up, output_dir="run",
+                                                      max_steps=1, seed=0, **device))
+    return out
+
+
+_BOX = re.compile(r"[\u2500-\u257f]")
+
+
+def help_flags(command: str) -> dict[str, str]:
+    """``{flag: "TYPE help (default: ...)"}`` of ``rlft <command> --help`` (whitespace collapsed)."""
+    import tyro
+
+    from rlft.cli import _commands
+
+    cls, _, help_, *preset = _commands()[command]
+    default = cls(**preset[0]) if preset else None
+    buffer = io.StringIO()
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "300"
+    try:
+        with redirect_stdout(buffer), pytest.raises(SystemExit):
+            tyro.cli(cls, args=["--help"], prog=f"rlft {command}", description=help_,
+                     **({"default": default} if default is not None else {}))
+    finally:
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
+    flags: dict[str, list[str]] = {}
+    current = None
+    for line in buffer.getvalue().splitlines():
+        inner = _BOX.sub(" ", line)[1:].rstrip()  # a flag starts after one space; its text goes on further in
+        match = re.match(r"^ (--[a-z0-9-]+)(?:, --no-[a-z0-9-]+)?(?:\s+(.*))?$", inner)
+        if match:
+            current = match.group(1)
+            flags[current] = [match.group(2) or ""]
+        elif inner.startswith(" -h, --help") or not inner.strip():
+            current = None
+        elif current is not None:
+            flags[current].append(inner.strip())
+    return {flag: " ".join(" ".join(parts).split()) for flag, parts in flags.items()}
+
+
+def snapshot() -> dict:
+    return {"configs": parsed_configs(), "ablation": ablation_configs(),
+            "help": {command: help_flags(command) for command in HELP_COMMANDS}}
+
+
+@pytest.fixture(scope="module")
+def saved() -> dict:
+    return json.loads(SNAPSHOT.read_text())
+
+
+def test_config_files_parse_to_the_same_values(saved):
+    now = parsed_configs()
+    assert sorted(now) == sorted(saved["configs"])
+    for path, record in saved["configs"].items():
+        assert now[path] == record, path
+
+
+def test_ablation_variants_build_the_same_configs(saved):
+    now = ablation_configs()
+    assert sorted(now) == sorted(saved["ablation"])
+    for key, record in saved["ablation"].items():
+        assert now[key] == record, key
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS)
+def test_flags_defaults_and_help_unchanged(saved, command):
+    now, before = help_flags(command), saved["help"][command]
+    assert sorted(now) == sorted(before), f"rlft {command}: flags added {sorted(set(now) - set(before))}, " \
+                                          f"removed {sorted(set(before) - set(now))}"
+    reworded = HELP_REWORDED.get(command, set())
+    for flag, text in before.items():
+        if flag in reworded:
+            type_and_default = lambda s: (s.split(" ", 1)[0], re.search(r"\(default: [^)]*\)$", s).group(0))
+            assert type_and_default(now[flag]) == type_and_default(text), (command, flag)
+        else:
+            assert now[flag] == text, (command, flag)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python tests/unit/test_config_snapshot.py --write  (rewrites the snapshot)")
+    SNAPSHOT.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {SNAPSHOT}")

@@ -5,11 +5,13 @@ better/worse), from the ``eval_*.json`` files of ``--out/<variant>/s<seed>/`` an
 
     python scripts/ablation_report.py report --out runs/ablation --tasks 500   # table, samples_vs_score.png, paired_vs_samples.png
     python scripts/ablation_report.py churn --out runs/ablation --tasks 500    # which tasks each run flips
-    python scripts/ablation_report.py compare --pair A.json B.json             # A minus B, paired
+    python scripts/ablation_report.py compare --pair A.json B.json             # A minus B, paired (rlft eval compare B A)
     python scripts/ablation_report.py unpack --out runs/bounded/archive        # an archive's files, laid out for report
 
 Variants are listed in the order of ``configs/countdown/ablation/`` (``--configs``). Nothing here loads a model: the
-SFT start's evaluation must be there (``countdown_ablation.py run`` writes it).
+SFT start's evaluation must be there (``countdown_ablation.py run`` writes it). Pairs are :mod:`rlft.eval.compare`'s:
+evaluations of other task lists, a missing or unreadable file: one line, exit 2; files that record no task list (the
+generated-preset archives) are paired by position, their count checked, with a note.
 """
 
 from __future__ import annotations
@@ -23,15 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ablation_archive import unpack_archive  # noqa: E402  (the unpack command)
 from countdown_ablation import CONFIGS, pairs_file  # noqa: E402  (the runner's folder layout)
 
+from rlft.eval.compare import check_same_tasks, compare_results, load as read  # noqa: E402
 from rlft.recipes.pipeline import load_variants  # noqa: E402
-from rlft.validation import OptionError  # noqa: E402
+from rlft.validation import UsageError  # noqa: E402
+
+UNCHECKED: set[tuple[str, str]] = set()  # files paired by position (one records no task list): main's note
 
 
-def load(path: Path) -> dict:
-    """An evaluation file; SystemExit naming it when it is missing."""
-    if not path.exists():
-        raise SystemExit(f"{path} does not exist (scripts/countdown_ablation.py run writes it)")
-    return json.loads(path.read_text())
+def load(path: Path):  # an evaluation (rlft.eval.compare.load): UsageError naming it when missing or not one
+    return read(str(path))[0]
 
 
 def seed_folders(variants: dict, out: Path, kind: str | None = None):
@@ -41,46 +43,46 @@ def seed_folders(variants: dict, out: Path, kind: str | None = None):
             yield from ((name, folder) for folder in sorted((out / name).glob("s*")))
 
 
-def paired(a: dict, b: dict) -> dict:
-    from rlft.eval.countdown import paired_difference
+def paired(a: Path, b: Path) -> dict[str, dict]:
+    """A minus B per slice ("all", "3", "4": :func:`rlft.eval.compare.compare_results` with B as its base) of two
+    evaluation files of the same tasks. Raises UsageError naming the files when they are of other tasks."""
+    ra, rb = load(a), load(b)
+    if not check_same_tasks(rb, ra, str(b), str(a), unrecorded_ok=True):
+        UNCHECKED.add((str(b), str(a)))
+    return compare_results(rb, ra)
 
-    return paired_difference(a["task_scores"], b["task_scores"])
+
+def ci(d: dict | None) -> str:
+    return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" if d else "-"
 
 
 def report(variants: dict, out: Path, n: int) -> str:
     """Markdown table of every finished variant/seed (greedy on the first ``n`` test tasks) vs the SFT start."""
     def real_cells(folder: Path) -> str:  # greedy score on the real 3- and 4-number rows, when evaluated
-        cells = []
-        for size in (3, 4):
-            found = sorted(folder.glob(f"eval_real{size}_*.json"))
-            cells.append(f"{json.loads(found[-1].read_text())['mean_score']:.3f}" if found else "-")
-        return " | ".join(cells)
+        return " | ".join(f"{load(found[-1]).mean_score:.3f}" if (found := sorted(folder.glob(f"eval_real{size}_*.json")))
+                          else "-" for size in (3, 4))
 
-    def pass_cells(result: dict | None) -> str:  # sampled pass@1 and pass@4, when evaluated
-        return " | ".join(f"{result['pass_at_k'][k]:.3f}" if result else "-" for k in ("1", "4"))
+    def pass_cells(result) -> str:  # sampled pass@1 and pass@4, when evaluated
+        return " | ".join(f"{result.pass_at_k[k]:.3f}" if result else "-" for k in (1, 4))
 
     rows = ["| variant | seed | greedy score | paired vs SFT [95% CI] | better/worse | sampled score | pass@1 | pass@4 | "
             "real 3-num | real 4-num | train s |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    s = load(out / "sft_start" / f"eval_greedy_{n}.json")
-    sampled = json.loads(p.read_text()) if (p := out / "sft_start" / f"eval_sampled_{n}.json").exists() else None
-    sampled_cell = f"{sampled['mean_score']:.3f}" if sampled else "-"
-    rows.append(f"| SFT start | - | {s['mean_score']:.3f} | - | - | {sampled_cell} | {pass_cells(sampled)} | "
+    s = load(start := out / "sft_start" / f"eval_greedy_{n}.json")
+    sampled = load(p) if (p := out / "sft_start" / f"eval_sampled_{n}.json").exists() else None
+    sampled_cell = f"{sampled.mean_score:.3f}" if sampled else "-"
+    rows.append(f"| SFT start | - | {s.mean_score:.3f} | - | - | {sampled_cell} | {pass_cells(sampled)} | "
                 f"{real_cells(out / 'sft_start')} | - |")
     for name, folder in seed_folders(variants, out):
         path = folder / f"eval_greedy_{n}.json"
         if not path.exists():
             continue
-        g = json.loads(path.read_text())
-        d = paired(g, s)
+        g, d = load(path), paired(path, start)["all"]
         sp = folder / f"eval_sampled_{n}.json"
-        smp = json.loads(sp.read_text()) if sp.exists() else None
+        smp = load(sp) if sp.exists() else None
         t = json.loads((folder / "train_time.json").read_text())["seconds"] if (folder / "train_time.json").exists() else float("nan")
-        extra = "-"
-        if smp and sampled:
-            ds = paired(smp, sampled)
-            extra = f"{smp['mean_score']:.3f} ({ds['diff']:+.3f} [{ds['ci_low']:+.3f}, {ds['ci_high']:+.3f}])"
-        rows.append(f"| {name} | {folder.name[1:]} | {g['mean_score']:.3f} | {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | "
+        extra = f"{smp.mean_score:.3f} ({ci(paired(sp, p)['all'])})" if smp and sampled else "-"
+        rows.append(f"| {name} | {folder.name[1:]} | {g.mean_score:.3f} | {ci(d)} | "
                     f"{d['better']}/{d['worse']} | {extra} | {pass_cells(smp)} | {real_cells(folder)} | {t:.0f} |")
     return "\n".join(rows)
 
@@ -89,33 +91,25 @@ def sizes(variants: dict, out: Path, n: int, split: str) -> str:
     """Markdown table of every finished variant/seed on the first ``n`` rows of ``split`` (a setting whose tasks are a
     Countdown dataset's rows): greedy score and the paired difference against the SFT start for mixed, 3-number and
     4-number rows, truncation, and the sampled score's paired difference."""
-    from rlft.eval.countdown import CountdownEvalResult, paired_difference, subset
-
     def file(folder: Path, mode: str) -> Path:
         return folder / f"eval_{'val_' if split == 'validation' else ''}{mode}_{n}.json"
 
-    def result(path: Path) -> CountdownEvalResult | None:
-        return CountdownEvalResult.from_dict(json.loads(path.read_text())) if path.exists() else None
+    def scores(r) -> str:
+        return " / ".join(f"{r.by_size[k]['score']:.3f}" if k in r.by_size else "-" for k in ("all", "3", "4"))
 
-    def scores(r: CountdownEvalResult) -> str:
-        return " / ".join(f"{r.by_size[k]['score']:.3f}" for k in ("all", "3", "4"))
-
-    def ci(a: list, b: list) -> str:
-        d = paired_difference(a, b)
-        return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-
-    s, ss = result(file(out / "sft_start", "greedy")), result(file(out / "sft_start", "sampled"))
-    if s is None:
-        raise SystemExit(f"{file(out / 'sft_start', 'greedy')} does not exist (scripts/countdown_ablation.py run writes it)")
+    start, sampled_start = file(out / "sft_start", "greedy"), file(out / "sft_start", "sampled")
+    s = load(start)
     rows = [f"| variant | seed | score (mixed / 3 / 4 numbers) | truncated | minus SFT, mixed | 3 numbers | 4 numbers | sampled minus SFT |",
             "|---|---|---|---|---|---|---|---|"]
-    rows.append(f"| SFT start | - | {scores(s)} | {s.truncated_rate:.3f} | - | - | - | {f'{ss.mean_score:.3f}' if ss else '-'} |")
+    ss = f"{load(sampled_start).mean_score:.3f}" if sampled_start.exists() else "-"
+    rows.append(f"| SFT start | - | {scores(s)} | {s.truncated_rate:.3f} | - | - | - | {ss} |")
     for name, folder in seed_folders(variants, out):
-        if (g := result(file(folder, "greedy"))) is None:
+        if not (path := file(folder, "greedy")).exists():
             continue
-        smp = result(file(folder, "sampled"))
-        cells = [ci(subset(g, size), subset(s, size)) for size in (None, 3, 4)]
-        sampled = ci(smp.task_scores, ss.task_scores) if smp and ss else "-"
+        g, d = load(path), paired(path, start)
+        cells = [ci(d.get(k)) for k in ("all", "3", "4")]
+        sp = file(folder, "sampled")
+        sampled = ci(paired(sp, sampled_start)["all"]) if sp.exists() and sampled_start.exists() else "-"
         rows.append(f"| {name} | {folder.name[1:]} | {scores(g)} | {g.truncated_rate:.3f} | {' | '.join(cells)} | {sampled} |")
     return "\n".join(rows)
 
@@ -123,21 +117,30 @@ def sizes(variants: dict, out: Path, n: int, split: str) -> str:
 def churn(variants: dict, out: Path, n: int) -> str:
     """Which held-out tasks the finished variants flip: per run, tasks whose greedy score changed vs the SFT
     start (up / down), the tasks changed by any run, and the mean pairwise Pearson correlation of the runs'
-    per-task differences (near 0: each run flips its own tasks; near 1: every run flips the same ones)."""
+    per-task differences (near 0: each run flips its own tasks; near 1: every run flips the same ones; a pair with a
+    run that changed no task has no correlation and is left out). Raises UsageError (naming the file) for a missing
+    or unreadable SFT start, a run of other tasks, or no finished run."""
     import itertools
     import statistics
 
-    start = [row[0] for row in load(out / "sft_start" / f"eval_greedy_{n}.json")["task_scores"]]
+    start_path = out / "sft_start" / f"eval_greedy_{n}.json"
+    start = [row[0] for row in load(start_path).task_scores]
     diffs = {}
     for name, folder in seed_folders(variants, out):  # the variants' finished seeds, as report() lists them
         if (path := folder / f"eval_greedy_{n}.json").exists():
-            diffs[f"{name} {folder.name}"] = [row[0] - s0 for row, s0 in zip(json.loads(path.read_text())["task_scores"], start)]
+            paired(path, start_path)  # the same tasks as the start (refused otherwise)
+            diffs[f"{name} {folder.name}"] = [row[0] - s0 for row, s0 in zip(load(path).task_scores, start)]
+    if not diffs:
+        raise UsageError(f"no finished run under {out} has an eval_greedy_{n}.json to compare with {start_path}")
     lines = [f"{name}: {sum(d != 0 for d in v)} changed ({sum(d > 0 for d in v)} up, {sum(d < 0 for d in v)} down)"
              for name, v in diffs.items()]
     changed = sum(any(v[i] != 0 for v in diffs.values()) for i in range(len(start)))
-    pairs = [statistics.correlation(a, b) for a, b in itertools.combinations(diffs.values(), 2)]
-    lines.append(f"tasks changed by any run: {changed} of {len(start)}; per-task differences, mean pairwise "
-                 f"correlation {statistics.fmean(pairs):.2f} (min {min(pairs):.2f}, max {max(pairs):.2f}) over {len(pairs)} pairs")
+    runs = list(itertools.combinations(diffs.values(), 2))
+    pairs = [statistics.correlation(a, b) for a, b in runs if len(set(a)) > 1 and len(set(b)) > 1]
+    left = f" ({len(runs) - len(pairs)} pairs with a run that changed no task left out)" if len(pairs) < len(runs) else ""
+    lines.append(f"tasks changed by any run: {changed} of {len(start)}; per-task differences, " + (
+        f"mean pairwise correlation {statistics.fmean(pairs):.2f} (min {min(pairs):.2f}, max {max(pairs):.2f}) over "
+        f"{len(pairs)} pairs{left}" if pairs else f"no pairwise correlation (it needs two runs that changed tasks){left}"))
     return "\n".join(lines)
 
 
@@ -222,12 +225,11 @@ def plot_paired(variants: dict, out: Path, n: int) -> Path | None:
     sft = out / "sft_start" / f"eval_greedy_{n}.json"
     if not sft.exists():
         return None
-    start = json.loads(sft.read_text())
     points = {}
     for name, folder in seed_folders(variants, out):
         path, x = folder / f"eval_greedy_{n}.json", samples_generated(variants, out, name, folder)
         if path.exists() and x is not None:
-            d = paired(json.loads(path.read_text()), start)
+            d = paired(path, sft)["all"]
             points.setdefault(name, []).append((x, d["diff"], d["ci_low"], d["ci_high"]))
     if not points:
         return None
@@ -269,29 +271,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pair", nargs=2, type=Path, metavar=("A", "B"),
                         help="compare: two eval_*.json files of the same tasks; prints A minus B, paired, with its 95%% CI")
     args = parser.parse_args(argv)
-    if args.command == "compare":
-        if not args.pair:
-            parser.error("compare needs --pair A B")
-        a, b = (load(path) for path in args.pair)
-        d = paired(a, b)
-        print(f"{args.pair[0]} ({a['mean_score']:.3f}) minus {args.pair[1]} ({b['mean_score']:.3f}) on {d['n']} tasks: "
-              f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], better/worse {d['better']}/{d['worse']}")
-        return
-    variants = load_variants(args.configs)
-    if args.command == "unpack":
-        print(f"{unpack_archive(variants, args.archive, args.out)} files copied from {args.archive} into {args.out}")
-    elif args.command == "churn":
-        print(churn(variants, args.out, args.tasks))
-    elif args.command == "sizes":
-        print(sizes(variants, args.out, args.tasks, args.split))
-    else:
-        print(report(variants, args.out, args.tasks))
-        print(plot_samples_vs_score(variants, args.out))
-        print(plot_paired(variants, args.out, args.tasks))
+    if args.command == "compare" and not args.pair:
+        parser.error("compare needs --pair A B")
+    try:
+        if args.command == "compare":
+            d = paired(*args.pair)["all"]
+            print(f"{args.pair[0]} ({d['mean_b']:.3f}) minus {args.pair[1]} ({d['mean_a']:.3f}) on {d['n']} tasks: "
+                  f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], better/worse {d['better']}/{d['worse']}")
+        elif args.command == "unpack":
+            print(f"{unpack_archive(load_variants(args.configs), args.archive, args.out)} files copied from {args.archive} into {args.out}")
+        elif args.command == "churn":
+            print(churn(load_variants(args.configs), args.out, args.tasks))
+        elif args.command == "sizes":
+            print(sizes(load_variants(args.configs), args.out, args.tasks, args.split))
+        else:
+            print(report(variants := load_variants(args.configs), args.out, args.tasks))
+            print(plot_samples_vs_score(variants, args.out))
+            print(plot_paired(variants, args.out, args.tasks))
+    except (UsageError, OSError) as e:  # a bad variant file, a missing or unreadable evaluation, other tasks: one line
+        print(f"ablation_report.py {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if UNCHECKED:
+        print(f"note: {len(UNCHECKED)} pair(s) of files record no task list (older evaluations), paired by position with "
+              f"their number of tasks checked, e.g. {' and '.join(sorted(UNCHECKED)[0])}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except OptionError as e:  # a bad variant file: one line, no traceback
-        sys.exit(str(e))
+    main()

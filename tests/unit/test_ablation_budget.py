@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 
 from rlft.recipes.pipeline import heldout_tasks, load_settings, load_variants
-from rlft.validation import OptionError
+from rlft.validation import OptionError, UsageError
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,14 +110,84 @@ def test_a_run_resumes_from_its_checkpoint_and_one_killed_before_any_restarts(ab
     assert seen == [(False, False), (True, False), (False, True)]
 
 
+TASKS3 = [{"nums": [1, 2, 3], "target": 6}, {"nums": [2, 3, 4], "target": 9}, {"nums": [1, 2, 3, 4], "target": 10}]
+
+
+def eval_json(path: Path, scores: list[float], tasks: list[dict] | None = TASKS3) -> Path:
+    """A greedy evaluation file (rlft eval countdown's fields) of ``scores``, one per task, on ``tasks`` (None: an
+    older file without a task list)."""
+    from rlft.eval.countdown import CountdownEvalResult
+
+    n = len(scores)
+    r = CountdownEvalResult(num_tasks=n, k=1, mode="greedy", mean_score=sum(scores) / n, accuracy=0.0, format_rate=0.0,
+                            pass_at_k={1: 0.0}, mean_completion_tokens=0.0, truncated_rate=0.0,
+                            task_scores=[[x] for x in scores], tasks=(tasks or [])[:n])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(r.to_dict()))
+    return path
+
+
 def test_compare_prints_the_paired_difference(report, tmp_path, capsys):
     """compare --pair A B: A minus B per task (3 tasks: +1, 0, -0.5), mean +0.167, better/worse 1/1."""
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
-    a.write_text(json.dumps({"mean_score": 0.5, "task_scores": [[1.0], [0.5], [0.0]]}))
-    b.write_text(json.dumps({"mean_score": 0.333, "task_scores": [[0.0], [0.5], [0.5]]}))
+    a = eval_json(tmp_path / "a.json", [1.0, 0.5, 0.0])
+    b = eval_json(tmp_path / "b.json", [0.0, 0.5, 0.5])
     report.main(["compare", "--pair", str(a), str(b)])
     out = capsys.readouterr().out
-    assert "+0.167 [" in out and "better/worse 1/1" in out and "on 3 tasks" in out
+    assert "+0.167 [" in out and "better/worse 1/1" in out and "on 3 tasks" in out and "(0.500) minus" in out
+
+
+def test_compare_and_report_refuse_evaluations_of_other_tasks(report, tmp_path, capsys):
+    """Two files of 3 tasks each, but not the same 3: refused in one line, exit 2 (it printed +1.000 [+1.000, +1.000])."""
+    other = [{"nums": [5, 6, 7], "target": 18}, *TASKS3[1:]]
+    a, b = eval_json(tmp_path / "a.json", [1.0, 1.0, 1.0]), eval_json(tmp_path / "b.json", [0.0, 0.0, 0.0], other)
+    with pytest.raises(SystemExit) as e:
+        report.main(["compare", "--pair", str(a), str(b)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "different tasks" in err and str(a) in err
+    eval_json(tmp_path / "sft_start" / "eval_greedy_3.json", [0.0, 0.0, 0.0], other)
+    eval_json(tmp_path / "grpo_filter_lora_2e4" / "s0" / "eval_greedy_3.json", [1.0, 1.0, 1.0])
+    for command in ("report", "churn"):
+        with pytest.raises(SystemExit) as e:
+            report.main([command, "--out", str(tmp_path), "--tasks", "3"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"ablation_report.py {command}: error: ") and "different tasks" in err
+    # files without task lists (the generated-preset archives) are paired by position, with a note
+    eval_json(tmp_path / "old" / "a.json", [1.0, 0.5, 0.0], None), eval_json(tmp_path / "old" / "b.json", [0.0, 0.5, 0.5], None)
+    report.main(["compare", "--pair", str(tmp_path / "old" / "a.json"), str(tmp_path / "old" / "b.json")])
+    captured = capsys.readouterr()
+    assert "+0.167 [" in captured.out and "paired by position" in captured.err
+
+
+def test_churn_bad_input_is_one_line_and_exit_2(report, tmp_path, capsys):
+    """churn on a missing or damaged SFT start, no finished run, or a run of another size: one line, exit 2 (tracebacks
+    before: StatisticsError on no run or one run, JSONDecodeError); one run, or a run that changed nothing, is reported."""
+    def churn() -> tuple[int, str, str]:
+        try:
+            report.main(["churn", "--out", str(tmp_path), "--tasks", "3"])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    code, _, err = churn()
+    assert code == 2 and "eval_greedy_3.json does not exist" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "sft_start").mkdir()
+    (tmp_path / "sft_start" / "eval_greedy_3.json").write_text('{"task_scores": [[1.0]')
+    code, _, err = churn()
+    assert code == 2 and "not an `rlft eval countdown` JSON" in err and len(err.strip().splitlines()) == 1
+    eval_json(tmp_path / "sft_start" / "eval_greedy_3.json", [0.0, 1.0, 0.1])
+    code, _, err = churn()
+    assert code == 2 and "no finished run" in err
+    eval_json(tmp_path / "grpo_filter_lora_2e4" / "s0" / "eval_greedy_3.json", [1.0, 1.0, 0.1])
+    code, out, _ = churn()
+    assert code == 0 and "grpo_filter_lora_2e4 s0: 1 changed (1 up, 0 down)" in out and "no pairwise correlation" in out
+    eval_json(tmp_path / "grpo_filter_lora_2e4" / "s1" / "eval_greedy_3.json", [0.0, 1.0, 0.1])  # changed nothing
+    code, out, _ = churn()
+    assert code == 0 and "(1 pairs with a run that changed no task left out)" in out
+    eval_json(tmp_path / "grpo_filter_lora_2e4" / "s2" / "eval_greedy_3.json", [0.0, 1.0])
+    code, _, err = churn()
+    assert code == 2 and "has 3 tasks" in err and "s2" in err
 
 
 def test_dpo_variants_sample_their_own_pairs_and_epochs(ablation, tmp_path):
@@ -206,8 +276,7 @@ def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(report, 
     scores = {"sft_start": [[0.1], [1.0], [0.0]], "grpo_filter_lora_2e4/s0": [[1.0], [1.0], [0.0]],
               "rpo_lora_1e4/s1": [[0.1], [1.0], [0.1]]}
     for folder, task_scores in scores.items():
-        (out / folder).mkdir(parents=True, exist_ok=True)
-        (out / folder / "eval_greedy_3.json").write_text(json.dumps({"task_scores": task_scores}))
+        eval_json(out / folder / "eval_greedy_3.json", [row[0] for row in task_scores])
     drawn = []
     with mock.patch("matplotlib.axes.Axes.errorbar", side_effect=lambda xs, ys, **kw: drawn.append((kw["label"], list(ys)))):
         assert report.plot_paired(variants, out, 3) == out / "paired_vs_samples.png"
@@ -344,7 +413,7 @@ def test_the_archived_bounded_report_is_rebuilt_byte_for_byte(report, tmp_path):
     assert report.unpack_archive(variants, ROOT / "docs" / "results" / "countdown-bounded" / "data", out) == 79
     assert report.report(variants, out, 500) + "\n" == (ASSETS / "countdown_bounded_report.md").read_text()
     assert report.churn(variants, out, 500) + "\n" == (ASSETS / "countdown_bounded_churn.txt").read_text()
-    with pytest.raises(SystemExit, match="eval_greedy_200.json does not exist"):
+    with pytest.raises(UsageError, match="eval_greedy_200.json does not exist"):
         report.report(variants, out, 200)
 
 

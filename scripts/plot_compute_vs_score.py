@@ -7,16 +7,16 @@ Reads only the archived files of ``docs/results/countdown-medium3/data`` and wri
 
 x: CPU seconds of training counted from the SFT start's own first step (SFT steps at ``--sft-step-s``
 each; an RL run at its summed ``time/step_s``, in-loop evaluation included). y: greedy mean score on the
-500 protocol tasks with the 95% interval of the mean (unpaired: paired differences, in the write-up,
-are tighter). The SFT start's own curve was scored on the first 200 tasks only and is drawn dashed.
-Raises SystemExit naming the file when an archived file is missing.
+500 protocol tasks with the 95% interval of the mean (unpaired: :func:`rlft.eval.countdown.paired_difference`
+against a zero score; paired differences, in the write-up and ``rlft eval compare``, are tighter). The SFT start's
+own curve was scored on the first 200 tasks only and is drawn dashed. A missing or unreadable archived file: one line
+naming it, exit 2. (``session<N>/`` are the archive's folder names.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from countdown_ablation import summed_step_seconds  # noqa: E402  (the continued-SFT budget's own sum)
 
 from rlft.checkpoint import read_metrics  # noqa: E402
-from rlft.eval.stats import Z_95  # noqa: E402
+from rlft.eval.countdown import paired_difference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"
@@ -32,25 +32,36 @@ START_STEPS = 300  # the SFT start's steps
 PARALLEL_SLOWDOWN = 12.4 / 6.9  # s per SFT step: two 1-thread processes side by side vs one 2-thread process
 
 
-def load(path: Path) -> dict:
-    if not path.exists():
-        raise SystemExit(f"{path} does not exist (archived by the session that ran it)")
-    return json.loads(path.read_text())
+def fail(message: str) -> None:
+    """A user error: one line on stderr, exit 2."""
+    print(f"plot_compute_vs_score.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def load(path: Path):
+    """An archived JSON file; one line naming it (exit 2) when it is missing or not JSON."""
+    if not path.is_file():
+        fail(f"{path} does not exist (an archived file of docs/results/countdown-medium3/data)")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        fail(f"{path}: not readable JSON ({type(e).__name__}: {e})")
 
 
 def mean_ci(path: Path) -> tuple[float, float]:
-    """Mean per-task score of an eval file and the half-width of its 95% normal interval."""
-    scores = [row[0] for row in load(path)["task_scores"]]
-    n = len(scores)
-    mean = sum(scores) / n
-    sd = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1))
-    return mean, Z_95 * sd / math.sqrt(n)
+    """Mean per-task score of an eval file and the half-width of its 95% normal interval (the one rule of
+    :func:`rlft.eval.countdown.paired_difference`, against a score of 0 on every task: sd of the task means / sqrt(N))."""
+    data = load(path)
+    if not isinstance(data, dict) or not data.get("task_scores"):
+        fail(f"{path}: no task_scores (not an `rlft eval countdown` JSON)")
+    d = paired_difference(data["task_scores"], [[0.0]] * len(data["task_scores"]))
+    return d["diff"], d["ci_high"] - d["diff"]
 
 
 def sft_steps(metrics: Path) -> int:
     """How many SFT steps an archived SFT ``metrics.jsonl`` logged (records with ``loss/sft``)."""
     if not metrics.exists():
-        raise SystemExit(f"{metrics} does not exist (archived by the session that ran it)")
+        fail(f"{metrics} does not exist (an archived file of docs/results/countdown-medium3/data)")
     return sum("loss/sft" in r for r in read_metrics(metrics))
 
 
@@ -107,7 +118,7 @@ def main() -> None:
               color="tab:orange", label="RL 15 steps from continued SFT (per seed)" if seed == 1 else None)
         point(conv_x + sft_steps(s10 / f"{sft}_metrics.jsonl") * step_s, s10 / f"{sft}_eval_greedy_500.json", fmt="X",
               color="tab:green", label="more SFT from continued SFT, RL's wall-clock (per seed)" if seed == 1 else None)
-        # session 11: the same RL runs continued to 60 steps (resumed from their step-10 checkpoints)
+        # session11/: the same RL runs continued to 60 steps (resumed from their step-10 checkpoints)
         rl60 = f"from_continued_grpo_filter_lora_1e4_60_s{seed}"
         point(conv_x + summed_step_seconds(s11 / f"{rl60}_metrics.jsonl"), s11 / f"{rl60}_eval_greedy_500.json", fmt="*",
               markersize=9, color="tab:purple", label="RL 60 steps from continued SFT (per seed)" if seed == 1 else None)
@@ -115,9 +126,9 @@ def main() -> None:
         point(conv_x + sft_steps(s11 / f"{sft60}_metrics.jsonl") * step_s, s11 / f"{sft60}_eval_greedy_500.json",
               fmt="p", markersize=8, color="tab:olive",
               label="more SFT from continued SFT, RL-60's wall-clock (per seed)" if seed == 1 else None)
-    # session 12: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs. Its seconds (pairs +
+    # session12/: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs. Its seconds (pairs +
     # training) ran at 1 thread beside other 1-thread jobs: divided by PARALLEL_SLOWDOWN for the 2-thread axis
-    for seed in (0,):  # seed 1's DPO was not run (killed for memory beside seed 0, then out of session time)
+    for seed in (0,):  # seed 1's DPO was not run (killed for memory beside seed 0, then out of time)
         dpo = f"from_continued_dpo_wide_lora_1e4_s{seed}"
         point(conv_x + load(s12 / f"{dpo}_train_time.json")["seconds"] / PARALLEL_SLOWDOWN,
               s12 / f"{dpo}_eval_greedy_500.json", fmt="h", markersize=8, color="tab:brown",

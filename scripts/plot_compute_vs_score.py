@@ -10,7 +10,7 @@ each; an RL run at its summed ``time/step_s``, in-loop evaluation included). y: 
 500 protocol tasks with the 95% interval of the mean (unpaired: :func:`rlft.eval.countdown.paired_difference`
 against a zero score; paired differences, in the write-up and ``rlft eval compare``, are tighter). The SFT start's
 own curve was scored on the first 200 tasks only and is drawn dashed. A missing or unreadable archived file: one line
-naming it, exit 2. (``session<N>/`` are the archive's folder names.)
+naming it, exit 2. (``converged_2026-11-24/``, ``rl60_2026-11-24/``, ``dpo4x_2026-11-25/`` are the archive's folders.)
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--sft-step-s", type=float, default=6.5)
     args = parser.parse_args()
     d, step_s = args.data, args.sft_step_s
-    s10, s11, s12 = (d / f"session{n}" for n in (10, 11, 12))
+    s10, s11, s12 = (d / n for n in ("converged_2026-11-24", "rl60_2026-11-24", "dpo4x_2026-11-25"))
     start_x = START_STEPS * step_s
     # the step-864 model the "from continued" runs start from: sft_continued_60 seed 1's end
     conv_x = start_x + sft_steps(d / "sft_continued_60_s1_metrics.jsonl") * step_s
@@ -118,7 +118,7 @@ def main() -> None:
               color="tab:orange", label="RL 15 steps from continued SFT (per seed)" if seed == 1 else None)
         point(conv_x + sft_steps(s10 / f"{sft}_metrics.jsonl") * step_s, s10 / f"{sft}_eval_greedy_500.json", fmt="X",
               color="tab:green", label="more SFT from continued SFT, RL's wall-clock (per seed)" if seed == 1 else None)
-        # session11/: the same RL runs continued to 60 steps (resumed from their step-10 checkpoints)
+        # rl60_2026-11-24/: the same RL runs continued to 60 steps (resumed from their step-10 checkpoints)
         rl60 = f"from_continued_grpo_filter_lora_1e4_60_s{seed}"
         point(conv_x + summed_step_seconds(s11 / f"{rl60}_metrics.jsonl"), s11 / f"{rl60}_eval_greedy_500.json", fmt="*",
               markersize=9, color="tab:purple", label="RL 60 steps from continued SFT (per seed)" if seed == 1 else None)
@@ -126,7 +126,7 @@ def main() -> None:
         point(conv_x + sft_steps(s11 / f"{sft60}_metrics.jsonl") * step_s, s11 / f"{sft60}_eval_greedy_500.json",
               fmt="p", markersize=8, color="tab:olive",
               label="more SFT from continued SFT, RL-60's wall-clock (per seed)" if seed == 1 else None)
-    # session12/: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs. Its seconds (pairs +
+    # dpo4x_2026-11-25/: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs. Its seconds (pairs +
     # training) ran at 1 thread beside other 1-thread jobs: divided by PARALLEL_SLOWDOWN for the 2-thread axis
     for seed in (0,):  # seed 1's DPO was not run (killed for memory beside seed 0, then out of time)
         dpo = f"from_continued_dpo_wide_lora_1e4_s{seed}"

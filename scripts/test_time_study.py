@@ -21,54 +21,59 @@ generated per task, the long searches, and for every long search and model the c
 (:func:`rlft.eval.best_of_n.equal_cost_comparison`). ``--plot``: score against tokens per task (log2 x axis), one
 line per model x selector with 95% error bars (the interval of the mean selected score over tasks), greedy and long
 searches as points.
+
+Refused (one line, exit 2: :mod:`rlft.script_io`): an existing ``--markdown`` / ``--plot`` without ``--overwrite``, or
+one that is an input; a name or label given twice; a greedy file of other tasks, weights, prompt template or
+``max_new_tokens`` (:func:`rlft.eval.countdown.other_settings`); ``--sizes`` above every model's k.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
 from rlft.eval.best_of_n import (LABELS, available_selectors, check_same_tasks, equal_cost_comparison, selection_row,
                                  tokens_per_task)
-from rlft.eval.countdown import CountdownEvalResult, other_weights, paired_difference, read_eval_file
+from rlft.eval.countdown import CountdownEvalResult, other_settings, other_weights, paired_difference, read_eval_file
 from rlft.eval.report import markdown_table
 from rlft.eval.select import SELECTORS, selected_scores
+from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
 
 SIZES = (1, 2, 4, 8, 16)
 DIRECT_SELECTORS = ("majority", "oracle")
 
 
-def load(path: str) -> CountdownEvalResult:
-    """An evaluation file (:func:`rlft.eval.countdown.read_eval_file`); SystemExit naming it when it is missing or not an
-    evaluation."""
-    return load_with_config(path)[0]
-
-
-def load_with_config(path: str) -> tuple[CountdownEvalResult, dict]:
-    """:func:`load` and the file's ``config`` (``{}`` when it has none)."""
-    try:
-        return read_eval_file(path)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-
-
-def check_same_weights(name: str, sampled: dict, greedy: dict, greedy_path: str) -> None:
-    """SystemExit when both ``config``s record a ``model_sha256`` and they differ: a model's samples are paired only
-    with the greedy answers of the same model file."""
+def check_same_model(name: str, sampled: dict, greedy: dict, greedy_path: str) -> None:
+    """ScriptError when the two ``config``s record other weights (``model_sha256``), another prompt template or
+    another ``max_new_tokens``: a model's samples are paired only with the greedy answers of the same model file,
+    prompted and cut alike (a value a file does not record is not checked)."""
     a, b = sampled.get("model_sha256"), greedy.get("model_sha256")
     if other_weights(a, b):
-        raise SystemExit(f"--model {name}: {greedy_path} evaluated weights {b[:16]}..., the samples {a[:16]}...: "
-                         "pair the greedy evaluation of the same model file")
+        fail(f"--model {name}: {greedy_path} evaluated weights {b[:16]}..., the samples {a[:16]}...: "
+             "pair the greedy evaluation of the same model file")
+    if differ := "; ".join(f"{key} {a!r} in the samples, {b!r} there" for key, (a, b) in other_settings(sampled, greedy).items()):
+        fail(f"--model {name}: {greedy_path} was evaluated with other settings ({differ}): pair a greedy evaluation alike")
 
 
 def named(spec: str, option: str) -> tuple[str, list[str]]:
-    """``NAME=PATH[,PATH]`` -> ``(NAME, [PATH, ...])``; SystemExit naming the option otherwise."""
+    """``NAME=PATH[,PATH]`` -> ``(NAME, [PATH, ...])``; ScriptError naming the option otherwise."""
     name, sep, paths = spec.partition("=")
-    if not sep or not name.strip() or not paths.strip():
-        raise SystemExit(f"{option} {spec!r}: expected NAME=PATH[,PATH]")
+    if not sep or not name.strip() or not paths.strip() or any(not p.strip() for p in paths.split(",")):
+        fail(f"{option} {spec!r}: expected NAME=PATH[,PATH]")
     return name.strip(), [p.strip() for p in paths.split(",")]
+
+
+def parse_specs(args) -> tuple[list[tuple[str, list[str], bool]], list[tuple[str, str]]]:
+    """``([(name, paths, direct), ...], [(label, path), ...])`` of ``--model``/``--direct`` and ``--point``; ScriptError
+    when a name or label is given twice (the later would replace the earlier in the table and plot)."""
+    models = [(*named(s, "--direct" if direct else "--model"), direct)
+              for s, direct in [(s, False) for s in args.model] + [(s, True) for s in args.direct]]
+    points = [(label, paths[0]) for label, paths in (named(s, "--point") for s in args.point)]
+    for kind, names in (("--model / --direct name", [m[0] for m in models]), ("--point label", [p[0] for p in points])):
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            fail(f"{kind} {', '.join(map(repr, twice))} given twice: give each a name of its own")
+    return models, points
 
 
 def mean_ci(scores: list[float]) -> tuple[float, float]:
@@ -158,9 +163,8 @@ def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
         ax.errorbar([p["tokens"]], [p["score"]], yerr=[p["half"]], color="black", marker="*^vD"[k % 4], ms=10,
                     capsize=3, linestyle="none", label=f"{label} (single long search)")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens generated per task (log2)")
-    ax.set_ylabel("mean score of the answer kept (0 / 0.1 / 1)")
-    ax.set_title("Test-time scaling: best-of-N vs a single long search")
+    ax.set(xlabel="tokens generated per task (log2)", ylabel="mean score of the answer kept (0 / 0.1 / 1)",
+           title="Test-time scaling: best-of-N vs a single long search")
     ax.grid(alpha=0.3)
     ncol = 1 + (len(ax.get_legend_handles_labels()[0]) - 1) // 24  # ~24 entries fit beside 5 inches of axes
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=ncol)  # beside the axes: never over a curve
@@ -178,53 +182,54 @@ def greedy_entry(result: CountdownEvalResult) -> dict:
             "tasks": result.tasks}
 
 
-def build(args) -> tuple[dict, dict]:
-    """``(models, points)`` from the parsed options (see the module docstring); SystemExit on a bad file."""
-    sizes = sorted(set(args.sizes))
+def build(args) -> tuple[dict, dict, list[int]]:
+    """``(models, points, the n's)`` from the parsed options (module docstring); ScriptError or ValueError naming a file."""
+    sizes = sorted(set(args.sizes or SIZES))
+    specs, point_specs = parse_specs(args)
     models = {}
-    for spec, direct in [(s, False) for s in args.model] + [(s, True) for s in args.direct]:
-        name, paths = named(spec, "--direct" if direct else "--model")
-        sampled, sampled_config = load_with_config(paths[0])
+    for name, paths, direct in specs:
+        sampled, sampled_config = read_eval_file(paths[0])
         greedy = None
         if not direct and len(paths) > 1:
-            g, greedy_config = load_with_config(paths[1])
-            check_same_weights(name, sampled_config, greedy_config, paths[1])
+            g, greedy_config = read_eval_file(paths[1])
+            check_same_model(name, sampled_config, greedy_config, paths[1])
             try:
                 check_same_tasks(sampled.tasks, g, paths[1])
             except ValueError as e:
-                raise SystemExit(f"--model {name}: {e}") from None
+                fail(f"--model {name}: {e}")
             greedy = greedy_entry(g)
         elif not direct:
             stored = sampled.selection.get("greedy")
             if stored is None:
-                raise SystemExit(f"--model {name}: {paths[0]} has no stored greedy baseline (run with --select or pass "
-                                 "NAME=SAMPLED,GREEDY)")
+                fail(f"--model {name}: {paths[0]} has no stored greedy baseline (run with --select or pass NAME=SAMPLED,GREEDY)")
             score, half = mean_ci([row[0] for row in stored["task_scores"]])
             greedy = {"score": score, "half": half, "tokens": stored["tokens_per_task"], "task_scores": stored["task_scores"],
                       "tasks": sampled.tasks}
         selectors, skipped = available_selectors(sampled, DIRECT_SELECTORS if direct else args.selectors or SELECTORS)
         for sel, why in skipped.items():
             print(f"note: {name}: {sel} skipped: {why}", file=sys.stderr)
-        models[name] = {"direct": direct, "greedy": greedy, "tasks": sampled.tasks,
+        models[name] = {"direct": direct, "greedy": greedy, "tasks": sampled.tasks, "k": sampled.k,
                         "curves": curves(sampled, greedy["task_scores"] if greedy else None, selectors, sizes)}
+    if (above := [n for n in sizes if n > max(m["k"] for m in models.values())]) and args.sizes:
+        fail(f"--sizes {' '.join(map(str, above))}: more than every model's samples per task "
+             f"(k {', '.join(str(m['k']) for m in models.values())}): they would draw nothing")
     points = {}
-    for spec in args.point:
-        label, paths = named(spec, "--point")
-        result = load(paths[0])
+    for label, path in point_specs:
+        result = read_eval_file(path)[0]
         points[label] = {**greedy_entry(result), "accuracy": result.accuracy}
-    return models, points
+    return models, points, [n for n in sizes if n not in above]
 
 
 def versus(models: dict[str, dict], names: list[str]) -> str:
     """``--versus A B``: Markdown of model A's best-of-N minus model B's, per selector both have and n of B's curve:
     at the same n (paired task by task, 95% interval), and at B's tokens per task (A's curve of the same selector
     interpolated to B's cost, :func:`rlft.eval.best_of_n.equal_cost_comparison`; "-" for the oracle and where B's cost
-    lies outside A's curve; a row only where one of the two exists). SystemExit when A or B is not a ``--model`` name or their tasks differ."""
+    lies outside A's curve; a row only where one of the two exists). ScriptError when A or B is not a ``--model`` name or their tasks differ."""
     if len(names) != 2 or any(n not in models for n in names):
-        raise SystemExit(f"--versus {names}: expected two --model names ({', '.join(models)})")
+        fail(f"--versus {names}: expected two --model names ({', '.join(models)})")
     (na, a), (nb, b) = ((n, models[n]) for n in names)
     if a["tasks"] != b["tasks"]:
-        raise SystemExit(f"--versus {names}: {na} and {nb} were evaluated on other tasks (no paired difference)")
+        fail(f"--versus {names}: {na} and {nb} were evaluated on other tasks (no paired difference)")
     rows = []
     for sel in [s for s in a["curves"] if s in b["curves"]]:
         by_n = {p["n"]: p for p in a["curves"][sel]}
@@ -264,28 +269,32 @@ def report(models: dict, points: dict, sizes, versus_pairs=()) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", default=[], help="NAME=SAMPLED.json[,GREEDY.json]")
     parser.add_argument("--point", action="append", default=[], help="LABEL=EVAL.json: a single long search")
     parser.add_argument("--direct", action="append", default=[], help="NAME=SAMPLED.json: a direct-trace model's samples")
     parser.add_argument("--versus", action="append", nargs=2, default=[], metavar=("A", "B"),
                         help="two --model names: A's best-of-N minus B's, task by task")
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="the n's of the curves")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="the n's of the curves (1 2 4 8 16 up to k)")
     parser.add_argument("--selectors", nargs="+", choices=SELECTORS, default=None, help="default: all a file supports")
     parser.add_argument("--plot", default="test_time_study.png", help="PNG of score against tokens per task")
     parser.add_argument("--markdown", default=None, help="also write the report here")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --plot / --markdown")
     args = parser.parse_args(argv)
     if not args.model and not args.direct:
-        parser.error("give at least one --model or --direct")
-    if any(n < 1 for n in args.sizes):
-        parser.error("--sizes must be >= 1")
-    models, points = build(args)
-    text = report(models, points, sorted(set(args.sizes)), args.versus)
+        fail("give at least one --model or --direct")
+    if any(n < 1 for n in args.sizes or ()):
+        fail(f"--sizes must be >= 1, got {' '.join(map(str, args.sizes))}")
+    specs, point_specs = parse_specs(args)
+    inputs = [p for _, paths, _ in specs for p in paths] + [p for _, p in point_specs]
+    out = check_outputs({"--markdown": args.markdown, "--plot": args.plot}, inputs, overwrite=args.overwrite)
+    models, points, sizes = build(args)
+    text = report(models, points, sizes, args.versus)
     print(text)
-    if args.markdown:
-        Path(args.markdown).expanduser().write_text(text)
-    print(f"plot: {plot(models, points, Path(args.plot).expanduser())}")
+    if "--markdown" in out:
+        out["--markdown"].expanduser().write_text(text)
+    print(f"plot: {plot(models, points, out['--plot'].expanduser())}")
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

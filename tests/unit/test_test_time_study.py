@@ -11,6 +11,8 @@ import pytest
 
 from rlft.eval.best_of_n import bracket, equal_cost_comparison
 from rlft.eval.countdown import CountdownEvalResult
+from rlft.run_folder import OutputPathError
+from rlft.script_io import ScriptError
 from tests.conftest import load_script
 
 Z = 1.959963984540054
@@ -120,11 +122,11 @@ def test_study_refuses_a_greedy_file_of_other_tasks(tmp_path):
     m = script()
     sampled = write(tmp_path / "s.json", **SAMPLED)
     other = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy", tasks=TASKS[::-1])
-    with pytest.raises(SystemExit, match="--model m: .*g.json: task 0 is nums \\[1, 2, 3\\] target 8"):
+    with pytest.raises(ScriptError, match="--model m: .*g.json: task 0 is nums \\[1, 2, 3\\] target 8"):
         m.main(["--model", f"m={sampled},{other}", "--plot", str(tmp_path / "p.png")])
-    with pytest.raises(SystemExit, match="no stored greedy baseline"):
+    with pytest.raises(ScriptError, match="no stored greedy baseline"):
         m.main(["--model", f"m={sampled}", "--plot", str(tmp_path / "p.png")])
-    with pytest.raises(SystemExit, match="does not exist"):
+    with pytest.raises(ValueError, match="does not exist"):
         m.main(["--model", f"m={tmp_path / 'missing.json'}", "--plot", str(tmp_path / "p.png")])
 
 
@@ -140,9 +142,9 @@ def test_study_refuses_a_greedy_file_of_other_weights(tmp_path):
 
     sampled = stamped(Path(write(tmp_path / "s.json", **SAMPLED)), "a" * 64)
     greedy = Path(write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy"))
-    run = ["--model", f"m={sampled},{greedy}", "--plot", str(tmp_path / "p.png"), "--sizes", "1", "2"]
+    run = ["--model", f"m={sampled},{greedy}", "--plot", str(tmp_path / "p.png"), "--sizes", "1", "2", "--overwrite"]
     stamped(greedy, "b" * 64)
-    with pytest.raises(SystemExit, match=f"--model m: {greedy} evaluated weights bbbbbbbbbbbbbbbb..., the samples aaaa"):
+    with pytest.raises(ScriptError, match=f"--model m: {greedy} evaluated weights bbbbbbbbbbbbbbbb..., the samples aaaa"):
         m.main(run)
     for sha in ("a" * 64, None):
         stamped(greedy, sha)
@@ -178,5 +180,95 @@ def test_versus_pairs_two_models_at_the_same_n_and_at_equal_tokens(tmp_path):
     assert f"| majority | 4 | 0.400 - 0.100 = {_diff_cell([0, 0.9, 0])} | 53 / 40 | " \
            f"0.400 (n=2-4) - 0.100 = {_diff_cell([0, 0.54, 0.36])} |" in text
     assert f"| oracle = pass@n (upper bound) | 4 | 1.000 - 0.100 = {_diff_cell([0.9, 0.9, 0.9])} | 53 / 40 | - |" in text
-    with pytest.raises(SystemExit, match="expected two --model names"):
-        m.main(["--model", f"B={b},{greedy}", "--versus", "A", "B", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(ScriptError, match="expected two --model names"):
+        m.main(["--model", f"B={b},{greedy}", "--versus", "A", "B", "--plot", str(tmp_path / "q.png")])
+
+
+def test_outputs_never_replace_an_input_or_an_existing_file(tmp_path, capsys):
+    """--markdown or --plot naming an input evaluation is refused even with --overwrite (the file is unchanged); an
+    existing output needs --overwrite; a folder never. Checked before any file is read: a missing input is not reached."""
+    m = script()
+    sampled = write(tmp_path / "s.json", **SAMPLED)
+    greedy = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8], [8], [8]], k=1, mode="greedy")
+    before = Path(greedy).read_bytes()
+    base = ["--model", f"m={sampled},{greedy}", "--sizes", "1", "2"]
+    for extra in ([], ["--overwrite"]):
+        with pytest.raises(ScriptError, match=f"--markdown {greedy} is the input"):
+            m.main([*base, "--markdown", greedy, "--plot", str(tmp_path / "p.png"), *extra])
+        with pytest.raises(ScriptError, match=f"--plot {sampled} is the input"):
+            m.main([*base, "--plot", sampled, *extra])
+    assert Path(greedy).read_bytes() == before and not (tmp_path / "p.png").exists()
+    md = tmp_path / "study.md"
+    md.write_text("an earlier study")
+    with pytest.raises(OutputPathError, match="study.md already exists; pass --overwrite"):
+        m.main(["--model", f"m={tmp_path / 'missing.json'}", "--markdown", str(md), "--plot", str(tmp_path / "p.png")])
+    assert md.read_text() == "an earlier study"
+    with pytest.raises(ScriptError, match="--markdown and --plot name the same file"):
+        m.main([*base, "--markdown", str(tmp_path / "x"), "--plot", str(tmp_path / "x")])
+    with pytest.raises(OutputPathError, match="is a folder"):
+        m.main([*base, "--plot", str(tmp_path)])
+    m.main([*base, "--markdown", str(md), "--plot", str(tmp_path / "p.png"), "--overwrite"])
+    assert md.read_text().startswith("## Score against N")
+
+
+def test_a_name_given_twice_is_refused(tmp_path):
+    """Two --model (or --model and --direct) of one name: the first would vanish from the table and plot."""
+    m = script()
+    a = write(tmp_path / "a.json", **SAMPLED)
+    greedy = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8], [8], [8]], k=1, mode="greedy")
+    with pytest.raises(ScriptError, match="--model / --direct name 'rl' given twice"):
+        m.main(["--model", f"rl={a},{greedy}", "--model", f"rl ={a},{greedy}", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(ScriptError, match="--model / --direct name 'rl' given twice"):
+        m.main(["--model", f"rl={a},{greedy}", "--direct", f"rl={a}", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(ScriptError, match="--point label 'long' given twice"):
+        m.main(["--model", f"rl={a},{greedy}", "--point", f"long={greedy}", "--point", f"long={a}", "--plot", str(tmp_path / "p.png")])
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_a_greedy_file_of_another_prompt_template_or_budget_is_refused(tmp_path):
+    """The samples were prompted with 'short': a greedy file prompted with 'base' (or cut at another max_new_tokens) is
+    refused; the same values, or a file that records none, is taken."""
+    m = script()
+
+    def configured(path: Path, **config) -> str:
+        path.write_text(json.dumps({**json.loads(path.read_text()), "config": config}))
+        return str(path)
+
+    sampled = configured(Path(write(tmp_path / "s.json", **SAMPLED)), prompt_template="short", max_new_tokens=256)
+    greedy = Path(write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy"))
+    run = ["--model", f"m={sampled},{greedy}", "--plot", str(tmp_path / "p.png"), "--sizes", "1", "--overwrite"]
+    configured(greedy, prompt_template="base", max_new_tokens=256)
+    with pytest.raises(ScriptError, match=f"--model m: {greedy} was evaluated with other settings \\(prompt_template 'short' "
+                                          "in the samples, 'base' there\\)"):
+        m.main(run)
+    configured(greedy, prompt_template="short", max_new_tokens=1024)
+    with pytest.raises(ScriptError, match="max_new_tokens 256 in the samples, 1024 there"):
+        m.main(run)
+    for config in ({"prompt_template": "short", "max_new_tokens": 256}, {}):
+        configured(greedy, **config)
+        m.main(run)
+
+
+def test_sizes_above_every_k_are_refused(tmp_path):
+    """The sampled file has k=4: --sizes 8 would draw nothing (the table's column empty); 0 is refused too."""
+    m = script()
+    sampled = write(tmp_path / "s.json", **SAMPLED)
+    greedy = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy")
+    with pytest.raises(ScriptError, match="--sizes 8 16: more than every model's samples per task \\(k 4\\)"):
+        m.main(["--model", f"m={sampled},{greedy}", "--sizes", "1", "8", "16", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(ScriptError, match="--sizes must be >= 1"):
+        m.main(["--model", f"m={sampled},{greedy}", "--sizes", "0", "--plot", str(tmp_path / "p.png")])
+
+
+def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
+    """As a program (run_script): a refusal, a bad file and a bad flag each print one line and exit 2."""
+    m = script()
+    sampled = write(tmp_path / "s.json", **SAMPLED)
+    (tmp_path / "bad.json").write_text('{"num_tasks": 3, "k": ')
+    for argv, message in ([["--model", f"m={sampled}", "--markdown", sampled], "is the input"],
+                          [["--model", f"m={tmp_path / 'bad.json'}", "--plot", str(tmp_path / "p.png")], "bad.json: not an `rlft eval countdown` JSON"],
+                          [["--model", f"m={sampled}", "--sizes", "x"], "argument --sizes: invalid int value"]):
+        with pytest.raises(SystemExit) as exit_info:
+            m.run_script(m.main, argv, prog="test_time_study.py")
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("test_time_study.py: error: ") and message in err

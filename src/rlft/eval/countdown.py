@@ -104,6 +104,23 @@ def other_weights(recorded: str | None, expected: str | None) -> bool:
     return recorded is not None and expected is not None and recorded != expected
 
 
+PAIRED_SETTINGS = ("prompt_template", "max_new_tokens")
+"""The ``config`` fields two evaluations paired task by task must share (besides tasks and weights): the prompt the
+model saw and the token budget its answers were cut at."""
+
+
+def other_settings(config_a: dict, config_b: dict) -> dict[str, tuple]:
+    """``{field: (a's value, b's value)}`` of the :data:`PAIRED_SETTINGS` whose values two evaluations' ``config``s
+    both record and that differ (empty: nothing to refuse); a field a file does not record (written before it was, or
+    archived) is not checked, as in :func:`other_weights`."""
+    out = {}
+    for key in PAIRED_SETTINGS:
+        a, b = config_a.get(key), config_b.get(key)
+        if a is not None and b is not None and a != b:
+            out[key] = (a, b)
+    return out
+
+
 def pass_at_k_sizes(k: int) -> list[int]:
     """1, 2, 4, ... up to k, and k itself: ``pass_at_k_sizes(6) == [1, 2, 4, 6]``."""
     sizes = {k}

@@ -1,0 +1,117 @@
+"""The one rule of ``scripts/``, shared with the ``rlft`` command line: what a script may write, how it reads its
+JSON inputs, and how it reports a user's mistake.
+
+- **Outputs** (:func:`check_outputs`): every file a script writes (``--json``, ``--markdown``, ``--plot``, ...) is
+  checked before any work, as ``rlft --output`` is (:func:`rlft.run_folder.check_output_file`): never a folder or a
+  path inside a model folder, never an existing file unless ``--overwrite``, and never one of the script's inputs
+  (not even with ``--overwrite``) nor another of its outputs.
+- **JSON inputs** (:func:`read_json`): a file that is missing, unreadable or not JSON is an error naming the file
+  (never a bare "Unterminated string ..." from the parser).
+- **Errors** (:func:`run_script`): a user error, :class:`ScriptError` (or any :class:`rlft.validation.UsageError`,
+  ``ValueError`` or ``OSError``: a bad file named by its message) is one line on stderr,
+  ``<script>: error: <message>``, and exit code 2; :class:`ArgumentParser` reports a bad flag the same way.
+  ``RLFT_DEBUG=1`` shows the traceback instead.
+
+A script's ``__main__`` block is ``run_script(main)``; its ``main(argv)`` checks the inputs and outputs before any
+model loads or any file is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable, NoReturn
+
+from rlft.run_folder import check_output_file
+from rlft.validation import UsageError
+
+
+class ScriptError(UsageError):
+    """A mistake in how a script was called or in the files it was given; the message names the option or file
+    (the script exits with code 2)."""
+
+
+def fail(message: str) -> NoReturn:
+    """Raise :class:`ScriptError` with ``message``."""
+    raise ScriptError(message)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors (an unknown flag, a missing one, a bad value) raise
+    :class:`ScriptError`, printed by :func:`run_script` as one line (exit 2) instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ScriptError(f"{message} (--help for usage)")
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.expanduser().resolve() == b.expanduser().resolve()
+
+
+def check_outputs(outputs: dict[str, str | Path | None], inputs: Iterable[str | Path] = (), *,
+                  overwrite: bool = False) -> dict[str, Path]:
+    """Check, before any work, that a script may write each of ``outputs`` (``{option: path}``; None: not asked
+    for). Writes nothing; returns ``{option: Path}`` of the paths given.
+
+    Raises:
+        ScriptError: an output is one of ``inputs`` (even with ``overwrite``), or two options name the same file.
+        rlft.run_folder.OutputPathError: an output is a folder, lies in a model folder, or exists and not
+            ``overwrite`` (:func:`rlft.run_folder.check_output_file`).
+    """
+    given = {option: Path(path) for option, path in outputs.items() if path is not None}
+    read = [Path(p) for p in inputs]
+    for option, path in given.items():
+        if (same := next((p for p in read if _same(p, path)), None)) is not None:
+            fail(f"{option} {path} is the input {same}: writing it would replace it; choose another {option}")
+        if (other := next((o for o, q in given.items() if o != option and _same(q, path)), None)) is not None:
+            fail(f"{option} and {other} name the same file {path}; choose two files")
+        check_output_file(path, option=option, overwrite=overwrite)
+    return given
+
+
+def read_json(path: str | Path, what: str = "a JSON file") -> Any:
+    """The JSON value in ``path``.
+
+    Raises:
+        ValueError: naming ``path`` (and ``what`` it should be): it does not exist, is a folder, cannot be read, is
+            not UTF-8 or not JSON (with the parser's message and position).
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ValueError(f"{path}: no such file ({what})")
+    if p.is_dir():
+        raise ValueError(f"{path} is a folder, not {what}")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno} column {e.colno}); expected {what}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; expected {what}") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e}); expected {what}") from None
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (its type when it has none; a missing file's name added)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, OSError) and error.filename and error.strerror:
+        text = f"{error.filename}: {error.strerror}"
+    return text
+
+
+def run_script(main: Callable[[list[str] | None], Any], argv: list[str] | None = None, prog: str | None = None) -> None:
+    """Call ``main(argv)``; a user error (:class:`rlft.validation.UsageError`, ``ValueError``, ``OSError``) is
+    printed as ``<prog>: error: <message>`` on one line and ends the process with exit code 2 (``SystemExit(2)``).
+    ``prog``: the script's file name (default ``sys.argv[0]``'s). ``RLFT_DEBUG=1``: the traceback is printed too."""
+    prog = prog or Path(sys.argv[0]).name
+    try:
+        main(argv)
+    except (UsageError, ValueError, OSError) as e:
+        if os.environ.get("RLFT_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        raise SystemExit(2) from None

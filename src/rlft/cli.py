@@ -34,6 +34,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type
     values) replace the class's own defaults, under ``--config`` values and flags."""
     from rlft.eval.compare import EvalCompareConfig, run_eval_compare
     from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
+    from rlft.eval.ledger import EvalLedgerConfig, run_eval_ledger
     from rlft.eval.winrate import WinrateConfig, run_winrate
     from rlft.recipes.demo import DemoConfig, run_demo
     from rlft.recipes.reward_model import RMConfig, train_rm
@@ -55,6 +56,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type
         "rm": (RMConfig, train_rm, "Bradley-Terry reward model (scalar head on a causal LM) on preference pairs."),
         "eval countdown": (EvalCountdownConfig, run_eval_countdown, "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
         "eval compare": (EvalCompareConfig, run_eval_compare, "Paired difference B - A of `eval countdown --output` files of the same tasks (mixed, 3 and 4 numbers), 95% CI; BASE X Y ...: Holm across the batch."),
+        "eval ledger": (EvalLedgerConfig, run_eval_ledger, "Count the test looks a ledger (test_looks.jsonl: one line per test evaluation) records, with a table per model."),
         "eval winrate": (WinrateConfig, run_winrate, "Win-rate of a policy vs a reference, judged by a local reward model or a remote reward API."),
     }
 

@@ -116,11 +116,9 @@ class Recorder:
         class RecordingEngine(HFEngine):
             def generate(self, prompts, params):
                 recorder.generate_calls.append((list(prompts), params))
-                return super().generate(prompts, params)
-
-            def _generate_batch(self, model, batch, params, eos_ids, pad_id):
-                out = super()._generate_batch(model, batch, params, eos_ids, pad_id)
-                recorder.generated.update((tuple(ids), tuple(s.completion_ids)) for ids, s in zip(batch, out))
+                out = super().generate(prompts, params)
+                ids = self.encode_prompts(prompts) if prompts else []  # what generate conditioned on
+                recorder.generated.update((tuple(p), tuple(s.completion_ids)) for p, row in zip(ids, out) for s in row)
                 return out
 
         real_rollout_batch = rl_recipe.rollout_batch
@@ -160,7 +158,7 @@ def chat_prompts(path: Path, limit: int | None = None) -> list[list[dict]]:
 # --------------------------------------------------------------------------- prompt ids
 
 
-def test_chat_prompts_get_one_bos_in_generation_and_training(qwen_tokenizer):
+def test_chat_prompts_get_one_bos_in_generation_and_training(qwen_tokenizer, monkeypatch):
     tok = llama3_style(qwen_tokenizer)
     bos = tok.bos_token_id
     text = render_generation_prompt(tok, [{"role": "user", "content": "Hi there"}])
@@ -170,9 +168,12 @@ def test_chat_prompts_get_one_bos_in_generation_and_training(qwen_tokenizer):
     ids = engine.encode_prompts([text])[0]
     assert ids == tok(text, add_special_tokens=False)["input_ids"] and ids[0] == bos and ids.count(bos) == 1
 
-    fed = []
-    real = engine._generate_batch
-    engine._generate_batch = lambda model, batch, *a: fed.extend(batch) or real(model, batch, *a)
+    fed = []  # the prompt ids of every job the (default, continuous-batching) sampler decoded
+    from rlft.rollout import hf
+
+    real = hf.decode_jobs
+    monkeypatch.setattr(hf, "decode_jobs", lambda model, prompts, jobs, *a, **kw:
+                        fed.extend(prompts[i] for i, _ in jobs) or real(model, prompts, jobs, *a, **kw))
     samples = engine.generate([text], SamplingParams(k=2, temperature=1.0, max_new_tokens=3, seed=0))
     assert fed == [ids, ids]  # what the model was conditioned on
     batch = rollout_batch(tok, [text], samples, add_special_tokens=engine.add_special_tokens)

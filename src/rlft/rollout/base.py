@@ -28,13 +28,18 @@ class SamplingParams:
     seed: int | None = None
     """Seed for sampling; the same seed, prompts and engine settings give the same samples. None: use
     the global RNG."""
+    stop_repeats: int | None = None
+    """Loop-aware stopping (opt-in): stop a completion right after it completes the N-th identical non-empty line
+    (:mod:`rlft.rollout.loops`); it is then marked ``Sample.looped`` and keeps ``finish_reason == "length"``.
+    None: off."""
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     def validate(self) -> None:
-        """Raises ValueError on k < 1, max_new_tokens < 1, temperature < 0, top_p outside (0, 1], top_k < 0."""
+        """Raises ValueError on k < 1, max_new_tokens < 1, temperature < 0, top_p outside (0, 1], top_k < 0,
+        stop_repeats < 2."""
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.max_new_tokens < 1:
@@ -45,6 +50,8 @@ class SamplingParams:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.stop_repeats is not None and self.stop_repeats < 2:
+            raise ValueError(f"stop_repeats must be >= 2 (or None: off), got {self.stop_repeats}")
 
 
 @dataclass
@@ -57,7 +64,8 @@ class Sample:
     text: str
     """The decoded completion, special tokens skipped."""
     finish_reason: Literal["stop", "length"]
-    """"stop": an EOS id was generated; "length": max_new_tokens was reached first."""
+    """"stop": an EOS id was generated; "length": max_new_tokens was reached first, or the loop stop cut the
+    completion (``looped``): no EOS either way, so code reading "length" as "truncated" treats both alike."""
     logprobs: list[float] | None = None
     """Log-probability of each of ``completion_ids`` under the sampler, when the engine reports them
     (:class:`rlft.rollout.hf.HFEngine`'s row-dropping decoder: under ``softmax(logits / T)``, untruncated;
@@ -67,6 +75,9 @@ class Sample:
     """Mean over the completion's tokens of ``KL(U || p)`` of the sampler's next-token distribution (Kang et al.
     2025; higher: more certain), when the engine reports it (:class:`rlft.rollout.hf.HFEngine`'s row-dropping
     decoder), else None."""
+    looped: bool = False
+    """True when ``SamplingParams.stop_repeats`` stopped the completion after a repeated line (then
+    ``finish_reason == "length"``)."""
 
 
 @runtime_checkable

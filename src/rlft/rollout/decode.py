@@ -40,6 +40,8 @@ class Decoded:
     certainty_sum: float = 0.0
     """Sum over the tokens of the self-certainty ``KL(U || p)`` of the untempered distribution (nats); divide by
     the length for Kang et al.'s per-sample score."""
+    looped: bool = False
+    """True when the loop stop (:class:`rlft.rollout.loops.LoopStop`) ended the row after a repeated line."""
 
 
 def token_statistics(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +93,7 @@ def next_tokens(logits: torch.Tensor, params: SamplingParams, warpers=None) -> t
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-           eos_ids: list[int]) -> list[Decoded]:
+           eos_ids: list[int], loop_stop=None) -> list[Decoded]:
     """Generate up to ``params.max_new_tokens`` tokens for each left-padded row; returns each row's tokens and
     their statistics (:class:`Decoded`).
 
@@ -104,6 +106,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params:
         params: greedy when ``params.temperature == 0``, else sampled (see the module docstring); ``params.seed``
             is not read here (the caller seeds the RNG).
         eos_ids: a row stops after the first of these it generates (the EOS is kept in its list).
+        loop_stop: a :class:`rlft.rollout.loops.LoopStop`: a row also stops (``looped``) right after it completes
+            a repeated line; None: off.
 
     Returns:
         N :class:`Decoded`: token ids that end with an EOS id, or ``max_new_tokens`` ids and no EOS; their
@@ -140,6 +144,11 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params:
         if step == params.max_new_tokens - 1:
             break
         live = ~torch.isin(tokens, eos)
+        if loop_stop is not None:
+            for r, (row, token) in enumerate(zip(rows.tolist(), tokens.tolist())):
+                if token in loop_stop.trigger_ids and live[r] and loop_stop.looped(completions[row].token_ids):
+                    completions[row].looped = True
+                    live[r] = False
         if not live.all():
             if not live.any():
                 break

@@ -4,19 +4,23 @@ sharded by FSDP2 under torchrun (every rank generating its own prompts, in step 
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 from rlft import distributed
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.decode import Decoded, decode
+from rlft.rollout.loops import LoopStop
+from rlft.rollout.refill import decode_jobs
 
-Decoder = Literal["auto", "drop", "generate", "static"]
+Decoder = Literal["auto", "drop", "refill", "generate", "static"]
 """How :class:`HFEngine` decodes: 'drop' (:func:`rlft.rollout.decode.decode`, rows leave the batch as they
-finish), 'generate' (``model.generate`` with its dynamic cache), 'static' (``model.generate`` with
-``cache_implementation="static"``: fixed shapes, which transformers compiles into CUDA graphs on a GPU), 'auto'
-('static' on CUDA, 'drop' elsewhere; a model sharded by FSDP2 always uses 'generate')."""
+finish), 'refill' (:func:`rlft.rollout.refill.decode_jobs`, continuous batching: a waiting (prompt, sample) job takes
+a finished row's place; each job samples from its own seeded generator), 'generate' (``model.generate`` with its
+dynamic cache), 'static' (``model.generate`` with ``cache_implementation="static"``: fixed shapes, which
+transformers compiles into CUDA graphs on a GPU), 'auto' ('static' on CUDA; elsewhere 'refill' for sampling and
+'drop' for greedy decoding; a model sharded by FSDP2 always uses 'generate')."""
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -60,15 +64,23 @@ class HFEngine:
       an Instruct model's ``top_k``/``repetition_penalty``) are ignored, so that samples follow exactly
       the temperature/top-p/top-k a policy-gradient loss assumes.
     - ``params.seed`` seeds a forked RNG (the global RNG state is left as it was): the same seed,
-      prompts and ``batch_size`` give the same samples.
+      prompts and ``batch_size`` give the same samples. With 'refill' (sampling on a CPU by default) sample j of
+      prompt i draws from its own generator seeded from (seed, i, j): the same whatever the batch size, the other
+      prompts of the call (at the same positions) or k.
     - The model runs in eval mode under ``torch.no_grad()``; its training mode is restored afterwards.
-    - ``decoder`` (:data:`Decoder`): on CPU by default 'drop', :func:`rlft.rollout.decode.decode`, which drops a row
-      from the batch and its KV cache the step it emits EOS (a chunk costs about the sum of its completions'
-      lengths, not its longest one times its rows) and reports each token's log-prob and the self-certainty of
-      each sample; on CUDA 'static', transformers' static-cache ``generate`` (compiled to CUDA graphs: fast at
-      small batches, where eager decoding is launch-bound). The token choice is ``generate``'s own either way
-      (argmax, or transformers' temperature/top-k/top-p warpers and a multinomial draw), so greedy outputs are
-      the same. A sharded model always uses ``generate`` (its ``synced_gpus`` keeps the ranks in step).
+    - ``decoder`` (:data:`Decoder`): on CPU by default 'refill' for sampling, :func:`rlft.rollout.refill.decode_jobs`
+      (continuous batching: a finished row's place goes to a waiting (prompt, sample) job, so the batch stays full
+      until the queue is empty; each prompt is prefilled once for its k samples), and 'drop' for greedy decoding,
+      :func:`rlft.rollout.decode.decode`, which drops a row from the batch and its KV cache the step it emits EOS
+      (a chunk costs about the sum of its completions' lengths, not its longest one times its rows). Both report
+      each token's log-prob and the self-certainty of each sample. On CUDA 'static', transformers' static-cache
+      ``generate`` (compiled to CUDA graphs: fast at small batches, where eager decoding is launch-bound). The
+      distribution is ``generate``'s own on every path (argmax, or transformers' temperature/top-k/top-p
+      warpers), so greedy outputs are the same; 'drop' and ``generate`` also draw with ``torch.multinomial`` from
+      the global RNG, 'refill' by inverse CDF from per-job generators. A sharded model always uses ``generate``
+      (its ``synced_gpus`` keeps the ranks in step).
+    - ``params.stop_repeats`` (:mod:`rlft.rollout.loops`): 'refill' and 'drop' stop a row that repeats a line;
+      ``generate``/'static' rows are cut at the same token afterwards (same samples, no time saved).
     - ``copy_weights``: sample from a plain copy of the model (LoRA adapters merged, weights cast to
       ``copy_dtype`` when given, e.g. bfloat16 under CPU mixed precision) instead of the model itself. The copy is
       made at the first :meth:`generate` after construction or :meth:`sync_weights` (the RL loop calls it after
@@ -93,8 +105,8 @@ class HFEngine:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if decoder not in ("auto", "drop", "generate", "static"):
-            raise ValueError(f"unknown decoder {decoder!r}; choose auto, drop, generate or static")
+        if decoder not in get_args(Decoder):
+            raise ValueError(f"unknown decoder {decoder!r}; choose {', '.join(get_args(Decoder))}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -105,8 +117,11 @@ class HFEngine:
         self.copy_dtype = copy_dtype
         self._sampler = None  # the copy, when copy_weights (made lazily)
 
-    def sync_weights(self) -> None:
-        """Forget the sampling copy (``copy_weights``): the next :meth:`generate` copies the model's current weights."""
+    def sync_weights(self, model) -> None:
+        """Sample from ``model`` from now on (the RL loop passes its policy after every update; the engine's own
+        model object, updated in place, is the usual case) and forget the sampling copy (``copy_weights``): the next
+        :meth:`generate` copies ``model``'s current weights. Nothing is copied here."""
+        self.model = model
         self._sampler = None
 
     def sampler(self):
@@ -129,14 +144,17 @@ class HFEngine:
             self._sampler = mark(plain, None).eval().requires_grad_(True)
         return self._sampler
 
-    def decoder_for(self, model) -> str:
-        """The decoder :meth:`generate` uses for ``model``: 'generate' when sharded, else ``decoder`` with 'auto'
-        resolved by the model's device."""
+    def decoder_for(self, model, params: SamplingParams | None = None) -> str:
+        """The decoder :meth:`generate` uses for ``model`` and ``params``: 'generate' when sharded, else ``decoder``
+        with 'auto' resolved by the model's device ('static' on CUDA) and, elsewhere, by ``params`` ('refill' when
+        sampling, 'drop' when greedy or ``params`` is None)."""
         if distributed.sharded(model):
             return "generate"
         if self.decoder != "auto":
             return self.decoder
-        return "static" if next(model.parameters()).device.type == "cuda" else "drop"
+        if next(model.parameters()).device.type == "cuda":
+            return "static"
+        return "refill" if params is not None and not params.greedy else "drop"
 
     def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         """The prompt ids :meth:`generate` conditions on (:func:`encode_prompts` with this engine's setting)."""
@@ -171,14 +189,21 @@ class HFEngine:
         model.eval()
         from rlft.precision import compute_context
 
+        loop_stop = LoopStop(self.tokenizer, params.stop_repeats) if params.stop_repeats is not None else None
         try:
             with self._rng(params.seed, model.device), torch.no_grad(), compute_context(model), \
                     self._progress(len(rows)) as advance:
-                for chunk in chunks:
-                    batch = [prompt_ids[rows[r]] for r in chunk]
-                    for r, sample in zip(chunk, self._generate_batch(model, batch, params, eos_ids, pad_id)):
-                        results[r] = sample
-                    advance(len(chunk))
+                if self.decoder_for(model, params) == "refill":  # all rows in one queue; row r is job (r // k, r % k)
+                    jobs = [(b, j) for b in range(len(prompts)) for j in range(params.k)]
+                    decoded = decode_jobs(model, prompt_ids, jobs, params, eos_ids, batch_size=self.batch_size,
+                                          pad_id=pad_id, seed=params.seed, loop_stop=loop_stop, on_done=advance)
+                    results = [self._to_sample(d.token_ids, set(eos_ids), d) for d in decoded]
+                else:
+                    for chunk in chunks:
+                        batch = [prompt_ids[rows[r]] for r in chunk]
+                        for r, sample in zip(chunk, self._generate_batch(model, batch, params, eos_ids, pad_id, loop_stop)):
+                            results[r] = sample
+                        advance(len(chunk))
                 for _ in range(fillers):  # after this rank's own chunks: its samples do not depend on them
                     self._generate_batch(model, [[pad_id]], params, eos_ids, pad_id)
         finally:
@@ -186,10 +211,12 @@ class HFEngine:
         return [results[b * params.k : (b + 1) * params.k] for b in range(len(prompts))]
 
     def _generate_batch(
-        self, model, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int
+        self, model, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int,
+        loop_stop: LoopStop | None = None,
     ) -> list[Sample]:
         """Left-pad ``batch`` (lists of prompt ids), generate with ``model`` (a sharded model: with ``synced_gpus``,
-        every rank stepping until all are done), and split off the completions."""
+        every rank stepping until all are done), and split off the completions. ``loop_stop``: 'drop' stops looping
+        rows early; ``generate`` cannot, so its rows are cut afterwards (same ids, no time saved)."""
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -201,9 +228,9 @@ class HFEngine:
         else:
             sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
         device = model.device
-        decoder = self.decoder_for(model)
+        decoder = self.decoder_for(model, params)
         if decoder == "drop":
-            rows = decode(model, input_ids.to(device), attention_mask.to(device), params, eos_ids)
+            rows = decode(model, input_ids.to(device), attention_mask.to(device), params, eos_ids, loop_stop)
             return [self._to_sample(row.token_ids, set(eos_ids), row) for row in rows]
         static = dict(cache_implementation="static") if decoder == "static" else {}
         with _clean_generation_config(model):
@@ -218,18 +245,25 @@ class HFEngine:
                 **static,
                 **sampling,
             )
-        return [self._to_sample(row, set(eos_ids)) for row in output[:, width:].tolist()]
+        return [self._to_sample(row, set(eos_ids), loop_stop=loop_stop) for row in output[:, width:].tolist()]
 
-    def _to_sample(self, generated: list[int], eos: set[int], decoded: Decoded | None = None) -> Sample:
-        """The :class:`Sample` of one row's generated ids (cut after the first EOS); ``decoded``: its statistics."""
+    def _to_sample(self, generated: list[int], eos: set[int], decoded: Decoded | None = None,
+                   loop_stop: LoopStop | None = None) -> Sample:
+        """The :class:`Sample` of one row's generated ids (cut after the first EOS); ``decoded``: its statistics
+        (and whether the loop stop ended it); ``loop_stop``: cut a row that was generated whole where that stop
+        would have ended it."""
         end = next((t + 1 for t, token in enumerate(generated) if token in eos), None)
         # No EOS: the row ran to max_new_tokens (generate only stops early once every row has an EOS; it pads the
-        # rows that stopped, after their EOS, and decode() returns them without padding).
+        # rows that stopped, after their EOS, and decode() returns them without padding), or the loop stop ended it.
         ids = generated if end is None else generated[:end]
+        looped = decoded is not None and decoded.looped
+        if loop_stop is not None and (cut := loop_stop.cut(ids)) is not None:
+            ids, end, looped = ids[:cut], None, True
         stats = {}
         if decoded is not None:
             stats = dict(logprobs=decoded.logprobs[: len(ids)], self_certainty=decoded.certainty_sum / max(len(ids), 1))
-        return Sample(ids, self.tokenizer.decode(ids, skip_special_tokens=True), "length" if end is None else "stop", **stats)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Sample(ids, text, "length" if end is None else "stop", looped=looped, **stats)
 
     @staticmethod
     @contextlib.contextmanager

@@ -1,0 +1,85 @@
+"""Loop-aware stopping: a completion that has written the same line N times is stopped there.
+
+A policy that loops (``"7+58=65, 65-7=58, no.\\n"`` again and again, the Countdown searches of
+``docs/results/countdown-real/``) would otherwise run to ``max_new_tokens``, and a batch waits for its longest row.
+:attr:`rlft.rollout.base.SamplingParams.stop_repeats` = N (opt-in) stops a row right after the newline that completes
+the N-th occurrence of one line; the row is marked ``Sample.looped`` and keeps ``finish_reason == "length"``
+(no EOS: it counts as truncated everywhere ``"length"`` is read, e.g. the truncation penalty and ``--mask-truncated``;
+it has no answer, so scoring is unchanged).
+
+Definitions (shared by the decoders and the offline measurement ``scripts/loop_stop_study.py``):
+
+- a *line* is the text between two newlines of the decoded completion (special tokens skipped); only complete lines
+  count (the text after the last newline is still being written);
+- two lines are *identical* when they are equal after stripping surrounding whitespace; whitespace-only lines never
+  count.
+
+The decoders call :meth:`LoopStop.looped` only on steps whose token contains a newline
+(:attr:`LoopStop.trigger_ids`), so a row pays one decode of its completion per line written.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+_NEWLINE_IDS: dict[int, tuple[object, frozenset[int]]] = {}  # id(tokenizer) -> (tokenizer, ids)
+
+
+def loop_cut(text: str, repeats: int) -> int | None:
+    """Where ``text`` stops under ``stop_repeats=repeats``: the index just after the newline that ends the
+    ``repeats``-th occurrence of an identical non-empty line (so ``text[:cut]`` is what the decoder keeps), or None
+    when no complete line occurs ``repeats`` times.
+
+    Raises:
+        ValueError: ``repeats < 2``.
+    """
+    if repeats < 2:
+        raise ValueError(f"repeats must be >= 2, got {repeats}")
+    counts: Counter[str] = Counter()
+    start = 0
+    while (end := text.find("\n", start)) != -1:
+        line = text[start:end].strip()
+        start = end + 1
+        if line:
+            counts[line] += 1
+            if counts[line] >= repeats:
+                return start
+    return None
+
+
+def newline_token_ids(tokenizer) -> frozenset[int]:
+    """The ids (of ``len(tokenizer)``) whose decoded text contains a newline; computed once per tokenizer object."""
+    cached = _NEWLINE_IDS.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+    ids = frozenset(i for i, text in enumerate(texts) if "\n" in text)
+    _NEWLINE_IDS[id(tokenizer)] = (tokenizer, ids)
+    return ids
+
+
+class LoopStop:
+    """The per-row test the decoders run: has a completion (token ids) written an identical non-empty line
+    ``repeats`` times (:func:`loop_cut` on its decoded text)?"""
+
+    def __init__(self, tokenizer, repeats: int):
+        """Raises ValueError: ``repeats < 2``."""
+        if repeats < 2:
+            raise ValueError(f"stop_repeats must be >= 2, got {repeats}")
+        self.tokenizer = tokenizer
+        self.repeats = repeats
+        self.trigger_ids = newline_token_ids(tokenizer)
+        """Only a step that emits one of these can complete a line: the decoders test no other step."""
+
+    def looped(self, token_ids: list[int]) -> bool:
+        """True when the decoded ``token_ids`` contain ``repeats`` identical complete non-empty lines."""
+        return loop_cut(self.tokenizer.decode(token_ids, skip_special_tokens=True), self.repeats) is not None
+
+    def cut(self, token_ids: list[int]) -> int | None:
+        """The number of tokens a decoder with this stop keeps of an already generated row (the step whose token
+        completed the ``repeats``-th identical line, plus one), or None when the row never loops. For decoders that
+        cannot stop a row early (transformers ``generate``): same ids, no tokens saved."""
+        for t, token in enumerate(token_ids):
+            if token in self.trigger_ids and self.looped(token_ids[: t + 1]):
+                return t + 1
+        return None

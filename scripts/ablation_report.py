@@ -27,7 +27,7 @@ from countdown_ablation import CONFIGS, pairs_file  # noqa: E402  (the runner's 
 
 from rlft.eval.compare import check_same_tasks, compare_results, load as read  # noqa: E402
 from rlft.recipes.pipeline import load_variants  # noqa: E402
-from rlft.validation import UsageError  # noqa: E402
+from rlft.script_io import ArgumentParser, fail, run_script  # noqa: E402
 
 UNCHECKED: set[tuple[str, str]] = set()  # files paired by position (one records no task list): main's note
 
@@ -131,7 +131,7 @@ def churn(variants: dict, out: Path, n: int) -> str:
             paired(path, start_path)  # the same tasks as the start (refused otherwise)
             diffs[f"{name} {folder.name}"] = [row[0] - s0 for row, s0 in zip(load(path).task_scores, start)]
     if not diffs:
-        raise UsageError(f"no finished run under {out} has an eval_greedy_{n}.json to compare with {start_path}")
+        fail(f"no finished run under {out} has an eval_greedy_{n}.json to compare with {start_path}")
     lines = [f"{name}: {sum(d != 0 for d in v)} changed ({sum(d > 0 for d in v)} up, {sum(d < 0 for d in v)} down)"
              for name, v in diffs.items()]
     changed = sum(any(v[i] != 0 for v in diffs.values()) for i in range(len(start)))
@@ -257,7 +257,7 @@ def plot_paired(variants: dict, out: Path, n: int) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["report", "sizes", "churn", "compare", "unpack"],
                         help="report: the table and plots; sizes: paired by count of numbers (a dataset's rows, --split); "
                              "churn: the tasks each run flips; compare: two evaluation files, paired; unpack: copy an "
@@ -273,28 +273,24 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "compare" and not args.pair:
         parser.error("compare needs --pair A B")
-    try:
-        if args.command == "compare":
-            d = paired(*args.pair)["all"]
-            print(f"{args.pair[0]} ({d['mean_b']:.3f}) minus {args.pair[1]} ({d['mean_a']:.3f}) on {d['n']} tasks: "
-                  f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], better/worse {d['better']}/{d['worse']}")
-        elif args.command == "unpack":
-            print(f"{unpack_archive(load_variants(args.configs), args.archive, args.out)} files copied from {args.archive} into {args.out}")
-        elif args.command == "churn":
-            print(churn(load_variants(args.configs), args.out, args.tasks))
-        elif args.command == "sizes":
-            print(sizes(load_variants(args.configs), args.out, args.tasks, args.split))
-        else:
-            print(report(variants := load_variants(args.configs), args.out, args.tasks))
-            print(plot_samples_vs_score(variants, args.out))
-            print(plot_paired(variants, args.out, args.tasks))
-    except (UsageError, OSError) as e:  # a bad variant file, a missing or unreadable evaluation, other tasks: one line
-        print(f"ablation_report.py {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
-        raise SystemExit(2) from None
+    if args.command == "compare":
+        d = paired(*args.pair)["all"]
+        print(f"{args.pair[0]} ({d['mean_b']:.3f}) minus {args.pair[1]} ({d['mean_a']:.3f}) on {d['n']} tasks: "
+              f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], better/worse {d['better']}/{d['worse']}")
+    elif args.command == "unpack":
+        print(f"{unpack_archive(load_variants(args.configs), args.archive, args.out)} files copied from {args.archive} into {args.out}")
+    elif args.command == "churn":
+        print(churn(load_variants(args.configs), args.out, args.tasks))
+    elif args.command == "sizes":
+        print(sizes(load_variants(args.configs), args.out, args.tasks, args.split))
+    else:
+        print(report(variants := load_variants(args.configs), args.out, args.tasks))
+        print(plot_samples_vs_score(variants, args.out))
+        print(plot_paired(variants, args.out, args.tasks))
     if UNCHECKED:
         print(f"note: {len(UNCHECKED)} pair(s) of files record no task list (older evaluations), paired by position with "
               f"their number of tasks checked, e.g. {' and '.join(sorted(UNCHECKED)[0])}", file=sys.stderr)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # user errors (a bad variant file, a missing or unreadable evaluation, other tasks): one line, exit 2
+    run_script(main)

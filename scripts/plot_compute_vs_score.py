@@ -10,13 +10,11 @@ each; an RL run at its summed ``time/step_s``, in-loop evaluation included). y: 
 500 protocol tasks with the 95% interval of the mean (unpaired: :func:`rlft.eval.countdown.paired_difference`
 against a zero score; paired differences, in the write-up and ``rlft eval compare``, are tighter). The SFT start's
 own curve was scored on the first 200 tasks only and is drawn dashed. A missing or unreadable archived file: one line
-naming it, exit 2. (``converged_2026-11-24/``, ``rl60_2026-11-24/``, ``dpo4x_2026-11-25/`` are the archive's folders.)
+naming it, exit 2 (:mod:`rlft.script_io`). (``converged_2026-11-24/``, ``rl60_2026-11-24/``, ``dpo4x_2026-11-25/`` are the archive's folders.)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from countdown_ablation import summed_step_seconds  # noqa: E402  (the continued
 
 from rlft.checkpoint import read_metrics  # noqa: E402
 from rlft.eval.countdown import paired_difference  # noqa: E402
+from rlft.script_io import ArgumentParser, fail, read_json, run_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"
@@ -32,20 +31,9 @@ START_STEPS = 300  # the SFT start's steps
 PARALLEL_SLOWDOWN = 12.4 / 6.9  # s per SFT step: two 1-thread processes side by side vs one 2-thread process
 
 
-def fail(message: str) -> None:
-    """A user error: one line on stderr, exit 2."""
-    print(f"plot_compute_vs_score.py: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def load(path: Path):
-    """An archived JSON file; one line naming it (exit 2) when it is missing or not JSON."""
-    if not path.is_file():
-        fail(f"{path} does not exist (an archived file of docs/results/countdown-medium3/data)")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        fail(f"{path}: not readable JSON ({type(e).__name__}: {e})")
+    """An archived JSON file. Raises ValueError naming it when it is missing or not JSON (rlft.script_io.read_json)."""
+    return read_json(path, "an archived file of docs/results/countdown-medium3/data")
 
 
 def mean_ci(path: Path) -> tuple[float, float]:
@@ -65,12 +53,12 @@ def sft_steps(metrics: Path) -> int:
     return sum("loss/sft" in r for r in read_metrics(metrics))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=DATA.parent / "compute_vs_score.png")
     parser.add_argument("--sft-step-s", type=float, default=6.5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     d, step_s = args.data, args.sft_step_s
     s10, s11, s12 = (d / n for n in ("converged_2026-11-24", "rl60_2026-11-24", "dpo4x_2026-11-25"))
     start_x = START_STEPS * step_s
@@ -147,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

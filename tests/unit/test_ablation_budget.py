@@ -13,6 +13,7 @@ import pytest
 
 from rlft.recipes.pipeline import heldout_tasks, load_settings, load_variants
 from rlft.validation import OptionError, UsageError
+from rlft.script_io import run_script
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,16 +142,16 @@ def test_compare_and_report_refuse_evaluations_of_other_tasks(report, tmp_path, 
     other = [{"nums": [5, 6, 7], "target": 18}, *TASKS3[1:]]
     a, b = eval_json(tmp_path / "a.json", [1.0, 1.0, 1.0]), eval_json(tmp_path / "b.json", [0.0, 0.0, 0.0], other)
     with pytest.raises(SystemExit) as e:
-        report.main(["compare", "--pair", str(a), str(b)])
+        run_script(report.main, ["compare", "--pair", str(a), str(b)], prog="ablation_report.py")
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "different tasks" in err and str(a) in err
     eval_json(tmp_path / "sft_start" / "eval_greedy_3.json", [0.0, 0.0, 0.0], other)
     eval_json(tmp_path / "grpo_filter_lora_2e4" / "s0" / "eval_greedy_3.json", [1.0, 1.0, 1.0])
     for command in ("report", "churn"):
         with pytest.raises(SystemExit) as e:
-            report.main([command, "--out", str(tmp_path), "--tasks", "3"])
+            run_script(report.main, [command, "--out", str(tmp_path), "--tasks", "3"], prog="ablation_report.py")
         err = capsys.readouterr().err
-        assert e.value.code == 2 and err.startswith(f"ablation_report.py {command}: error: ") and "different tasks" in err
+        assert e.value.code == 2 and err.startswith("ablation_report.py: error: ") and "different tasks" in err
     # files without task lists (the generated-preset archives) are paired by position, with a note
     eval_json(tmp_path / "old" / "a.json", [1.0, 0.5, 0.0], None), eval_json(tmp_path / "old" / "b.json", [0.0, 0.5, 0.5], None)
     report.main(["compare", "--pair", str(tmp_path / "old" / "a.json"), str(tmp_path / "old" / "b.json")])
@@ -163,7 +164,7 @@ def test_churn_bad_input_is_one_line_and_exit_2(report, tmp_path, capsys):
     before: StatisticsError on no run or one run, JSONDecodeError); one run, or a run that changed nothing, is reported."""
     def churn() -> tuple[int, str, str]:
         try:
-            report.main(["churn", "--out", str(tmp_path), "--tasks", "3"])
+            run_script(report.main, ["churn", "--out", str(tmp_path), "--tasks", "3"], prog="ablation_report.py")
             code = 0
         except SystemExit as e:
             code = e.code

@@ -81,7 +81,7 @@ def test_command_prints_sign_and_writes_json(tmp_path, capsys):
     main(["eval", "compare", a, b, "--json", str(out), "--overwrite"])
     with pytest.raises(SystemExit) as e:  # an input, even with --overwrite
         main(["eval", "compare", a, b, "--json", b, "--overwrite"])
-    assert e.value.code == 2 and f"--json {b} is one of the input evaluations" in capsys.readouterr().err
+    assert e.value.code == 2 and f"--json {b} is the input {b}" in capsys.readouterr().err
 
 
 def refused(capsys, *args) -> str:
@@ -181,3 +181,11 @@ def test_a_different_file_in_the_batch_is_refused_before_printing(tmp_path, caps
     assert "bad.json" in err
     with pytest.raises(UsageError):
         compare_files([base, x, bad])
+
+
+def test_allow_setting_choices_are_the_checked_settings():
+    import typing
+
+    from rlft.eval.compare import SETTINGS, Setting
+
+    assert set(typing.get_args(Setting)) == set(SETTINGS)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from rlft.script_io import run_script
 from tests.conftest import load_script
 
 
@@ -24,13 +25,15 @@ def test_mean_ci_by_hand(plot, tmp_path):
     assert mean == pytest.approx(0.525) and half == pytest.approx(0.538990, abs=1e-6)
 
 
-@pytest.mark.parametrize("content, message", [(None, "does not exist"), ("{oops", "not readable JSON"),
-                                              ("[]", "no task_scores")])
+@pytest.mark.parametrize("content, message", [(None, "no such file"), ("{oops", "not JSON"), ("[]", "no task_scores")])
 def test_bad_archived_files_are_one_line_exit_2(plot, tmp_path, capsys, content, message):
     path = tmp_path / "e.json"
     if content is not None:
         path.write_text(content)
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(ValueError, match=message):
         plot.mean_ci(path)
+    with pytest.raises(SystemExit) as e:  # the whole script on a folder without the archive
+        run_script(plot.main, ["--data", str(tmp_path), "--out", str(tmp_path / "p.png")], prog="plot_compute_vs_score.py")
     err = capsys.readouterr().err
-    assert e.value.code == 2 and message in err and str(path) in err and len(err.strip().splitlines()) == 1
+    assert e.value.code == 2 and err.startswith("plot_compute_vs_score.py: error: ") and len(err.strip().splitlines()) == 1
+    assert "does not exist" in err and not (tmp_path / "p.png").exists()

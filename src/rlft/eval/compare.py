@@ -32,15 +32,17 @@ from typing import Annotated, Literal
 
 import tyro
 
-from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file, size_summary
+from rlft.eval.countdown import PAIRED_SETTINGS, CountdownEvalResult, paired_difference, read_eval_file, size_summary
 from rlft.eval.stats import ALPHA, Z_95, holm, normal_p_value, z_for_level
 from rlft.validation import OptionError, UsageError, validate_options
 
 SIGN = "B - A: the later file minus the first (BASE); positive means B scores higher"
 """The sign convention, written into every printed table and JSON."""
 Setting = Literal["mode", "k", "temperature", "top_p", "max_new_tokens", "prompt_template"]
-SETTINGS: tuple[str, ...] = ("mode", "k", "temperature", "top_p", "max_new_tokens", "prompt_template")
-"""The evaluation settings that must be equal for a difference to be the model's (``--allow-setting`` accepts one)."""
+SETTINGS: tuple[str, ...] = ("mode", "k", "temperature", "top_p", *PAIRED_SETTINGS)
+"""The evaluation settings that must be equal for a difference to be the model's (``--allow-setting`` accepts one):
+the sampling, and :data:`rlft.eval.countdown.PAIRED_SETTINGS` (the prompt template and the token budget, which a
+``--greedy-from`` baseline must share too)."""
 SLICE_NAMES = {"all": "mixed", "3": "3 numbers", "4": "4 numbers"}
 
 
@@ -68,12 +70,13 @@ class EvalCompareConfig:
 
     def check_outputs(self) -> None:
         """Before reading anything: at least two files, each an existing file, none named twice; a --json that may be
-        written (:func:`rlft.run_folder.check_output_file`) and is none of the inputs (even with --overwrite).
+        written and is none of the inputs, even with --overwrite (:func:`rlft.script_io.check_outputs`, the rule of
+        every output).
 
         Raises:
             UsageError: the message names the file.
         """
-        from rlft.run_folder import check_output_file
+        from rlft.script_io import check_outputs
 
         if len(self.files) < 2:
             raise OptionError(f"two evaluation files or more are needed (A.json B.json: B minus A), got {len(self.files)}")
@@ -86,11 +89,7 @@ class EvalCompareConfig:
             if key in seen:
                 raise OptionError(f"{name} is named twice (as {seen[key]} too): compare each file once")
             seen[key] = name
-        if self.json is not None:
-            out = Path(self.json).expanduser()
-            if out.resolve() in seen:
-                raise OptionError(f"--json {self.json} is one of the input evaluations; choose another file")
-            check_output_file(self.json, option="--json", overwrite=self.overwrite)
+        check_outputs({"--json": self.json}, self.files, overwrite=self.overwrite)
 
 
 def load(path: str) -> tuple[CountdownEvalResult, dict]:
@@ -178,7 +177,7 @@ def check_settings(a: tuple[CountdownEvalResult, dict], b: tuple[CountdownEvalRe
     for name in SETTINGS:
         x, y = sa[name], sb[name]
         if x is None or y is None:
-            if name in ("max_new_tokens", "prompt_template") or sa["mode"] == sb["mode"] == "sampled":  # not greedy's T
+            if name in PAIRED_SETTINGS or sa["mode"] == sb["mode"] == "sampled":  # greedy has no temperature
                 unknown = [n for n, v in ((name_a, x), (name_b, y)) if v is None]
                 notes.append(f"{name} not recorded in {' and '.join(unknown)}: not checked")
             continue

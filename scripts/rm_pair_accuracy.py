@@ -9,6 +9,11 @@ through :class:`rlft.rewards.reward_model.RewardModelScorer`; accuracy is the fr
 alone is longer than ``--max-length`` are skipped and counted, as in training; longer answers are cut at the end,
 as in training.
 
+Checked before the model loads (one line, exit code 2: :mod:`rlft.script_io`): ``--json`` is a new file (an existing
+one needs ``--overwrite``) and never the ``--pairs`` file; ``--pairs`` exists; ``--model`` is a reward model (a
+folder written by ``rlft rm``: a 1-label sequence classifier; a plain causal LM would be scored by a random head);
+``--max-length`` and ``--batch-size`` are >= 1 and ``--dtype`` is known.
+
 Usage:
     python scripts/rm_pair_accuracy.py --model runs/uf_bon/rm_judge/model --pairs runs/uf_bon/selector_pairs.jsonl \\
         --max-length 384 --json runs/uf_bon/rm_judge_on_selector_pairs.json
@@ -16,26 +21,53 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from rlft.data.preferences import load_preference_pairs
 from rlft.eval.winrate import winrate_summary
-from rlft.rewards.reward_model import RewardModelScorer
+from rlft.rewards.reward_model import RewardModelScorer, is_reward_model_checkpoint
+from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def check_reward_model(model: str) -> None:
+    """ScriptError unless ``model`` names a reward-model folder (or built-in name) whose config is a 1-label sequence
+    classifier (:func:`rlft.rewards.reward_model.is_reward_model_checkpoint`)."""
+    from rlft.models import ModelNotFoundError, resolve_model
+
+    try:
+        path = resolve_model(model)
+        is_rm = is_reward_model_checkpoint(path)
+    except (ModelNotFoundError, OSError, ValueError) as e:
+        fail(f"--model {model}: not a loadable model folder ({' '.join(str(e).split())})")
+    if not is_rm:
+        fail(f"--model {model} is not a reward model (its config is not a 1-label sequence classifier, so its score head "
+             "would be new and random): pass a folder written by `rlft rm`")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="a reward-model folder written by `rlft rm`")
     p.add_argument("--pairs", type=Path, required=True, help="a .jsonl of {prompt, chosen, rejected[, metadata]}")
     p.add_argument("--max-length", type=int, default=384)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping")
-    p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args()
+    p.add_argument("--json", type=Path, default=None, help="also write the summary here (a new file)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json")
+    args = p.parse_args(argv)
+    for option, value in (("--max-length", args.max_length), ("--batch-size", args.batch_size)):
+        if value < 1:
+            fail(f"{option} must be >= 1, got {value}")
+    check_outputs({"--json": args.json}, [args.pairs], overwrite=args.overwrite)
+    if not args.pairs.is_file():
+        fail(f"--pairs {args.pairs}: no such file")
+    check_reward_model(args.model)
     pairs, counts = load_preference_pairs(args.pairs, skip_invalid=args.skip_invalid, drop_ties=True)
+    if not pairs:
+        fail(f"{args.pairs}: no pair to score ({counts['dropped_ties']} ties, {counts['skipped_invalid']} invalid rows)")
     scorer = RewardModelScorer(args.model, batch_size=args.batch_size, dtype=args.dtype, max_length=args.max_length)
     kept, too_long = [], 0
     for pair in pairs:
@@ -46,8 +78,8 @@ def main() -> None:
             continue
         kept.append(pair)
     if not kept:
-        raise ValueError(f"{args.pairs}: no pair left to score ({counts['dropped_ties']} ties, {counts['skipped_invalid']} "
-                         f"invalid rows, {too_long} prompts over --max-length)")
+        fail(f"{args.pairs}: no pair left to score ({counts['dropped_ties']} ties, {counts['skipped_invalid']} "
+             f"invalid rows, {too_long} prompts over --max-length)")
     prompts = [pair.prompt for pair in kept]
     chosen = scorer.score(prompts, [pair.chosen for pair in kept])
     rejected = scorer.score(prompts, [pair.rejected for pair in kept])
@@ -58,8 +90,12 @@ def main() -> None:
            "skipped_invalid": counts["skipped_invalid"], "skipped_prompt_too_long": too_long, "max_length": args.max_length}
     print(json.dumps(out, indent=1))
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        from rlft.fsio import atomic_write_text
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.json, json.dumps(out, indent=1) + "\n")
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -1,15 +1,19 @@
 """scripts/rm_pair_accuracy.py with a tiny random reward model: accuracy against a naive loop over the same scorer,
-swapped pairs giving 1 - accuracy, ties and over-long prompts skipped and counted, and the error on a missing field."""
+swapped pairs giving 1 - accuracy, ties and over-long prompts skipped and counted, the error on a missing field; the
+--json output that never replaces the pairs or an existing file, a causal LM refused as --model, one-line errors."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from rlft.rewards.reward_model import RewardModelScorer
+from rlft.run_folder import OutputPathError
+from rlft.script_io import ScriptError
 from tests.conftest import load_script, make_tiny_rm, save_model_dir, write_jsonl_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -80,3 +84,56 @@ def test_an_exact_score_tie_counts_zero_as_in_rlft_rm(tmp_path, monkeypatch, smo
     out = run(monkeypatch, "--model", model_dir, "--pairs", write_jsonl_rows(tmp_path / "p.jsonl", [same] * 3),
               "--max-length", 128, "--dtype", "float32", "--json", tmp_path / "a.json")
     assert out["n"] == 3 and out["score_ties"] == 3 and out["accuracy"] == 0.0
+
+
+def test_json_never_replaces_the_pairs_or_an_existing_file(tmp_path, monkeypatch, smol_tokenizer):
+    """--json naming the --pairs file is refused even with --overwrite (the preference data stays); an existing --json
+    needs --overwrite; both before the model loads."""
+    model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer, seed=3), smol_tokenizer)
+    pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", ROWS[:3])
+    data = pairs.read_bytes()
+    for extra in ([], ["--overwrite"]):
+        with pytest.raises(ScriptError, match="--json .*pairs.jsonl is the input"):
+            script().main(["--model", str(tmp_path / "no-model"), "--pairs", str(pairs), "--json", str(pairs), *extra])
+    assert pairs.read_bytes() == data
+    old = tmp_path / "old.json"
+    old.write_text("an earlier result")
+    with pytest.raises(OutputPathError, match="old.json already exists; pass --overwrite"):
+        script().main(["--model", str(tmp_path / "no-model"), "--pairs", str(pairs), "--json", str(old)])
+    assert old.read_text() == "an earlier result"
+    out = script().main(["--model", str(model_dir), "--pairs", str(pairs), "--max-length", "128", "--dtype", "float32",
+                         "--json", str(old), "--overwrite"])
+    assert json.loads(old.read_text()) == out and out["n"] == 3
+
+
+def test_a_causal_lm_is_not_taken_for_a_reward_model(tmp_path, tiny_model_dir, monkeypatch):
+    """A plain causal LM would get a new, random score head: refused, naming --model, before any pair is read."""
+    pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", ROWS[:3])
+    with pytest.raises(ScriptError, match=f"--model {tiny_model_dir} is not a reward model"):
+        script().main(["--model", str(tiny_model_dir), "--pairs", str(pairs)])
+    with pytest.raises(ScriptError, match="--model .*nowhere: not a loadable model folder"):
+        script().main(["--model", str(tmp_path / "nowhere"), "--pairs", str(pairs)])
+
+
+def test_every_error_is_one_line_with_exit_code_2(tmp_path, capsys, smol_tokenizer):
+    """As a program: a missing --pairs, a bad row, nothing left to score, a bad --max-length, --dtype or --model."""
+    s = script()
+    model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer), smol_tokenizer)
+    pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", ROWS[:2])
+    bad = write_jsonl_rows(tmp_path / "bad.jsonl", [{"prompt": "p", "chosen": "c"}])
+    ties = write_jsonl_rows(tmp_path / "ties.jsonl", [TIE])
+    model = ["--model", str(model_dir)]
+    capsys.readouterr()  # the save's progress bar
+    cases = [([*model, "--pairs", str(tmp_path / "none.jsonl")], "--pairs .*none.jsonl: no such file"),
+             ([*model, "--pairs", str(bad)], "bad.jsonl: row 0: field 'rejected'"),
+             ([*model, "--pairs", str(ties), "--max-length", "64"], "ties.jsonl: no pair to score \\(1 ties, 0 invalid rows\\)"),
+             ([*model, "--pairs", str(pairs), "--max-length", "0"], "--max-length must be >= 1, got 0"),
+             ([*model, "--pairs", str(pairs), "--dtype", "float8"], "argument --dtype: invalid choice"),
+             (["--model", str(tmp_path), "--pairs", str(pairs)], "not a loadable model folder"),
+             (["--pairs", str(pairs)], "the following arguments are required: --model")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            s.run_script(s.main, argv, prog="rm_pair_accuracy.py")
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("rm_pair_accuracy.py: error: "), err
+        assert re.search(message, err), (message, err)

@@ -11,61 +11,54 @@ second's, ...) and recomputes every rate; ``scripts/test_time_study.py`` then re
 Refused, naming the file: a file that is not an ``rlft eval countdown --output`` JSON, a greedy one, other tasks,
 another model or sampling setting (``model``, its weights' ``model_sha256``, ``temperature``, ``top_p``,
 ``max_new_tokens``, ``prompt_template``, ``select_reward_model``), a seed used twice (the samples would repeat),
-reward-model scores in some files only, and an existing ``--output`` without ``--overwrite``. The output's
+reward-model scores in some files only; before any file is read, an ``--output`` that is a folder, one of the inputs
+(even with ``--overwrite``) or an existing file without ``--overwrite``. Errors are one line, exit code 2
+(:mod:`rlft.script_io`). The output's
 ``selection`` is empty (give test_time_study the greedy file); its ``config`` is the first file's with ``k`` the
 total, ``seed`` None, ``merged_from`` the files and ``seeds``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 from rlft.eval.countdown import CountdownEvalResult, merge_samples, read_eval_file
 from rlft.fsio import atomic_write_json
-from rlft.run_folder import check_output_file
+from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
 
 SAME = ("model", "model_sha256", "temperature", "top_p", "max_new_tokens", "prompt_template", "select_reward_model")
 """Config fields every merged file must share."""
 
 
-def load(path: Path) -> tuple[CountdownEvalResult, dict]:
-    """An evaluation file and its ``config`` (:func:`rlft.eval.countdown.read_eval_file`); SystemExit naming the file
-    otherwise."""
-    try:
-        return read_eval_file(path)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-
-
 def check_configs(paths: list[Path], configs: list[dict]) -> None:
-    """SystemExit when a file used another model or sampling setting than the first, or a seed repeats."""
+    """ScriptError when a file used another model or sampling setting than the first, or a seed repeats."""
     for path, config in zip(paths[1:], configs[1:]):
         for key in SAME:
             if config.get(key) != configs[0].get(key):
-                raise SystemExit(f"{path}: {key} is {config.get(key)!r}, but {paths[0]} has {configs[0].get(key)!r}")
+                fail(f"{path}: {key} is {config.get(key)!r}, but {paths[0]} has {configs[0].get(key)!r}")
     seeds = [config.get("seed") for config in configs]
     for i, seed in enumerate(seeds):
         if seed is None or seeds.index(seed) != i:
             why = "no seed (its samples cannot be shown to differ)" if seed is None else f"seed {seed}, as {paths[seeds.index(seed)]}"
-            raise SystemExit(f"{paths[i]}: {why}; merge evaluations sampled with different --seed")
+            fail(f"{paths[i]}: {why}; merge evaluations sampled with different --seed")
 
 
 def main(argv: list[str] | None = None) -> CountdownEvalResult:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("evals", nargs="+", type=Path, help="sampled `rlft eval countdown --output` files, same model and tasks")
     parser.add_argument("--output", type=Path, required=True, help="the merged evaluation (JSON)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)
-    check_output_file(args.output, overwrite=args.overwrite)
-    loaded = [load(path) for path in args.evals]
+    check_outputs({"--output": args.output}, args.evals, overwrite=args.overwrite)
+    if twice := sorted({str(p) for p in args.evals if [q.resolve() for q in args.evals].count(p.resolve()) > 1}):
+        fail(f"{', '.join(twice)} named twice: merge each evaluation once")
+    loaded = [read_eval_file(path) for path in args.evals]
     results, configs = [r for r, _ in loaded], [c for _, c in loaded]
     check_configs(args.evals, configs)
     try:
         merged = merge_samples(results)
     except ValueError as e:
-        raise SystemExit(f"{', '.join(map(str, args.evals))}: {e}") from None
+        fail(f"{', '.join(map(str, args.evals))}: {e}")
     config = {**configs[0], "k": merged.k, "seed": None, "merged_from": [str(p) for p in args.evals],
               "seeds": [c["seed"] for c in configs]}
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -77,4 +70,4 @@ def main(argv: list[str] | None = None) -> CountdownEvalResult:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_script(main)

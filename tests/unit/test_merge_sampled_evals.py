@@ -4,11 +4,13 @@ and merging them gives the k=4 evaluation back, rates and pass@k by hand, and ev
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from rlft.eval.countdown import CountdownEvalResult, merge_samples, summarize
+from rlft.eval.countdown import CountdownEvalResult, merge_samples, read_eval_file, summarize
+from rlft.script_io import ScriptError
 from tests.conftest import load_script
 
 TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [4, 5, 6, 7], "target": 22}]
@@ -71,7 +73,7 @@ def test_script_writes_the_merged_file_that_test_time_study_reads(tmp_path, caps
     data = json.loads(out.read_text())
     assert data["config"]["k"] == 4 and data["config"]["seeds"] == [0, 7] and data["config"]["seed"] is None
     assert data["config"]["merged_from"] == [str(a), str(b)] and "4 samples (seeds [0, 7])" in capsys.readouterr().out
-    assert load_script("test_time_study").load(str(out)).task_scores == LISTS["task_scores"]
+    assert read_eval_file(out)[0].task_scores == LISTS["task_scores"]
     with pytest.raises(Exception, match="exists"):  # the output is never replaced without --overwrite
         load_script("merge_sampled_evals").main([str(a), str(b), "--output", str(out)])
 
@@ -87,14 +89,14 @@ def test_script_writes_the_merged_file_that_test_time_study_reads(tmp_path, caps
 def test_script_refuses_a_repeated_seed_or_another_setting(tmp_path, config, message):
     a = write(tmp_path / "a.json", half(slice(0, 2)), seed=0)
     b = write(tmp_path / "b.json", half(slice(2, 4)), **config)
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(ScriptError, match=message):
         load_script("merge_sampled_evals").main([str(a), str(b), "--output", str(tmp_path / "m.json")])
 
 
 def test_script_names_a_file_that_is_not_an_evaluation(tmp_path):
     a = write(tmp_path / "a.json", half(slice(0, 2)), seed=0)
     (tmp_path / "b.json").write_text(json.dumps({"hello": 1}))
-    with pytest.raises(SystemExit, match="b.json: not an `rlft eval countdown"):
+    with pytest.raises(ValueError, match="b.json: not an `rlft eval countdown"):
         load_script("merge_sampled_evals").main([str(a), str(tmp_path / "b.json"), "--output", str(tmp_path / "m.json")])
 
 
@@ -124,3 +126,26 @@ def test_read_eval_file_returns_result_and_config_and_names_a_bad_file(tmp_path)
             bad.write_text("[1, 2]" if bad.suffix == ".json" else "not json")
         with pytest.raises(ValueError, match=f"not an `rlft eval countdown` JSON \\({why}"):
             read_eval_file(bad)
+
+
+def test_output_that_is_an_input_a_folder_or_exists_is_one_line_exit_2(tmp_path, capsys):
+    """Before any file is read: --output naming an input (even with --overwrite: the samples would be lost), a folder,
+    or an existing file without --overwrite; an input named twice. One line on stderr, exit code 2, nothing written."""
+    m = load_script("merge_sampled_evals")
+    a = write(tmp_path / "a.json", half(slice(0, 2)), seed=0)
+    b = write(tmp_path / "b.json", half(slice(2, 4)), seed=7)
+    before = a.read_bytes()
+    (tmp_path / "old.json").write_text("{}")
+    cases = [([str(a), str(b), "--output", str(a)], "--output .*a.json is the input"),
+             ([str(a), str(b), "--output", str(a), "--overwrite"], "--output .*a.json is the input"),
+             ([str(a), str(b), "--output", str(tmp_path)], "is a folder"),
+             ([str(a), str(b), "--output", str(tmp_path / "old.json")], "old.json already exists; pass --overwrite"),
+             ([str(a), str(a), "--output", str(tmp_path / "m.json")], "a.json named twice"),
+             ([str(a), "--output"], "argument --output: expected one argument")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            m.run_script(m.main, argv, prog="merge_sampled_evals.py")
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("merge_sampled_evals.py: error: "), err
+        assert re.search(message, err), (message, err)
+    assert a.read_bytes() == before and (tmp_path / "old.json").read_text() == "{}" and not (tmp_path / "m.json").exists()

@@ -105,7 +105,7 @@ def test_entropy_bonus_hand_value_and_gradient_raises_entropy():
 
 
 def test_loss_registry():
-    assert set(POLICY_LOSSES) == {"reinforce", "ppo", "raft", "raft++"}
+    assert set(POLICY_LOSSES) == {"reinforce", "ppo", "raft", "raft++", "topr"}
     assert CLIPPED_LOSSES == {"ppo", "raft++"}
     with pytest.raises(ValueError, match="clip ranges"):
         policy_gradient_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), clip_low=-0.1)

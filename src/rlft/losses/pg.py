@@ -1,4 +1,4 @@
-"""Policy-gradient losses of the RL loop: REINFORCE, PPO-clip with clip-higher, RAFT/RAFT++, KL, entropy.
+"""Policy-gradient losses of the RL loop: REINFORCE, PPO-clip with clip-higher, RAFT/RAFT++, TOPR, KL, entropy.
 
 Pure functions of tensors; none of them sees a model. :class:`PolicyObjective` bundles the chosen loss, its
 clip range, the KL placement, the entropy bonus and RAFT's selection; :func:`make_objective` builds it once
@@ -15,6 +15,8 @@ References:
   1 + eps_high)`` ("clip-higher", eps_high 0.28) and token-level aggregation.
 - Xiong et al. 2025 (arXiv 2504.11343): RAFT (likelihood of the selected samples) and RAFT++
   (the same with the importance ratio and clipping).
+- Le Roux, Bellemare et al. 2025, "Tapered Off-Policy REINFORCE" (arXiv 2503.14286): TOPR, in
+  :mod:`rlft.losses.topr` (no ratio on positive samples, the sequence ratio truncated to [0, 1] on negative ones).
 
 Advantage estimators live in :mod:`rlft.losses.advantages`.
 """
@@ -27,6 +29,7 @@ from typing import Callable, Literal
 import torch
 
 from rlft.losses.importance import IS_MODES, importance_weights
+from rlft.losses.topr import topr_loss
 from rlft.ops import AggregationMode, aggregate, masked_mean, masked_sum
 
 KLEstimator = Literal["k1", "k3"]
@@ -266,10 +269,13 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo": PolicyLoss(policy_gradient_loss, clips=True),
     "raft": PolicyLoss(policy_gradient_loss, clips=False, selects=True),
     "raft++": PolicyLoss(policy_gradient_loss, clips=True, selects=True),
+    "topr": PolicyLoss(topr_loss, clips=False),
 }
 """Policy losses by name (``--loss``; a new loss is one entry): ``reinforce`` (``-A * ratio``: REINFORCE at
 ratio 1), ``ppo`` (the ratio clipped to ``[1 - clip_low, 1 + clip_high]``), ``raft`` (the likelihood of the
-samples with A > 0, each with weight 1: :func:`raft_loss`), ``raft++`` (raft with ppo's clipping)."""
+samples with A > 0, each with weight 1: :func:`raft_loss`), ``raft++`` (raft with ppo's clipping), ``topr``
+(:func:`rlft.losses.topr.topr_loss`: REINFORCE on A >= 0, the sequence ratio to the sampler truncated to [0, 1]
+on A < 0; for stale, replayed samples)."""
 
 CLIPPED_LOSSES = frozenset(name for name, loss in POLICY_LOSSES.items() if loss.clips)
 """The losses that use a clip range."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
 from rlft.eval.countdown import CountdownEvalResult
+from rlft.script_io import ScriptError
 from tests.conftest import load_script
 
 Z = 1.959963984540054
@@ -30,7 +32,8 @@ def test_reward_model_minus_majority_and_oracle_at_n2_by_hand(tmp_path, capsys):
     -> (1, 1, 0). Minus majority: (.9, 0, -1), mean -1/30, 1 better / 1 worse; minus oracle: (0, 0, -1)."""
     m = load_script("selector_pairs")
     path = write(tmp_path / "s.json", task_rm_scores=[[0.2, 0.9], [0.5, 0.1], [0.3, 0.1]])
-    rows = m.pairs(path, "reward-model", ["majority", "oracle"], [2, 4])  # n=4 > k: left out
+    rows = m.pairs(path, "reward-model", ["majority", "oracle"], [2])
+    assert m.pairs(path, "reward-model", ["majority", "oracle"]) == m.pairs(path, "reward-model", ["majority", "oracle"], [1, 2])
     assert [(r["n"], r["b"]) for r in rows] == [(2, "majority"), (2, "oracle")]
     d = [0.9, 0.0, -1.0]
     mean = sum(d) / 3
@@ -47,7 +50,26 @@ def test_reward_model_minus_majority_and_oracle_at_n2_by_hand(tmp_path, capsys):
 def test_a_file_without_what_a_selector_needs_is_refused(tmp_path):
     m = load_script("selector_pairs")
     path = write(tmp_path / "s.json")
-    with pytest.raises(SystemExit, match="s.json: reward-model: no reward-model scores"):
+    with pytest.raises(ScriptError, match="s.json: reward-model: no reward-model scores"):
         m.pairs(path, "reward-model", ["majority"], [2])
-    with pytest.raises(SystemExit, match="self-certainty: the engine reported no self-certainty"):
+    with pytest.raises(ScriptError, match="self-certainty: the engine reported no self-certainty"):
         m.pairs(path, "majority", ["self-certainty"], [2])
+
+
+def test_sizes_below_1_or_above_k_are_one_line_errors_with_exit_2(tmp_path, capsys):
+    """k=2: --sizes 4 (or 4 8 16: every value past k) drew nothing and exited 0; --sizes 0 was a traceback. Both are
+    refused, naming the option, as is a file that is not an evaluation."""
+    m = load_script("selector_pairs")
+    path = write(tmp_path / "s.json")
+    (tmp_path / "cut.json").write_text('{"num_tasks": 3, "k": 2, "task_sc')
+    cases = [([path, "--a", "majority", "--b", "oracle", "--sizes", "4", "8", "16"],
+              "--sizes 4 8 16: .*s.json has 2 samples per task"),
+             ([path, "--a", "majority", "--b", "oracle", "--sizes", "1", "4"], "--sizes 4: "),
+             ([path, "--a", "majority", "--b", "oracle", "--sizes", "0"], "--sizes must be >= 1, got 0"),
+             ([str(tmp_path / "cut.json"), "--a", "majority", "--b", "oracle"], "cut.json: not an `rlft eval countdown` JSON")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            m.run_script(m.main, argv, prog="selector_pairs.py")
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("selector_pairs.py: error: "), err
+        assert re.search(message, err), (message, err)

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from rlft.rl.prompts import RLPrompt
+from rlft.rl.records import RLPrompt
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Prompt sources of the RL loop: what the policy is asked, and how the run is evaluated.
 
-A :class:`PromptSource` bundles the training prompts, the held-out prompts and an ``evaluate(engine)``
-function; the loop is given one and never looks inside. Two sources exist:
+Prompts are :class:`rlft.rl.records.RLPrompt` records (re-exported here). A :class:`PromptSource` bundles the
+training prompts, the held-out prompts and an ``evaluate(engine)`` function; the loop is given one and never looks
+inside. Two sources exist:
 
 - **Countdown**: generated tasks of a preset (or a Countdown file), rendered with a prompt template;
   evaluation is the greedy Countdown score on held-out tasks that no stage trains on
@@ -22,28 +23,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from rlft import distributed
+from rlft.rl.records import Reward, RLPrompt
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import encode_prompts
 from rlft.types import CountdownTask
 
 if TYPE_CHECKING:
     from rlft.rl.config import RLConfig
-    from rlft.rl.rewards import Reward
 
 log = logging.getLogger("rlft")
-
-
-@dataclass(frozen=True)
-class RLPrompt:
-    """One RL prompt: the text the policy continues, and what its reward needs."""
-
-    text: str
-    """The prompt string given to the sampler (a rendered Countdown prompt or chat generation prompt)."""
-    messages: list[dict] | None = None
-    """Chat track: the conversation before the reply (what a reward model scores the reply against)."""
-    ground_truth: dict | None = None
-    """What a rule reward gets as its ground truth: ``CountdownTask.ground_truth()``; on the chat track
-    ``{"messages": messages}``."""
 
 
 def load_rl_tasks(cfg: RLConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
@@ -154,7 +142,7 @@ def load_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPromp
     return train, [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in eval_tasks], eval_tasks
 
 
-def evaluate_chat(engine, prompts: list[RLPrompt], reward: "Reward", max_new_tokens: int) -> dict[str, float]:
+def evaluate_chat(engine, prompts: list[RLPrompt], reward: Reward, max_new_tokens: int) -> dict[str, float]:
     """Greedy responses to held-out chat prompts: ``eval/reward`` (mean raw reward, no truncation
     penalty) and ``eval/truncated_frac``."""
     samples = [row[0] for row in engine.generate([p.text for p in prompts], SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))]
@@ -204,7 +192,7 @@ class PromptSource:
     """'countdown' or 'chat'."""
 
 
-def make_prompt_source(cfg: RLConfig, tokenizer, reward: "Reward") -> PromptSource:
+def make_prompt_source(cfg: RLConfig, tokenizer, reward: Reward) -> PromptSource:
     """The run's prompt source: chat prompts when ``cfg.prompts_data`` is set, else Countdown tasks."""
     train, held, eval_tasks = load_prompts(cfg, tokenizer)
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.eval_max_new_tokens)  # what both evaluations sample with

@@ -2,36 +2,24 @@
 
 Three kinds: a rule function of :data:`rlft.rewards.registry.REWARD_FUNCTIONS` (Countdown's exact
 score), a local reward model (:class:`~rlft.rewards.reward_model.RewardModelScorer`) or a remote
-OpenAI-compatible judge (:class:`~rlft.rewards.remote.RemoteRewardJudge`).
+OpenAI-compatible judge (:class:`~rlft.rewards.remote.RemoteRewardJudge`). The record,
+:class:`rlft.rl.records.Reward` (re-exported here), holds the function and its kind.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING
 
 from rlft.rewards.registry import RewardFunction, get_reward_function
-from rlft.rl.prompts import RLPrompt
+from rlft.rl.records import Reward, RolloutReward
+
+__all__ = ["Reward", "RolloutReward", "make_reward"]
 
 if TYPE_CHECKING:
     from rlft.rl.config import RLConfig
 
 log = logging.getLogger("rlft")
-
-RolloutReward = Callable[[list[RLPrompt], list[str]], list[float]]
-"""``reward(prompts, completions) -> one raw reward per (prompt, completion)``."""
-
-
-@dataclass(frozen=True)
-class Reward:
-    """A reward the loop calls as ``fn(prompts, completions) -> list[float]`` (one raw reward each)."""
-
-    fn: RolloutReward
-    kind: Literal["rule", "reward_model", "remote"]
-    """'rule': a function of :data:`~rlft.rewards.registry.REWARD_FUNCTIONS` or an override (accuracy and
-    format-rate metrics make sense); else a learned judge's scores."""
-
 
 def make_reward(cfg: RLConfig, reward_fn: RewardFunction | None = None) -> Reward:
     """The reward of the run, picked once: ``reward_fn`` (an override) if given, else the reward model

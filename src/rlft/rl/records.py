@@ -1,0 +1,97 @@
+"""Records the RL loop's parts hand each other: a prompt (:class:`RLPrompt`), the reward (:class:`Reward`) and one
+sampled step (:class:`StepSamples`, what :func:`rlft.rl.sampling.sample_step` returns and the loop reads).
+
+A leaf of :mod:`rlft.rl`: it imports nothing from it, so the prompt sources, the rewards, the curriculum, sampling
+and the metrics all import their records from here without a cycle (``rl/config`` imports ``rl/curriculum``, which
+imports only this module).
+
+Shape legend: B kept groups (prompts) of the step on every rank together, k samples per prompt, G >= B groups tried,
+N = ``len(local) * k`` rows of this rank's batch, T tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+
+from rlft.rollout.base import Sample
+from rlft.types import TokenBatch
+
+
+@dataclass(frozen=True)
+class RLPrompt:
+    """One RL prompt: the text the policy continues, and what its reward needs."""
+
+    text: str
+    """The prompt string given to the sampler (a rendered Countdown prompt or chat generation prompt)."""
+    messages: list[dict] | None = None
+    """Chat track: the conversation before the reply (what a reward model scores the reply against)."""
+    ground_truth: dict | None = None
+    """What a rule reward gets as its ground truth: ``CountdownTask.ground_truth()``; on the chat track
+    ``{"messages": messages}``."""
+
+
+RolloutReward = Callable[[list[RLPrompt], list[str]], list[float]]
+"""``reward(prompts, completions) -> one raw reward per (prompt, completion)``."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A reward the loop calls as ``fn(prompts, completions) -> list[float]`` (one raw reward each); built once by
+    :func:`rlft.rl.rewards.make_reward`."""
+
+    fn: RolloutReward
+    kind: Literal["rule", "reward_model", "remote"]
+    """'rule': a function of :data:`~rlft.rewards.registry.REWARD_FUNCTIONS` or an override (accuracy and
+    format-rate metrics make sense); else a learned judge's scores."""
+
+
+@dataclass
+class StepSamples:
+    """One step's sampled groups: their rewards, this rank's batch and what sampling them cost.
+
+    ``B`` counts the step's kept groups on every rank together; under torchrun a rank holds the prompts, samples
+    and batch rows of its own groups only (``local``), but every rank knows the rewards of all ``B``."""
+
+    prompts: list[RLPrompt]
+    """This rank's kept prompts (all ``B`` in one process), in the order of ``local``."""
+    samples: list[list[Sample]]
+    """Their lists of ``k`` samples."""
+    local: list[int]
+    """Positions in ``0..B-1`` of this rank's groups (``range(B)`` in one process)."""
+    raw: torch.Tensor
+    """``(B, k)`` raw rewards of the kept groups."""
+    shaped: torch.Tensor
+    """``(B, k)`` the rewards the advantages start from: ``raw`` plus the truncation penalty and DAPO's overlong
+    punishment when they are on (:func:`rlft.rl.shaping.shaped_rewards`, computed once, by sampling; the loop
+    subtracts the KL from them with ``--kl-mode reward``). ``--filter-groups`` keeps the groups these vary in."""
+    truncated: torch.Tensor
+    """``(B, k)`` 1.0 where a sample hit max_new_tokens without EOS."""
+    lengths: torch.Tensor
+    """``(B, k)`` completion lengths in tokens (EOS included), float."""
+    all_raw: torch.Tensor
+    """``(G, k)`` raw rewards of every group sampled this step (G >= B)."""
+    tried: list[int]
+    """``(G,)`` the training-prompt index of every group sampled this step (every rank's), in sampling order."""
+    kept: list[int]
+    """``(B,)`` positions in ``tried`` of the kept groups, in the order of ``raw``."""
+    generate_s: float
+    """Seconds this rank spent generating."""
+    generated_tokens: int = 0
+    """Completion tokens this rank generated this step (every tried group of its shard, EOS included)."""
+    batch: TokenBatch | None = None
+    """This rank's right-padded teacher-forcing batch on the CPU (``(N, T)``; row ``b * k + j`` is
+    ``samples[b][j]``, prompt ids as the sampler tokenized them: :func:`rlft.rl.batch.rollout_batch`); None when
+    :func:`~rlft.rl.sampling.sample_step` was given no tokenizer."""
+
+    @property
+    def groups(self) -> int:
+        """B: the kept groups of the step, every rank's."""
+        return self.raw.shape[0]
+
+    @property
+    def samples_tried(self) -> int:
+        """G * k: samples generated this step, every rank's (``samples/step``)."""
+        return self.all_raw.numel()

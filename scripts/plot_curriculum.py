@@ -7,7 +7,9 @@ writes one PNG with two panels:
     python scripts/plot_curriculum.py --sec docs/results/countdown-real/data/sec_s0_metrics.jsonl \\
         --uniform docs/results/countdown-real/data/rl_s0_metrics.jsonl --out docs/results/countdown-real/curriculum_s0.png
 
-Raises SystemExit naming the file when a run's metrics are missing or hold no curriculum records.
+Refused, one line and exit code 2 (:mod:`rlft.script_io`), naming the file: metrics that are missing or hold no
+curriculum records, an existing ``--out`` without ``--overwrite``, an ``--out`` that is an input. A last metrics line cut
+short by a kill is left out (:func:`rlft.script_io.read_metrics`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlft.checkpoint import read_metrics
+from rlft.script_io import ArgumentParser, check_outputs, fail, read_metrics, run_script
 
 
 def load(path: Path) -> list[dict]:
-    """The step records of ``path``; SystemExit naming it when it is absent."""
-    if not path.exists():
-        raise SystemExit(f"{path} does not exist")
+    """The step records of ``path``; ValueError naming it when it is absent or not a metrics file."""
     return [r for r in read_metrics(path) if "step" in r]
 
 
@@ -38,15 +38,17 @@ def bucket_curves(records: list[dict]) -> dict[str, tuple[list[int], list[float]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sec", type=Path, required=True, help="metrics.jsonl of the --curriculum sec run")
     parser.add_argument("--uniform", type=Path, required=True, help="metrics.jsonl of the uniform run")
-    parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    parser.add_argument("--out", type=Path, required=True, help="the PNG to write (a new file)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
+    check_outputs({"--out": args.out}, [args.sec, args.uniform], overwrite=args.overwrite)
     sec, uniform = load(args.sec), load(args.uniform)
     curves = bucket_curves(sec)
     if not curves:
-        raise SystemExit(f"{args.sec} has no curriculum/p_<bucket> records (not a --curriculum sec run)")
+        fail(f"{args.sec} has no curriculum/p_<bucket> records (not a --curriculum sec run)")
 
     import matplotlib
 
@@ -71,4 +73,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -12,40 +12,43 @@ every run, checked) and the start's evaluation; writes one PNG with three panels
         --run "real_grpo=D/rl_s0_metrics.jsonl,D/rl_s0_eval_validation_greedy.json" \\
         --run "mask=D/mask_s0_metrics.jsonl,D/mask_s0_eval_validation_greedy.json" --out truncation_s0.png
 
-SystemExit naming the file: a missing file, an evaluation of other tasks, a run with no step records.
+Refused, one line and exit code 2 (:mod:`rlft.script_io`), naming the file: a missing file, an evaluation of other
+tasks, a run with no step records, an existing ``--out`` without ``--overwrite``, an ``--out`` that is an input. A last
+metrics line cut short by a kill is left out (:func:`rlft.script_io.read_metrics`).
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from rlft.checkpoint import read_metrics
 from rlft.eval.countdown import CountdownEvalResult, read_eval_file
+from rlft.script_io import ArgumentParser, check_outputs, fail, read_metrics, run_script
 
 
 def load_eval(path: Path) -> CountdownEvalResult:
-    """A greedy evaluation file (:func:`rlft.eval.countdown.read_eval_file`); SystemExit naming it when missing or not an
-    evaluation."""
-    try:
-        return read_eval_file(path)[0]
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    """A greedy evaluation file (:func:`rlft.eval.countdown.read_eval_file`); ValueError naming it when missing or not
+    an evaluation."""
+    return read_eval_file(path)[0]
+
+
+def parse_run(spec: str) -> tuple[str, Path, Path]:
+    """``LABEL=METRICS,EVAL`` -> (label, metrics path, eval path); ScriptError naming the option otherwise."""
+    label, sep, paths = spec.partition("=")
+    parts = [p.strip() for p in paths.split(",")]
+    if not sep or not label.strip() or len(parts) != 2 or not all(parts):
+        fail(f"--run {spec!r}: expected LABEL=METRICS.jsonl,EVAL.json")
+    return label.strip(), Path(parts[0]), Path(parts[1])
 
 
 def load_run(spec: str) -> tuple[str, list[dict], Path]:
-    """``LABEL=METRICS,EVAL`` -> (label, step records, eval path); SystemExit naming what is wrong."""
-    label, sep, paths = spec.partition("=")
-    parts = [p.strip() for p in paths.split(",")]
-    if not sep or not label.strip() or len(parts) != 2:
-        raise SystemExit(f"--run {spec!r}: expected LABEL=METRICS.jsonl,EVAL.json")
-    metrics = Path(parts[0])
+    """``LABEL=METRICS,EVAL`` -> (label, step records, eval path); ScriptError or ValueError naming what is wrong."""
+    label, metrics, eval_path = parse_run(spec)
     if not metrics.is_file():
-        raise SystemExit(f"{metrics} does not exist")
+        fail(f"{metrics} does not exist")
     records = [r for r in read_metrics(metrics) if "step" in r and "completion/truncated_frac" in r]
     if not records:
-        raise SystemExit(f"{metrics}: no step records with completion/truncated_frac (not an RL run's metrics?)")
-    return label.strip(), records, Path(parts[1])
+        fail(f"{metrics}: no step records with completion/truncated_frac (not an RL run's metrics?)")
+    return label, records, eval_path
 
 
 def table(rows: list[tuple[str, CountdownEvalResult]]) -> str:
@@ -59,18 +62,21 @@ def table(rows: list[tuple[str, CountdownEvalResult]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--start", type=Path, required=True, help="the start model's greedy evaluation")
     parser.add_argument("--run", action="append", required=True, help="LABEL=METRICS.jsonl,EVAL.json (repeat)")
-    parser.add_argument("--out", type=Path, required=True, help="the PNG")
+    parser.add_argument("--out", type=Path, required=True, help="the PNG (a new file)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
+    inputs = [args.start] + [p for spec in args.run for p in parse_run(spec)[1:]]
+    check_outputs({"--out": args.out}, inputs, overwrite=args.overwrite)
     start = load_eval(args.start)
     runs = [load_run(spec) for spec in args.run]
     evals = [("start", start)]
     for label, _, path in runs:
         result = load_eval(path)
         if result.tasks != start.tasks:
-            raise SystemExit(f"{path}: other tasks than {args.start} (nums and target, in order)")
+            fail(f"{path}: other tasks than {args.start} (nums and target, in order)")
         evals.append((label, result))
     print(table(evals))
 
@@ -101,4 +107,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -6,7 +6,8 @@ JSON inputs, and how it reports a user's mistake.
   path inside a model folder, never an existing file unless ``--overwrite``, and never one of the script's inputs
   (not even with ``--overwrite``) nor another of its outputs.
 - **JSON inputs** (:func:`read_json`): a file that is missing, unreadable or not JSON is an error naming the file
-  (never a bare "Unterminated string ..." from the parser).
+  (never a bare "Unterminated string ..." from the parser). A run's ``metrics.jsonl`` (:func:`read_metrics`) is read
+  as a resumed run keeps it: a last line cut short by a kill is left out, with a note.
 - **Errors** (:func:`run_script`): a user error, :class:`ScriptError` (or any :class:`rlft.validation.UsageError`,
   ``ValueError`` or ``OSError``: a bad file named by its message; or one of rlft's own errors, e.g. a model that does
   not load) is one line on stderr,
@@ -94,6 +95,32 @@ def read_json(path: str | Path, what: str = "a JSON file") -> Any:
         raise ValueError(f"{path}: not UTF-8 text; expected {what}") from None
     except OSError as e:
         raise ValueError(f"{path}: cannot be read ({e.strerror or e}); expected {what}") from None
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a run's ``metrics.jsonl``, as :class:`rlft.checkpoint.MetricsLog` keeps them on resume: a last
+    line that does not parse (cut short by a kill; the run may still be writing) is left out with a note on stderr.
+
+    Raises:
+        ValueError: naming the file: it does not exist, or a line before the last is not a JSON object (line number).
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"{path}: no such file (a run's metrics.jsonl)")
+    lines = [(i, line) for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1) if line.strip()]
+    records = []
+    for i, line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            if i == lines[-1][0]:
+                print(f"note: {path}: line {i} is cut short (a run killed mid-write, or still writing): left out", file=sys.stderr)
+                break
+            raise ValueError(f"{path}: line {i} is not a JSON object (not a run's metrics.jsonl?)")
+        records.append(record)
+    return records
 
 
 def one_line(error: BaseException) -> str:

@@ -3,7 +3,8 @@
 - :class:`MemoryOptions`: ``--gradient-checkpointing``, ``--logits-chunk-size`` (sft, dpo, rl/rloo; the reward
   model has no LM head to chunk and takes :class:`CheckpointingOptions`);
 - :class:`PackingOptions`: ``--packing``, ``--pack-length`` (sft, dpo, rm);
-- :class:`SpeedOptions`: ``--compile``, ``--max-tokens-per-micro-batch`` (sft, dpo, rm);
+- :class:`SpeedOptions`: ``--compile``, ``--max-tokens-per-micro-batch`` (sft, dpo, rm; rl/rloo take
+  :class:`CompileOptions`, ``--compile`` alone: its micro-batches are counted in sequences);
 - :class:`TrackingOptions`: ``--report-to`` (sft, dpo, rm, rl/rloo);
 - :class:`DistributedOptions`: ``--distributed auto|ddp|fsdp2`` (sft, dpo, rm, rl/rloo under torchrun; auto: fsdp2,
   or ddp with LoRA, see :func:`resolved_strategy`);
@@ -118,13 +119,19 @@ class PackingOptions:
 
 
 @dataclass(frozen=True)
-class SpeedOptions:
-    """``--compile``, ``--max-tokens-per-micro-batch``: throughput on a GPU (:mod:`rlft.recipes.memory`)."""
+class CompileOptions:
+    """``--compile``: torch.compile of the decoder layers (:func:`rlft.recipes.common.start_training`)."""
 
     compile: bool = False
     """torch.compile each decoder layer's forward (inductor, dynamic shapes: one compiled graph serves every
     layer and every batch shape; a batch of one row compiles once more). The first steps pay the compilation
     (tens of seconds, minutes on a CPU); same values and gradients up to float rounding. Off by default."""
+
+
+@dataclass(frozen=True)
+class SpeedOptions(CompileOptions):
+    """``--compile``, ``--max-tokens-per-micro-batch``: throughput on a GPU (:mod:`rlft.recipes.memory`)."""
+
     max_tokens_per_micro_batch: int | None = None
     """Cut each step's examples (length-sorted) into micro-batches by size instead of --micro-batch-size:
     as many as fit N padded tokens (rows x longest row; DPO and rm: 2 rows per pair) or, with --packing, N

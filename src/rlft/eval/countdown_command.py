@@ -27,6 +27,7 @@ from typing import Literal
 from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, other_weights, print_result, read_eval_file
 from rlft.options import DeviceOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
+from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownDataOptions, CountdownOptions
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.types import CountdownTask
 from rlft.fsio import atomic_write_json
@@ -41,33 +42,17 @@ Selector = Literal["majority", "self-certainty", "self-certainty-vote", "reward-
 
 
 @dataclass(frozen=True)
-class EvalCountdownConfig(DeviceOptions, RolloutOptions):
+class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
     """Evaluate a model on held-out Countdown tasks."""
 
     model: str = "smollm2-135m"
     """Built-in model name, local Hugging Face folder, or Hub id."""
-    data: str | None = None
-    """None: the generated held-out split of `preset` (the same make_splits(split_seed) that training
-    uses); else a Countdown JSONL/Parquet file or Hub dataset with target + nums/numbers (e.g.
-    ../shared/data/countdown/train.parquet or Jiayi-Pan/Countdown-Tasks-3to4)."""
     split: Literal["test", "validation", "train", "all"] = "test"
     """Which tasks: with --data, the parts of rlft.tasks.countdown.splits (test: the 500 held-out rows the spec's
     score is read on; validation: 500 other held-out rows, for screening; train: the rest), or 'all' rows in file
     order; generated tasks (no --data): 'test' (held out from training) or 'train'."""
-    data_split: str = "train"
-    """Split to read when `data` is a Hub id (Countdown-Tasks-3to4 has only 'train')."""
-    preset: str = "easy3"
-    """Generator preset for the held-out split when `data` is None."""
-    split_seed: int = 1234
-    """Seed of make_splits when `data` is None; keep it equal to training's."""
-    heldout_size: int = 200
-    """Generated tasks held out from training (the training recipes' --heldout-size, default 200): --split test
-    evaluates at most this many (--limit None: all of them); a larger --limit is an error, since the tasks past it
-    are in the training set of a run with this preset, seed and held-out size."""
     limit: int | None = 100
     """Evaluate the first `limit` tasks (None: all; generated test tasks: --heldout-size of them)."""
-    prompt_template: str = "base"
-    """Prompt template name: "base" (TinyZero text), "chat" (the model's chat template) or "short"."""
     mode: Literal["greedy", "sampled"] = "greedy"
     """greedy: one temperature-0 completion per task; sampled: `k` samples at `temperature`/`top_p`."""
     k: int = 1
@@ -103,6 +88,7 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions):
 
     def __post_init__(self) -> None:
         validate_options(self)
+        self._check_countdown()
         require(self.mode == "sampled" or self.k == 1,
                 f"--k {self.k} needs --mode sampled: greedy evaluation draws one completion per task")
         self._check_selection()
@@ -141,19 +127,19 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions):
 
 
 def training_overlap(preset: str, split_seed: int, heldout_size: int, n: int) -> str:
-    """How many of the first ``n`` generated test tasks of ``preset`` are training tasks of ``rlft rl``'s default
-    training set with that seed and held-out size (``make_splits(PRESETS[preset], RLConfig.num_train, heldout_size,
-    split_seed)``), as a phrase for an error message."""
-    from rlft.rl.config import RLConfig
-    from rlft.tasks.countdown.generator import PRESETS, make_splits, task_key
+    """How many of the first ``n`` generated held-out-stream tasks of ``preset`` are training tasks of ``rlft rl``'s
+    default training set (:data:`~rlft.tasks.countdown.options.DEFAULT_NUM_TRAIN` tasks) with that seed and held-out
+    size (:meth:`~rlft.tasks.countdown.options.CountdownOptions.generated_tasks`), as a phrase for an error message."""
+    from rlft.tasks.countdown.generator import PRESETS, task_key
 
     if preset not in PRESETS:
         return f"tasks past {heldout_size} are not held out"
-    train = {task_key(t) for t in make_splits(PRESETS[preset], RLConfig.num_train, heldout_size, split_seed)[0]}
-    tasks = make_splits(PRESETS[preset], 0, n, split_seed)[1]
+    train = {task_key(t) for t in CountdownOptions(preset=preset, split_seed=split_seed,
+                                                    heldout_size=heldout_size).generated_tasks(DEFAULT_NUM_TRAIN)[0]}
+    tasks = CountdownOptions(preset=preset, split_seed=split_seed, heldout_size=n).generated_tasks(0)[1]
     overlap = sum(task_key(t) in train for t in tasks)
     return (f"{overlap} of the {n} tasks are in the training set of `rlft rl --preset {preset} --split-seed {split_seed} "
-            f"--heldout-size {heldout_size}` (its default --num-train {RLConfig.num_train})")
+            f"--heldout-size {heldout_size}` (its default --num-train {DEFAULT_NUM_TRAIN})")
 
 
 def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
@@ -161,11 +147,11 @@ def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
 
     With ``data``: ``split`` "all" reads the first ``limit`` rows; "test", "validation" and "train" are the parts
     of :func:`rlft.tasks.countdown.splits.load_split` (the held-out rows are the same whatever ``limit``).
-    Generated: the first ``limit`` (None: ``heldout_size``) tasks of ``make_splits(PRESETS[preset], ...,
-    seed=split_seed)``'s test split ("test"; its stream does not depend on ``n_train`` and is prefix-stable, so these
-    are held out from a training run with the same preset and seed whenever that run's ``heldout_size >= limit``,
-    which the config checks) or the first ``limit`` (None: 1024) tasks of the train split of a run holding out
-    ``heldout_size`` tasks ("train": the tasks such a run trains on first).
+    Generated (:meth:`~rlft.tasks.countdown.options.CountdownOptions.generated_tasks`): the first ``limit`` (None:
+    ``heldout_size``) held-out tasks ("test"; the stream does not depend on the number of training tasks and is
+    prefix-stable, so these are held out from a training run with the same preset and seed whenever that run's
+    ``heldout_size >= limit``, which the config checks) or the first ``limit`` (None: 1024) training tasks of a run
+    holding out ``heldout_size`` tasks ("train": the tasks such a run trains on first).
 
     Raises:
         ValueError: an unknown preset; ``validation`` or ``all`` without ``data``.
@@ -175,21 +161,13 @@ def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
             from rlft.tasks.countdown.loaders import load_countdown
 
             return load_countdown(cfg.data, split=cfg.data_split, limit=cfg.limit)
-        from rlft.tasks.countdown.splits import load_split
-
-        part = load_split(cfg.data, data_split=cfg.data_split).part(cfg.split)
+        part = cfg.row_split().part(cfg.split)
         return part[: cfg.limit] if cfg.limit is not None else part
-    from rlft.tasks.countdown.generator import PRESETS, make_splits
-
-    if cfg.preset not in PRESETS:
-        raise ValueError(f"unknown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
     if cfg.split not in ("test", "train"):
         raise ValueError(f"--split {cfg.split} needs --data (a Countdown file or Hub dataset); generated tasks have test and train")
     if cfg.split == "train":
-        n = cfg.limit if cfg.limit is not None else DEFAULT_TEST_SIZE
-        return make_splits(PRESETS[cfg.preset], n_train=n, n_test=cfg.heldout_size, seed=cfg.split_seed)[0]
-    n = cfg.limit if cfg.limit is not None else cfg.heldout_size
-    return make_splits(PRESETS[cfg.preset], n_train=0, n_test=n, seed=cfg.split_seed)[1]
+        return cfg.generated_tasks(cfg.limit if cfg.limit is not None else DEFAULT_TEST_SIZE)[0]
+    return cfg.generated_tasks(0, cfg.limit)[1]
 
 
 def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: int | None = None,

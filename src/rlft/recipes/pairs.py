@@ -41,39 +41,22 @@ from rlft.rollout.journal import sample_with_journal
 from rlft.types import CountdownTask
 from rlft.validation import OptionError, validate_options
 from rlft.options import DeviceOptions, RolloutOptions
+from rlft.tasks.countdown.options import CountdownTrainingOptions
 
 log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class PairsConfig(DeviceOptions, RolloutOptions):
+class PairsConfig(DeviceOptions, RolloutOptions, CountdownTrainingOptions):
     """Sample responses to Countdown training prompts, score them, and write best-vs-worst preference pairs."""
 
     model: str = "runs/sft/model"
     """Model to sample from (usually the SFT model folder): built-in name, local HF folder, or Hub id."""
-    data: str | None = None
-    """None: the generated training split of --preset (make_splits(preset, num_prompts, heldout_size,
-    split_seed), the SFT convention, so evaluation tasks stay held out); else a Countdown
-    .jsonl/.json/.parquet file or Hub dataset with target + nums/numbers, whose training rows are sampled (its
-    held-out validation and test rows never are: rlft.tasks.countdown.splits)."""
-    data_split: str = "train"
-    """Split to read when --data is a Hub dataset id."""
-    preset: str = "easy3"
-    """Countdown difficulty preset of the generated tasks (easy3, cog_behav, standard, tiny)."""
-    data_heldout: bool = True
-    """With --data: sample its training rows only, never its held-out validation and test rows
-    (rlft.tasks.countdown.splits). Off (--no-data-heldout): rows start .. start + num_prompts of the file."""
     num_prompts: int = 512
     """Prompts to sample for: generated training tasks, or training rows of --data."""
     start: int = 0
     """Skip this many tasks first (generated training tasks or rows of --data); set it to SFT's
     --num-train to sample on prompts the SFT model was not trained on."""
-    split_seed: int = 1234
-    """Seed of the generated train/test split; keep it equal to SFT's and evaluation's."""
-    heldout_size: int = 200
-    """Generated tasks reserved for evaluation (as in SFT): never used as prompts here."""
-    prompt_template: str = "base"
-    """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template), 'short'."""
     num_samples: int = 2
     """Responses sampled per prompt (>= 2); chosen = best score, rejected = worst."""
     temperature: float = 1.0
@@ -97,6 +80,7 @@ class PairsConfig(DeviceOptions, RolloutOptions):
 
     def __post_init__(self) -> None:
         validate_options(self)
+        self._check_countdown()
         _validate(self)
 
     def check_outputs(self) -> None:
@@ -192,23 +176,9 @@ def _validate(cfg: PairsConfig) -> None:
 
 def load_pair_tasks(cfg: PairsConfig) -> list[CountdownTask]:
     """Tasks ``start .. start + num_prompts`` of the generated training split, or of the training rows of
-    ``cfg.data`` (:func:`rlft.tasks.countdown.splits.load_split`: its held-out validation and test rows, and
-    rows equal to them, are never sampled)."""
-    if cfg.data is not None and not cfg.data_heldout:
-        from rlft.tasks.countdown.loaders import load_countdown
-
-        tasks = load_countdown(cfg.data, split=cfg.data_split, start=cfg.start, limit=cfg.num_prompts)
-    elif cfg.data is not None:
-        from rlft.tasks.countdown.splits import load_split
-
-        tasks = load_split(cfg.data, data_split=cfg.data_split).train[cfg.start : cfg.start + cfg.num_prompts]
-    else:
-        from rlft.tasks.countdown.generator import PRESETS, make_splits
-
-        if cfg.preset not in PRESETS:
-            raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
-        train, _ = make_splits(PRESETS[cfg.preset], cfg.start + cfg.num_prompts, cfg.heldout_size, cfg.split_seed)
-        tasks = train[cfg.start :]
+    ``cfg.data`` (its held-out validation and test rows, and rows equal to them, are never sampled):
+    :meth:`rlft.tasks.countdown.options.CountdownTrainingOptions.training_tasks`."""
+    tasks = cfg.training_tasks(cfg.num_prompts, start=cfg.start)[0]
     if not tasks:
         raise ValueError(f"no Countdown tasks in {cfg.data or cfg.preset}")
     return tasks

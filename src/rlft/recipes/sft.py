@@ -47,6 +47,7 @@ from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
 from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, SpeedOptions
+from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownOptions
 from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, micro_batch_label, optimizer_step,
                                  start_training, step_micro_batches, step_order, step_plan, write_data_stats)
 from rlft.recipes.memory import packed_tokens, padded_tokens
@@ -58,7 +59,8 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, SpeedOptions, DistributedOptions):
+class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, SpeedOptions, DistributedOptions,
+                CountdownOptions):
     """Supervised fine-tuning on prompt/completion pairs (loss on completion tokens + EOS only)."""
 
     model: str = DEFAULT_MODEL
@@ -83,15 +85,8 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
     """Skip malformed rows (counted and reported) instead of stopping with an error."""
     limit: int | None = None
     """Use at most this many training examples (after reading)."""
-    preset: str = "easy3"
-    """Countdown difficulty preset for --data countdown (easy3, cog_behav, standard, ...)."""
-    num_train: int = 2000
+    num_train: int = DEFAULT_NUM_TRAIN
     """Number of generated Countdown training tasks (--data countdown)."""
-    split_seed: int = 1234
-    """Seed of the generated train/test split; evaluation uses the same seed for its held-out tasks."""
-    heldout_size: int = 200
-    """Generated tasks reserved for evaluation: training never sees the first N held-out tasks of
-    `rlft eval countdown --split-seed` (evaluate with --limit <= N)."""
     heldout_data: str | None = None
     """--data countdown: also drop generated training tasks equal to a held-out row (validation or test,
     rlft.tasks.countdown.splits) of this Countdown file or Hub dataset (e.g. ../shared/data/countdown/train.parquet),
@@ -109,8 +104,6 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
     """'bounded' traces: probability of giving up after each dead end (answering with the closest attempt)."""
     max_tries: int = 6
     """'bounded' traces: dead ends after which the searcher always gives up."""
-    prompt_template: str = "base"
-    """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template)."""
     output_dir: str = "runs/sft"
     """Run directory: checkpoints/, model/, metrics.jsonl, config.yaml."""
     max_length: int = 512
@@ -135,16 +128,14 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         self._check_lora()
         self._check_distributed()
         self._check_micro_batches()
+        self._check_countdown()
 
 
 def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
-    from rlft.tasks.countdown.generator import PRESETS, make_splits
     from rlft.tasks.countdown.prompts import render_prompt
     from rlft.tasks.countdown.traces import write_trace
 
-    if cfg.preset not in PRESETS:
-        raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
-    train, _ = make_splits(PRESETS[cfg.preset], cfg.num_train, cfg.heldout_size, cfg.split_seed)
+    train, _ = cfg.generated_tasks(cfg.num_train)
     if cfg.heldout_data is not None:
         from rlft.tasks.countdown.splits import drop_heldout, load_split
 

@@ -1,0 +1,306 @@
+"""The option blocks of ``rlft rl`` / ``rlft rloo`` (:class:`rlft.rl.config.RLConfig` is their sum), one per part of
+the loop, each with its own checks (``_check_*``, called from ``RLConfig.__post_init__``):
+
+- :class:`SamplingOptions`: ``--k``, ``--prompts-per-step``, ``--temperature``, ``--top-p``, ``--max-new-tokens``,
+  ``--rollout-engine``, ``--gen-batch-size`` (steps 1-2, :mod:`rlft.rl.sampling`);
+- :class:`PolicyLossOptions`: ``--advantage``, ``--loss``, ``--loss-mode``, ``--ppo-epochs``, ``--clip-low``,
+  ``--clip-high``, ``--entropy-coef``, ``--raft-threshold`` (:func:`rlft.losses.pg.make_objective`);
+- :class:`KLOptions`: ``--ref-model``, ``--beta``, ``--kl-mode``, ``--kl-estimator``;
+- :class:`ImportanceOptions`: ``--is-correction``, ``--is-cap`` (the sampler mismatch);
+- :class:`GroupFilterOptions`: ``--filter-groups``, ``--max-prompt-batches`` (:mod:`rlft.rl.groups`);
+- :class:`CurriculumOptions`: ``--curriculum``, ``--curriculum-buckets``, ``--curriculum-tau``,
+  ``--curriculum-alpha`` (:mod:`rlft.rl.curriculum`);
+- :class:`ShapingOptions`: ``--truncation-penalty``, ``--mask-truncated``, ``--overlong-buffer``,
+  ``--overlong-penalty`` (:mod:`rlft.rl.shaping`);
+- :class:`InLoopEvalOptions`: ``--eval-every``, ``--eval-at-start``, ``--eval-limit``, ``--eval-max-new-tokens``,
+  ``--eval-rows``;
+- :class:`ChatPromptOptions`: ``--prompts-data`` and the chat track's prompt options;
+- :class:`RewardOptions`: ``--reward``, ``--reward-model`` and the remote judge's options (:mod:`rlft.rl.rewards`).
+
+An option that does nothing in the chosen setup is refused when it is set, i.e. differs from its default (as
+``rlft eval countdown`` refuses ``--select-n`` without ``--select``): ``--clip-low``/``--clip-high`` with a loss that
+does not clip, ``--is-cap`` without ``--is-correction``, the ``--curriculum-*`` values without ``--curriculum sec``,
+``--overlong-penalty`` without ``--overlong-buffer``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rlft.losses.advantages import ADVANTAGES
+from rlft.losses.pg import IS_MODES, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_MODES, POLICY_LOSSES
+from rlft.rl.curriculum import BUCKETINGS
+from rlft.validation import require
+
+AdvantageName = Literal[tuple(ADVANTAGES)]  # type: ignore[valid-type]
+"""Names of the advantage estimators: the keys of :data:`rlft.losses.advantages.ADVANTAGES`."""
+PolicyLossName = Literal[tuple(POLICY_LOSSES)]  # type: ignore[valid-type]
+"""Names of the policy losses: the keys of :data:`rlft.losses.pg.POLICY_LOSSES`."""
+LossMode = Literal[LOSS_MODES]  # type: ignore[valid-type]
+"""Aggregations of the per-token policy loss: :data:`rlft.losses.pg.LOSS_MODES`."""
+ISMode = Literal[IS_MODES]  # type: ignore[valid-type]
+"""Sampler-mismatch corrections: :data:`rlft.losses.pg.IS_MODES`."""
+KLMode = Literal[KL_PLACEMENTS]  # type: ignore[valid-type]
+"""Where the KL goes: :data:`rlft.losses.pg.KL_PLACEMENTS`."""
+KLEstimatorName = Literal[KL_ESTIMATORS]  # type: ignore[valid-type]
+"""Per-token KL estimators: :data:`rlft.losses.pg.KL_ESTIMATORS`."""
+BucketingName = Literal[tuple(BUCKETINGS)]  # type: ignore[valid-type]
+"""Ways to bucket prompts for the curriculum: the keys of :data:`rlft.rl.curriculum.BUCKETINGS`."""
+
+
+def _default(cls: type, name: str):
+    """The default of field ``name`` of the block ``cls`` (what "not set" means for an option that may do nothing)."""
+    return cls.__dataclass_fields__[name].default
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How each step's samples are drawn: k per prompt, at what temperature, by which engine."""
+
+    k: int = 4
+    """Samples per prompt (>= 2: each sample's baseline is the mean reward of the other k-1)."""
+    prompts_per_step: int = 8
+    """Prompts per step; a step trains on prompts_per_step * k samples."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0); policy and reference log-probs are computed at this temperature too."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0: off). Log-probs ignore the truncation, so keep 1.0 for exact on-policy maths."""
+    max_new_tokens: int = 256
+    """Most tokens per sampled completion (EOS included)."""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """Sampler: 'hf' (transformers generate on the training model itself) or 'vllm' (colocated vLLM, pip install
+    'rlft[vllm]', CUDA: the training model's weights, LoRA merged, are pushed into it before every rollout)."""
+    gen_batch_size: int = 32
+    """Sequences generated together by the sampler."""
+
+    def _check_sampling(self) -> None:
+        require(self.temperature > 0, f"--temperature must be > 0 (RL samples; log-probs at temperature 0 are undefined), got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class PolicyLossOptions:
+    """The advantage estimator and the policy loss around it (clip range, entropy bonus, RAFT's selection)."""
+
+    advantage: AdvantageName = "grpo"
+    """Advantage estimator (rlft.losses.advantages.ADVANTAGES): 'rloo' (leave-one-out baseline), 'grpo' ((r - group
+    mean) / group std), 'lite_ppo' (group mean, batch std), 'dr_grpo' (r - group mean, no std), 'raft' (1 for each
+    group's best samples, or those >= --raft-threshold, else 0), 'reinforce' (the raw reward)."""
+    loss: PolicyLossName = "reinforce"
+    """Policy loss (rlft.losses.pg.POLICY_LOSSES): 'reinforce' (-A * ratio; REINFORCE at ratio 1), 'ppo' (clipped to
+    [1 - clip_low, 1 + clip_high]), 'raft' (likelihood of the samples with A > 0), 'raft++' (raft with the ratio
+    clipped like ppo). RAFT = --advantage raft --loss raft; RAFT++ = --advantage raft --loss raft++."""
+    loss_mode: LossMode = "seq_sum"
+    """Aggregation: 'seq_sum' sums each sequence's token losses and averages over sequences (RLOO's
+    sequence-level estimator; Dr. GRPO's no-length-normalisation); 'seq_mean' averages tokens within each
+    sequence, then over sequences (GRPO); 'token_mean' averages over all completion tokens of the step (DAPO)."""
+    ppo_epochs: int = 1
+    """Optimizer steps per batch of samples: 1 = one on-policy update (the ratio is 1, clipping inactive);
+    > 1 = further updates on the same samples against the pre-update log-probs (clipped with ppo / raft++)."""
+    clip_low: float = 0.2
+    """Lower clipping range: the ratio is clipped at 1 - clip_low (ppo and raft++ only)."""
+    clip_high: float | None = None
+    """Upper clipping range: 1 + clip_high (None: clip_low). DAPO's clip-higher uses 0.28 with clip_low 0.2."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss gets -entropy_coef * aggregate(per-token entropy) (0: off). Computed from the full
+    next-token distribution at the sampling temperature."""
+    raft_threshold: float | None = None
+    """--advantage raft: select samples with reward >= this (Countdown: 1.0, correct); None: each group's best
+    samples (none when the group's rewards are all equal)."""
+
+    def _check_policy_loss(self) -> None:
+        """k large enough for the estimator; a clip range only for a loss that clips, and inside (0, 1) below."""
+        require(self.k >= 2 or self.advantage in ("reinforce",) or (self.advantage == "raft" and self.raft_threshold is not None),
+                f"--advantage {self.advantage} needs --k >= 2 samples per prompt (a group baseline or a best sample), got {self.k}")
+        require(0 < self.clip_low < 1, f"--clip-low must lie in (0, 1): the ratio is clipped below at 1 - clip_low, got {self.clip_low}")
+        clipping = [name for name in ("clip_low", "clip_high") if getattr(self, name) != _default(PolicyLossOptions, name)]
+        require(POLICY_LOSSES[self.loss].clips or not clipping,
+                f"--{clipping[0].replace('_', '-') if clipping else ''} is only read by a loss that clips "
+                f"({', '.join(n for n, s in POLICY_LOSSES.items() if s.clips)}); --loss {self.loss} does not")
+
+
+@dataclass(frozen=True)
+class KLOptions:
+    """The KL penalty to the reference policy: its coefficient, placement and estimator."""
+
+    ref_model: str | None = None
+    """Reference model of the KL penalty; None: the same as --model (loaded fresh, never from a checkpoint)."""
+    beta: float = 0.001
+    """KL coefficient (0: no KL and no reference model in memory)."""
+    kl_mode: KLMode = "reward"
+    """Where the KL goes: 'reward' subtracts beta * sum_t kl_t from each sample's reward before the
+    advantages (the RLOO paper); 'loss' adds beta * aggregate(kl_t) to the loss (OpenRLHF/verl)."""
+    kl_estimator: KLEstimatorName = "k1"
+    """Per-token KL estimator: k1 = logp - ref_logp (the paper's log-ratio), k3 = exp(ref-logp) - (ref-logp) - 1
+    (>= 0, lower variance). Use k3 with --kl-mode loss: k1's expected gradient as a loss is zero."""
+
+
+@dataclass(frozen=True)
+class ImportanceOptions:
+    """The sampler-mismatch correction (:mod:`rlft.losses.importance`)."""
+
+    is_correction: ISMode = "none"
+    """Sampler-mismatch correction when the sampler differs from the trained policy (another engine, or bfloat16
+    sampling weights for a float32 policy): 'token_truncate' / 'sequence_truncate' weight each token's loss by
+    min(ratio, --is-cap) (truncated importance sampling), 'token_mask' / 'sequence_mask' drop tokens / sequences
+    whose ratio exceeds it (TRL's vllm_importance_sampling_mode); ratio = exp(trainer - sampler log-prob), per
+    token or its product over the sequence. Needs sampler log-probs (the HF engine's row-dropping decoder, vLLM).
+    'none' (default): off; the mismatch is still logged (mismatch/abs_logp_mean, mismatch/abs_logp_p99)."""
+    is_cap: float = 3.0
+    """The cap C of --is-correction."""
+
+    def _check_importance(self) -> None:
+        require(self.is_cap >= 1, f"--is-cap must be >= 1 (a ratio of 1, no mismatch, is never capped), got {self.is_cap}")
+        require(self.is_correction != "none" or self.is_cap == _default(ImportanceOptions, "is_cap"),
+                "--is-cap is only read with --is-correction (token_truncate, token_mask, sequence_truncate, sequence_mask)")
+
+
+@dataclass(frozen=True)
+class GroupFilterOptions:
+    """Dynamic sampling: groups with no signal dropped and the step refilled (:mod:`rlft.rl.groups`)."""
+
+    filter_groups: bool = False
+    """Drop groups whose k rewards are all equal (no signal) and refill the step from further prompts
+    (Reinforce-Rej / DAPO dynamic sampling), up to --max-prompt-batches batches of prompts per step."""
+    max_prompt_batches: int = 4
+    """With --filter-groups: at most this many batches of prompts_per_step prompts are sampled per step; the step
+    trains on the varied groups found (at most prompts_per_step)."""
+
+
+@dataclass(frozen=True)
+class CurriculumOptions:
+    """The prompt order: a seeded permutation, or the SEC bandit over difficulty buckets."""
+
+    curriculum: Literal["none", "sec"] = "none"
+    """Prompt order: 'none' (a seeded permutation of the training prompts per epoch) or 'sec' (Self-Evolving
+    Curriculum, Chen et al. 2025, arXiv 2505.14970: prompts bucketed by --curriculum-buckets, buckets drawn from
+    softmax(Q / --curriculum-tau), each bucket's Q an exponential average (step --curriculum-alpha) of the mean
+    |advantage| of its groups; within a bucket prompts come in a seeded order without replacement; logs
+    curriculum/p_<bucket>, curriculum/q_<bucket>, curriculum/n_<bucket>). With --filter-groups every prompt batch
+    of a step is drawn from the bandit, and a dropped group counts as |advantage| 0."""
+    curriculum_buckets: BucketingName = "count_target"
+    """--curriculum sec: the buckets. 'count_target': Countdown tasks by (number count, target band 10-39 /
+    40-69 / 70-100); chat prompts cannot be bucketed."""
+    curriculum_tau: float = 1.0
+    """--curriculum sec: softmax temperature over the buckets' values (SEC's Countdown runs: 1.0; its math runs 0.4)."""
+    curriculum_alpha: float = 0.5
+    """--curriculum sec: step size of the bucket values' update, Q <- alpha * r + (1 - alpha) * Q (SEC: 0.5)."""
+
+    def _check_curriculum(self) -> None:
+        require(self.curriculum_tau > 0, f"--curriculum-tau must be > 0, got {self.curriculum_tau}")
+        require(0 < self.curriculum_alpha <= 1, f"--curriculum-alpha must lie in (0, 1], got {self.curriculum_alpha}")
+        set_ = [name for name in ("curriculum_buckets", "curriculum_tau", "curriculum_alpha")
+                if getattr(self, name) != _default(CurriculumOptions, name)]
+        require(self.curriculum == "sec" or not set_,
+                f"--{set_[0].replace('_', '-') if set_ else ''} is only read with --curriculum sec")
+        require(self.curriculum == "none" or getattr(self, "prompts_data", None) is None,
+                "--curriculum sec buckets Countdown tasks by difficulty; chat prompts (--prompts-data) have none")
+
+
+@dataclass(frozen=True)
+class ShapingOptions:
+    """Rewards and losses of samples cut at max_new_tokens (:mod:`rlft.rl.shaping`)."""
+
+    truncation_penalty: float | None = None
+    """Added to the raw reward of samples that hit max_new_tokens without EOS (e.g. -0.5), before the KL and the
+    leave-one-out baseline; None: off. There is no separate EOS penalty. Discourages rambling (with a reward model:
+    replies cut mid-sentence), but also punishes long correct reasoning cut by a small max_new_tokens."""
+    mask_truncated: bool = False
+    """Leave the samples that hit max_new_tokens without EOS out of the policy loss (TRL's
+    mask_truncated_completions): their rewards still count in the reward metrics and in their group's advantage
+    baseline (advantages are computed over the whole group first), then their loss mask is zeroed; the loss's
+    normalisers count the other samples only (sequences and tokens), so the update is the one without them."""
+    overlong_buffer: int | None = None
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13), L_cache tokens: a completion longer than
+    max_new_tokens - L_cache gets ((max_new_tokens - L_cache) - length) / L_cache * --overlong-penalty added to its
+    raw reward (down to -penalty at max_new_tokens), before the KL and the advantages; logged as
+    reward/overlong_penalty_mean. None or 0: off."""
+    overlong_penalty: float = 1.0
+    """Scale of the overlong punishment (--overlong-buffer): the reward added at max_new_tokens tokens is -this."""
+
+    def _check_shaping(self) -> None:
+        require(not self.overlong_buffer or self.overlong_buffer <= self.max_new_tokens,
+                f"--overlong-buffer ({self.overlong_buffer}) must be <= --max-new-tokens ({self.max_new_tokens})")
+        require(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
+        require(bool(self.overlong_buffer) or self.overlong_penalty == _default(ShapingOptions, "overlong_penalty"),
+                "--overlong-penalty is only read with --overlong-buffer (the last N of --max-new-tokens it ramps over)")
+
+
+@dataclass(frozen=True)
+class InLoopEvalOptions:
+    """The greedy evaluation on held-out tasks during the run."""
+
+    eval_every: int = 0
+    """Greedy evaluation on held-out Countdown tasks every N steps (and at step 0 and the end); 0: off."""
+    eval_at_start: bool = True
+    """Evaluate at step 0 too (off: skip it when the start model's score is already known, e.g. an ablation from one SFT model)."""
+    eval_limit: int = 50
+    """Held-out tasks per evaluation (at most heldout_size)."""
+    eval_max_new_tokens: int = 256
+    """Most tokens per evaluation completion (the reference evaluates with >= 1024); chat track too."""
+    eval_rows: Literal["validation", "test"] = "validation"
+    """With --data: the held-out rows the in-loop evaluation scores (the first --eval-limit of them): 'validation'
+    (screening recipes) or 'test' (the spec's held-out score)."""
+
+    def _check_in_loop_eval(self) -> None:
+        require(not (self.eval_every and self.prompts_data is None and self.data is None and self.eval_limit > self.heldout_size),
+                f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on")
+
+
+@dataclass(frozen=True)
+class ChatPromptOptions:
+    """The chat track's prompts: a preference or chat dataset instead of Countdown tasks."""
+
+    prompts_data: str | None = None
+    """Chat track: a preference or chat dataset (.jsonl/.json/.parquet file or Hub id, e.g.
+    HuggingFaceH4/ultrafeedback_binarized or the flattened UltraFeedback file) whose prompts, the conversation
+    before each row's final assistant turn (duplicates removed), are the RL prompts, rendered with the chat
+    template. When set, the Countdown fields (data, data_split, preset, num_train, split_seed, heldout_size,
+    prompt_template, eval_limit) are ignored and Countdown evaluation is off; needs --reward-model or
+    --reward remote (or a toy rule reward such as uppercase_start)."""
+    prompts_split: str = "train_prefs"
+    """Split of --prompts-data when it is a Hub id (H4 UltraFeedback: train_prefs or train_gen)."""
+    prompts_limit: int | None = None
+    """Read at most the first N rows of --prompts-data (None: all); eval prompts held out from the tail come from these."""
+    max_prompt_tokens: int | None = 512
+    """Chat prompts longer than this many tokens (rendered) are dropped, counted in the log; None: keep all."""
+    chat_template: str | None = None
+    """Chat template of the policy: a name (chatml, llama3) or a .jinja path; None: the tokenizer's own (required on
+    the chat track). Saved with the model. The reward model keeps the template of its own folder."""
+    eval_split: str | None = None
+    """Chat track: split of --prompts-data (Hub id) holding the eval prompts, e.g. test_prefs or test_gen. None: the
+    last eval_prompts prompts read from --prompts-data (after the max_prompt_tokens filter) are held out from training. Either way training prompts
+    equal to an eval prompt are dropped."""
+    eval_prompts: int = 50
+    """Chat track: held-out prompts of each evaluation (mean reward of greedy responses, eval/reward; every
+    eval_every steps, at step 0 and at the end; 0: off)."""
+
+
+@dataclass(frozen=True)
+class RewardOptions:
+    """What scores a sample: a rule function, a local reward model or a remote judge (:func:`rlft.rl.rewards.make_reward`)."""
+
+    reward: str = "countdown"
+    """Reward function name: 'countdown' (TinyZero's exact score: 0 / 0.1 / 1) or 'uppercase_start' (toy); or
+    'remote' (chat track): an OpenAI-compatible reward API (--base-url, --judge-model, --api-key-env).
+    Ignored when --reward-model is set."""
+    reward_model: str | None = None
+    """Chat track: a local reward-model folder (written by `rlft rm`): rewards are its scores of
+    (prompt messages, completion). Loaded once, on --device/--dtype: one more model in memory."""
+    base_url: str = "https://integrate.api.nvidia.com/v1"
+    """API root of the remote judge (--reward remote)."""
+    judge_model: str = "nvidia/llama-3.1-nemotron-70b-reward"
+    """Model name of the remote judge (--reward remote)."""
+    api_key_env: str = "NVIDIA_API_KEY"
+    """Environment variable holding the remote judge's API key (never logged or written)."""
+    judge_timeout: float = 60.0
+    """--reward remote: seconds allowed for each connect and each read of one judge request."""
+    judge_max_retries: int = 5
+    """--reward remote: retries of a failed judge request (429/5xx, timeouts, non-finite or malformed rewards, with
+    backoff); a sample takes at most (judge_max_retries + 1) x judge_timeout plus the backoff delays."""
+
+    def _check_reward(self) -> None:
+        require(self.reward_model is None or self.reward == "countdown",
+                f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
+        require(self.prompts_data is not None or (self.reward_model is None and self.reward != "remote"),
+                "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")

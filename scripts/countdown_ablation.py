@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rlft.checkpoint import checkpoint_folders
 from rlft.recipes.pipeline import Setting, heldout_tasks, load_settings, load_variants
-from rlft.validation import OptionError
+from rlft.script_io import ArgumentParser, fail, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "countdown" / "ablation"
@@ -236,7 +236,7 @@ def sft_curve(ab: Ablation, run: Path, every: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "pairs", "list", "sft-curve"])
     parser.add_argument("--configs", type=Path, default=CONFIGS, help="the folder of settings.yaml and the variant files")
     parser.add_argument("--setting", default="direct", help="a setting of settings.yaml (direct: sessions 5-12; bounded: 13 on)")
@@ -258,12 +258,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft-run", type=Path, default=Path("runs/exp/sft"), help="sft-curve: the SFT run folder")
     parser.add_argument("--every", type=int, default=50, help="sft-curve: evaluate every N-th step's checkpoint")
     args = parser.parse_args(argv)
+    for option, value, low in (("--tasks", args.tasks, 1), ("--every", args.every, 1), ("--steps", args.steps or 1, 1), ("--real", args.real, 0)):
+        if value < low:
+            fail(f"{option} must be >= {low}, got {value}")
     settings, variants = load_settings(args.configs), load_variants(args.configs)
     if args.setting not in settings:
         parser.error(f"--setting {args.setting}: not in {args.configs / 'settings.yaml'} ({', '.join(settings)})")
     if unknown := [v for v in args.variants if v not in variants]:
         sys.exit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(variants)}")
     setting = settings[args.setting]
+    if args.command == "run" and not (Path(args.sft or setting.sft) / "config.json").is_file():
+        fail(f"--sft {args.sft or setting.sft}: no model folder (config.json) there: pass the SFT start's model folder")
     ab = Ablation(variants, setting, out=args.out, sft=args.sft or Path(setting.sft), tasks=args.tasks, split=args.split,
                   sampled=args.sampled, real=args.real, steps=args.steps, sft_step_s=args.sft_step_s, budget_from=args.budget_from)
     from rlft.console import setup_logging
@@ -290,7 +295,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except OptionError as e:  # a bad settings or variant file, too many validation tasks: one line, no traceback
-        sys.exit(str(e))
+    run_script(main)  # a bad settings or variant file, too many validation tasks, a bad option: one line, exit 2

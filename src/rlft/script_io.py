@@ -10,7 +10,7 @@ JSON inputs, and how it reports a user's mistake.
   as a resumed run keeps it: a last line cut short by a kill is left out, with a note.
 - **Errors** (:func:`run_script`): a user error, :class:`ScriptError` (or any :class:`rlft.validation.UsageError`,
   ``ValueError`` or ``OSError``: a bad file named by its message; or one of rlft's own errors, e.g. a model that does
-  not load) is one line on stderr,
+  not load; or ``SystemExit("message")``, as older scripts raise) is one line on stderr,
   ``<script>: error: <message>``, and exit code 2; :class:`ArgumentParser` reports a bad flag the same way.
   ``RLFT_DEBUG=1`` shows the traceback instead.
 
@@ -133,11 +133,17 @@ def one_line(error: BaseException) -> str:
 
 def run_script(main: Callable[[list[str] | None], Any], argv: list[str] | None = None, prog: str | None = None) -> None:
     """Call ``main(argv)``; a user error (:class:`rlft.validation.UsageError`, ``ValueError``, ``OSError``, an
-    exception class of rlft's own such as :class:`rlft.models.ModelNotFoundError`) is printed as ``<prog>: error: <message>`` on one line and ends the process with exit code 2 (``SystemExit(2)``).
+    exception class of rlft's own such as :class:`rlft.models.ModelNotFoundError`, a ``SystemExit`` whose code is a
+    message) is printed as ``<prog>: error: <message>`` on one line and ends the process with exit code 2 (``SystemExit(2)``).
     ``prog``: the script's file name (default ``sys.argv[0]``'s). ``RLFT_DEBUG=1``: the traceback is printed too."""
     prog = prog or Path(sys.argv[0]).name
     try:
         main(argv)
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise  # an exit code (argparse's --help: 0)
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        raise SystemExit(2) from None
     except Exception as e:
         if not isinstance(e, (UsageError, ValueError, OSError)) and not type(e).__module__.startswith("rlft."):
             raise  # a bug: its traceback

@@ -58,16 +58,24 @@ def test_run_script_prints_one_line_and_exits_2(capsys):
             raise FileNotFoundError(2, "No such file or directory", "data.jsonl")
         if args.n == 2:
             raise RuntimeError("a bug")
+        if args.n == 4:
+            raise SystemExit("variant 'x' is not a DPO variant")  # an older script's way
+        if args.n == 5:
+            raise SystemExit(0)
 
     for argv, message in ((["--n", "0"], "--n 0: nothing to do"), (["--n", "1"], "data.jsonl: No such file or directory"),
                           (["--n", "y"], "argument --n: invalid int value: 'y' (--help for usage)"),
-                          ([], "the following arguments are required: --n")):
+                          ([], "the following arguments are required: --n"),
+                          (["--n", "4"], "variant 'x' is not a DPO variant")):
         with pytest.raises(SystemExit) as exit_info:
             run_script(main, argv, prog="x.py")
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.startswith("x.py: error: ") and err.count("\n") == 1 and message in err
     with pytest.raises(RuntimeError):  # a bug is not a user error: its traceback stays
         run_script(main, ["--n", "2"], prog="x.py")
+    with pytest.raises(SystemExit) as exit_info:  # an exit code passes through
+        run_script(main, ["--n", "5"], prog="x.py")
+    assert exit_info.value.code == 0 and capsys.readouterr().err == ""
     run_script(main, ["--n", "3"], prog="x.py")
 
 

@@ -16,17 +16,19 @@ p99 <= 0.25 nats. With --dtype float32: use e.g. --min-greedy-match 0.98 --max-m
     python scripts/compare_engines.py --model runs/gpu_check/rloo/model                       # vLLM in-process
     python scripts/compare_engines.py --model runs/gpu_check/rloo/model --server-url http://127.0.0.1:8011/v1
 
-Exit status 1 when a check fails; the numbers also go to --output (JSON).
+Exit status 1 when a check fails; the numbers also go to --output (JSON: a new file, checked before anything loads;
+an existing one needs --overwrite). A user error is one line, exit status 2 (:mod:`rlft.script_io`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import torch
+
+from rlft.script_io import ArgumentParser, check_outputs, run_script
 
 
 def first_divergence(a: list[int], b: list[int]) -> int:
@@ -36,8 +38,8 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--server-url", default=None, help="compare a running OpenAI-compatible server instead of in-process vLLM")
     parser.add_argument("--limit", type=int, default=64)
@@ -49,7 +51,9 @@ def main() -> int:
     parser.add_argument("--max-mean-abs", type=float, default=0.02)
     parser.add_argument("--max-p99-abs", type=float, default=0.25)
     parser.add_argument("--output", default=None)
-    args = parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)
 
     from rlft.eval.countdown_command import EvalCountdownConfig, load_eval_tasks
     from rlft.models import load_model, load_tokenizer, pick_device
@@ -125,4 +129,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(lambda argv: sys.exit(main(argv)))

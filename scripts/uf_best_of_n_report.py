@@ -15,6 +15,9 @@ The rescoring scores the reference answers again too, in the same call, so all o
 (float32 by default); its labels of the picked answers can differ from the run's on near-ties (the run's batches and
 precision differ), and their number is reported as ``rescoring_mismatches``.
 
+``--json`` and ``--markdown`` are checked before anything is read or scored (:mod:`rlft.script_io`): new files (an
+existing one needs ``--overwrite``), none of the files read; errors are one line, exit code 2.
+
 Usage:
     python scripts/uf_best_of_n_report.py --runs runs/uf_bon --n 4 --seeds 0 1 --judge runs/uf_bon/rm_judge/model \\
         --json runs/uf_bon/report.json --markdown runs/uf_bon/report.md
@@ -22,7 +25,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 from itertools import combinations
 from pathlib import Path
@@ -31,6 +33,7 @@ from statistics import mean
 from rlft.data.files import read_jsonl
 from rlft.eval.countdown import paired_difference
 from rlft.eval.winrate import winrate_label
+from rlft.script_io import ArgumentParser, check_outputs, run_script
 
 
 def column(values: list[float]) -> list[list[float]]:
@@ -168,8 +171,8 @@ def pool(reports: list[dict], n: int) -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=Path, required=True, help="folder holding bon<N>_s<seed> and bon1_s<seed>")
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -177,7 +180,11 @@ def main() -> None:
     p.add_argument("--judge-dtype", default="float32", help="the rescoring's dtype (rlft's --dtype values)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None)
-    args = p.parse_args()
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json / --markdown")
+    args = p.parse_args(argv)
+    read = [args.runs / f"bon{n}_s{s}" / name for s in args.seeds for n in (args.n, 1)
+            for name in ("winrate.jsonl", "winrate.json", "policy_candidates.jsonl")]
+    check_outputs({"--json": args.json, "--markdown": args.markdown}, read, overwrite=args.overwrite)
     judge = None
     if args.judge:
         from rlft.rewards.reward_model import RewardModelScorer
@@ -196,4 +203,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

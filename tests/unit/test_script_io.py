@@ -86,3 +86,15 @@ def test_other_settings_compares_recorded_prompt_template_and_budget():
     assert other_settings(a, {"prompt_template": "chat", "max_new_tokens": 1024}) == {
         "prompt_template": ("short", "chat"), "max_new_tokens": (256, 1024)}
     assert other_settings(a, {}) == {} and other_settings({}, a) == {}  # an archived file records none: not checked
+
+
+def test_compare_engines_checks_its_output_before_loading_anything(tmp_path, capsys):
+    """scripts/compare_engines.py (a GPU check): an existing --output is refused before vLLM or the model loads."""
+    from tests.conftest import load_script
+
+    m = load_script("compare_engines")
+    (tmp_path / "report.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        m.run_script(m.main, ["--model", str(tmp_path / "none"), "--output", str(tmp_path / "report.json")], prog="compare_engines.py")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "report.json already exists; pass --overwrite" in err

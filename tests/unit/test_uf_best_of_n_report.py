@@ -5,6 +5,7 @@ errors on runs that do not share their reference answers."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,24 @@ def test_runs_with_different_reference_answers_are_refused(tmp_path):
     run_folder(tmp_path, "bon1_s0", ["one0", "one1"], reference=["g1", "g0"])
     with pytest.raises(ValueError, match="prompt 0.*reference"):
         m.seed_report(tmp_path, 4, 0, None)
+
+
+def test_outputs_never_replace_a_read_file_or_an_existing_one(tmp_path, capsys):
+    """--json naming a run's winrate.json (a file the report reads) is refused even with --overwrite; an existing
+    --markdown needs --overwrite; one line, exit 2, before anything is read or scored."""
+    m = script()
+    run_folder(tmp_path, "bon4_s0", ["a", "f"], CANDIDATES)
+    run_folder(tmp_path, "bon1_s0", ["one0", "one1"])
+    winrate = tmp_path / "bon1_s0" / "winrate.json"
+    before = winrate.read_bytes()
+    (tmp_path / "old.md").write_text("an earlier report")
+    base = ["--runs", str(tmp_path), "--seeds", "0"]
+    for argv, message in (([*base, "--json", str(winrate), "--overwrite"], "--json .*winrate.json is the input"),
+                          ([*base, "--markdown", str(tmp_path / "old.md")], "old.md already exists; pass --overwrite")):
+        with pytest.raises(SystemExit) as exit_info:
+            m.run_script(m.main, argv, prog="uf_best_of_n_report.py")
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and re.search(message, err), err
+    assert winrate.read_bytes() == before and (tmp_path / "old.md").read_text() == "an earlier report"
+    m.main([*base, "--markdown", str(tmp_path / "old.md"), "--json", str(tmp_path / "r.json"), "--overwrite"])
+    assert "best of 4 minus one sample" in (tmp_path / "old.md").read_text() and json.loads((tmp_path / "r.json").read_text())["pooled"]

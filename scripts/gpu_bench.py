@@ -14,7 +14,8 @@ by ``--max-tokens-per-micro-batch``. MFU = 6 x parameters x real tokens / step s
 
 No run starts after ``--time-budget`` seconds (240: the whole script within 5 minutes on an H100; skipped runs
 are listed). Order: decoding, then eager, compile, compile+packing training (the first compiled step of each
-kind compiles, untimed). One table on stdout; ``--output`` writes the results as JSON.
+kind compiles, untimed). One table on stdout; ``--output`` writes the results as JSON (a new file, checked before the
+model is built; an existing one needs ``--overwrite``). A user error is one line, exit code 2 (:mod:`rlft.script_io`).
 
     python scripts/gpu_bench.py --output gpu_bench.json                        # SmolLM2-135M shape, H100: < 5 min
     python scripts/gpu_bench.py --shape qwen2.5-0.5b --output gpu_bench_qwen.json
@@ -23,7 +24,6 @@ kind compiles, untimed). One table on stdout; ``--output`` writes the results as
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -47,6 +47,7 @@ from rlft.recipes.memory import COMPILE_BACKEND_ENV, compile_layers  # noqa: E40
 from rlft.recipes.sft import SFTConfig, micro_batch_tokens, sft_backward  # noqa: E402
 from rlft.rollout.base import SamplingParams  # noqa: E402
 from rlft.rollout.hf import HFEngine  # noqa: E402
+from rlft.script_io import ArgumentParser, check_outputs, fail, run_script  # noqa: E402
 
 SHAPES = {
     "smollm2-135m": ("llama", dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -173,7 +174,7 @@ def step_order_examples(examples: list[TokenizedExample], cfg) -> list[Tokenized
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="rlft's --dtype: auto is bfloat16 weights on CUDA")
@@ -193,11 +194,15 @@ def parse_args(argv=None):
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; --quick: aot_eager)")
     parser.add_argument("--time-budget", type=float, default=240.0, help="seconds; runs that would start later are skipped")
     parser.add_argument("--quick", action="store_true", help="tiny shape and sizes, 1 timed step: a CPU smoke test")
-    parser.add_argument("--output", default=None, help="write the results as JSON here")
+    parser.add_argument("--output", default=None, help="write the results as JSON here (a new file)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     if parser.parse_known_args(argv)[0].quick:  # --quick changes the defaults; options given explicitly still win
         parser.set_defaults(shape="tiny", decode_rows="4,8", prompt_tokens=8, new_tokens=8, sizes="4x32,8x64", steps=1,
                             max_tokens_per_micro_batch=256, compile_backend="aot_eager")
     args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)
+    if unknown := [m for m in args.modes.split(",") if m not in MODES]:
+        fail(f"--modes: unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     if args.compile_backend:
         os.environ[COMPILE_BACKEND_ENV] = args.compile_backend
     return args
@@ -252,8 +257,6 @@ def main(argv=None) -> dict:
     compiled = False
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
-            if mode not in MODES:
-                raise SystemExit(f"--modes: unknown mode {mode!r}; choose from {', '.join(MODES)}")
             if mode != "eager" and not compiled:
                 compile_layers(model)
                 compiled = True
@@ -272,4 +275,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -41,3 +41,19 @@ def test_quick_run_covers_every_decoder_and_mode(tmp_path):
 def test_time_budget_skips_what_is_left(tmp_path):
     report = run_bench(tmp_path, "--time-budget", "0", "--decode-rows", "4", "--sizes", "4x32", "--tasks", "sft", "--modes", "eager")
     assert [r["kind"] for r in report["results"]] == ["skipped"] * 4
+
+
+def test_output_and_modes_are_checked_before_the_model_is_built(tmp_path, capsys):
+    """An existing --output (minutes of GPU time would be lost at the end) and an unknown --modes entry (found after
+    the decoding runs, before) are one-line errors with exit code 2, before anything is built."""
+    from tests.conftest import load_script
+
+    bench = load_script("gpu_bench")
+    (tmp_path / "old.json").write_text("{}")
+    for argv, message in ((["--quick", "--output", str(tmp_path / "old.json")], "old.json already exists; pass --overwrite"),
+                          (["--quick", "--modes", "eager,warp"], "--modes: unknown mode(s) warp")):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.run_script(bench.main, argv, prog="gpu_bench.py")
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert (tmp_path / "old.json").read_text() == "{}"

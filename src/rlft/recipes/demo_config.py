@@ -1,4 +1,15 @@
-"""The options of ``rlft demo``, both tracks: :class:`DemoConfig`.
+"""The options of ``rlft demo``, both tracks: :class:`DemoConfig`, a sum of one option block per stage.
+
+- :class:`DemoSFTOptions`: the SFT stage (Countdown solver traces);
+- :class:`DemoRLOptions`: the RL stage (``--rl-*``; checked at parse time as ``rlft rl`` would check it, in the demo's
+  option names: :data:`RL_OPTIONS`);
+- :class:`DemoPreferenceOptions`: on-policy pairs and DPO (``--pairs-*``, ``--dpo-*``);
+- :class:`DemoEvalOptions`: the greedy and sampled evaluations;
+- :class:`DemoUltraFeedbackOptions`: the UltraFeedback track (``--data``, ``--uf-*``).
+
+``--quick`` applies the small sizes of :data:`QUICK` to every option left at its default; an option set to another
+value (a flag or ``--config`` YAML) is kept, so ``--quick --rl-steps 0`` skips RL. The config holds the values that run
+(and ``--dry-run`` shows them), and every check runs on them.
 
 The Countdown track (:mod:`rlft.recipes.demo_countdown`) and the UltraFeedback track
 (:mod:`rlft.recipes.demo_ultrafeedback`) both read this config; ``rlft demo`` (:func:`rlft.recipes.demo.run_demo`)
@@ -7,33 +18,43 @@ picks the track from ``--track``. Neither track imports the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass
 from typing import Literal
 
 from rlft.models import DEFAULT_MODEL
-from rlft.rl.config import AdvantageName, LossMode, PolicyLossName
-from rlft.validation import require, validate_options
+from rlft.rl.options import AdvantageName, LossMode, PolicyLossName
+from rlft.validation import OptionError, require, validate_options
+
+QUICK: dict[str, object] = dict(
+    num_train=64, num_rows=2400, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8, base_eval_limit=8,
+    max_new_tokens=32, rl_steps=2, rl_k=4, rl_prompts_per_step=2, rl_max_prompt_batches=2, rl_eval_every=1,
+    rl_eval_limit=4, pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk=2, passk_limit=4, uf_train_pairs=16,
+    uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16, uf_sft_steps=2, uf_pref_steps=2, uf_rm_steps=2,
+    uf_rloo_steps=2)
+"""``--quick``: the few-minute smoke sizes, each applied where the option is left at its default."""
+
+RL_OPTIONS: dict[str, str] = {
+    "prompt_template": "prompt_template", "advantage": "rl_advantage", "loss": "rl_loss", "loss_mode": "rl_loss_mode",
+    "filter_groups": "rl_filter_groups", "max_prompt_batches": "rl_max_prompt_batches", "curriculum": "rl_curriculum",
+    "mask_truncated": "rl_mask_truncated", "overlong_buffer": "rl_overlong_buffer", "lora_r": "rl_lora_r",
+    "lora_alpha": "rl_lora_alpha", "k": "rl_k", "prompts_per_step": "rl_prompts_per_step", "max_steps": "rl_steps",
+    "lr": "rl_lr", "beta": "rl_beta", "temperature": "rl_temperature", "max_new_tokens": "max_new_tokens",
+    "micro_batch_size": "update_micro_batch_size", "gen_batch_size": "eval_batch_size", "eval_every": "rl_eval_every",
+    "eval_limit": "rl_eval_limit", "seed": "seed", "device": "device", "dtype": "dtype",
+}
+"""``rlft rl`` option -> the demo option that sets it in the Countdown track's RL stage (its evaluation also generates
+``max_new_tokens`` tokens, on the rows' validation part)."""
+
+
+def _default(cfg, name: str):
+    return type(cfg).__dataclass_fields__[name].default
 
 
 @dataclass(frozen=True)
-class DemoConfig:
-    """Base model -> SFT on Countdown solver traces -> RL and DPO from SFT -> evaluation -> Markdown report with plots."""
+class DemoSFTOptions:
+    """The SFT stage: solver traces of generated Countdown tasks."""
 
-    output_dir: str = "runs/demo"
-    """Run folder: every stage's folder, the evaluations and report.md go here (the ultrafeedback track uses
-    runs/demo-ultrafeedback while this is left at its default)."""
-    model: str = DEFAULT_MODEL
-    """Base model: built-in name, local HF folder or Hub id."""
-    quick: bool = False
-    """A few-minute smoke version: tiny data, a handful of steps, short evaluations."""
-    rows: str | None = "auto"
-    """Countdown-Tasks-3to4 rows (a .parquet/.jsonl file or Hub id such as Jiayi-Pan/Countdown-Tasks-3to4): RL and
-    pair prompts are its training rows, every evaluation its held-out test rows (rlft.tasks.countdown.splits: 500
-    test + 500 validation rows that no stage trains on). 'auto': ../shared/data/countdown/train.parquet when present,
-    else a generated stand-in (--num-rows tasks of the `standard` preset: the same distribution), written to
-    <output-dir>/data/rows.jsonl; the report says which."""
-    num_rows: int = 10240
-    """Rows of the generated stand-in (when no Countdown-Tasks-3to4 copy is found)."""
     preset: str = "standard"
     """Countdown preset of SFT's solver traces (standard: 3-4 numbers in 1-99, targets 10-100, the distribution of
     Countdown-Tasks-3to4); a generated task equal to a held-out row is dropped."""
@@ -59,6 +80,12 @@ class DemoConfig:
     """SFT examples per forward/backward pass."""
     lr: float = 1e-4
     """SFT peak learning rate (constant after 3% warmup, the countdown-real recipe)."""
+
+
+@dataclass(frozen=True)
+class DemoRLOptions:
+    """The RL stage (`rlft rl` on the SFT model; ``--rl-steps 0`` skips it)."""
+
     rl_steps: int = 5
     """RL steps on the SFT model (`rlft rl`; 0 skips RL)."""
     rl_k: int = 8
@@ -92,14 +119,39 @@ class DemoConfig:
     """RL KL coefficient (0: no reference model and no KL)."""
     rl_temperature: float = 1.0
     """RL sampling temperature (log-probs are taken at the same temperature)."""
-    update_micro_batch_size: int = 8
-    """Sequences per forward/backward pass of the RL and DPO updates (gradient accumulation is exact, so this trades
-    memory for speed only; 8 keeps 256-token runs within 24 GB)."""
     rl_eval_every: int = 5
     """Greedy evaluation on the first rl_eval_limit held-out validation rows every N RL steps and at the end: the
     points of the samples-vs-score plot, which starts from the SFT model's score on them (0: none)."""
     rl_eval_limit: int = 100
     """Validation rows of the in-loop RL evaluation."""
+
+    def rl_options(self) -> dict[str, object]:
+        """The ``rlft rl`` options this config sets for the RL stage (:data:`RL_OPTIONS`)."""
+        return {rl: getattr(self, demo) for rl, demo in RL_OPTIONS.items()}
+
+    def _check_rl_stage(self) -> None:
+        """What ``rlft rl`` would refuse once the RL stage starts (after SFT and two evaluations), refused now in the
+        demo's option names: ``--rl-k 1``, ``--rl-temperature 0``, an ``--rl-overlong-buffer`` above
+        ``--max-new-tokens``, ...
+
+        Raises:
+            OptionError: the RL stage's options, ``--rl-*`` (and the shared ``--max-new-tokens`` etc.) named.
+        """
+        if not self.rl_steps or self.track != "countdown":
+            return
+        from rlft.rl.config import RLConfig
+
+        try:
+            RLConfig(**self.rl_options(), data="rows", eval_rows="validation", eval_max_new_tokens=self.max_new_tokens)
+        except ValueError as e:
+            names = {"--" + rl.replace("_", "-"): "--" + demo.replace("_", "-") for rl, demo in RL_OPTIONS.items()}
+            raise OptionError(re.sub(r"--[a-z0-9-]+", lambda m: names.get(m.group(0), m.group(0)), str(e))) from None
+
+
+@dataclass(frozen=True)
+class DemoPreferenceOptions:
+    """On-policy pairs from the SFT model, and DPO on them (``--pairs-prompts 0`` skips both)."""
+
     pairs_prompts: int = 192
     """Training rows sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
     pairs_samples: int = 2
@@ -126,6 +178,29 @@ class DemoConfig:
     """DPO LoRA rank (0: full fine-tuning)."""
     dpo_lora_alpha: float = 32.0
     """DPO LoRA alpha."""
+
+    @property
+    def dpo_micro_batch_size(self) -> int:
+        """Pairs per forward/backward pass of the DPO update: ``update_micro_batch_size``, at most ``dpo_batch_size``."""
+        return min(self.update_micro_batch_size, self.dpo_batch_size)
+
+    def _check_preference_stage(self) -> None:
+        """What ``rlft pairs countdown`` and ``rlft dpo`` would refuse once their stages start."""
+        if not self.pairs_prompts or self.track != "countdown":
+            return
+        require(self.pairs_temperature > 0, f"--pairs-temperature must be > 0 to sample different responses, got "
+                f"{self.pairs_temperature} (greedy samples of one prompt are identical and always tie)")
+        require(self.pairs_samples >= 2, f"--pairs-samples must be >= 2 to form a pair, got {self.pairs_samples}")
+        # DPOConfig checks this too, but only once the DPO stage starts: here it fails before SFT and RL run
+        require(self.dpo_batch_size % self.dpo_micro_batch_size == 0,
+                f"--dpo-batch-size ({self.dpo_batch_size}) must be a multiple of --update-micro-batch-size "
+                f"({self.update_micro_batch_size}) when it is the larger")
+
+
+@dataclass(frozen=True)
+class DemoEvalOptions:
+    """The evaluations: greedy on held-out test rows, sampled (pass@k, best-of-N) on a prefix of them."""
+
     passk: int = 4
     """Samples per task of the sampled evaluation of SFT, RL and DPO (mean score, pass@k, and the best-of-N
     selectors majority@k and self-certainty@k; 0 skips it)."""
@@ -145,30 +220,24 @@ class DemoConfig:
     the reference evaluates with >= 1024 on GPU)."""
     eval_batch_size: int = 64
     """Sequences generated together during evaluation and pair sampling."""
-    split_seed: int = 1234
-    """Seed of SFT's generated tasks and of the held-out rows (rlft.tasks.countdown.splits)."""
-    seed: int = 0
-    """Training seed."""
-    resume: bool = False
-    """Reuse finished evaluations, models and pairs, and resume an unfinished stage from its last checkpoint."""
-    overwrite: bool = False
-    """Start over in an output folder that holds an earlier demo: it is moved aside to <output-dir>.replaced-<time>
-    (logged). Without it (or --resume) such a folder is refused."""
-    keep_checkpoints: bool = False
-    """Keep each stage's resumable checkpoints (weights + optimizer state, ~1.5 GB each for the 135M model) after
-    its final model is saved; by default they are deleted then, as a finished stage resumes from its model."""
-    device: str = "auto"
-    """'auto', 'cpu', 'cuda', ..."""
-    dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA; bf16 mixed precision on a CPU with native bf16, float32 elsewhere), 'float32',
-    'bfloat16'."""
-    track: Literal["countdown", "ultrafeedback"] = "countdown"
-    """countdown: the Countdown story above. ultrafeedback: preference data -> SFT (or Pref-FT), DPO, reward model,
-    RLOO with that reward model, win-rates judged by it (rlft.recipes.demo_ultrafeedback; output folder
-    runs/demo-ultrafeedback unless --output-dir is given). It reads --data and the --uf-* options, plus model, output_dir, quick, dpo_beta,
-    eval_batch_size, split_seed, seed, resume, device, dtype; the other options are Countdown's.
-    Its small --uf-* defaults fit 36 of 45 minutes (measured) on a 2-core CPU with the 135M model in float32 (the token budget
-    of each stage is in that module's docstring); --quick shrinks them to a smoke test."""
+
+    def _check_evaluations(self) -> None:
+        require(self.eval_limit <= 500 and self.rl_eval_limit <= 500,
+                f"--eval-limit ({self.eval_limit}) and --rl-eval-limit ({self.rl_eval_limit}) must be <= 500, the held-out "
+                "test and validation rows (rlft.tasks.countdown.splits), so evaluation tasks are never trained on")
+        require(self.base_eval_limit <= self.eval_limit,
+                f"--base-eval-limit ({self.base_eval_limit}) must be <= --eval-limit ({self.eval_limit}): a prefix of the same rows")
+        require(self.passk_limit <= self.eval_limit,
+                f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation uses a prefix of the greedy one's tasks")
+        require(not self.passk or self.passk_temperature > 0,
+                f"--passk-temperature must be > 0: the sampled evaluation draws --passk {self.passk} different samples "
+                "(0: identical greedy copies); --passk 0 skips it")
+
+
+@dataclass(frozen=True)
+class DemoUltraFeedbackOptions:
+    """The UltraFeedback track (``--track ultrafeedback``): preference data, and the sizes of its stages."""
+
     data: str | None = None
     """UltraFeedback track: preference pairs, a .jsonl/.json/.parquet file or Hub id (flattened
     prompt/chosen/rejected strings, H4 message lists, HH-RLHF). None: ../shared/data/ultrafeedback/train_clean.jsonl
@@ -215,32 +284,80 @@ class DemoConfig:
     ending their turn (about one Bradley-Terry logit: a reply that finishes beats a cut one unless the reward
     model rates the cut one a logit higher); None: off."""
 
+    def _check_ultrafeedback(self) -> None:
+        """What the UltraFeedback track's stages would refuse later (its RLOO stage, its prompt budget)."""
+        if self.track != "ultrafeedback":
+            return
+        require(self.uf_max_length - self.uf_max_new_tokens >= 8,
+                f"--uf-max-length ({self.uf_max_length}) must exceed --uf-max-new-tokens ({self.uf_max_new_tokens}) "
+                "by at least 8 tokens: the difference is the longest prompt used")
+        require(self.uf_rloo_k >= 2, f"--uf-rloo-k must be >= 2 (RLOO's baseline is the mean of the other samples), got {self.uf_rloo_k}")
+
+
+@dataclass(frozen=True)
+class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOptions, DemoRLOptions, DemoSFTOptions):
+    """Base model -> SFT on Countdown solver traces -> RL and DPO from SFT -> evaluation -> Markdown report with plots."""
+
+    output_dir: str = "runs/demo"
+    """Run folder: every stage's folder, the evaluations and report.md go here (the ultrafeedback track uses
+    runs/demo-ultrafeedback while this is left at its default)."""
+    model: str = DEFAULT_MODEL
+    """Base model: built-in name, local HF folder or Hub id."""
+    quick: bool = False
+    """A few-minute smoke version: tiny data, a handful of steps, short evaluations."""
+    rows: str | None = "auto"
+    """Countdown-Tasks-3to4 rows (a .parquet/.jsonl file or Hub id such as Jiayi-Pan/Countdown-Tasks-3to4): RL and
+    pair prompts are its training rows, every evaluation its held-out test rows (rlft.tasks.countdown.splits: 500
+    test + 500 validation rows that no stage trains on). 'auto': ../shared/data/countdown/train.parquet when present,
+    else a generated stand-in (--num-rows tasks of the `standard` preset: the same distribution), written to
+    <output-dir>/data/rows.jsonl; the report says which."""
+    num_rows: int = 10240
+    """Rows of the generated stand-in (when no Countdown-Tasks-3to4 copy is found)."""
+    update_micro_batch_size: int = 8
+    """Sequences per forward/backward pass of the RL and DPO updates (gradient accumulation is exact, so this trades
+    memory for speed only; 8 keeps 256-token runs within 24 GB)."""
+    split_seed: int = 1234
+    """Seed of SFT's generated tasks and of the held-out rows (rlft.tasks.countdown.splits)."""
+    seed: int = 0
+    """Training seed."""
+    resume: bool = False
+    """Reuse finished evaluations, models and pairs, and resume an unfinished stage from its last checkpoint."""
+    overwrite: bool = False
+    """Start over in an output folder that holds an earlier demo: it is moved aside to <output-dir>.replaced-<time>
+    (logged). Without it (or --resume) such a folder is refused."""
+    keep_checkpoints: bool = False
+    """Keep each stage's resumable checkpoints (weights + optimizer state, ~1.5 GB each for the 135M model) after
+    its final model is saved; by default they are deleted then, as a finished stage resumes from its model."""
+    device: str = "auto"
+    """'auto', 'cpu', 'cuda', ..."""
+    dtype: str = "auto"
+    """'auto' (bfloat16 on CUDA; bf16 mixed precision on a CPU with native bf16, float32 elsewhere), 'float32',
+    'bfloat16'."""
+    track: Literal["countdown", "ultrafeedback"] = "countdown"
+    """countdown: the Countdown story above. ultrafeedback: preference data -> SFT (or Pref-FT), DPO, reward model,
+    RLOO with that reward model, win-rates judged by it (rlft.recipes.demo_ultrafeedback; output folder
+    runs/demo-ultrafeedback unless --output-dir is given). It reads --data and the --uf-* options, plus model, output_dir, quick, dpo_beta,
+    eval_batch_size, split_seed, seed, resume, device, dtype; the other options are Countdown's.
+    Its small --uf-* defaults fit 36 of 45 minutes (measured) on a 2-core CPU with the 135M model in float32 (the token budget
+    of each stage is in that module's docstring); --quick shrinks them to a smoke test."""
+
     def __post_init__(self) -> None:
         validate_options(self)
-        require(self.eval_limit <= 500 and self.rl_eval_limit <= 500,
-                f"--eval-limit ({self.eval_limit}) and --rl-eval-limit ({self.rl_eval_limit}) must be <= 500, the held-out "
-                "test and validation rows (rlft.tasks.countdown.splits), so evaluation tasks are never trained on")
-        # DPOConfig checks this too, but only once the DPO stage starts: here it fails before SFT and RL run
-        require(self.dpo_batch_size % self.dpo_micro_batch_size == 0,
-                f"--dpo-batch-size ({self.dpo_batch_size}) must be a multiple of --update-micro-batch-size "
-                f"({self.update_micro_batch_size}) when it is the larger")
-        require(self.base_eval_limit <= self.eval_limit,
-                f"--base-eval-limit ({self.base_eval_limit}) must be <= --eval-limit ({self.eval_limit}): a prefix of the same rows")
-        require(self.passk_limit <= self.eval_limit,
-                f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation uses a prefix of the greedy one's tasks")
+        self._apply_quick()
+        self._check_evaluations()
+        self._check_rl_stage()
+        self._check_preference_stage()
+        self._check_ultrafeedback()
 
-    @property
-    def dpo_micro_batch_size(self) -> int:
-        """Pairs per forward/backward pass of the DPO update: ``update_micro_batch_size``, at most ``dpo_batch_size``."""
-        return min(self.update_micro_batch_size, self.dpo_batch_size)
+    def _apply_quick(self) -> None:
+        """With ``--quick``: :data:`QUICK`'s value for every option still at its default (an option given another
+        value is kept). Runs while the config is built: it is never changed afterwards."""
+        if not self.quick:
+            return
+        for name, value in QUICK.items():
+            if getattr(self, name) == _default(self, name):
+                object.__setattr__(self, name, value)
 
     def effective(self) -> "DemoConfig":
-        """This config, with the small sizes of ``--quick`` applied when it is set."""
-        if not self.quick:
-            return self
-        return replace(self, num_train=64, num_rows=2400, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8, base_eval_limit=8,
-                       max_new_tokens=32, rl_steps=2, rl_k=4,
-                       rl_prompts_per_step=2, rl_max_prompt_batches=2, rl_eval_every=1, rl_eval_limit=4,
-                       pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk=2, passk_limit=4,
-                       uf_train_pairs=16, uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16, uf_sft_steps=2,
-                       uf_pref_steps=2, uf_rm_steps=2, uf_rloo_steps=2)
+        """The config that runs: itself (``--quick``'s sizes are applied when it is built)."""
+        return self

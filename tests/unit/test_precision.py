@@ -76,7 +76,7 @@ def test_bf16_copy_follows_sync_and_never_the_stale_weights(tiny_model_dir, smol
     assert copy is not model and next(copy.parameters()).dtype == torch.bfloat16 and engine.sampler() is copy
     with torch.no_grad():
         model.lm_head.weight.add_(1.0)
-    engine.sync_weights()
+    engine.sync_weights(model)
     fresh = engine.sampler()
     assert fresh is not copy and torch.equal(fresh.lm_head.weight, model.lm_head.weight.to(torch.bfloat16))
 

@@ -22,6 +22,9 @@ Requests run concurrently (``max_concurrency`` threads); the server batches them
 Log-probs are what the server reports: vLLM's default (``--logprobs-mode raw_logprobs``) is the model's
 distribution **before** temperature/top-p/top-k, i.e. temperature-1 log-probs; they agree with a
 transformers recompute only up to kernel and dtype differences (``scripts/gpu_check.sh`` measures it).
+
+The server's weights are its own: :meth:`OpenAICompletionsEngine.sync_weights` refuses (the engine samples a fixed
+model, for evaluation and pairs, never a policy being trained).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import encode_prompts
+from rlft.validation import UsageError
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -135,6 +139,16 @@ class OpenAICompletionsEngine:
 
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
             return list(pool.map(one, range(len(prompts))))
+
+    def sync_weights(self, model) -> None:
+        """Refused: the server samples from its own weights, which this process cannot change, so it cannot follow a
+        policy being trained (the RL loop calls ``sync_weights`` after every update; use the hf or vllm engine there).
+
+        Raises:
+            UsageError: always.
+        """
+        raise UsageError(f"--rollout-engine server samples from the weights of the server at {self.base_url}, which rlft cannot "
+                         "update: it cannot follow a policy being trained (use --rollout-engine hf or vllm)")
 
     def _to_sample(self, choice) -> Sample:
         lp = choice.logprobs

@@ -132,15 +132,23 @@ class VLLMEngine:
         )
 
     def sync_weights(self, model) -> None:
-        """Copy the training model's weights (a HF ``state_dict``, any device/dtype) into the vLLM model.
+        """Copy the training model's current weights into the vLLM model: a HF causal LM, any device/dtype, with
+        LoRA adapters merged first (:func:`rlft.lora.merged_copy`: a merged copy, ``model`` untouched; a plain
+        model is read as it is).
 
-        Call after every optimizer step, before generating with the new policy. The prefix cache is
-        reset, since its keys/values were computed with the old weights.
+        Call after every optimizer step, before generating with the new policy (the RL loop does, whatever the
+        engine). The prefix cache is reset, since its keys/values were computed with the old weights.
+
+        Raises:
+            RuntimeError: the vLLM model is not in this process (see the module docstring).
         """
         import torch
 
+        from rlft.lora import merged_copy
+
+        plain = merged_copy(model)
         with torch.no_grad():
-            self._runner_model().load_weights((name, tensor.detach()) for name, tensor in model.state_dict().items())
+            self._runner_model().load_weights((name, tensor.detach()) for name, tensor in plain.state_dict().items())
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()
 

@@ -432,7 +432,7 @@ def test_row8_more_prompts_per_step_than_tasks(capsys, tmp_path, tiny_model_dir,
     def no_load(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr(rl_recipe, "prepare_training", no_load)
+    monkeypatch.setattr(rl_recipe, "start_training", no_load)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}."}, {"role": "assistant", "content": "OK"}]}) + "\n" for i in range(5)))
     out = tmp_path / "run"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import rlft.recipes.rl as rl_recipe
+import rlft.rollout.hf as rollout_hf
 from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.models import load_tokenizer
 from rlft.recipes.common import batch_indices
@@ -191,7 +191,7 @@ class RecordingEngine(HFEngine):
 
 
 def test_no_curriculum_is_the_seeded_order(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(rl_recipe, "HFEngine", RecordingEngine)
+    monkeypatch.setattr(rollout_hf, "HFEngine", RecordingEngine)  # what make_engine builds
     RecordingEngine.calls = []
     cfg = make_cfg(tiny_model_dir, tmp_path / "u", max_steps=3)
     train_rl(cfg)

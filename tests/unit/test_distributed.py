@@ -445,6 +445,7 @@ import hashlib, json, logging, sys
 from dataclasses import replace
 import torch
 import rlft.recipes.rl as rl
+import rlft.rollout.hf
 from rlft.rollout.base import Sample
 from rlft.rollout.hf import HFEngine
 from rlft.distributed import shutdown
@@ -477,7 +478,7 @@ class HashEngine(HFEngine):
         return out
 
 
-rl.HFEngine = HashEngine
+rlft.rollout.hf.HFEngine = HashEngine  # what make_engine builds
 rl.train_rl(rl.RLConfig(**json.loads(sys.argv[1])))
 shutdown()  # as `rlft rl` ends: a barrier, then destroy (a rank that exits while the other still talks to it aborts)
 """

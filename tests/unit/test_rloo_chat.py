@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import rlft.losses.advantages as advantages_module
-import rlft.recipes.rl as rl_recipe
+import rlft.rl.sampling as rl_sampling
+import rlft.rollout.hf as rollout_hf
 from rlft.checkpoint import read_metrics
 from rlft.data.chat import CHAT_TEMPLATES, ensure_chat_template, render_generation_prompt
 from rlft.data.preferences import load_preference_pairs
@@ -121,15 +122,15 @@ class Recorder:
                 recorder.generated.update((tuple(p), tuple(s.completion_ids)) for p, row in zip(ids, out) for s in row)
                 return out
 
-        real_rollout_batch = rl_recipe.rollout_batch
+        real_rollout_batch = rl_sampling.rollout_batch
 
         def recording_rollout_batch(tokenizer, prompts, samples, **kwargs):
             batch = real_rollout_batch(tokenizer, prompts, samples, **kwargs)
             self.batches.append((list(prompts), samples, batch))
             return batch
 
-        monkeypatch.setattr(rl_recipe, "HFEngine", RecordingEngine)
-        monkeypatch.setattr(rl_recipe, "rollout_batch", recording_rollout_batch)
+        monkeypatch.setattr(rollout_hf, "HFEngine", RecordingEngine)  # what make_engine builds
+        monkeypatch.setattr(rl_sampling, "rollout_batch", recording_rollout_batch)  # sample_step builds the batch
 
     def training_prompts(self) -> list[str]:
         return [p for prompts, params in self.generate_calls if params.temperature > 0 for p in prompts]

@@ -1,10 +1,11 @@
 """Memory and speed options the training recipes share: ``--gradient-checkpointing`` (the chunked LM head is
-``--logits-chunk-size``, see :func:`rlft.ops.lm_head_logprobs`), ``--compile`` (:func:`compile_layers`) and
-``--max-tokens-per-micro-batch`` (:func:`cut_by_tokens`, with the cost functions :func:`padded_tokens` and
-:func:`packed_tokens`)."""
+``--logits-chunk-size``, see :func:`rlft.ops.lm_head_logprobs`), ``--compile`` (:func:`compile_layers`;
+:func:`eager_layers` for generation) and ``--max-tokens-per-micro-batch`` (:func:`cut_by_tokens`, with the cost
+functions :func:`padded_tokens` and :func:`packed_tokens`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
 from typing import Callable, Sequence, TypeVar
@@ -73,6 +74,27 @@ def compile_layers(model: torch.nn.Module, backend: str | None = None) -> int:
             compiled[cls] = torch.compile(cls.forward, backend=backend, dynamic=True)
         layer.forward = types.MethodType(compiled[cls], layer)
     return len(layers)
+
+
+@contextlib.contextmanager
+def eager_layers(model: torch.nn.Module):
+    """Inside the block, the decoder layers that :func:`compile_layers` compiled run their eager ``forward`` again;
+    the compiled ones are put back on exit (the same compiled function: nothing recompiles). For generation on a
+    ``--compile``'d policy (the RL loop samples from it): decoding passes a KV cache, whose per-layer state the
+    compiled forward guards on, so every layer would recompile until dynamo's recompile limit. A deep copy made
+    inside the block (the HF engine's sampling copy) stays eager. Layers not compiled are left as they are.
+
+    Raises:
+        ValueError: the model has no decoder layers (:func:`rlft.distributed.decoder_layers`).
+    """
+    from rlft.distributed import decoder_layers
+
+    saved = {layer: vars(layer).pop("forward") for layer in decoder_layers(model) if "forward" in vars(layer)}
+    try:
+        yield
+    finally:
+        for layer, forward in saved.items():
+            layer.forward = forward
 
 
 def padded_tokens(lengths: Sequence[int], rows_per_item: int = 1) -> int:

@@ -3,10 +3,13 @@
 The options are :class:`rlft.rl.config.RLConfig`. The advantage estimator (``--advantage``,
 :data:`rlft.losses.advantages.ADVANTAGES`) and the objective (``--loss`` of :data:`rlft.losses.pg.POLICY_LOSSES`,
 its clip range, the KL placement, the entropy bonus: :func:`rlft.losses.pg.make_objective`) are chosen by name,
-once, before the loop, as in verl and OpenRLHF; the prompt source and the reward are small objects the loop is
-given (:mod:`rlft.rl.prompts`, :mod:`rlft.rl.rewards`). The loop's parts live in :mod:`rlft.rl`: sampling
-(:mod:`rlft.rl.sampling`), batches and the loss's backward (:mod:`rlft.rl.batch`), metrics
-(:mod:`rlft.rl.metrics`). Named combinations:
+once, before the loop, as in verl and OpenRLHF; the prompt source, the reward and the rollout engine are small
+objects the loop is given (:mod:`rlft.rl.prompts`, :mod:`rlft.rl.rewards`, :func:`rlft.rollout.engines.make_engine`)
+and never looks inside: after every update it calls ``engine.sync_weights(model)``, whatever the engine. The start-up
+(model, optimizer, resume, gradient checkpointing, ``--compile``, tracker) is the other recipes'
+:func:`rlft.recipes.common.start_training`. The loop's parts live in :mod:`rlft.rl`: the records they pass
+(:mod:`rlft.rl.records`), sampling (:mod:`rlft.rl.sampling`), batches and the loss's backward
+(:mod:`rlft.rl.batch`), metrics (:mod:`rlft.rl.metrics`). Named combinations:
 
 =====================  ==========================================================================
 RLOO                   ``--advantage rloo --loss reinforce --loss-mode seq_sum`` (``rlft rloo``: these defaults)
@@ -20,20 +23,21 @@ RAFT / RAFT++          ``--advantage raft --loss raft`` / ``--loss raft++``
 
 Each step:
 
-1. take ``prompts_per_step`` training prompts (a seeded order, so a resumed run sees the same prompts; with
+1-2. :func:`rlft.rl.sampling.sample_step` returns the step as one record (:class:`rlft.rl.records.StepSamples`):
+   it takes ``prompts_per_step`` training prompts (a seeded order, so a resumed run sees the same prompts; with
    ``--curriculum sec`` drawn by SEC's bandit over difficulty buckets, :mod:`rlft.rl.curriculum`, whose values
-   follow each bucket's mean |advantage| after step 5) and sample ``k`` completions for each at ``temperature``
-   (seeded from seed + step). With
-   ``--filter-groups`` the groups whose k rewards are all equal are dropped and further batches of
-   prompts are sampled, up to ``max_prompt_batches`` per step, until ``prompts_per_step`` varied groups
-   are found (``groups/tried``, ``groups/kept``);
-2. score them with the reward: ``(B, k)`` raw rewards; with ``truncation_penalty`` set, samples that
-   hit ``max_new_tokens`` without an EOS get it added, and with ``--overlong-buffer`` DAPO's soft overlong
-   punishment of long completions (before the KL and the advantages; :mod:`rlft.rl.shaping`);
+   follow each bucket's mean |advantage| after step 5), samples ``k`` completions for each at ``temperature``
+   (seeded from seed + step), scores them with the reward (``(B, k)`` raw rewards) and shapes them once
+   (:mod:`rlft.rl.shaping`: with ``truncation_penalty`` set, samples that hit ``max_new_tokens`` without an EOS
+   get it added, and with ``--overlong-buffer`` DAPO's soft overlong punishment of long completions). With
+   ``--filter-groups`` the groups whose k shaped rewards are all equal are dropped and further batches of prompts
+   are sampled, up to ``max_prompt_batches`` per step, until ``prompts_per_step`` varied groups are found
+   (``groups/tried``, ``groups/kept``). The record also holds this rank's teacher-forcing batch and the step's
+   totals (samples, generated tokens, generation time);
 3. teacher-force the sampled sequences (prompt ids exactly as the sampler tokenized them) to get
    log-probs at the sampling temperature under the reference (when ``beta > 0``; with LoRA the
    reference is the same model with its adapters disabled) and, when needed, the pre-update policy;
-4. KL: ``kl_mode=reward`` subtracts ``beta * sum_t kl_t`` from each reward before the advantages (the
+4. KL: ``kl_mode=reward`` subtracts ``beta * sum_t kl_t`` from each shaped reward before the advantages (the
    RLOO paper); ``kl_mode=loss`` adds ``beta * aggregate(kl_t)`` to the loss (OpenRLHF/verl);
 5. advantages ``(B, k)`` by the chosen estimator;
 6. loss and update: ``ppo_epochs`` optimizer steps on these samples with the objective (the first is
@@ -41,12 +45,14 @@ Each step:
    is exactly 0 add nothing to the loss or its gradient, so unless the KL or an entropy bonus is in the
    loss they are skipped; the loss keeps the full step's normalisers, so the update is the same as with
    them, only cheaper. With ``--mask-truncated`` the samples that hit ``max_new_tokens`` without an EOS are
-   left out of the loss and of its normalisers (after counting in their group's advantages);
+   left out of the loss and of its normalisers (after counting in their group's advantages); a step whose samples
+   are all truncated then trains nothing, and a warning names it. Then ``engine.sync_weights(model)``;
 7. log: one metrics record (below).
 
 Log-probs are always computed at the sampling temperature (``logits / T``). With ``top_p < 1`` the
 sampler truncates the distribution; the loss uses the untruncated tempered distribution, as TRL and
-OpenRLHF do.
+OpenRLHF do. With ``--compile`` the loss passes run the compiled decoder layers and generation the eager ones
+(:func:`rlft.recipes.memory.eager_layers`: a KV cache would recompile every layer).
 
 Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` counts steps, not optimizer steps):
 
@@ -56,9 +62,15 @@ Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` c
   ``reward/overlong_penalty_mean`` (``--overlong-buffer``): the mean overlong punishment of those samples.
 - ``groups/tried``, ``groups/kept``: prompt groups sampled and trained on; ``samples/step`` (generated
   this step) and ``samples/total`` (generated so far: the x axis of sample-efficiency plots).
+- Compute (:class:`rlft.rl.metrics.RunTotals`, cumulative values continued on ``--resume``): ``tokens/generated``
+  (completion tokens sampled this step), ``tokens/trained`` (completion tokens through a backward this step, once
+  per PPO epoch), ``tokens/generated_total``, ``tokens/trained_total`` and ``flops/estimated`` (cumulative
+  ``6 N`` x the prompt + completion tokens of the forward+backward passes ``+ 2 N`` x those of the no-grad
+  log-prob passes and the generated tokens; N the parameter count).
 - ``kl/mean`` (beta > 0), ``entropy`` (Monte-Carlo estimate from the sampled tokens; with ``--mask-truncated``
   from the samples in the loss),
-  ``update/rows_frac``, ``completion/mean_tokens``, ``completion/truncated_frac``, ``adv/mean``, ``adv/std``.
+  ``update/rows_frac``, ``update/masked_frac`` (the share of samples ``--mask-truncated`` left out of the loss),
+  ``completion/mean_tokens``, ``completion/truncated_frac``, ``adv/mean``, ``adv/std``.
 - ``loss/policy``, ``loss/kl`` (kl_mode=loss), ``loss/entropy`` (entropy_coef > 0), ``pg/clipfrac``,
   ``pg/ratio_mean``, ``grad_norm``, ``lr``; ``time/generate_s``, ``time/update_s``, ``time/step_s``,
   ``tokens_per_s/generate``, ``tokens_per_s/update``, ``time/eval_s``.
@@ -70,9 +82,11 @@ Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -80,27 +94,26 @@ import torch
 from rlft import distributed
 from rlft.checkpoint import read_metrics
 from rlft.console import training_progress
-from rlft.lora import adapters_disabled, merged_copy
+from rlft.lora import adapters_disabled
 from rlft.losses.advantages import advantage_function
 from rlft.losses.pg import PolicyObjective, make_objective, sequence_kl
 from rlft.models import load_model, load_tokenizer, pick_device
 from rlft.options import resolved_strategy
-from rlft.recipes.common import batch_indices, checkpoint_if_due, claim_run_dir, finish_run, optimizer_step, prepare_training
-from rlft.recipes.memory import enable_gradient_checkpointing
+from rlft.recipes.common import batch_indices, checkpoint_if_due, claim_run_dir, finish_run, optimizer_step, start_training
+from rlft.recipes.memory import eager_layers
 from rlft.rewards.registry import RewardFunction
-from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, gradient_rows, policy_loss_backward, rollout_batch,
-                           sampler_logprobs, take_rows, without_rows)
+from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, gradient_rows, policy_loss_backward, sampler_logprobs,
+                           take_rows, without_rows)
 from rlft.rl.config import RLConfig
 from rlft.rl.curriculum import CurriculumSampler, group_abs_advantages
-from rlft.rl.metrics import (NO_UPDATE, loss_metrics, mismatch_metrics, reduce_loss_metrics, sample_metrics, step_counts,
-                             update_metrics)
+from rlft.rl.metrics import (NO_UPDATE, RunTotals, loss_metrics, mismatch_metrics, parameter_count, reduce_loss_metrics, sample_metrics,
+                             step_counts, update_metrics)
 from rlft.rl.prompts import make_prompt_source
 from rlft.rl.rewards import make_reward
 from rlft.rl.sampling import sample_step
-from rlft.rl.shaping import shaped_rewards, shaping_metrics
-from rlft.rollout.hf import HFEngine
+from rlft.rl.shaping import shaping_metrics
+from rlft.rollout.engines import check_training_engine, make_engine
 from rlft.tasks.countdown.prompts import adds_special_tokens
-from rlft.tracking import attach_tracker
 from rlft.types import TokenBatch
 from rlft.validation import OptionError, UsageError
 
@@ -174,13 +187,10 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     (:func:`rlft.rl.batch.synced_passes`); checkpoints and the final model: full state dicts gathered on rank 0.
 
     Raises:
-        UsageError: ``--rollout-engine vllm`` under torchrun (vLLM's weights would have to be gathered from the
-            ranks; not supported).
+        UsageError: ``--rollout-engine vllm`` under torchrun (:func:`rlft.rollout.engines.check_training_engine`).
     """
     distributed.init(cfg.device)  # under torchrun only
-    if distributed.active() and cfg.rollout_engine != "hf":
-        raise UsageError("the RL loop under torchrun samples with --rollout-engine hf only (vLLM would need the policy's "
-                         "weights pushed from every rank)")
+    check_training_engine(cfg.rollout_engine)  # before anything loads
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
@@ -206,11 +216,10 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     evaluate_on = bool(cfg.eval_every and source.eval)
 
     total_steps = cfg.max_steps
-    lora = cfg.lora_settings()
-    strategy = resolved_strategy(cfg, distributed.world())
-    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps * cfg.ppo_epochs, lora=lora,
-                             distributed_strategy=strategy)
-    model, start_step = setup.model, setup.start_step
+    # the shared start-up: model (resumed), optimizer over ppo_epochs optimizer steps per step, gradient checkpointing,
+    # --compile, the tracker
+    setup, tracker = start_training(cfg, run_dir, spec, total_steps * cfg.ppo_epochs)
+    model, start_step, lora = setup.model, setup.start_step, cfg.lora_settings()
     # The reference is the initial policy, never a checkpoint of this run: with LoRA the same model with its
     # adapters off (no second copy), else a fresh load, sharded like the policy under FSDP2.
     use_ref = objective.beta > 0
@@ -218,12 +227,9 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     if use_ref and (lora is None or cfg.ref_model is not None):
         ref_model = load_model(cfg.ref_model or cfg.model, spec).eval().requires_grad_(False)
         if distributed.sharded(model):
-            ref_model = distributed.wrap_model(ref_model, strategy)
+            ref_model = distributed.wrap_model(ref_model, resolved_strategy(cfg, distributed.world()))
     # micro-batches, temperature, chunking; filler passes keep a sharded model's ranks in step
     plan = PassPlan(cfg.temperature, cfg.micro_batch_size, cfg.logits_chunk_size, filler=filler_batch(tokenizer, spec.device))
-    if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
-    tracker = attach_tracker(setup.metrics, cfg.report_to, run_dir, cfg)
 
     def reference_logprobs(batch: TokenBatch, step_plan: PassPlan) -> torch.Tensor:
         if ref_model is not None:
@@ -233,25 +239,16 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
 
     # Chat-template text carries its own BOS: the tokenizer must not add another (generation and training alike).
     templated = chat or not adds_special_tokens(cfg.prompt_template)
-    if cfg.rollout_engine == "vllm":
-        from rlft.rollout.vllm import VLLMEngine
-
-        engine = VLLMEngine(cfg.model, dtype=str(spec.dtype).removeprefix("torch."), tokenizer=tokenizer, add_special_tokens=not templated)
-    else:
-        # A plain copy (LoRA merged; bfloat16 under CPU mixed precision) samples faster than the policy itself.
-        engine = HFEngine(model, tokenizer, batch_size=cfg.gen_batch_size, add_special_tokens=not templated,
-                          copy_weights=lora is not None or spec.compute_dtype is not None, copy_dtype=spec.compute_dtype)
-
-    def sync_sampler() -> None:
-        """The sampler follows the policy: vLLM gets the current weights (LoRA merged) pushed into its own copy; the
-        HF engine's copy, when it keeps one, is remade at its next generate."""
-        if cfg.rollout_engine == "vllm":
-            engine.sync_weights(merged_copy(model))
-        else:
-            engine.sync_weights()
+    # hf samples from the policy or, faster, from a plain copy of it (LoRA merged; bfloat16 under CPU mixed precision);
+    # vLLM from its own copy. engine.sync_weights(model) after every update makes either follow the policy.
+    engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, model=model, batch_size=cfg.gen_batch_size,
+                         add_special_tokens=not templated, copy_weights=lora is not None or spec.compute_dtype is not None,
+                         copy_dtype=spec.compute_dtype)
+    # --compile: decoding (with its KV cache) runs the layers eager; the loss passes run them compiled
+    generating = partial(eager_layers, model) if getattr(cfg, "compile", False) else contextlib.nullcontext
 
     history = read_metrics(run_dir / "metrics.jsonl") if start_step else []
-    samples_total = next((int(r["samples/total"]) for r in reversed(history) if "samples/total" in r), 0)
+    totals = RunTotals.restored(parameter_count(model), history)  # samples, tokens, FLOPs so far
 
     def uniform(virtual_step: int) -> list[int]:  # a seeded permutation of the training prompts per epoch
         return batch_indices(virtual_step, len(prompts), cfg.prompts_per_step, cfg.seed)
@@ -265,30 +262,29 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
              total_steps, cfg.prompts_per_step, cfg.k, spec.device, spec.label, cfg.kl_mode,
              cfg.beta, reward.kind, "; group filtering" if cfg.filter_groups else "", f"; LoRA r={lora.r}" if lora else "")
 
-    sync_sampler()
+    engine.sync_weights(model)  # vLLM after --resume: the checkpoint's weights
     if evaluate_on and start_step == 0 and cfg.eval_at_start:  # every rank: its shard of the held-out prompts
-        setup.metrics.log({"step": 0, "samples/total": 0, **source.evaluate(engine)})
+        with generating():
+            setup.metrics.log({"step": 0, **totals.current(), **source.evaluate(engine)})
 
     with training_progress("rl") as progress:
         bar = progress.add_task("rl", total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
-            # 1. Sample this step's groups (filtered and refilled with --filter-groups): B groups on all ranks
-            # together, this rank's at positions got.local (all of them in one process).
-            got = sample_step(cfg, step, prompts, order, engine, reward)
-            B, k, local = got.raw.shape[0], cfg.k, got.local
-            samples_total += got.all_raw.numel()
-            # 2. Rewards: (B, k) raw scores, plus the truncation penalty and the overlong punishment.
-            rewards = shaped_rewards(cfg, got.raw, got.truncated, got.lengths)
+            # 1-2. Sample, score and shape this step's groups (filtered and refilled with --filter-groups): B groups on
+            # all ranks together, their (B, k) raw and shaped rewards; this rank's at positions got.local, with their batch.
+            with generating():
+                got = sample_step(cfg, step, prompts, order, engine, reward, tokenizer)
+            B, k, local = got.groups, cfg.k, got.local
             t1 = time.perf_counter()
             # 3. Log-probs before the update: reference, and the sampling policy when needed. A rank with no groups
             # has an empty batch (FSDP2: it still runs the busiest rank's number of passes, on a filler).
-            batch = rollout_batch(tokenizer, [p.text for p in got.prompts], got.samples,
-                                  add_special_tokens=engine.add_special_tokens).to(spec.device)
+            batch = got.batch.to(spec.device)
             step_plan = plan.synced(model, len(local) * k)  # passes: None unless sharded
             ref_logprobs = reference_logprobs(batch, step_plan) if use_ref else None
             old_logprobs = batch_logprobs(model, batch, step_plan) if cfg.ppo_epochs > 1 or objective.kl_in_reward else None
             # 4. KL in the reward (the RLOO paper): R_i - beta * sum_t kl_t, before the advantages (every group's).
+            rewards = got.shaped
             if objective.kl_in_reward and B:
                 kl_seq = sequence_kl(old_logprobs, ref_logprobs, batch.loss_mask, objective.kl_estimator)  # (len(local) * k,)
                 rewards = rewards - distributed.gather_rows(objective.beta * kl_seq.view(len(local), k).cpu(), local, B)
@@ -304,21 +300,26 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             if cfg.mask_truncated:  # truncated samples leave the loss and its normalisers (their rewards counted above)
                 train, weights = without_rows(batch, weights, got.truncated[local].flatten())
                 num_sequences, loss_tokens = B * k - int(got.truncated.sum()), distributed.all_reduce_sum(float(train.loss_mask.sum()))
+                if B and not num_sequences and distributed.is_main():
+                    log.warning("step %d: all %d samples hit --max-new-tokens %d without an EOS and --mask-truncated left every "
+                                "one out of the loss: this step trains nothing", step + 1, B * k, cfg.max_new_tokens)
             sampled = sampler_logprobs(batch, got.samples)  # (N, T) or None: what the sampler itself computed
             if objective.is_mode != "none" and distributed.all_reduce_sum(float(sampled is None)):
                 raise UsageError(f"--is-correction {objective.is_mode} needs the sampler's log-probs, which this engine does not "
                                  "report (the HF engine's row-dropping decoder and vLLM do)")
             context = LossContext(old_logprobs, ref_logprobs, sampled, num_sequences=num_sequences, num_tokens=loss_tokens)
             rows, epoch_metrics, update_logprobs = update_policy(setup, cfg, train, weights, objective, plan, context)
-            sync_sampler()  # the next rollout (and evaluation) samples from the updated policy
+            engine.sync_weights(model)  # the next rollout (and evaluation) samples from the updated policy
             update_s = time.perf_counter() - t1
 
             # 7. Log (sums over ranks of this rank's counts; the rewards are every rank's already).
             counts = distributed.all_reduce_sums(step_counts(train, rows, old_logprobs, ref_logprobs, update_logprobs,
-                                                             objective.kl_estimator, got.completion_tokens))
-            record: dict[str, float] = {"step": step + 1, **sample_metrics(got, counts, samples_total, reward.kind)}
+                                                             objective.kl_estimator, got.generated_tokens, epochs=cfg.ppo_epochs,
+                                                             no_grad_passes=(ref_logprobs is not None) + (old_logprobs is not None)))
+            record: dict[str, float] = {"step": step + 1, **sample_metrics(got, counts, reward.kind), **totals.add(got.samples_tried, counts)}
             if B:
-                record.update({**update_metrics(got, rewards, advantages, counts, num_tokens, update_s), **shaping_metrics(cfg, got.lengths)})
+                record.update({**update_metrics(got, rewards, advantages, counts, num_tokens, update_s, cfg.mask_truncated),
+                               **shaping_metrics(cfg, got.lengths)})
             record.update({**loss_metrics(epoch_metrics, objective), "time/generate_s": got.generate_s, "time/update_s": update_s})
             if distributed.all_reduce_sum(float(sampled is None)) == 0:  # every rank has the sampler's log-probs
                 record.update(mismatch_metrics(train, rows, old_logprobs, update_logprobs, sampled))
@@ -326,7 +327,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 record.update(curriculum_metrics)
             if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
                 t2 = time.perf_counter()
-                record.update(source.evaluate(engine))  # every rank: its shard of the held-out prompts
+                with generating():
+                    record.update(source.evaluate(engine))  # every rank: its shard of the held-out prompts
                 record["time/eval_s"] = time.perf_counter() - t2
             record["time/step_s"] = time.perf_counter() - t0  # the whole step: sampling, reward, update, evaluation
             setup.metrics.log(record)

@@ -3,18 +3,22 @@
 Under torchrun a rank sees its own rows only: :func:`step_counts` gives the rank's counts and sums, which the
 loop sums over ranks (:func:`rlft.distributed.all_reduce_sums`) before :func:`sample_metrics` and
 :func:`update_metrics` turn them into means; :func:`reduce_loss_metrics` combines the loss metrics the same
-way. The rewards and advantages are every rank's already. Shape legend: B kept groups, k samples per prompt,
-G >= B groups tried, N = B * k rows (this rank's: ``len(local) * k``), T tokens.
+way. The rewards and advantages are every rank's already. :class:`RunTotals` keeps the cumulative counts (samples,
+tokens, estimated FLOPs) across steps and ``--resume``. Shape legend: B kept groups, k samples per prompt, G >= B
+groups tried, N = B * k rows (this rank's: ``len(local) * k``), T tokens.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from rlft import distributed
 from rlft.losses.pg import PolicyObjective, sequence_kl
 from rlft.ops import masked_sum
-from rlft.rl.sampling import StepSamples
+from rlft.rl.records import StepSamples
 from rlft.types import TokenBatch
 
 LOSS_KEYS = ("loss/policy", "loss/kl", "loss/entropy", "pg/clipfrac", "pg/ratio_mean", "grad_norm")
@@ -39,7 +43,8 @@ def reduce_loss_metrics(metrics: dict[str, float], tokens: float) -> dict[str, f
 
 
 def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
-                update_logprobs: torch.Tensor | None, kl_estimator: str, generated_tokens: int) -> dict[str, float]:
+                update_logprobs: torch.Tensor | None, kl_estimator: str, generated_tokens: int, *, epochs: int = 1,
+                no_grad_passes: int = 0) -> dict[str, float]:
     """This rank's counts and sums behind the token metrics (sum them over ranks before use).
 
     The log-probs ``entropy`` and ``kl/mean`` are computed from are those the step already has: every row's
@@ -48,12 +53,22 @@ def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tenso
     else none (no rows updated, no pass: no entropy or KL this step); on the target tokens of ``batch``'s
     ``loss_mask`` (rows without any, left out of the loss, do not count).
 
+    Args:
+        epochs: forward+backward passes each updated row went through (``ppo_epochs``).
+        no_grad_passes: forward passes without gradient over every row of ``batch`` (the reference's and the
+            pre-update policy's log-probs: 0, 1 or 2).
     Returns:
         ``rows`` (updated rows), ``update_tokens`` (non-pad tokens of the batch), ``generated_tokens``,
-        ``seen_tokens``, ``logprob_sum`` (sum of the seen target log-probs), ``kl_sum`` (sum over the seen rows
-        of ``sum_t kl_t``, with a reference) and ``kl_rows`` (seen rows with a target token).
+        ``trained_tokens`` (completion tokens of the updated rows x ``epochs``: through a backward),
+        ``trained_seq_tokens`` (their prompt + completion tokens x ``epochs``), ``scored_tokens`` (non-pad tokens
+        of the batch x ``no_grad_passes``), ``seen_tokens``, ``logprob_sum`` (sum of the seen target log-probs),
+        ``kl_sum`` (sum over the seen rows of ``sum_t kl_t``, with a reference) and ``kl_rows`` (seen rows with a
+        target token). Padding and FSDP2's filler passes count nowhere.
     """
     counts = {"rows": len(rows), "update_tokens": float(batch.attention_mask.sum()), "generated_tokens": generated_tokens,
+              "trained_tokens": float(batch.loss_mask[rows].sum()) * epochs,
+              "trained_seq_tokens": float(batch.attention_mask[rows].sum()) * epochs,
+              "scored_tokens": float(batch.attention_mask.sum()) * no_grad_passes,
               "seen_tokens": 0.0, "logprob_sum": 0.0, "kl_sum": 0.0, "kl_rows": 0.0}
     if old_logprobs is not None:
         seen, mask, ref = old_logprobs, batch.loss_mask, ref_logprobs
@@ -68,10 +83,68 @@ def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tenso
     return counts
 
 
-def sample_metrics(got: StepSamples, counts: dict[str, float], samples_total: int, reward_kind: str) -> dict[str, float]:
+def parameter_count(model: torch.nn.Module) -> int:
+    """N of the FLOPs estimate: every parameter of ``model``, embeddings (once when tied) and LoRA adapters
+    included; under FSDP2 the whole model's (a DTensor's ``numel`` is its global size)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+@dataclass
+class RunTotals:
+    """The run's cumulative counts, logged every step and continued on ``--resume`` from the last logged values
+    (:meth:`restored`), as ``samples/total`` always was. Issue 48's compute accounting:
+
+    - ``tokens/generated``: completion tokens sampled this step (every tried group, every rank, EOS included);
+      the prompts' prefill and the evaluations' generation are not counted;
+    - ``tokens/trained``: completion tokens that went through a backward this step (the loss's target tokens of
+      the updated rows, once per ``ppo_epochs`` epoch; rows skipped with a zero weight or left out by
+      ``--mask-truncated`` do not count);
+    - ``tokens/generated_total``, ``tokens/trained_total``: their sums over the run;
+    - ``flops/estimated``: cumulative ``6 N T_fb + 2 N (T_f + T_gen)`` with ``N`` :func:`parameter_count`,
+      ``T_fb`` the prompt + completion tokens of the forward+backward passes (every updated row, once per epoch),
+      ``T_f`` those of the no-grad forward passes over every row (the reference's and the pre-update policy's
+      log-probs, when the step computes them) and ``T_gen`` = ``tokens/generated``. Padding, FSDP2 filler passes,
+      gradient checkpointing's recomputation, prompt prefill during sampling and evaluation are not counted.
+    """
+
+    params: int
+    """N: :func:`parameter_count` of the policy."""
+    samples: int = 0
+    generated_tokens: float = 0.0
+    trained_tokens: float = 0.0
+    flops: float = 0.0
+
+    KEYS = {"samples": "samples/total", "generated_tokens": "tokens/generated_total", "trained_tokens": "tokens/trained_total",
+            "flops": "flops/estimated"}
+    """Field -> metric name of each cumulative value."""
+
+    @classmethod
+    def restored(cls, params: int, history: Sequence[dict]) -> RunTotals:
+        """Totals continuing ``history`` (the ``metrics.jsonl`` records up to the resumed step; empty: a fresh run):
+        each field is its metric's last logged value (0 when never logged, e.g. a run from before the metric)."""
+        values = {field: next((type(getattr(cls, field))(r[key]) for r in reversed(history) if key in r), 0)
+                  for field, key in cls.KEYS.items()}
+        return cls(params, **values)
+
+    def current(self) -> dict[str, float]:
+        """The cumulative metrics as they stand (the step-0 evaluation logs them)."""
+        return {key: getattr(self, field) for field, key in self.KEYS.items()}
+
+    def add(self, samples: int, counts: dict[str, float]) -> dict[str, float]:
+        """Count one step: ``samples`` generated (every rank's) and :func:`step_counts` summed over ranks; returns
+        ``tokens/generated``, ``tokens/trained`` and the cumulative metrics (:meth:`current`)."""
+        n = self.params
+        self.samples += samples
+        self.generated_tokens += counts["generated_tokens"]
+        self.trained_tokens += counts["trained_tokens"]
+        self.flops += 6 * n * counts["trained_seq_tokens"] + 2 * n * (counts["scored_tokens"] + counts["generated_tokens"])
+        return {"tokens/generated": counts["generated_tokens"], "tokens/trained": counts["trained_tokens"], **self.current()}
+
+
+def sample_metrics(got: StepSamples, counts: dict[str, float], reward_kind: str) -> dict[str, float]:
     """``reward/mean``, ``reward/std`` (raw scores of every sample generated this step, every tried group),
     ``reward/accuracy`` (score == 1.0) and ``reward/format_rate`` (>= 0.1) for a rule reward, ``groups/tried``,
-    ``groups/kept``, ``samples/step``, ``samples/total`` and ``update/rows_frac`` (``counts`` summed over ranks)."""
+    ``groups/kept``, ``samples/step`` and ``update/rows_frac`` (``counts`` summed over ranks)."""
     all_raw = got.all_raw  # (G, k)
     B, k = got.raw.shape
     return {
@@ -82,26 +155,28 @@ def sample_metrics(got: StepSamples, counts: dict[str, float], samples_total: in
         "groups/tried": all_raw.shape[0],
         "groups/kept": B,
         "samples/step": all_raw.numel(),
-        "samples/total": samples_total,
         "update/rows_frac": counts["rows"] / max(B * k, 1),
     }  # fmt: skip
 
 
 def update_metrics(got: StepSamples, rewards: torch.Tensor, advantages: torch.Tensor, counts: dict[str, float], num_tokens: float,
-                   update_s: float) -> dict[str, float]:
+                   update_s: float, masked: bool = False) -> dict[str, float]:
     """The metrics of a step that kept groups (B > 0): ``reward/shaped_mean`` (of ``rewards``, ``(B, k)``, what the
     advantages were computed from), ``adv/mean``, ``adv/std`` (of ``advantages``, ``(B, k)``),
     ``completion/mean_tokens`` (``num_tokens``, the step's completion tokens, per sample),
-    ``completion/truncated_frac``, ``tokens_per_s/update`` (over ``update_s`` seconds), ``entropy`` (minus the mean
-    seen log-prob: a Monte-Carlo estimate), ``kl/mean`` (mean over seen rows of ``sum_t kl_t``) and
-    ``tokens_per_s/generate``."""
+    ``completion/truncated_frac``, ``update/masked_frac`` (the share of the samples left out of the loss: the
+    truncated ones when ``masked``, ``--mask-truncated``; else 0), ``tokens_per_s/update`` (over ``update_s``
+    seconds), ``entropy`` (minus the mean seen log-prob: a Monte-Carlo estimate), ``kl/mean`` (mean over seen rows
+    of ``sum_t kl_t``) and ``tokens_per_s/generate``."""
     B, k = got.raw.shape
+    truncated_frac = got.truncated.mean().item()
     record = {
         "reward/shaped_mean": rewards.mean().item(),
         "adv/mean": advantages.mean().item(),
         "adv/std": advantages.std(unbiased=False).item(),
         "completion/mean_tokens": num_tokens / (B * k),
-        "completion/truncated_frac": got.truncated.mean().item(),
+        "completion/truncated_frac": truncated_frac,
+        "update/masked_frac": truncated_frac if masked else 0.0,
         "tokens_per_s/update": counts["update_tokens"] / max(update_s, 1e-9),
     }
     if counts["seen_tokens"] > 0:

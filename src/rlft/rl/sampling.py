@@ -1,4 +1,5 @@
-"""Steps 1-2 of the RL loop: sample this step's groups and score them (:func:`sample_step`).
+"""Steps 1-2 of the RL loop: sample this step's groups, score and shape their rewards, and build this rank's
+teacher-forcing batch (:func:`sample_step`, which returns one :class:`rlft.rl.records.StepSamples`).
 
 Shape legend: B kept groups (prompts) of the step, k samples per prompt, G >= B groups tried.
 """
@@ -6,16 +7,15 @@ Shape legend: B kept groups (prompts) of the step, k samples per prompt, G >= B 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from rlft import distributed
-from rlft.rl.batch import generation_seed
+from rlft.rl.batch import generation_seed, rollout_batch
 from rlft.rl.groups import varied_groups
-from rlft.rl.prompts import RLPrompt
-from rlft.rl.rewards import Reward
+from rlft.rl.records import Reward, RLPrompt, StepSamples
 from rlft.rl.shaping import shaped_rewards
 from rlft.rollout.base import Sample, SamplingParams
 
@@ -27,68 +27,48 @@ PromptOrder = Callable[[int], list[int]]
 :func:`rlft.recipes.common.batch_indices` over the training prompts (a seeded permutation per epoch)."""
 
 
-@dataclass
-class StepSamples:
-    """The groups a step trains on, and what sampling them cost.
-
-    ``B`` counts the step's kept groups on every rank together; under torchrun a rank holds the prompts and
-    samples of its own groups only (``local``), but every rank knows the rewards of all ``B``."""
-
-    prompts: list[RLPrompt]
-    """This rank's kept prompts (all ``B`` in one process), in the order of ``local``."""
-    samples: list[list[Sample]]
-    """Their lists of ``k`` samples."""
-    local: list[int]
-    """Positions in ``0..B-1`` of this rank's groups (``range(B)`` in one process)."""
-    raw: torch.Tensor
-    """``(B, k)`` raw rewards of the kept groups."""
-    truncated: torch.Tensor
-    """``(B, k)`` 1.0 where a sample hit max_new_tokens without EOS."""
-    lengths: torch.Tensor
-    """``(B, k)`` completion lengths in tokens (EOS included), float."""
-    all_raw: torch.Tensor
-    """``(G, k)`` raw rewards of every group sampled this step (G >= B)."""
-    tried: list[int]
-    """``(G,)`` the training-prompt index of every group sampled this step (every rank's), in sampling order."""
-    kept: list[int]
-    """``(B,)`` positions in ``tried`` of the kept groups, in the order of ``raw``."""
-    generate_s: float
-    """Seconds spent generating."""
-    completion_tokens: int = 0
-    """Tokens this rank generated this step."""
-
-
 def sampling_params(cfg: RLConfig) -> SamplingParams:
     """How the loop samples: ``k`` completions per prompt at ``temperature`` and ``top_p``, at most
     ``max_new_tokens`` each (the seed is set per batch by :func:`sample_step`)."""
     return SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
 
 
-def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: PromptOrder, engine, reward: Reward) -> StepSamples:
-    """Sample and score this step's groups (step 1-2 of the loop) with :func:`sampling_params`.
+def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: PromptOrder, engine, reward: Reward,
+                tokenizer=None) -> StepSamples:
+    """Sample, score and shape this step's groups (steps 1-2 of the loop) with :func:`sampling_params`.
 
     Without filtering: the prompts of ``order(step)``, sampled with ``generation_seed(seed, step)``. With
     ``cfg.filter_groups``: batches ``j = 0, 1, ...`` of the "virtual steps" ``step * max_prompt_batches + j``
-    (a pure function of the step, so a resumed run samples the same groups), keeping varied groups (of the
-    :func:`shaped_rewards`) until ``prompts_per_step`` are found or ``max_prompt_batches`` batches were tried.
+    (a pure function of the step, so a resumed run samples the same groups), keeping the groups whose shaped
+    rewards vary (:func:`rlft.rl.groups.varied_groups`) until ``prompts_per_step`` are found or
+    ``max_prompt_batches`` batches were tried. The rewards are shaped once, here
+    (:func:`rlft.rl.shaping.shaped_rewards`): the record carries them (``shaped``) for the advantages.
 
     Under torchrun every rank takes the same batch of prompts and samples its :func:`rlft.distributed.shard`
     of it (whole groups; seeded per rank), scores them, and the ``(groups, k)`` rewards are gathered on every
     rank (:func:`rlft.distributed.gather_rows`), so the filtering decision, and the kept groups, are those of
     one process given the same samples. Every rank calls ``engine.generate`` for every batch, with an empty
     list when its shard is empty (with FSDP2 the HF engine's generation is collective).
+
+    Args:
+        engine: a :class:`~rlft.rollout.base.GenerationEngine`.
+        reward: scores ``(prompts, completions)``.
+        tokenizer: builds this rank's teacher-forcing batch (:func:`rlft.rl.batch.rollout_batch`, prompts
+            tokenized with ``engine.add_special_tokens``, as the engine did); None: no batch (``batch`` None).
+    Raises:
+        ValueError: the reward returned another number of scores than completions.
     """
     k = cfg.k
     sampling = sampling_params(cfg)
-    kept = 0
     kept_prompts: list[RLPrompt] = []
     kept_samples: list[list[Sample]] = []
     local: list[int] = []
-    kept_raw, kept_trunc, kept_lengths, all_raw = [], [], [], []
+    kept_rows: list[tuple[torch.Tensor, ...]] = []  # (raw, shaped, truncated, lengths) of each kept group, (k,) each
+    all_raw: list[torch.Tensor] = []
     tried: list[int] = []
     kept_at: list[int] = []
     generate_s = 0.0
-    completion_tokens = 0
+    generated_tokens = 0
     batches = cfg.max_prompt_batches if cfg.filter_groups else 1
     for j in range(batches):
         virtual = step * cfg.max_prompt_batches + j if cfg.filter_groups else step
@@ -103,7 +83,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         samples = engine.generate([p.text for p in batch_prompts], replace(sampling, seed=seed))
         generate_s += time.perf_counter() - t0
         flat = [s for row in samples for s in row]
-        completion_tokens += sum(len(s.completion_ids) for s in flat)
+        generated_tokens += sum(len(s.completion_ids) for s in flat)
         scores = reward.fn([p for p in batch_prompts for _ in range(k)], [s.text for s in flat]) if flat else []
         if len(scores) != len(flat):
             raise ValueError(f"the reward returned {len(scores)} scores for {len(flat)} completions")
@@ -111,23 +91,22 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
         lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
         raw, truncated, lengths = (distributed.gather_rows(t, mine, len(chosen)) for t in (raw, truncated, lengths))  # (len(chosen), k)
+        shaped = shaped_rewards(cfg, raw, truncated, lengths)
         all_raw.append(raw)
-        keep = varied_groups(shaped_rewards(cfg, raw, truncated, lengths)) if cfg.filter_groups else torch.ones(len(chosen), dtype=torch.bool)
+        keep = varied_groups(shaped) if cfg.filter_groups else torch.ones(len(chosen), dtype=torch.bool)
         for b in keep.nonzero().squeeze(1).tolist():
-            if kept < cfg.prompts_per_step:
+            if len(kept_at) < cfg.prompts_per_step:
                 if b in mine:
-                    local.append(kept)
+                    local.append(len(kept_at))
                     kept_prompts.append(batch_prompts[mine.index(b)])
                     kept_samples.append(samples[mine.index(b)])
-                kept_raw.append(raw[b])
-                kept_trunc.append(truncated[b])
-                kept_lengths.append(lengths[b])
+                kept_rows.append((raw[b], shaped[b], truncated[b], lengths[b]))
                 kept_at.append(offset + b)
-                kept += 1
-        if kept >= cfg.prompts_per_step:
+        if len(kept_at) >= cfg.prompts_per_step:
             break
-    def stacked(rows: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack(rows) if rows else torch.zeros(0, k)
-
-    return StepSamples(kept_prompts, kept_samples, local, stacked(kept_raw), stacked(kept_trunc), stacked(kept_lengths), torch.cat(all_raw),
-                       tried, kept_at, generate_s, completion_tokens)
+    raw, shaped, truncated, lengths = (torch.stack([group[i] for group in kept_rows]) if kept_rows else torch.zeros(0, k) for i in range(4))
+    batch = None
+    if tokenizer is not None:
+        batch = rollout_batch(tokenizer, [p.text for p in kept_prompts], kept_samples, add_special_tokens=engine.add_special_tokens)
+    return StepSamples(kept_prompts, kept_samples, local, raw, shaped, truncated, lengths, torch.cat(all_raw), tried, kept_at,
+                       generate_s, generated_tokens, batch)

@@ -316,7 +316,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             counts = distributed.all_reduce_sums(step_counts(train, rows, old_logprobs, ref_logprobs, update_logprobs,
                                                              objective.kl_estimator, got.generated_tokens, epochs=cfg.ppo_epochs,
                                                              no_grad_passes=(ref_logprobs is not None) + (old_logprobs is not None)))
-            record: dict[str, float] = {"step": step + 1, **sample_metrics(got, counts, reward.kind), **totals.add(got.samples_tried, counts)}
+            record: dict[str, float] = {"step": step + 1, **sample_metrics(got, counts, reward.kind),
+                                        **totals.add(got.samples_tried, counts)}  # tokens, FLOPs: this step's and the run's
             if B:
                 record.update({**update_metrics(got, rewards, advantages, counts, num_tokens, update_s, cfg.mask_truncated),
                                **shaping_metrics(cfg, got.lengths)})

@@ -20,16 +20,30 @@ generate (evaluation, pair sampling) are loaded in the compute dtype directly
 policy refreshed after every update (:class:`rlft.rollout.hf.HFEngine` ``sampler_dtype``), so decoding
 never casts weights step by step.
 
+Training refuses float16 *weights* (:func:`check_training_dtype`): ``--dtype float16`` stores the weights and the
+optimizer state in float16 with no float32 master copy and no loss scaling, so small updates round to nothing and
+gradients overflow (on a tiny model the loss is NaN from step 2). bfloat16 has float32's range and is trained as before;
+float16 stays available where nothing is trained (evaluation, sampling, scoring).
+
+Every training step is guarded (:func:`rlft.recipes.common.optimizer_step`): a non-finite loss or gradient norm, or
+non-finite weights about to be saved, raise :class:`NonFiniteError` (one line: the step and the quantity) before the
+optimizer applies the update, so no non-finite weight is ever written and the last checkpoint stays the run's last good
+state.
+
 Measured on this project's 2-core CPU (``bench/precision.py``): see the README's speed section.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from functools import lru_cache
+from typing import Iterable
 
 import torch
+
+from rlft.validation import OptionError
 
 ATTRIBUTE = "rlft_compute_dtype"
 """The model attribute holding its autocast dtype (None or absent: no autocast)."""
@@ -93,3 +107,41 @@ def compute_context(model: torch.nn.Module):
 def dtype_name(dtype: torch.dtype | None) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``; None -> ``"none"``."""
     return "none" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+class NonFiniteError(RuntimeError):
+    """A training step met a non-finite loss, gradient norm or weight: the run stops before the update is applied (the
+    command exits with code 1). The message is one line naming the step, the quantity and what stays on disk."""
+
+    exit_code = 1
+
+
+def is_finite(value: float) -> bool:
+    """``math.isfinite`` of a Python number (a 0-dim tensor is read with ``float``)."""
+    return math.isfinite(float(value))
+
+
+def non_finite_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the tensors in ``named`` (e.g. ``model.named_parameters()``) holding a NaN or an infinity; a
+    sharded tensor (FSDP2's DTensor) is checked on this rank's shard."""
+    bad = []
+    for name, tensor in named:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        if local.is_floating_point() and not bool(torch.isfinite(local.detach()).all()):
+            bad.append(name)
+    return bad
+
+
+FLOAT16_TRAINING = ("--dtype float16 would train float16 weights and optimizer state, with no float32 master copy and no "
+                    "loss scaling: small updates round away and gradients overflow (NaN within a few steps). Train with "
+                    "--dtype auto (bfloat16 on CUDA), bfloat16 or float32; float16 is for evaluation and sampling only")
+
+
+def check_training_dtype(dtype: "str | torch.dtype | None") -> None:
+    """Refuse to train weights stored in float16 (``--dtype float16``; see the module docstring).
+
+    Raises:
+        OptionError: ``dtype`` is ``"float16"`` (or ``torch.float16``); the message names ``--dtype`` and what to use.
+    """
+    if dtype in ("float16", torch.float16):
+        raise OptionError(FLOAT16_TRAINING)

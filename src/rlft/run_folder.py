@@ -26,7 +26,8 @@ Rules (:func:`claim_run_dir`):
   folder holding the current folder, or of a mount point, is refused (it cannot be moved aside).
 
 The command line runs the same checks at parse time (:func:`check_run_dir`, also for ``--dry-run``), before any data
-or model loads. Single output files (``--output`` of ``pairs countdown`` and ``eval countdown``, the results of
+or model loads; they include the one precision rule of a training run: no float16 weights
+(:func:`rlft.precision.check_training_dtype`). Single output files (``--output`` of ``pairs countdown`` and ``eval countdown``, the results of
 ``eval winrate``) follow the same rule (:func:`check_output_file`): an existing file is refused unless
 ``--overwrite``; a folder, or a path inside a model folder, always.
 
@@ -185,8 +186,12 @@ def check_run_dir(cfg: Any, output_dir: str | Path | None = None, *, notes: bool
 
     Raises:
         OptionError, RunFolderError: as :func:`claim_run_dir`; also ``--overwrite`` of a folder holding the current
-            folder (``.``, ``..``) or of a mount point (it cannot be moved aside).
+            folder (``.``, ``..``) or of a mount point (it cannot be moved aside); ``--dtype float16`` (a training run
+            never trains float16 weights: :func:`rlft.precision.check_training_dtype`).
     """
+    from rlft.precision import check_training_dtype
+
+    check_training_dtype(getattr(cfg, "dtype", None))
     path = run_dir_path(output_dir if output_dir is not None else cfg.output_dir)
     resume, overwrite = bool(getattr(cfg, "resume", False)), bool(getattr(cfg, "overwrite", False))
     overrides = tuple(getattr(cfg, "resume_override", ()) or ())

@@ -11,6 +11,11 @@ The supervised recipes (sft, dpo, rm) start the same way::
     ...                                            # the loop: batch_indices, optimizer_step, checkpoint_if_due
     return finish_run(run_dir, setup.model, tokenizer, cfg, tracker, "SFT")
 
+Every optimizer step is guarded (:func:`optimizer_step`): a non-finite loss or gradient norm stops the run with
+:class:`rlft.precision.NonFiniteError` before the update is applied, and weights holding NaN or infinity are never
+saved (:func:`save_training_checkpoint`, :func:`save_final`), so the last checkpoint written stays the last good state
+and no final model is written. Training float16 weights is refused (:func:`rlft.precision.check_training_dtype`).
+
 Run folders (refusing to overwrite another run, config checks on resume, config.yaml written with the
 first checkpoint) are :mod:`rlft.run_folder`'s; its names are re-exported here."""
 
@@ -20,7 +25,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch
 
@@ -30,6 +35,7 @@ from rlft.checkpoint import MetricsLog, checkpoint_folders, save_checkpoint, che
 from rlft.fsio import atomic_write_json
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.options import resolved_strategy
+from rlft.precision import NonFiniteError, check_training_dtype, is_finite, non_finite_tensors
 from rlft.recipes.memory import check_scale_options, compile_layers, cut_by_tokens, enable_gradient_checkpointing
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
 from rlft.tracking import Tracker, attach_tracker
@@ -155,6 +161,11 @@ class TrainingSetup:
     metrics: MetricsLog
     checkpoint: Path | None
     """The checkpoint resumed from, if any."""
+    run_dir: Path | None = None
+    """The run folder (named in the error of a non-finite step)."""
+    step: int = 0
+    """Steps finished: ``start_step``, then each step's number as :func:`checkpoint_if_due` is called after it (the
+    step :func:`optimizer_step` takes is ``step + 1``)."""
 
 
 def prepare_training(
@@ -192,11 +203,13 @@ def prepare_training(
 
     Raises:
         ValueError: an unknown ``optimizer``.
+        OptionError: ``spec`` stores weights in float16 (:func:`rlft.precision.check_training_dtype`).
         RunFolderError: ``resume`` and no usable checkpoint while ``metrics.jsonl`` holds records
             (restarting would silently replace that run).
     """
     if options.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {options.optimizer!r}; choose 'adamw' or 'sgd'")
+    check_training_dtype(spec.dtype)
     build = load or load_model
 
     def load_from(folder: Path | None) -> torch.nn.Module:
@@ -228,7 +241,7 @@ def prepare_training(
         metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
     else:
         metrics = NullMetricsLog()
-    return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt)
+    return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt, Path(run_dir), start_step)
 
 
 def start_training(cfg, run_dir: Path, spec: DeviceSpec, total_steps: int, **prepare) -> tuple[TrainingSetup, Tracker | None]:
@@ -286,16 +299,29 @@ class NullMetricsLog:
         pass
 
 
-def optimizer_step(setup: TrainingSetup, max_grad_norm: float) -> dict[str, float]:
+def optimizer_step(setup: TrainingSetup, max_grad_norm: float, *, loss: float | None = None) -> dict[str, float]:
     """Sum gradients over ranks (torchrun with DDP: :func:`rlft.distributed.sum_gradients`; FSDP2 has
     already reduce-scattered them, summed, in the backward pass), clip them, step optimizer and
-    scheduler, zero gradients; returns lr used and grad norm (of the summed gradient)."""
+    scheduler, zero gradients; returns lr used and grad norm (of the summed gradient).
+
+    ``loss``: the step's loss (the same number on every rank), checked when given.
+
+    Raises:
+        NonFiniteError: ``loss`` or the gradient norm is NaN or infinite ("step N: gradient norm is nan; ..."), raised
+            before the optimizer applies anything (every rank alike: the norm is that of the summed gradient), so the
+            weights stay those of the last finite step and nothing non-finite is written.
+    """
+    if loss is not None and not is_finite(loss):
+        _stop(setup, f"loss is {float(loss)}")
     params = [p for p in setup.model.parameters() if p.requires_grad]
     if not distributed.sharded(setup.model):
         distributed.sum_gradients(params)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: the norm of the whole gradient
         grad_norm = grad_norm.full_tensor()
+    if not is_finite(grad_norm):
+        setup.optimizer.zero_grad(set_to_none=True)
+        _stop(setup, f"gradient norm is {float(grad_norm)}")
     lr = setup.scheduler.get_last_lr()[0]  # the rate this step applies
     setup.optimizer.step()
     setup.scheduler.step()
@@ -303,10 +329,39 @@ def optimizer_step(setup: TrainingSetup, max_grad_norm: float) -> dict[str, floa
     return {"lr": lr, "grad_norm": float(grad_norm)}
 
 
+def _stop(setup: TrainingSetup, what: str, step: int | None = None) -> NoReturn:
+    """Raise :class:`NonFiniteError` for step ``step`` (default: the one under way), naming what stays on disk."""
+    raise NonFiniteError(f"step {setup.step + 1 if step is None else step}: {what}; {last_good(setup.run_dir)}")
+
+
+def last_good(run_dir: Path | None) -> str:
+    """What a stopped run leaves: its newest checkpoint (resumable) or none; never a final model."""
+    newest = checkpoint_folders(run_dir)[0] if run_dir is not None and checkpoint_folders(run_dir) else None
+    kept = f"the last good checkpoint {newest} stays (--resume continues from it)" if newest else "there is no checkpoint"
+    return f"{kept}; no final model was written"
+
+
+def check_finite_weights(model: torch.nn.Module, setup: TrainingSetup | None, step: int | None, run_dir: Path | None = None) -> None:
+    """Raise :class:`NonFiniteError` when the parameters hold NaN or infinity. A sharded model (FSDP2) is checked shard
+    by shard and the count summed over ranks (collective: every rank raises together); DDP replicas are equal, so each
+    rank checks its own (rank 0 alone may call it). Called before every save, so such weights never replace a good
+    checkpoint or become the final model."""
+    bad = non_finite_tensors(model.named_parameters())
+    if (distributed.all_reduce_sum(float(len(bad))) if distributed.sharded(model) else len(bad)):
+        what = f"the weights hold NaN or infinite values ({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''})"
+        if setup is not None:
+            _stop(setup, what, step)
+        raise NonFiniteError(f"{what}; {last_good(run_dir)}")
+
+
 def save_training_checkpoint(setup: TrainingSetup, run_dir: Path, step: int, tokenizer, *, keep: int, config) -> None:
     """:func:`rlft.checkpoint.save_checkpoint` of ``setup`` at ``step``, written by rank 0. Call it on every
     rank: a sharded model's full weights and optimizer state are gathered first (collective,
-    :func:`rlft.distributed.full_state_dicts`); then every rank waits for the write (barrier)."""
+    :func:`rlft.distributed.full_state_dicts`); then every rank waits for the write (barrier).
+
+    Raises:
+        NonFiniteError: the weights hold NaN or infinity (nothing written: the older checkpoints stay)."""
+    check_finite_weights(setup.model, setup, step)
     model_state, optimizer_state = distributed.full_state_dicts(setup.model, setup.optimizer)
     if distributed.is_main():
         save_checkpoint(run_dir, step, setup.model, tokenizer, setup.optimizer, setup.scheduler, keep=keep, config=config,
@@ -317,7 +372,9 @@ def save_training_checkpoint(setup: TrainingSetup, run_dir: Path, step: int, tok
 def checkpoint_if_due(setup: TrainingSetup, run_dir: Path, step: int, total_steps: int, tokenizer, cfg) -> None:
     """After optimizer step ``step`` (1-based) of ``total_steps``: :func:`save_training_checkpoint` every
     ``cfg.save_every`` steps (0: never), except after the last step (the final model is written instead), keeping
-    ``cfg.keep_checkpoints``. Call it on every rank."""
+    ``cfg.keep_checkpoints``. Call it on every rank. Records ``step`` as ``setup.step`` (the steps finished, named by
+    :func:`optimizer_step`'s errors)."""
+    setup.step = step
     if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
         save_training_checkpoint(setup, run_dir, step, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
 
@@ -337,7 +394,11 @@ def finish_run(run_dir: Path, model: torch.nn.Module, tokenizer, cfg, tracker, n
 
 def save_final(run_dir: Path, model: torch.nn.Module, tokenizer) -> Path:
     """:func:`rlft.lora.save_final_model` by rank 0; returns ``run_dir/model``. Call it on every rank: a sharded
-    model's full weights are gathered first (collective). No barrier after it (the recipes write more files)."""
+    model's full weights are gathered first (collective). No barrier after it (the recipes write more files).
+
+    Raises:
+        NonFiniteError: the weights hold NaN or infinity: no final model is written (the last checkpoint stays)."""
+    check_finite_weights(model, None, None, run_dir)
     model_state, _ = distributed.full_state_dicts(model)
     if distributed.is_main():
         from rlft.lora import save_final_model

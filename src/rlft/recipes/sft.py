@@ -382,7 +382,7 @@ def train_sft(cfg: SFTConfig) -> Path:
             if distributed.active():
                 totals = distributed.all_reduce_sums({"loss": loss_total, "seen": seen})
                 loss_total, seen = totals["loss"], int(totals["seen"])
-            step_info = optimizer_step(setup, cfg.max_grad_norm)
+            step_info = optimizer_step(setup, cfg.max_grad_norm, loss=loss_total)  # stops on a non-finite loss or gradient
             elapsed = time.perf_counter() - t0
             record = {
                 "step": step + 1,

@@ -20,11 +20,14 @@ from typing import Literal
 from rlft.lora import LoRAOptions
 from rlft.models import DEFAULT_MODEL
 from rlft.options import CompileOptions, DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions
-from rlft.rl.options import (AdvantageName, BucketingName, ChatPromptOptions, CurriculumOptions, GroupFilterOptions,  # noqa: F401
+from rlft.rl.options import (AdvantageName, BucketingName, ChatPromptOptions, CurriculumOptions, GroupFilterOptions,
                              ImportanceOptions, InLoopEvalOptions, ISMode, KLEstimatorName, KLMode, KLOptions, LossMode,
                              PolicyLossName, PolicyLossOptions, RewardOptions, SamplingOptions, ShapingOptions)
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownTrainingOptions
 from rlft.validation import require, validate_options
+
+__all__ = ["RLConfig", "RLOO_DEFAULTS", "rloo_config",  # and the choice types of rlft.rl.options, re-exported
+           "AdvantageName", "BucketingName", "ISMode", "KLEstimatorName", "KLMode", "LossMode", "PolicyLossName"]
 
 
 @dataclass(frozen=True)

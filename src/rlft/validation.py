@@ -105,33 +105,14 @@ RULES: dict[str, Rule] = {
 type allows it) always passes: it means unset."""
 
 
-def _presets() -> list[str]:
-    from rlft.tasks.countdown.generator import PRESETS
-
-    return sorted(PRESETS)
-
-
-def _trace_styles() -> tuple[str, ...]:
-    from rlft.tasks.countdown.traces import TRACE_STYLES
-
-    return TRACE_STYLES
-
-
-def _prompt_templates() -> list[str]:
-    from rlft.tasks.countdown.prompts import PROMPT_TEMPLATES
-
-    return sorted(PROMPT_TEMPLATES)
-
-
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 CHOICES: dict[str, tuple[Callable[[str], bool], Callable[[], str]]] = {
     "dtype": (lambda v: v in ("auto", "float32", "bfloat16", "float16"), lambda: "one of 'auto', 'float32', 'bfloat16', 'float16'"),
     "device": (lambda v: bool(_DEVICE.match(v)), lambda: "'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
-    "preset": (lambda v: v in _presets(), lambda: "one of " + ", ".join(map(repr, _presets()))),
-    "prompt_template": (lambda v: v in _prompt_templates(), lambda: "one of " + ", ".join(map(repr, _prompt_templates()))),
-    "trace_style": (lambda v: v in _trace_styles(), lambda: "one of " + ", ".join(map(repr, _trace_styles()))),
 }
-"""Enumerations typed ``str`` (the choices live elsewhere), by field name: ``(is valid, what is)``."""
+"""Enumerations typed ``str``, by field name: ``(is valid, what is)``. Names whose choices live in a higher layer
+(Countdown presets, prompt templates, trace styles) are checked by the option blocks that own them
+(:func:`rlft.tasks.countdown.options.check_countdown_names`), so this module imports nothing from rlft."""
 
 
 def rule_for(name: str) -> Rule | None:

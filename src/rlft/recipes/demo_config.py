@@ -24,6 +24,7 @@ from typing import Literal
 
 from rlft.models import DEFAULT_MODEL
 from rlft.rl.options import AdvantageName, LossMode, PolicyLossName
+from rlft.tasks.countdown.options import check_countdown_names
 from rlft.validation import OptionError, require, validate_options
 
 QUICK: dict[str, object] = dict(
@@ -343,6 +344,7 @@ class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOption
 
     def __post_init__(self) -> None:
         validate_options(self)
+        check_countdown_names(self)  # --preset, --prompt-template, --trace-style
         self._apply_quick()
         self._check_evaluations()
         self._check_rl_stage()

@@ -25,6 +25,40 @@ from rlft.types import CountdownTask
 if TYPE_CHECKING:
     from rlft.tasks.countdown.splits import RowSplit
 
+COUNTDOWN_NAME_FIELDS = ("preset", "prompt_template", "trace_style")
+"""Option fields whose values name a Countdown preset, prompt template or trace style."""
+
+
+def _choices(name: str) -> list[str]:
+    if name == "preset":
+        from rlft.tasks.countdown.generator import PRESETS
+
+        return sorted(PRESETS)
+    if name == "prompt_template":
+        from rlft.tasks.countdown.prompts import PROMPT_TEMPLATES
+
+        return sorted(PROMPT_TEMPLATES)
+    from rlft.tasks.countdown.traces import TRACE_STYLES
+
+    return list(TRACE_STYLES)
+
+
+def check_countdown_names(cfg) -> None:
+    """Check the fields of ``cfg`` named in :data:`COUNTDOWN_NAME_FIELDS` (those it has) against the registries of
+    :mod:`rlft.tasks.countdown`: ``--preset`` (``generator.PRESETS``), ``--prompt-template``
+    (``prompts.PROMPT_TEMPLATES``), ``--trace-style`` (``traces.TRACE_STYLES``).
+
+    Raises:
+        OptionError: e.g. ``--preset: expected one of 'cog_behav', 'easy3', ..., got 'hard'``.
+    """
+    from rlft.validation import OptionError, flag
+
+    for name in COUNTDOWN_NAME_FIELDS:
+        value = getattr(cfg, name, None)
+        if isinstance(value, str) and value not in _choices(name):
+            raise OptionError(f"{flag(name)}: expected one of {', '.join(map(repr, _choices(name)))}, got {value!r}")
+
+
 DEFAULT_NUM_TRAIN = 2000
 """Generated training tasks of ``rlft sft`` and ``rlft rl`` by default (``--num-train``)."""
 
@@ -72,10 +106,10 @@ class CountdownOptions:
         return train, heldout[:n_heldout]
 
     def _check_countdown(self) -> None:
-        """Checks across the Countdown options (the preset and template names are checked by
-        :func:`rlft.validation.validate_options`)."""
+        """Checks across the Countdown options, and their preset and template names (:func:`check_countdown_names`)."""
         from rlft.validation import require
 
+        check_countdown_names(self)
         data = getattr(self, "data", None)
         require(self.data_split == "train" or isinstance(data, str),
                 f"--data-split {self.data_split} is only read with --data (a Hub dataset id)")

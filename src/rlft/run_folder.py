@@ -17,7 +17,10 @@ Rules (:func:`claim_run_dir`):
 - a folder holding a run (``config.yaml``, ``metrics.jsonl``, ``checkpoints/step-*`` or ``model/``)
   is refused unless ``--resume`` or ``--overwrite``;
 - ``--resume`` compares the config with the saved ``config.yaml``: a longer ``--max-steps`` is fine,
-  any other difference is listed and refused unless ``--resume-override`` names it;
+  any other difference is listed and refused unless ``--resume-override`` names it (a command without that option,
+  ``rlft demo``, is told to rerun with the saved values or start over). The folder's own path is not an option: a run
+  folder moved or renamed resumes, and a path option pointing inside the moved folder (the demo's stages name the SFT
+  model, the pairs and the rows under it) counts as the same when it names the same place in it;
 - ``--overwrite`` moves the old folder aside to ``<name>.replaced-<UTC time>`` (said in the log) when
   :meth:`RunFolder.open` is called, i.e. only once inputs are validated;
 - a folder holding anything else (not an rlft run) is refused unless ``--overwrite``.
@@ -58,10 +61,10 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
 """Entries that make a folder hold a run (``metrics.jsonl`` only when not empty)."""
 LEFTOVERS = ("data_stats.json", "ref_logps.pt", "eval.json", "environment.jsonl")
 """Files a run writes before its first checkpoint: alone, they do not make a folder hold a run."""
-RUN_CONTROL = ("resume", "overwrite", "resume_override", "distributed")
+RUN_CONTROL = ("resume", "overwrite", "resume_override", "distributed", "output_dir")
 """Fields that say how to start or run, not what to train: never compared on resume (``distributed``: the result
 does not depend on the strategy, and checkpoints resume under either; runs saved with the old default ``ddp``
-resume under the new ``auto``)."""
+resume under the new ``auto``; ``output_dir``: the folder being resumed, wherever it is now)."""
 
 
 class RunFolderError(UsageError):
@@ -90,25 +93,51 @@ def run_contents(path: Path) -> list[str]:
 def config_differences(saved: dict, cfg: Any) -> dict[str, tuple[Any, Any]]:
     """Fields whose value in ``cfg`` differs from the saved ``config.yaml`` mapping: ``{name: (saved, new)}``.
 
-    Not compared: :data:`RUN_CONTROL` fields, fields the saved file lacks, a ``max_steps`` that is
-    at least the saved one (a resumed run may go longer), and an ``output_dir`` naming the same folder
-    (``.`` in the run folder for the path it was started with).
+    Not compared: :data:`RUN_CONTROL` fields (``output_dir`` among them: a moved run folder resumes), fields the saved
+    file lacks, a ``max_steps`` that is at least the saved one (a resumed run may go longer), and a path that names the
+    same place inside the run folder after it moved (:func:`moved_root`: saved ``runs/demo/sft/model`` is
+    ``runs/old/demo/sft/model`` when ``runs/demo/rl`` is now ``runs/old/demo/rl``).
     """
     new = config_dict(cfg)
+    moved = moved_root(saved.get("output_dir"), new.get("output_dir"))
     out = {}
     for name, value in new.items():
         if name in RUN_CONTROL or name not in saved or saved[name] == value:
             continue
-        if name == "output_dir" and isinstance(value, str) and isinstance(saved[name], str) and _same_folder(value, saved[name]):
-            continue
         if name == "max_steps" and isinstance(value, int) and isinstance(saved[name], int) and value >= saved[name]:
+            continue
+        if moved and isinstance(value, str) and isinstance(saved[name], str) and _relocated(saved[name], moved) == _absolute(value):
             continue
         out[name] = (saved[name], value)
     return out
 
 
-def _same_folder(a: str, b: str) -> bool:
-    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+def _absolute(path: str) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def moved_root(saved_dir: Any, new_dir: Any) -> tuple[Path, Path] | None:
+    """``(old root, new root)`` when a run folder saved as ``saved_dir`` is now ``new_dir``: the two absolute paths
+    less the parts they end in alike (``/a/runs/demo/rl`` -> ``/b/old/demo/rl``: ``(/a/runs, /b/old)``); None when they
+    are the same place, are not both paths, or the old root is the file system's root (too wide to map)."""
+    if not isinstance(saved_dir, str) or not isinstance(new_dir, str):
+        return None
+    old, new = _absolute(saved_dir).parts, _absolute(new_dir).parts
+    tail = 0
+    while tail < min(len(old), len(new)) - 1 and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    if old == new or len(old) - tail < 2:
+        return None
+    return Path(*old[: len(old) - tail]), Path(*new[: len(new) - tail])
+
+
+def _relocated(path: str, moved: tuple[Path, Path]) -> Path | None:
+    """``path`` (absolute) with the old root replaced by the new one; None when it lies outside the old root."""
+    absolute = _absolute(path)
+    try:
+        return moved[1] / absolute.relative_to(moved[0])
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -224,6 +253,16 @@ def check_run_dir(cfg: Any, output_dir: str | Path | None = None, *, notes: bool
     return RunFolder(path, True, False, True)
 
 
+def _as_flag(name: str, value: Any) -> str:
+    """A saved option as it is typed on the command line: ``--seed 0``, ``--quick`` / ``--no-quick`` for a flag,
+    ``--rows None``, a list as its items, a string quoted when it holds a space."""
+    option = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return option if value else f"--no-{option[2:]}"
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return " ".join([option, *(repr(v) if isinstance(v, str) and (not v or any(c.isspace() for c in v)) else str(v) for v in items)])
+
+
 def _check_movable(path: Path) -> None:
     """Refuse ``--overwrite`` of a folder that cannot be moved aside: it holds the current folder, or is a mount point."""
     target, cwd = path.resolve(), Path.cwd().resolve()
@@ -251,8 +290,13 @@ def _check_resume_config(path: Path, cfg: Any, overrides: set[str], notes: bool 
     if refused:
         listed = "; ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in refused.items())
         names = " ".join(k.replace("_", "-") for k in refused)
-        raise RunFolderError(f"--resume: options differ from the run in {path} ({listed}); "
-                             f"pass --resume-override {names} to resume with the new values anyway")
+        if "resume_override" in {f.name for f in fields(cfg)}:
+            advice = f"pass --resume-override {names} to resume with the new values anyway"
+        else:  # rlft demo: each stage resumes with the options it started with, so there is nothing to override
+            saved_values = " ".join(_as_flag(k, old) for k, (old, _) in refused.items())
+            advice = (f"rerun with the saved values ({saved_values}), or pass --overwrite to start over (the folder is "
+                      "moved aside), or choose another --output-dir")
+        raise RunFolderError(f"--resume: options differ from the run in {path} ({listed}); {advice}")
     if diffs and notes:
         log.warning("--resume: resuming with changed options: %s",
                     "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in diffs.items()))

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from rlft.checkpoint import checkpoint_folders
 from rlft.recipes.demo import DemoConfig, run_demo
 from rlft.tasks.countdown.splits import load_split
 from rlft.validation import OptionError
@@ -108,3 +109,27 @@ def test_demo_defaults_are_the_countdown_real_setting():
     DemoConfig(update_micro_batch_size=8)  # divides the DPO batch of 32
     with pytest.raises(OptionError, match="--update-micro-batch-size"):
         DemoConfig(update_micro_batch_size=5)
+
+
+def test_a_moved_demo_resumes_its_unfinished_stage(demo_model_dir, tmp_path):
+    """A demo killed in its RL stage, its folder then moved and renamed: --resume from the new place reuses the base
+    and SFT evaluations and the SFT model, and the RL stage resumes from its checkpoint although its saved options
+    name the old folder (its --model is the SFT stage's model, its --data the generated rows)."""
+    import shutil
+
+    torch.set_num_threads(1)
+    old = tmp_path / "runs" / "demo"
+    cfg = DemoConfig(model=str(demo_model_dir), output_dir=str(old), quick=True, rows=None, device="cpu", pairs_prompts=0,
+                     passk=0, keep_checkpoints=True)
+    run_demo(cfg)
+    shutil.rmtree(old / "rl" / "model")  # as if killed after RL's step-1 checkpoint
+    shutil.rmtree(old / "rl" / "adapter", ignore_errors=True)
+    assert [c.name for c in checkpoint_folders(old / "rl")] == ["step-00000001"]
+    new = tmp_path / "archive" / "demo-moved"
+    new.parent.mkdir()
+    old.rename(new)
+    evals = {p.name: p.stat().st_mtime_ns for p in (new / "eval").glob("*.json") if not p.name.startswith("rl--")}
+    report = run_demo(DemoConfig(**{**cfg.__dict__, "output_dir": str(new), "resume": True}))
+    assert report == new / "report.md" and (new / "rl" / "model" / "config.json").is_file()
+    assert {p: (new / "eval" / p).stat().st_mtime_ns for p in evals} == evals  # reused, not evaluated again
+    assert [json.loads(line)["step"] for line in (new / "rl" / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]

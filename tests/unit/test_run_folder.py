@@ -17,7 +17,7 @@ import yaml
 from rlft.checkpoint import checkpoint_folders, checkpoint_problem, read_metrics
 from rlft.data.files import DataError
 from rlft.recipes.sft import train_sft
-from rlft.run_folder import RunFolderError, claim_run_dir
+from rlft.run_folder import RunFolderError, claim_run_dir, write_run_config
 from rlft.validation import OptionError
 
 from tests.conftest import interrupt_after_checkpoints, load_weights, write_jsonl_rows
@@ -235,3 +235,63 @@ def test_resume_does_not_compare_the_distributed_strategy():
 
     assert config_differences({"distributed": "ddp", "lr": 0.003}, SFTConfig(lr=0.003)) == {}
     assert config_differences({"distributed": "ddp", "lr": 0.003}, SFTConfig(lr=0.01)) == {"lr": (0.003, 0.01)}
+
+
+def test_demo_resume_with_changed_options_gives_advice_that_works(tmp_path):
+    """`rlft demo` has no --resume-override: the refusal names the saved values as flags, and rerunning with them
+    (appended to the same command line) resumes."""
+    from rlft.cli import parse_config
+    from rlft.recipes.demo import DemoConfig
+
+    folder = tmp_path / "demo"
+    folder.mkdir()
+    write_run_config(folder, DemoConfig(output_dir=str(folder), seed=0, rl_filter_groups=True))
+    argv = ["--output-dir", str(folder), "--resume", "--model", "other-model", "--seed", "3", "--no-rl-filter-groups"]
+    with pytest.raises(RunFolderError) as info:
+        claim_run_dir(parse_config(DemoConfig, argv, "demo", ""))
+    message = str(info.value)
+    assert message == (f"--resume: options differ from the run in {folder} (--rl-filter-groups True -> False; --model "
+                       "'smollm2-135m' -> 'other-model'; --seed 0 -> 3); rerun with the saved values (--rl-filter-groups "
+                       "--model smollm2-135m --seed 0), or pass --overwrite to start over (the folder is moved aside), or "
+                       "choose another --output-dir")
+    assert "--resume-override" not in message
+    saved = message.split("rerun with the saved values (")[1].split(")")[0].split()
+    claim_run_dir(parse_config(DemoConfig, argv + saved, "demo", ""))  # the advice, followed: accepted
+
+
+def test_a_moved_run_folder_resumes_and_its_inner_paths_follow(tmp_path, monkeypatch):
+    """The demo's folder moved (and renamed): its own path is not an option, and a stage's paths into the old folder
+    (RL's --model is the SFT stage's model, --data the generated rows) name the same places in the new one. A path
+    elsewhere that changed is still a difference; so is one inside the folder that names another place."""
+    from rlft.recipes.demo import DemoConfig
+    from rlft.rl.config import RLConfig
+    from rlft.run_folder import config_differences, moved_root
+
+    old, new = tmp_path / "runs" / "demo", tmp_path / "archive" / "demo-1"
+    old.mkdir(parents=True)
+    write_run_config(old, DemoConfig(output_dir=str(old)))
+    (old / "rl").mkdir()
+
+    def rl(root, **kw):
+        return RLConfig(model=str(root / "sft" / "model"), data=str(root / "data" / "rows.jsonl"), output_dir=str(root / "rl"), **kw)
+
+    write_run_config(old / "rl", rl(old))
+    (old / "rl" / "metrics.jsonl").write_text('{"step": 1}\n')
+    new.parent.mkdir()
+    old.rename(new)
+    claim_run_dir(DemoConfig(output_dir=str(new), resume=True))
+    claim_run_dir(rl(new, resume=True))
+    assert moved_root(str(old / "rl"), str(new / "rl")) == (old, new)
+    with pytest.raises(RunFolderError, match=r"\(--model '.*runs/demo/sft/model' -> '/elsewhere/model'\)"):
+        claim_run_dir(replace(rl(new, resume=True), model="/elsewhere/model"))
+    with pytest.raises(RunFolderError, match=r"--data '.*runs/demo/data/rows.jsonl' -> '.*archive/demo-1/data/other.jsonl'"):
+        claim_run_dir(replace(rl(new, resume=True), data=str(new / "data" / "other.jsonl")))
+    # relative paths, as `--output-dir runs/demo` records them, relative to where the command runs
+    monkeypatch.chdir(tmp_path)
+    saved = {"output_dir": "runs/demo/rl", "model": "runs/demo/sft/model", "lr": 1e-6}
+    moved = RLConfig(output_dir="archive/demo-1/rl", model="archive/demo-1/sft/model", lr=1e-6)
+    assert config_differences(saved, moved) == {}
+    assert config_differences(saved, replace(moved, model="archive/demo-2/sft/model")) == {
+        "model": ("runs/demo/sft/model", "archive/demo-2/sft/model")}
+    assert moved_root("/demo/rl", "/home/u/demo/rl") is None  # from the file system's root: too wide to map
+    assert moved_root("/a/demo/rl", "/a/demo/rl") is None and moved_root(None, "/a") is None

@@ -174,6 +174,13 @@ def test_run_eval_countdown_tiny_model(tmp_path, smol_tokenizer, template):
     saved = json.loads(out.read_text())
     assert saved["config"]["model"] == str(model_dir)
     assert CountdownEvalResult.from_dict(saved) == result
+    # a look at the test tasks is counted: one ledger line beside the output, naming the weights
+    from rlft.eval.ledger import count_test_looks, read_looks
+
+    looks = read_looks(out.parent / "test_looks.jsonl")
+    assert len(looks) == 1 and looks[0]["model_sha256"] == saved["config"]["model_sha256"] is not None
+    assert looks[0]["num_tasks"] == 3 and looks[0]["split"] == "test"
+    assert count_test_looks(out.parent / "test_looks.jsonl", saved["config"]["model_sha256"]) == 1
 
 
 def test_run_eval_countdown_from_file(tmp_path, smol_tokenizer):
@@ -195,4 +202,5 @@ def test_run_eval_countdown_from_file(tmp_path, smol_tokenizer):
         torch.set_num_threads(threads)
     assert (result.num_tasks, result.k, result.mode) == (2, 1, "greedy")
     assert [e["target"] for e in result.examples] == [16, 24]
+    assert not list(tmp_path.rglob("test_looks.jsonl"))  # --split all is not a look at the test rows
     assert result.pass_at_k == {1: result.accuracy}

@@ -70,6 +70,10 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
     a path inside a model folder, always)."""
     overwrite: bool = False
     """Replace an existing --output file."""
+    ledger: str | None = None
+    """--split test: the test-look ledger this evaluation appends one line to (rlft.eval.ledger: the weights'
+    SHA-256, date, rlft commit, score); None: test_looks.jsonl in --output's folder (without --output the look is
+    not recorded, with a warning). `rlft eval ledger PATH` counts the looks."""
     seed: int = 0
     """Sampling seed."""
     select: tuple[Selector, ...] = ()
@@ -127,6 +131,8 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
             from rlft.run_folder import check_output_file
 
             check_output_file(self.output, overwrite=self.overwrite)
+        if self.ledger is not None and Path(self.ledger).expanduser().is_dir():
+            raise OptionError(f"--ledger {self.ledger} is a folder: name the ledger file (e.g. test_looks.jsonl)")
         if self.greedy_from is not None and not Path(self.greedy_from).expanduser().is_file():
             raise OptionError(f"--greedy-from {self.greedy_from}: no such file")
         if self.select_reward_model is not None:
@@ -324,4 +330,13 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {**result.to_dict(), "config": {**asdict(cfg), "model_sha256": model_sha256},
                                  "environment": environment()})
+    if cfg.split == "test":  # a look at the held-out test tasks: counted (rlft.eval.ledger)
+        from rlft.eval.ledger import default_ledger_path, record_test_look
+
+        if cfg.output or cfg.ledger:
+            ledger = cfg.ledger or default_ledger_path(cfg.output)
+            record_test_look(result, {**asdict(cfg), "model_sha256": model_sha256}, ledger, eval_path=cfg.output)
+            log.info("test look recorded in %s", ledger)
+        else:
+            log.warning("an evaluation of the test rows without --output or --ledger: this look is not recorded")
     return result

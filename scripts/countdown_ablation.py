@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rlft.checkpoint import checkpoint_folders
 from rlft.recipes.pipeline import Setting, heldout_tasks, load_settings, load_variants
-from rlft.script_io import ArgumentParser, fail, run_script
+from rlft.script_io import ArgumentParser, fail, read_json, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "countdown" / "ablation"
@@ -208,7 +208,7 @@ def summed_step_seconds(metrics: Path) -> float:
 
 def rl_wallclock(ab: Ablation, seed: int) -> float:
     """Median training seconds of the finished RL variants of ``seed`` (the continued-SFT budget)."""
-    times = sorted(json.loads(p.read_text())["seconds"] for name, spec in ab.variants.items() if spec["kind"] == "rl"
+    times = sorted(read_json(p, "a variant's train_time.json")["seconds"] for name, spec in ab.variants.items() if spec["kind"] == "rl"
                    for p in [ab.out / name / f"s{seed}" / "train_time.json"] if p.exists())
     if not times:
         raise SystemExit("sft_continued needs a finished RL variant of the same seed first (its wall-clock is the budget)")

@@ -171,6 +171,53 @@ def test_a_file_without_a_cache_key_is_reused_when_its_size_fits(tmp_path, fake_
     assert _evaluate("no-such-model", path).mean_score == pytest.approx(0.4) and FakeEngine.calls == 1
 
 
+def test_a_damaged_cached_evaluation_is_an_error_naming_the_file(tmp_path, fake_loading):
+    """A cached evaluation cut short (or edited by hand) was a bare "Unterminated string ..." with no file name: now one
+    line naming the file and what to do, before any model loads; so is JSON that is not an evaluation."""
+    model, path = _model_folder(tmp_path / "model"), tmp_path / "eval" / "sft--greedy.json"
+    _evaluate(model, path)
+    text = path.read_text()
+    path.write_text(text[: text.index('"task_scores"') + 20])
+    with pytest.raises(ValueError) as info:
+        _evaluate(model, path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not JSON (") and "delete the file to evaluate again" in message and "\n" not in message
+    for bad, why in (("[1, 2]", ""), (json.dumps({**json.loads(text), "pass_at_k": [1.0]}), "AttributeError")):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=f"^{path}: not an evaluation rlft cached .*{why}"):
+            _evaluate(model, path)
+    assert FakeEngine.calls == 1
+    path.unlink()  # the advice, followed
+    assert _evaluate(model, path).task_scores == [[1.0], [0.1], [0.1]]
+
+
+def test_damaged_pair_counts_and_a_torn_metrics_line_in_the_demo(tmp_path, capsys):
+    """The demo's other cached files: the pairs' stats (named when damaged) and a stage's metrics, whose last line cut
+    by a kill is left out of the report's curves (with a note) instead of stopping the report."""
+    from rlft.recipes.demo_countdown import pairs_stats
+    from rlft.recipes.demo_countdown_report import _metrics
+
+    pairs = tmp_path / "pairs" / "countdown.jsonl"
+    pairs.parent.mkdir()
+    stats = pairs.with_suffix(".stats.json")
+    stats.write_text('{"prompts": 8, "kept": 0, "dropp')
+    with pytest.raises(ValueError, match=f"^{stats}: not JSON .*delete it and the pairs file to sample them again"):
+        pairs_stats(pairs)
+    stats.write_text('{"prompts": 8}')
+    with pytest.raises(ValueError, match=f"^{stats}: not the pair counts"):
+        pairs_stats(pairs)
+    stats.write_text('{"prompts": 8, "kept": 2, "dropped_ties": 6}')
+    assert pairs_stats(pairs)["kept"] == 2
+    metrics = tmp_path / "sft" / "metrics.jsonl"
+    assert _metrics(metrics) == []  # a stage that did not run
+    metrics.parent.mkdir()
+    metrics.write_text('{"step": 1, "loss/sft": 2.0}\n{"step": 2, "loss/s')
+    assert _metrics(metrics) == [{"step": 1, "loss/sft": 2.0}] and "line 2 is cut short" in capsys.readouterr().err
+    metrics.write_text('{"step": 1, "loss/s\n{"step": 2, "loss/sft": 2.0}\n')
+    with pytest.raises(ValueError, match=f"^{metrics}: line 1 is not a JSON object"):
+        _metrics(metrics)
+
+
 def test_the_model_is_loaded_once_for_every_job_left(tmp_path, fake_loading):
     greedy, sampled = SamplingParams(k=1, temperature=0.0, max_new_tokens=8), SamplingParams(k=2, temperature=0.6, max_new_tokens=8)
     jobs = {"greedy": EvalJob(tmp_path / "g.json", TASKS, greedy), "sampled": EvalJob(tmp_path / "s.json", TASKS[:2], sampled)}

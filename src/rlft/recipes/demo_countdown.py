@@ -20,7 +20,6 @@ checkpoint, so a killed demo continues where it stopped. Time of the defaults: s
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from functools import partial
@@ -90,6 +89,23 @@ def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoC
                            device=cfg.device, dtype=cfg.dtype, reuse=cfg.resume, label=label, show_progress=True)
 
 
+def pairs_stats(pairs_path: Path) -> dict:
+    """The counts ``pairs countdown`` wrote beside its pairs (``<name>.stats.json``: prompts, kept, dropped_ties).
+
+    Raises:
+        ValueError: naming the file: missing, damaged (not JSON) or without those counts; deleting the pairs file and
+            its stats samples them again on ``--resume``.
+    """
+    from rlft.script_io import read_json
+
+    path = pairs_path.with_suffix(".stats.json")
+    what = "the pair counts `rlft pairs countdown` writes (delete it and the pairs file to sample them again)"
+    stats = read_json(path, what)
+    if not isinstance(stats, dict) or not all(isinstance(stats.get(k), int) for k in ("prompts", "kept", "dropped_ties")):
+        raise ValueError(f"{path}: not {what}")
+    return stats
+
+
 def run_countdown_demo(cfg: DemoConfig) -> Path:
     """Run the Countdown demo; returns the report path. With --resume, stages whose output exists are skipped and
     evaluations whose cache still answers them are read back (:mod:`rlft.recipes.pipeline`)."""
@@ -138,7 +154,7 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
             model=str(sft), data=rows, num_prompts=cfg.pairs_prompts, start=len(split.train) - cfg.pairs_prompts,
             prompt_template=cfg.prompt_template, num_samples=cfg.pairs_samples, temperature=cfg.pairs_temperature,
             max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size, output=str(pairs_path), seed=cfg.seed, **device)))
-        stats = json.loads(pairs_path.with_suffix(".stats.json").read_text())
+        stats = pairs_stats(pairs_path)
         notes.append(f"on-policy pairs: {stats['prompts']} prompts (the last training rows), {stats['kept']} kept, "
                      f"{stats['dropped_ties']} dropped as ties")
         if stats["kept"] == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlft.checkpoint import read_metrics
+from rlft.script_io import read_metrics
 from rlft.eval.countdown import CountdownEvalResult, paired_difference, subset
 from rlft.eval.report import markdown_table, plot_curve, plot_grouped_bars, plot_samples_vs_score
 from rlft.eval.select import selected_scores
@@ -106,8 +106,14 @@ def selection_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalR
     return markdown_table(["model", "answer", "score", "minus greedy [95% CI]", "tokens generated per task"], rows)
 
 
+def _metrics(path: Path) -> list[dict]:
+    """A stage's metrics records ([] for a stage that did not run); a last line cut short by a kill is left out, any
+    other damage is a ValueError naming the file (:func:`rlft.script_io.read_metrics`)."""
+    return read_metrics(path) if Path(path).is_file() else []
+
+
 def _curve_section(title: str, metrics_path: Path, keys: list[tuple[str, str]], png_dir: Path) -> str:
-    records = read_metrics(metrics_path)
+    records = _metrics(metrics_path)
     if not records:
         return ""
     lines = [f"### {title}", ""]
@@ -121,7 +127,7 @@ def _curve_section(title: str, metrics_path: Path, keys: list[tuple[str, str]], 
 
 def samples_vs_score_section(cfg: DemoConfig, run_dir: Path) -> str:
     """The RL run's greedy score on validation rows (its in-loop evaluations, from step 0) against samples generated."""
-    records = read_metrics(run_dir / "rl" / "metrics.jsonl")
+    records = _metrics(run_dir / "rl" / "metrics.jsonl")
     png = plot_samples_vs_score({"rl": records}, run_dir / "samples_vs_score.png",
                                 ylabel=f"greedy score (first {cfg.rl_eval_limit} validation rows)",
                                 title="RL from SFT: validation score against samples generated")

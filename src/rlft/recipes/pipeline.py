@@ -115,10 +115,18 @@ def read_cached(path: Path, key: dict, job: EvalJob) -> CountdownEvalResult | No
 
     A file with a ``cache_key`` must match ``key``; a file without one (written before keys were recorded, or
     archived) is taken as it is. Either way its samples per task and its number of tasks must be the job's.
+
+    Raises:
+        ValueError: naming ``path``: it is not JSON (damaged) or not an evaluation; deleting it evaluates again.
     """
+    from rlft.script_io import read_json
+
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    what = "an evaluation rlft cached (delete the file to evaluate again)"
+    data = read_json(path, what)
+    if not isinstance(data, dict) or not isinstance(data.get("cache_key", {}), (dict, type(None))):
+        raise ValueError(f"{path}: not {what}")
     recorded = data.get("cache_key")
     stale = [name for name in key if recorded is not None and recorded.get(name) != key[name]]
     if data.get("k") != job.params.k or len(data.get("task_scores", [])) != len(job.tasks):
@@ -126,7 +134,10 @@ def read_cached(path: Path, key: dict, job: EvalJob) -> CountdownEvalResult | No
     if stale:
         log.info("%s is stale (%s differ): evaluating again", path, ", ".join(stale))
         return None
-    return CountdownEvalResult.from_dict(data)
+    try:
+        return CountdownEvalResult.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: not {what} ({type(e).__name__}: {e})") from None
 
 
 def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_template: str, batch_size: int,

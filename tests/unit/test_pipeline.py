@@ -191,6 +191,14 @@ def test_a_damaged_cached_evaluation_is_an_error_naming_the_file(tmp_path, fake_
     assert _evaluate(model, path).task_scores == [[1.0], [0.1], [0.1]]
 
 
+def test_a_settings_file_that_is_not_yaml_is_named(tmp_path):
+    from rlft.recipes.pipeline import read_yaml
+
+    (tmp_path / "settings.yaml").write_text("common: {rl: [1, 2\n")
+    with pytest.raises(OptionError, match=f"^{tmp_path / 'settings.yaml'}: not YAML \\(while parsing"):
+        read_yaml(tmp_path / "settings.yaml")
+
+
 def test_damaged_pair_counts_and_a_torn_metrics_line_in_the_demo(tmp_path, capsys):
     """The demo's other cached files: the pairs' stats (named when damaged) and a stage's metrics, whose last line cut
     by a kill is left out of the report's curves (with a note) instead of stopping the report."""

@@ -207,7 +207,7 @@ def read_yaml(path: str | Path) -> dict:
     """The mapping in a YAML file, ``1e-4``-style strings read as floats (YAML 1.1 reads them as strings).
 
     Raises:
-        OptionError: the file is missing or holds no mapping (the message names the file).
+        OptionError: the file is missing, is not YAML or holds no mapping (the message names the file).
     """
     import yaml
 
@@ -219,7 +219,10 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise OptionError(f"{path}: no such file")
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise OptionError(f"{path}: not YAML ({' '.join(str(e).split())})") from None
     if not isinstance(data, dict):
         raise OptionError(f"{path}: expected a mapping")
     return number(data)

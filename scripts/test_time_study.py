@@ -45,9 +45,8 @@ DIRECT_SELECTORS = ("majority", "oracle")
 
 
 def check_same_model(name: str, sampled: dict, greedy: dict, greedy_path: str) -> None:
-    """ScriptError when the two ``config``s record other weights (``model_sha256``), another prompt template or
-    another ``max_new_tokens``: a model's samples are paired only with the greedy answers of the same model file,
-    prompted and cut alike (a value a file does not record is not checked)."""
+    """ScriptError when the two ``config``s record other weights (``model_sha256``), prompt templates or
+    ``max_new_tokens``: samples pair only with the same model file's greedy answers, prompted and cut alike."""
     a, b = sampled.get("model_sha256"), greedy.get("model_sha256")
     if other_weights(a, b):
         fail(f"--model {name}: {greedy_path} evaluated weights {b[:16]}..., the samples {a[:16]}...: "
@@ -65,8 +64,7 @@ def named(spec: str, option: str) -> tuple[str, list[str]]:
 
 
 def parse_specs(args) -> tuple[list[tuple[str, list[str], bool]], list[tuple[str, str]]]:
-    """``([(name, paths, direct), ...], [(label, path), ...])`` of ``--model``/``--direct`` and ``--point``; ScriptError
-    when a name or label is given twice (the later would replace the earlier in the table and plot)."""
+    """``([(name, paths, direct)], [(label, path)])`` of the options; ScriptError when a name or label is given twice."""
     models = [(*named(s, "--direct" if direct else "--model"), direct)
               for s, direct in [(s, False) for s in args.model] + [(s, True) for s in args.direct]]
     points = [(label, paths[0]) for label, paths in (named(s, "--point") for s in args.point)]
@@ -225,8 +223,8 @@ def versus(models: dict[str, dict], names: list[str]) -> str:
     at the same n (paired task by task, 95% interval), and at B's tokens per task (A's curve of the same selector
     interpolated to B's cost, :func:`rlft.eval.best_of_n.equal_cost_comparison`; "-" for the oracle and where B's cost
     lies outside A's curve; a row only where one of the two exists). ScriptError when A or B is not a ``--model`` name or their tasks differ."""
-    if len(names) != 2 or any(n not in models for n in names):
-        fail(f"--versus {names}: expected two --model names ({', '.join(models)})")
+    if len(names) != 2 or any(n not in models for n in names) or names[0] == names[1]:
+        fail(f"--versus {names}: expected two different --model names ({', '.join(models)})")
     (na, a), (nb, b) = ((n, models[n]) for n in names)
     if a["tasks"] != b["tasks"]:
         fail(f"--versus {names}: {na} and {nb} were evaluated on other tasks (no paired difference)")
@@ -285,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         fail("give at least one --model or --direct")
     if any(n < 1 for n in args.sizes or ()):
         fail(f"--sizes must be >= 1, got {' '.join(map(str, args.sizes))}")
+    if Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
+        fail(f"--plot {args.plot}: name a .png, .pdf or .svg file (the format follows the name)")
     specs, point_specs = parse_specs(args)
     inputs = [p for _, paths, _ in specs for p in paths] + [p for _, p in point_specs]
     out = check_outputs({"--markdown": args.markdown, "--plot": args.plot}, inputs, overwrite=args.overwrite)

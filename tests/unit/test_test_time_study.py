@@ -180,7 +180,7 @@ def test_versus_pairs_two_models_at_the_same_n_and_at_equal_tokens(tmp_path):
     assert f"| majority | 4 | 0.400 - 0.100 = {_diff_cell([0, 0.9, 0])} | 53 / 40 | " \
            f"0.400 (n=2-4) - 0.100 = {_diff_cell([0, 0.54, 0.36])} |" in text
     assert f"| oracle = pass@n (upper bound) | 4 | 1.000 - 0.100 = {_diff_cell([0.9, 0.9, 0.9])} | 53 / 40 | - |" in text
-    with pytest.raises(ScriptError, match="expected two --model names"):
+    with pytest.raises(ScriptError, match="expected two different --model names"):
         m.main(["--model", f"B={b},{greedy}", "--versus", "A", "B", "--plot", str(tmp_path / "q.png")])
 
 
@@ -195,7 +195,7 @@ def test_outputs_never_replace_an_input_or_an_existing_file(tmp_path, capsys):
     for extra in ([], ["--overwrite"]):
         with pytest.raises(ScriptError, match=f"--markdown {greedy} is the input"):
             m.main([*base, "--markdown", greedy, "--plot", str(tmp_path / "p.png"), *extra])
-        with pytest.raises(ScriptError, match=f"--plot {sampled} is the input"):
+        with pytest.raises(ScriptError, match=f"--plot {sampled}: name a .png"):  # an input is never a picture's name
             m.main([*base, "--plot", sampled, *extra])
     assert Path(greedy).read_bytes() == before and not (tmp_path / "p.png").exists()
     md = tmp_path / "study.md"
@@ -204,9 +204,10 @@ def test_outputs_never_replace_an_input_or_an_existing_file(tmp_path, capsys):
         m.main(["--model", f"m={tmp_path / 'missing.json'}", "--markdown", str(md), "--plot", str(tmp_path / "p.png")])
     assert md.read_text() == "an earlier study"
     with pytest.raises(ScriptError, match="--markdown and --plot name the same file"):
-        m.main([*base, "--markdown", str(tmp_path / "x"), "--plot", str(tmp_path / "x")])
+        m.main([*base, "--markdown", str(tmp_path / "x.png"), "--plot", str(tmp_path / "x.png")])
+    (tmp_path / "folder.png").mkdir()
     with pytest.raises(OutputPathError, match="is a folder"):
-        m.main([*base, "--plot", str(tmp_path)])
+        m.main([*base, "--plot", str(tmp_path / "folder.png")])
     m.main([*base, "--markdown", str(md), "--plot", str(tmp_path / "p.png"), "--overwrite"])
     assert md.read_text().startswith("## Score against N")
 
@@ -258,6 +259,11 @@ def test_sizes_above_every_k_are_refused(tmp_path):
         m.main(["--model", f"m={sampled},{greedy}", "--sizes", "1", "8", "16", "--plot", str(tmp_path / "p.png")])
     with pytest.raises(ScriptError, match="--sizes must be >= 1"):
         m.main(["--model", f"m={sampled},{greedy}", "--sizes", "0", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(ScriptError, match="--plot .*study.md: name a .png, .pdf or .svg file"):  # found before any output
+        m.main(["--model", f"m={sampled},{greedy}", "--markdown", str(tmp_path / "s.md"), "--plot", str(tmp_path / "study.md")])
+    assert not (tmp_path / "s.md").exists()
+    with pytest.raises(ScriptError, match="expected two different --model names"):
+        m.main(["--model", f"m={sampled},{greedy}", "--versus", "m", "m", "--plot", str(tmp_path / "p.png")])
 
 
 def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):

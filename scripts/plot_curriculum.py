@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlft.script_io import ArgumentParser, check_outputs, fail, read_metrics, run_script
+from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
 
 
 def load(path: Path) -> list[dict]:
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write (a new file)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
+    check_picture("--out", args.out)
     check_outputs({"--out": args.out}, [args.sec, args.uniform], overwrite=args.overwrite)
     sec, uniform = load(args.sec), load(args.uniform)
     curves = bucket_curves(sec)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlft.eval.countdown import CountdownEvalResult, read_eval_file
-from rlft.script_io import ArgumentParser, check_outputs, fail, read_metrics, run_script
+from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
 
 
 def load_eval(path: Path) -> CountdownEvalResult:
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
     inputs = [args.start] + [p for spec in args.run for p in parse_run(spec)[1:]]
+    check_picture("--out", args.out)
     check_outputs({"--out": args.out}, inputs, overwrite=args.overwrite)
     start = load_eval(args.start)
     runs = [load_run(spec) for spec in args.run]

@@ -38,7 +38,7 @@ from rlft.eval.best_of_n import (LABELS, available_selectors, check_same_tasks, 
 from rlft.eval.countdown import CountdownEvalResult, other_settings, other_weights, paired_difference, read_eval_file
 from rlft.eval.report import markdown_table
 from rlft.eval.select import SELECTORS, selected_scores
-from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
+from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, run_script
 
 SIZES = (1, 2, 4, 8, 16)
 DIRECT_SELECTORS = ("majority", "oracle")
@@ -283,8 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         fail("give at least one --model or --direct")
     if any(n < 1 for n in args.sizes or ()):
         fail(f"--sizes must be >= 1, got {' '.join(map(str, args.sizes))}")
-    if Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
-        fail(f"--plot {args.plot}: name a .png, .pdf or .svg file (the format follows the name)")
+    check_picture("--plot", args.plot)
     specs, point_specs = parse_specs(args)
     inputs = [p for _, paths, _ in specs for p in paths] + [p for _, p in point_specs]
     out = check_outputs({"--markdown": args.markdown, "--plot": args.plot}, inputs, overwrite=args.overwrite)

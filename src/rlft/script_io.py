@@ -75,6 +75,16 @@ def check_outputs(outputs: dict[str, str | Path | None], inputs: Iterable[str | 
     return given
 
 
+PICTURES = (".png", ".pdf", ".svg")
+"""The file names a plot may have: matplotlib picks the format from the name."""
+
+
+def check_picture(option: str, path: str | Path) -> None:
+    """ScriptError unless ``path`` ends in one of :data:`PICTURES` (else the plot would fail after the work is done)."""
+    if Path(path).suffix.lower() not in PICTURES:
+        fail(f"{option} {path}: name a {', '.join(PICTURES[:-1])} or {PICTURES[-1]} file (the format follows the name)")
+
+
 def read_json(path: str | Path, what: str = "a JSON file") -> Any:
     """The JSON value in ``path``.
 

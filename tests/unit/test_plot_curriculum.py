@@ -57,7 +57,7 @@ def test_a_last_line_cut_short_is_left_out_and_out_is_checked(plot, tmp_path, ca
     plot.main(["--sec", str(sec), "--uniform", str(uniform), "--out", str(tmp_path / "c.png")])
     assert "sec.jsonl: line 3 is cut short" in capsys.readouterr().err
     before = uniform.read_bytes()
-    for out, extra, message in ((uniform, ["--overwrite"], "--out .*uni.jsonl is the input"),
+    for out, extra, message in ((uniform, ["--overwrite"], "--out .*uni.jsonl: name a .png, .pdf or .svg file"),
                                 (tmp_path / "c.png", [], "c.png already exists; pass --overwrite")):
         with pytest.raises(SystemExit) as exit_info:
             plot.run_script(plot.main, ["--sec", str(sec), "--uniform", str(uniform), "--out", str(out), *extra], prog="plot_curriculum.py")

@@ -77,8 +77,8 @@ def test_out_never_replaces_an_input_or_an_existing_file(tmp_path, capsys):
     metrics = write_metrics(tmp_path / "m.jsonl", [0.0])
     before = Path(metrics).read_bytes()
     script = load_script("plot_truncation")
-    for out, extra, message in ((metrics, ["--overwrite"], "--out .*m.jsonl is the input"),
-                                (start, [], "--out .*start.json is the input"),
+    for out, extra, message in ((metrics, ["--overwrite"], "--out .*m.jsonl: name a .png, .pdf or .svg file"),
+                                (start, [], "--out .*start.json: name a .png"),
                                 (str(tmp_path / "old.png"), [], "old.png already exists; pass --overwrite")):
         (tmp_path / "old.png").write_bytes(b"old")
         with pytest.raises(SystemExit) as exit_info:

@@ -8,7 +8,7 @@ import pytest
 
 from rlft.eval.countdown import other_settings
 from rlft.run_folder import OutputPathError
-from rlft.script_io import ArgumentParser, ScriptError, check_outputs, read_json, run_script
+from rlft.script_io import ArgumentParser, ScriptError, check_outputs, check_picture, read_json, run_script
 
 
 def test_check_outputs_refuses_inputs_existing_files_folders_and_twins(tmp_path):
@@ -29,6 +29,9 @@ def test_check_outputs_refuses_inputs_existing_files_folders_and_twins(tmp_path)
     with pytest.raises(ScriptError, match="--a and --b name the same file"):
         check_outputs({"--a": tmp_path / "x", "--b": tmp_path / "x"}, [])
     assert old.read_text() == "{}" and data.read_text() == "{}\n"
+    check_picture("--plot", "a/b.PNG")
+    with pytest.raises(ScriptError, match="--plot study.md: name a .png, .pdf or .svg file"):
+        check_picture("--plot", "study.md")
 
 
 def test_read_json_names_the_file(tmp_path):

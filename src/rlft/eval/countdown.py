@@ -39,7 +39,10 @@ class CountdownEvalResult:
     """Sampled: unbiased pass@j for j in the powers of 2 below k, and k; greedy: {1: accuracy}."""
     mean_completion_tokens: float
     truncated_rate: float
-    """Fraction of samples that hit max_new_tokens (finish_reason "length")."""
+    """Fraction of samples that hit max_new_tokens (finish_reason "length"), the looped ones included."""
+    looped_rate: float = 0.0
+    """Fraction of samples the loop stop (``SamplingParams.stop_repeats``) ended after a repeated line; they are
+    counted as truncated too (no EOS, no answer). 0.0 without the stop, or in a file written before it existed."""
     examples: list[dict] = field(default_factory=list)
     """The first few tasks: prompt_tail, completion (first sample), score, target, nums."""
     task_scores: list[list[float]] = field(default_factory=list)
@@ -49,6 +52,9 @@ class CountdownEvalResult:
     """Per task, in task order: ``{"nums": [...], "target": n}`` (so an archived evaluation names its tasks)."""
     task_truncated: list[list[bool]] = field(default_factory=list)
     """(num_tasks, k): True where the sample hit max_new_tokens without EOS."""
+    task_looped: list[list[bool]] = field(default_factory=list)
+    """(num_tasks, k): True where the loop stop ended the sample (then ``task_truncated`` is True too); empty in a
+    file written before the stop existed."""
     task_tokens: list[list[int]] = field(default_factory=list)
     """(num_tasks, k): generated tokens of each sample (the cost of test-time selection)."""
     task_values: list[list[float | None]] = field(default_factory=list)
@@ -177,13 +183,15 @@ def evaluate_countdown(
         task_values=[[answer_value(prompt, s.text) for s in row] for prompt, row in zip(prompts, samples)],
         task_certainty=[[s.self_certainty for s in row] for row in samples],
         examples=examples,
+        task_looped=[[s.looped for s in row] for row in samples],
     )
 
 
 def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], task_truncated: list[list[bool]],
               task_tokens: list[list[int]], task_values: list[list[float | None]],
               task_certainty: list[list[float | None]], examples: list[dict] | None = None,
-              task_rm_scores: list[list[float]] | None = None) -> CountdownEvalResult:
+              task_rm_scores: list[list[float]] | None = None,
+              task_looped: list[list[bool]] | None = None) -> CountdownEvalResult:
     """A :class:`CountdownEvalResult` from its per-task lists, each of shape (num_tasks, k): the rates are means
     over all tasks x samples; pass@j (sampled: j in :func:`pass_at_k_sizes`, unbiased estimator; greedy: {1:
     accuracy}); ``by_size`` (:func:`size_summary`). ``mode``: ``"greedy"`` or ``"sampled"``.
@@ -198,7 +206,8 @@ def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], t
         raise ValueError(f"tasks: every per-task list needs {n} tasks (task_scores' length), got {len(tasks)} tasks")
     per_task = {"task_scores": task_scores, "task_truncated": task_truncated, "task_tokens": task_tokens,
                 "task_values": task_values, "task_certainty": task_certainty,
-                **({"task_rm_scores": task_rm_scores} if task_rm_scores else {})}
+                **({"task_rm_scores": task_rm_scores} if task_rm_scores else {}),
+                **({"task_looped": task_looped} if task_looped else {})}
     for name, rows in per_task.items():
         if k == 0 or len(rows) != n or any(len(row) != k for row in rows):
             raise ValueError(f"{name}: every per-task list needs {n} tasks of {k} samples each (task_scores' shape), "
@@ -220,6 +229,7 @@ def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], t
         pass_at_k=pass_at,
         mean_completion_tokens=sum(x for row in task_tokens for x in row) / len(flat),
         truncated_rate=sum(x for row in task_truncated for x in row) / len(flat),
+        looped_rate=sum(x for row in task_looped for x in row) / len(flat) if task_looped else 0.0,
         examples=examples or [],
         task_scores=task_scores,
         tasks=tasks,
@@ -228,6 +238,7 @@ def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], t
         task_values=task_values,
         task_certainty=task_certainty,
         task_rm_scores=task_rm_scores or [],
+        task_looped=task_looped or [],
     )
     result.by_size = size_summary(result)
     return result
@@ -303,6 +314,7 @@ def print_result(result: CountdownEvalResult, title: str = "Countdown eval") -> 
         *((f"pass@{j}", f"{v:.4f}") for j, v in result.pass_at_k.items()),
         ("mean completion tokens", f"{result.mean_completion_tokens:.1f}"),
         ("truncated rate", f"{result.truncated_rate:.4f}"),
+        *((("looped rate", f"{result.looped_rate:.4f}"),) if result.task_looped else ()),
     ]
     for name, value in rows:
         table.add_row(name, value)
@@ -345,4 +357,5 @@ def merge_samples(results: list[CountdownEvalResult]) -> CountdownEvalResult:
     return summarize("sampled", task_scores=joined("task_scores"), tasks=results[0].tasks,
                      task_truncated=joined("task_truncated"), task_tokens=joined("task_tokens"),
                      task_values=joined("task_values"), task_certainty=joined("task_certainty"),
-                     examples=results[0].examples, task_rm_scores=joined("task_rm_scores") if all(with_rm) else None)
+                     examples=results[0].examples, task_rm_scores=joined("task_rm_scores") if all(with_rm) else None,
+                     task_looped=joined("task_looped") if all(r.task_looped for r in results) else None)

@@ -94,6 +94,7 @@ RULES: dict[str, Rule] = {
     "lora_alpha": POSITIVE,
     "lora_dropout": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
     "temperature": NON_NEGATIVE,
+    "repetition_limit": _at_least(2),  # rl: a line written N times (not the "limit" count rule)
     # probabilities
     "warmup_ratio": PROBABILITY,
     "give_up": PROBABILITY,

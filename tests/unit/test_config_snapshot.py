@@ -43,7 +43,8 @@ HELP_REWORDED: dict[str, set[str]] = {
 Countdown options, one block with one help text since 2026-11-27 (rlft.tasks.countdown.options)."""
 
 
-ADDED = {"RLConfig": {"compile": False}, "EvalCountdownConfig": {"ledger": None}}
+ADDED = {"RLConfig": {"compile": False, "repetition_limit": None, "repetition_penalty": None},
+         "EvalCountdownConfig": {"ledger": None}}
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets it)."""
 ADDED_FLAGS = {"rl": {"--compile"}, "rloo": {"--compile"}, "eval countdown": {"--ledger"}}
 

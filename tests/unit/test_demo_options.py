@@ -18,7 +18,7 @@ BLOCKS = (DemoSFTOptions, DemoRLOptions, DemoPreferenceOptions, DemoEvalOptions,
 
 def test_demo_config_is_its_blocks():
     names = [f.name for f in dataclasses.fields(DemoConfig)]
-    assert len(names) == len(set(names)) == 80
+    assert len(names) == len(set(names)) == 82
     in_blocks = [f.name for block in BLOCKS for f in dataclasses.fields(block)]
     assert len(in_blocks) == len(set(in_blocks)) and not set(DemoConfig.__dict__["__annotations__"]) & set(in_blocks)
     assert all(n.startswith("rl_") for n in (f.name for f in dataclasses.fields(DemoRLOptions)))
@@ -55,6 +55,9 @@ def test_quick_with_explicit_options_on_the_command_line(capsys, tmp_path, monke
     ({"rl_overlong_buffer": 300}, r"--rl-overlong-buffer \(300\) must be <= --max-new-tokens \(256\)"),
     ({"rl_overlong_buffer": 64, "quick": True}, r"--rl-overlong-buffer \(64\) must be <= --max-new-tokens \(32\)"),
     ({"rl_lora_r": 4, "rl_lora_alpha": 0.0}, "--rl-lora-alpha must be > 0"),
+    ({"rl_repetition_penalty": -0.5}, r"--rl-repetition-penalty is only read with --rl-repetition-limit \("),
+    ({"rl_repetition_limit": 3, "rl_repetition_penalty": 0.5}, r"--rl-repetition-penalty must be <= 0"),
+    ({"rl_repetition_limit": 1}, r"--rl-repetition-limit must be >= 2"),
     ({"pairs_temperature": 0.0}, "--pairs-temperature must be > 0"),
     ({"pairs_samples": 1}, "--pairs-samples must be >= 2"),
     ({"passk_temperature": 0.0}, "--passk-temperature must be > 0"),
@@ -64,6 +67,12 @@ def test_quick_with_explicit_options_on_the_command_line(capsys, tmp_path, monke
 def test_stage_options_are_refused_at_parse_time_in_the_demo_words(options, message):
     with pytest.raises(OptionError, match=message):
         DemoConfig(**options)
+
+
+def test_the_repetition_options_reach_the_rl_stage():
+    cfg = DemoConfig(rl_repetition_limit=4, rl_repetition_penalty=-0.5)
+    assert (cfg.rl_options()["repetition_limit"], cfg.rl_options()["repetition_penalty"]) == (4, -0.5)
+    assert (DemoConfig().rl_repetition_limit, DemoConfig().rl_repetition_penalty) == (None, None)  # off by default
 
 
 def test_a_skipped_stage_is_not_checked():
@@ -77,6 +86,7 @@ def test_a_skipped_stage_is_not_checked():
     (["--rl-k", "1"], "--rl-k >= 2"),
     (["--rl-overlong-buffer", "300"], "--rl-overlong-buffer (300) must be <= --max-new-tokens (256)"),
     (["--rl-temperature", "0"], "--rl-temperature must be > 0"),
+    (["--rl-repetition-penalty", "-0.5"], "--rl-repetition-penalty is only read with --rl-repetition-limit"),
 ])
 def test_dry_run_refuses_them_in_one_line(capsys, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)

@@ -25,7 +25,7 @@ def test_rl_config_is_its_blocks():
     own = set(RLConfig.__dict__["__annotations__"])
     from_blocks = {f.name for block in BLOCKS for f in dataclasses.fields(block)}
     assert not own & from_blocks  # a field lives in one place
-    assert len(dataclasses.fields(RLConfig)) == 85  # the 84 options of 2026-11-27 and --compile
+    assert len(dataclasses.fields(RLConfig)) == 87  # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty
     assert RLConfig().compile is False and RLConfig(compile=True).compile is True
 
 
@@ -33,6 +33,9 @@ REFUSED = [
     # (options, what the one-line error says)
     ({"overlong_penalty": 0.5}, "--overlong-penalty is only read with --overlong-buffer"),
     ({"overlong_penalty": 0.5, "overlong_buffer": 0}, "--overlong-penalty is only read with --overlong-buffer"),
+    ({"repetition_penalty": -0.5}, "--repetition-penalty is only read with --repetition-limit"),
+    ({"repetition_limit": 1}, "--repetition-limit must be >= 2"),
+    ({"repetition_limit": 4, "repetition_penalty": 0.5}, "--repetition-penalty must be <= 0"),
     ({"curriculum_tau": 0.4}, "--curriculum-tau is only read with --curriculum sec"),
     ({"curriculum_alpha": 0.3}, "--curriculum-alpha is only read with --curriculum sec"),
     ({"is_cap": 2.0}, "--is-cap is only read with --is-correction"),
@@ -53,6 +56,7 @@ def test_options_that_do_nothing_or_are_out_of_range_are_refused(options, messag
 
 def test_the_same_options_are_accepted_where_they_are_read():
     RLConfig(overlong_buffer=16, overlong_penalty=0.5)
+    RLConfig(repetition_limit=4, repetition_penalty=-0.5)
     RLConfig(curriculum="sec", curriculum_tau=0.4, curriculum_alpha=0.3)
     RLConfig(is_correction="token_truncate", is_cap=2.0)
     RLConfig(is_correction="sequence_mask", is_cap=1.0)
@@ -65,6 +69,9 @@ def test_the_same_options_are_accepted_where_they_are_read():
 
 @pytest.mark.parametrize("args, message", [
     (["--overlong-penalty", "0.5"], "--overlong-penalty is only read with --overlong-buffer"),
+    (["--repetition-penalty", "-0.5"], "--repetition-penalty is only read with --repetition-limit"),
+    (["--repetition-limit", "1"], "--repetition-limit must be >= 2"),
+    (["--repetition-limit", "3", "--repetition-penalty", "0.5"], "--repetition-penalty must be <= 0"),
     (["--curriculum-tau", "0.4"], "--curriculum-tau is only read with --curriculum sec"),
     (["--is-cap", "2"], "--is-cap is only read with --is-correction"),
     (["--clip-high", "0.28"], "--clip-high is only read by a loss that clips"),

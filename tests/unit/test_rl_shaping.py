@@ -1,5 +1,5 @@
-"""Answers that run past max_new_tokens: DAPO's soft overlong punishment (rlft.rl.shaping, hand-checked values at
-the boundaries) and --mask-truncated (a masked sample adds exactly what an absent one adds: nothing; the loop
+"""Answers that run past max_new_tokens or loop: DAPO's soft overlong punishment (rlft.rl.shaping, hand-checked values at
+the boundaries), the repetition-aware reward (hand-made completions, the refused options, the loop's metrics) and --mask-truncated (a masked sample adds exactly what an absent one adds: nothing; the loop
 leaves truncated samples out of the update)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rlft.losses.pg import PolicyObjective
 from rlft.recipes.rl import train_rl
 from rlft.rl.batch import LossContext, PassPlan, batch_logprobs, gradient_rows, policy_loss_backward, rollout_batch, take_rows, without_rows
 from rlft.rl.config import RLConfig
-from rlft.rl.shaping import overlong_penalty, shaped_rewards
+from rlft.rl.shaping import overlong_penalty, repeated_samples, repeats_a_line, repetition_term, shaped_rewards, shaping_metrics
 from rlft.rollout.base import Sample
 
 from tests.conftest import make_tiny_model
@@ -159,3 +159,144 @@ def test_loop_with_the_overlong_punishment_logs_and_applies_it(tiny_model_dir, t
         assert r["reward/shaped_mean"] == pytest.approx(r["reward/mean"] + r["reward/overlong_penalty_mean"], abs=1e-6)
         # every 2-token sample is punished: the mean penalty is -0.5 x the share of 2-token samples
         assert r["reward/overlong_penalty_mean"] == pytest.approx(-0.5 * (r["completion/mean_tokens"] - 1.0), abs=1e-6)
+
+
+# --------------------------------------------------------------------------- the repetition-aware reward
+
+LOOP = "93-24=79, 79+2=81, no.\n"
+"""The line issue 48's greedy Countdown answers repeat until max_new_tokens."""
+
+
+def test_repeats_a_line_on_hand_made_completions():
+    looping = "Let me try 93 and 24.\n" + LOOP * 11 + "93-24=7"  # cut mid-line at max_new_tokens
+    assert repeats_a_line(looping, 3) and repeats_a_line(looping, 11) and not repeats_a_line(looping, 12)
+    answer = "93-24=69\n69+2=71\n71+29=100\n<answer>(93-24)+2+29</answer>"
+    assert not repeats_a_line(answer, 2)  # every line once
+    assert repeats_a_line(LOOP * 2, 2) and not repeats_a_line(LOOP * 2, 3)  # N - 1 times: no
+    # blank and whitespace-only lines never count, however many; surrounding whitespace is stripped
+    assert not repeats_a_line("a\n\n\n   \n\t\nb\n\n", 2)
+    assert repeats_a_line("  93-24=79, 79+2=81, no.\n\n93-24=79, 79+2=81, no.   \n", 2)
+    # the last line counts (the completion is finished): twice with no newline after the second; a cut fragment
+    # that is not a whole line does not
+    assert repeats_a_line("x=1\nx=1", 2) and not repeats_a_line("x=1\nx=", 2)
+    # a line that contains the repeated one is another line
+    assert not repeats_a_line("no.\nno. no.\n", 2)
+    with pytest.raises(ValueError, match="must be >= 2"):
+        repeats_a_line(LOOP * 5, 1)
+
+
+def test_repeated_samples_flags_each_completion_and_is_off_by_default():
+    texts = [LOOP * 3, LOOP * 2 + "<answer>1+2</answer>", "one\ntwo\n", ""]
+    assert repeated_samples(RLConfig(), texts).tolist() == [0.0, 0.0, 0.0, 0.0]  # off
+    assert repeated_samples(RLConfig(repetition_limit=3), texts).tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert repeated_samples(RLConfig(repetition_limit=2), texts).tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert repeated_samples(RLConfig(repetition_limit=2), []).shape == (0,)
+
+
+def test_shaped_rewards_score_a_repeating_sample_as_no_answer_or_add_the_penalty():
+    raw = torch.tensor([[1.0, 0.1], [0.0, 1.0]])
+    repeated = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    truncated = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    lengths = torch.tensor([[3.0, 8.0], [8.0, 5.0]])
+    cfg = RLConfig(max_new_tokens=8)
+    assert torch.equal(shaped_rewards(cfg, raw, truncated, lengths, repeated), raw)  # off: the flags are not read
+    none = replace(cfg, repetition_limit=3)  # no answer: the raw reward of a repeating sample is 0
+    assert torch.equal(shaped_rewards(none, raw, truncated, lengths, repeated), torch.tensor([[0.0, 0.0], [0.0, 1.0]]))
+    assert torch.equal(shaped_rewards(none, raw, truncated, lengths), raw)  # no flags given: nothing repeats
+    penalty = replace(cfg, repetition_limit=3, repetition_penalty=-0.5)  # added to the raw reward
+    assert torch.allclose(shaped_rewards(penalty, raw, truncated, lengths, repeated),
+                          torch.tensor([[0.5, -0.4], [-0.5, 1.0]]), atol=1e-7, rtol=0)
+    # then the truncation and overlong penalties are added (L_max 8, L_cache 2: 8 tokens -> -1)
+    both = replace(none, truncation_penalty=-0.25, overlong_buffer=2)
+    assert torch.allclose(shaped_rewards(both, raw, truncated, lengths, repeated),
+                          torch.tensor([[0.0, 0.0 - 0.25 - 1.0], [0.0 - 0.25 - 1.0, 1.0]]), atol=1e-7, rtol=0)
+    assert torch.equal(repetition_term(none, raw, repeated), torch.tensor([[-1.0, -0.1], [-0.0, 0.0]]))
+    assert torch.equal(raw, torch.tensor([[1.0, 0.1], [0.0, 1.0]]))  # the input is not changed
+
+
+def test_shaping_metrics_repetition_frac_and_mean_penalty():
+    raw = torch.tensor([[1.0, 0.1], [0.0, 1.0]])
+    repeated = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    lengths = torch.tensor([[3.0, 8.0], [8.0, 5.0]])
+    assert shaping_metrics(RLConfig(max_new_tokens=8), lengths, raw, repeated) == {}
+    none = shaping_metrics(RLConfig(max_new_tokens=8, repetition_limit=4), lengths, raw, repeated)
+    assert none == pytest.approx({"reward/repetition_frac": 0.75, "reward/repetition_penalty_mean": -(1.0 + 0.1) / 4}, abs=1e-7)
+    penalty = shaping_metrics(RLConfig(max_new_tokens=8, repetition_limit=4, repetition_penalty=-0.5, overlong_buffer=2), lengths,
+                              raw, repeated)
+    assert penalty == pytest.approx({"reward/repetition_frac": 0.75, "reward/repetition_penalty_mean": -0.5 * 3 / 4,
+                                     "reward/overlong_penalty_mean": -2.0 / 4}, abs=1e-7)
+    assert shaping_metrics(RLConfig(repetition_limit=4), torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0, 2)) == {}
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"repetition_penalty": -0.5}, r"--repetition-penalty is only read with --repetition-limit"),
+    ({"repetition_limit": 1}, r"--repetition-limit must be >= 2"),
+    ({"repetition_limit": 0}, r"--repetition-limit must be >= 2"),
+    ({"repetition_limit": 3, "repetition_penalty": 0.5}, r"--repetition-penalty must be <= 0 \(it is added to the reward\), got 0.5"),
+    ({"repetition_limit": 3, "prompts_data": "prefs.jsonl", "reward_model": "rm"}, r"a reward model or judge has no such score"),
+    ({"repetition_limit": 3, "prompts_data": "prefs.jsonl", "reward": "remote"}, r"set --repetition-penalty"),
+], ids=["penalty-without-limit", "limit-1", "limit-0", "positive-penalty", "reward-model-no-answer", "judge-no-answer"])
+def test_repetition_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        RLConfig(**options)
+
+
+def test_repetition_options_accepted():
+    assert RLConfig(repetition_limit=2).repetition_penalty is None
+    assert RLConfig(repetition_limit=5, repetition_penalty=0.0).repetition_penalty == 0.0
+    assert RLConfig(repetition_limit=3, repetition_penalty=-0.5, prompts_data="prefs.jsonl", reward_model="rm").repetition_limit == 3
+
+
+class LoopingEngine:
+    """Sample j of every prompt: the loop line written j + 1 times (so with k = 3, --repetition-limit 2 flags samples
+    1 and 2); every sample stops with EOS (no truncation)."""
+
+    add_special_tokens = True
+
+    def generate(self, prompts, params):
+        return [[Sample([7] * (j + 1), LOOP * (j + 1), "stop") for j in range(params.k)] for _ in prompts]
+
+
+def test_sample_step_flags_repeating_samples_and_shapes_them_once():
+    # raw rewards all 1 (every group all-equal: --filter-groups would drop it); samples 1 and 2 of each group repeat
+    # the line 2 and 3 times: no answer -> 0, so every group varies and is kept.
+    from rlft.recipes.common import batch_indices
+    from rlft.rl.records import Reward, RLPrompt
+    from rlft.rl.sampling import sample_step
+
+    cfg = RLConfig(k=3, prompts_per_step=2, repetition_limit=2, filter_groups=True, max_prompt_batches=2, seed=1)
+    prompts = [RLPrompt(f"Prompt {i}", None, {}) for i in range(4)]
+    reward = Reward(lambda ps, cs: [1.0] * len(cs), "rule")
+    got = sample_step(cfg, 0, prompts, lambda v: batch_indices(v, len(prompts), 2, cfg.seed), LoopingEngine(), reward)
+    assert got.repeated.tolist() == [[0.0, 1.0, 1.0]] * 2 and got.raw.tolist() == [[1.0, 1.0, 1.0]] * 2
+    assert got.shaped.tolist() == [[1.0, 0.0, 0.0]] * 2 and got.groups == 2 and got.samples_tried == 6
+    assert shaping_metrics(cfg, got.lengths, got.raw, got.repeated) == pytest.approx(
+        {"reward/repetition_frac": 4 / 6, "reward/repetition_penalty_mean": -4 / 6}, abs=1e-7)
+    # off: nothing is flagged, and the all-equal groups are dropped
+    off = sample_step(replace(cfg, repetition_limit=None), 0, prompts, lambda v: batch_indices(v, len(prompts), 2, cfg.seed),
+                      LoopingEngine(), reward)
+    assert off.groups == 0 and off.repeated.shape == (0, 3)
+
+
+def test_loop_with_the_repetition_limit_logs_and_applies_it(tiny_model_dir, tmp_path, monkeypatch):
+    # A random tiny model writes no lines in 2 tokens, so the detector is replaced by one the toy reward can check: a
+    # completion "repeats" when it starts with an uppercase letter, i.e. exactly when uppercase_start scores it 1.
+    # No answer: every such sample scores 0, so the shaped rewards are all 0 and the share flagged is reward/mean.
+    import rlft.rl.shaping as shaping
+
+    limits = []
+    monkeypatch.setattr(shaping, "repeats_a_line", lambda text, limit: limits.append(limit) or text.lstrip()[:1].isupper())
+    train_rl(make_cfg(tiny_model_dir, tmp_path / "r", repetition_limit=3))
+    records = read_metrics(tmp_path / "r" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3] and set(limits) == {3} and len(limits) == 3 * 16
+    assert any(r["reward/mean"] > 0 for r in records)  # a random model's first token is uppercase ~25% of the time
+    for r in records:  # every group kept, beta 0: the trained samples are the step's samples
+        assert r["reward/repetition_frac"] == pytest.approx(r["reward/mean"], abs=1e-6)
+        assert r["reward/repetition_penalty_mean"] == pytest.approx(-r["reward/mean"], abs=1e-6)
+        assert r["reward/shaped_mean"] == pytest.approx(0.0, abs=1e-6)
+        assert "reward/overlong_penalty_mean" not in r
+    # with a penalty: added to the raw reward of the flagged samples
+    train_rl(make_cfg(tiny_model_dir, tmp_path / "p", repetition_limit=3, repetition_penalty=-0.5, max_steps=1))
+    (r,) = read_metrics(tmp_path / "p" / "metrics.jsonl")
+    assert r["reward/repetition_penalty_mean"] == pytest.approx(-0.5 * r["reward/repetition_frac"], abs=1e-6)
+    assert r["reward/shaped_mean"] == pytest.approx(r["reward/mean"] * 0.5, abs=1e-6)

@@ -38,7 +38,8 @@ QUICK: dict[str, object] = dict(
 RL_OPTIONS: dict[str, str] = {
     "prompt_template": "prompt_template", "advantage": "rl_advantage", "loss": "rl_loss", "loss_mode": "rl_loss_mode",
     "filter_groups": "rl_filter_groups", "max_prompt_batches": "rl_max_prompt_batches", "curriculum": "rl_curriculum",
-    "mask_truncated": "rl_mask_truncated", "overlong_buffer": "rl_overlong_buffer", "lora_r": "rl_lora_r",
+    "mask_truncated": "rl_mask_truncated", "overlong_buffer": "rl_overlong_buffer", "repetition_limit": "rl_repetition_limit",
+    "repetition_penalty": "rl_repetition_penalty", "lora_r": "rl_lora_r",
     "lora_alpha": "rl_lora_alpha", "k": "rl_k", "prompts_per_step": "rl_prompts_per_step", "max_steps": "rl_steps",
     "lr": "rl_lr", "beta": "rl_beta", "temperature": "rl_temperature", "max_new_tokens": "max_new_tokens",
     "micro_batch_size": "update_micro_batch_size", "gen_batch_size": "eval_batch_size", "eval_every": "rl_eval_every",
@@ -109,6 +110,11 @@ class DemoRLOptions:
     """Leave RL samples cut at max_new_tokens out of the loss (`rlft rl --mask-truncated`)."""
     rl_overlong_buffer: int | None = None
     """DAPO's soft overlong penalty over the last N of max_new_tokens (`rlft rl --overlong-buffer`; None: off)."""
+    rl_repetition_limit: int | None = None
+    """Repetition-aware reward: an RL sample that writes one identical line N or more times scores as no answer
+    (`rlft rl --repetition-limit`; None: off)."""
+    rl_repetition_penalty: float | None = None
+    """With rl_repetition_limit: added to a repeating sample's reward instead (<= 0; `rlft rl --repetition-penalty`)."""
     rl_lora_r: int = 16
     """RL LoRA rank (0: full fine-tuning)."""
     rl_lora_alpha: float = 32.0

@@ -140,6 +140,7 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
             output_dir=str(run_dir / "rl"), advantage=cfg.rl_advantage, loss=cfg.rl_loss, loss_mode=cfg.rl_loss_mode,
             filter_groups=cfg.rl_filter_groups, max_prompt_batches=cfg.rl_max_prompt_batches, curriculum=cfg.rl_curriculum,
             mask_truncated=cfg.rl_mask_truncated, overlong_buffer=cfg.rl_overlong_buffer, lora_r=cfg.rl_lora_r,
+            repetition_limit=cfg.rl_repetition_limit, repetition_penalty=cfg.rl_repetition_penalty,
             lora_alpha=cfg.rl_lora_alpha, k=cfg.rl_k, prompts_per_step=cfg.rl_prompts_per_step, max_steps=cfg.rl_steps,
             lr=cfg.rl_lr, beta=cfg.rl_beta, temperature=cfg.rl_temperature, max_new_tokens=cfg.max_new_tokens,
             micro_batch_size=cfg.update_micro_batch_size, gen_batch_size=cfg.eval_batch_size, eval_every=cfg.rl_eval_every,

@@ -29,7 +29,9 @@ Each step:
    follow each bucket's mean |advantage| after step 5), samples ``k`` completions for each at ``temperature``
    (seeded from seed + step), scores them with the reward (``(B, k)`` raw rewards) and shapes them once
    (:mod:`rlft.rl.shaping`: with ``truncation_penalty`` set, samples that hit ``max_new_tokens`` without an EOS
-   get it added, and with ``--overlong-buffer`` DAPO's soft overlong punishment of long completions). With
+   get it added, with ``--overlong-buffer`` DAPO's soft overlong punishment of long completions, and with
+   ``--repetition-limit N`` a completion that writes one identical line N or more times scores as no answer (0) or,
+   with ``--repetition-penalty``, gets it added: ``reward/repetition_frac``, ``reward/repetition_penalty_mean``). With
    ``--filter-groups`` the groups whose k shaped rewards are all equal are dropped and further batches of prompts
    are sampled, up to ``max_prompt_batches`` per step, until ``prompts_per_step`` varied groups are found
    (``groups/tried``, ``groups/kept``). The record also holds this rank's teacher-forcing batch and the step's
@@ -320,7 +322,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                                         **totals.add(got.samples_tried, counts)}  # tokens, FLOPs: this step's and the run's
             if B:
                 record.update({**update_metrics(got, rewards, advantages, counts, num_tokens, update_s, cfg.mask_truncated),
-                               **shaping_metrics(cfg, got.lengths)})
+                               **shaping_metrics(cfg, got.lengths, got.raw, got.repeated)})
             record.update({**loss_metrics(epoch_metrics, objective), "time/generate_s": got.generate_s, "time/update_s": update_s})
             if distributed.all_reduce_sum(float(sampled is None)) == 0:  # every rank has the sampler's log-probs
                 record.update(mismatch_metrics(train, rows, old_logprobs, update_logprobs, sampled))

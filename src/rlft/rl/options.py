@@ -11,7 +11,7 @@ the loop, each with its own checks (``_check_*``, called from ``RLConfig.__post_
 - :class:`CurriculumOptions`: ``--curriculum``, ``--curriculum-buckets``, ``--curriculum-tau``,
   ``--curriculum-alpha`` (:mod:`rlft.rl.curriculum`);
 - :class:`ShapingOptions`: ``--truncation-penalty``, ``--mask-truncated``, ``--overlong-buffer``,
-  ``--overlong-penalty`` (:mod:`rlft.rl.shaping`);
+  ``--overlong-penalty``, ``--repetition-limit``, ``--repetition-penalty`` (:mod:`rlft.rl.shaping`);
 - :class:`InLoopEvalOptions`: ``--eval-every``, ``--eval-at-start``, ``--eval-limit``, ``--eval-max-new-tokens``,
   ``--eval-rows``;
 - :class:`ChatPromptOptions`: ``--prompts-data`` and the chat track's prompt options;
@@ -20,7 +20,7 @@ the loop, each with its own checks (``_check_*``, called from ``RLConfig.__post_
 An option that does nothing in the chosen setup is refused when it is set, i.e. differs from its default (as
 ``rlft eval countdown`` refuses ``--select-n`` without ``--select``): ``--clip-low``/``--clip-high`` with a loss that
 does not clip, ``--is-cap`` without ``--is-correction``, the ``--curriculum-*`` values without ``--curriculum sec``,
-``--overlong-penalty`` without ``--overlong-buffer``.
+``--overlong-penalty`` without ``--overlong-buffer``, ``--repetition-penalty`` without ``--repetition-limit``.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ class CurriculumOptions:
 
 @dataclass(frozen=True)
 class ShapingOptions:
-    """Rewards and losses of samples cut at max_new_tokens (:mod:`rlft.rl.shaping`)."""
+    """Rewards and losses of samples cut at max_new_tokens or writing one line again and again (:mod:`rlft.rl.shaping`)."""
 
     truncation_penalty: float | None = None
     """Added to the raw reward of samples that hit max_new_tokens without EOS (e.g. -0.5), before the KL and the
@@ -217,6 +217,15 @@ class ShapingOptions:
     reward/overlong_penalty_mean. None or 0: off."""
     overlong_penalty: float = 1.0
     """Scale of the overlong punishment (--overlong-buffer): the reward added at max_new_tokens tokens is -this."""
+    repetition_limit: int | None = None
+    """Repetition-aware reward, N: a completion that writes one identical line N or more times (lines stripped; blank
+    lines never count; its last line counts too, rlft.rollout.loops) scores as no answer (its raw reward replaced by
+    0, the Countdown score of no answer) or, with --repetition-penalty, gets that added to its raw reward; before the
+    truncation and overlong penalties, the KL and the advantages. Logged as reward/repetition_frac (the share of
+    trained samples that repeat) and reward/repetition_penalty_mean. N >= 2; None: off."""
+    repetition_penalty: float | None = None
+    """With --repetition-limit: added to the raw reward of a completion that repeats a line (<= 0, e.g. -0.5); None:
+    such a completion scores as no answer (raw reward replaced by 0; a rule reward only)."""
 
     def _check_shaping(self) -> None:
         require(not self.overlong_buffer or self.overlong_buffer <= self.max_new_tokens,
@@ -224,6 +233,16 @@ class ShapingOptions:
         require(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
         require(bool(self.overlong_buffer) or self.overlong_penalty == _default(ShapingOptions, "overlong_penalty"),
                 "--overlong-penalty is only read with --overlong-buffer (the last N of --max-new-tokens it ramps over)")
+        require(self.repetition_limit is None or self.repetition_limit >= 2,
+                f"--repetition-limit must be >= 2 (the times one line is written), got {self.repetition_limit}")
+        require(self.repetition_penalty is None or self.repetition_limit is not None,
+                "--repetition-penalty is only read with --repetition-limit (how many times a line must repeat)")
+        require(self.repetition_penalty is None or self.repetition_penalty <= 0,
+                f"--repetition-penalty must be <= 0 (it is added to the reward), got {self.repetition_penalty}")
+        require(self.repetition_limit is None or self.repetition_penalty is not None
+                or (getattr(self, "reward_model", None) is None and getattr(self, "reward", "countdown") != "remote"),
+                "--repetition-limit without --repetition-penalty scores a repeating reply as no answer (0), a rule "
+                "reward's score; a reward model or judge has no such score: set --repetition-penalty")
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,8 @@ class StepSamples:
     raw: torch.Tensor
     """``(B, k)`` raw rewards of the kept groups."""
     shaped: torch.Tensor
-    """``(B, k)`` the rewards the advantages start from: ``raw`` plus the truncation penalty and DAPO's overlong
-    punishment when they are on (:func:`rlft.rl.shaping.shaped_rewards`, computed once, by sampling; the loop
+    """``(B, k)`` the rewards the advantages start from: ``raw`` after the repetition rule, plus the truncation penalty
+    and DAPO's overlong punishment, when they are on (:func:`rlft.rl.shaping.shaped_rewards`, computed once, by sampling; the loop
     subtracts the KL from them with ``--kl-mode reward``). ``--filter-groups`` keeps the groups these vary in."""
     truncated: torch.Tensor
     """``(B, k)`` 1.0 where a sample hit max_new_tokens without EOS."""
@@ -85,6 +85,9 @@ class StepSamples:
     """This rank's right-padded teacher-forcing batch on the CPU (``(N, T)``; row ``b * k + j`` is
     ``samples[b][j]``, prompt ids as the sampler tokenized them: :func:`rlft.rl.batch.rollout_batch`); None when
     :func:`~rlft.rl.sampling.sample_step` was given no tokenizer."""
+    repeated: torch.Tensor | None = None
+    """``(B, k)`` 1.0 where a sample writes one identical line ``--repetition-limit`` times or more
+    (:func:`rlft.rl.shaping.repeated_samples`; all 0 when the option is off); None: a record built without it."""
 
     @property
     def groups(self) -> int:

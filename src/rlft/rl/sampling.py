@@ -16,7 +16,7 @@ from rlft import distributed
 from rlft.rl.batch import generation_seed, rollout_batch
 from rlft.rl.groups import varied_groups
 from rlft.rl.records import Reward, RLPrompt, StepSamples
-from rlft.rl.shaping import shaped_rewards
+from rlft.rl.shaping import repeated_samples, shaped_rewards
 from rlft.rollout.base import Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
     kept_prompts: list[RLPrompt] = []
     kept_samples: list[list[Sample]] = []
     local: list[int] = []
-    kept_rows: list[tuple[torch.Tensor, ...]] = []  # (raw, shaped, truncated, lengths) of each kept group, (k,) each
+    kept_rows: list[tuple[torch.Tensor, ...]] = []  # (raw, shaped, truncated, lengths, repeated) of each kept group, (k,) each
     all_raw: list[torch.Tensor] = []
     tried: list[int] = []
     kept_at: list[int] = []
@@ -90,8 +90,10 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         raw = torch.tensor(scores, dtype=torch.float32).view(len(batch_prompts), k)
         truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
         lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
-        raw, truncated, lengths = (distributed.gather_rows(t, mine, len(chosen)) for t in (raw, truncated, lengths))  # (len(chosen), k)
-        shaped = shaped_rewards(cfg, raw, truncated, lengths)
+        repeated = repeated_samples(cfg, [s.text for s in flat]).view(len(batch_prompts), k)
+        raw, truncated, lengths, repeated = (distributed.gather_rows(t, mine, len(chosen))  # (len(chosen), k) each
+                                             for t in (raw, truncated, lengths, repeated))
+        shaped = shaped_rewards(cfg, raw, truncated, lengths, repeated)
         all_raw.append(raw)
         keep = varied_groups(shaped) if cfg.filter_groups else torch.ones(len(chosen), dtype=torch.bool)
         for b in keep.nonzero().squeeze(1).tolist():
@@ -100,13 +102,13 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
                     local.append(len(kept_at))
                     kept_prompts.append(batch_prompts[mine.index(b)])
                     kept_samples.append(samples[mine.index(b)])
-                kept_rows.append((raw[b], shaped[b], truncated[b], lengths[b]))
+                kept_rows.append((raw[b], shaped[b], truncated[b], lengths[b], repeated[b]))
                 kept_at.append(offset + b)
         if len(kept_at) >= cfg.prompts_per_step:
             break
-    raw, shaped, truncated, lengths = (torch.stack([group[i] for group in kept_rows]) if kept_rows else torch.zeros(0, k) for i in range(4))
+    raw, shaped, truncated, lengths, repeated = (torch.stack([group[i] for group in kept_rows]) if kept_rows else torch.zeros(0, k) for i in range(5))
     batch = None
     if tokenizer is not None:
         batch = rollout_batch(tokenizer, [p.text for p in kept_prompts], kept_samples, add_special_tokens=engine.add_special_tokens)
     return StepSamples(kept_prompts, kept_samples, local, raw, shaped, truncated, lengths, torch.cat(all_raw), tried, kept_at,
-                       generate_s, generated_tokens, batch)
+                       generate_s, generated_tokens, batch, repeated=repeated)

@@ -4,7 +4,13 @@
   ``max_new_tokens`` without an EOS;
 - DAPO's soft overlong punishment (Yu et al. 2025, "DAPO", arXiv 2503.14476, Sec. 3.4, eq. 13;
   ``--overlong-buffer``, ``--overlong-penalty``): 0 up to ``L_max - L_cache`` tokens, then a linear ramp down to
-  ``-penalty`` at ``L_max``, :func:`overlong_penalty`.
+  ``-penalty`` at ``L_max``, :func:`overlong_penalty`;
+- the repetition-aware reward (``--repetition-limit N``, ``--repetition-penalty``): a completion that writes one
+  identical line N or more times (:func:`repeated_samples`, the line rule of :mod:`rlft.rollout.loops`) scores as no
+  answer (its raw reward replaced by 0) or gets the penalty added, :func:`repetition_term`. Issue 48's greedy Countdown
+  answers loop on one miscomputed line (``"93-24=79, 79+2=81, no."`` 11 times) until ``max_new_tokens``.
+
+The repetition rule acts on the raw reward first; the truncation and overlong penalties are added to the result.
 
 Shape legend: B groups (prompts), k samples per prompt.
 """
@@ -14,6 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+
+from rlft.rollout.loops import loop_cut
 
 if TYPE_CHECKING:
     from rlft.rl.config import RLConfig
@@ -58,19 +66,68 @@ def overlong_on(cfg: RLConfig) -> bool:
     return bool(cfg.overlong_buffer)
 
 
-def shaped_rewards(cfg: RLConfig, raw: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``(B, k)`` rewards the advantages are computed from (before the KL): ``raw``, plus ``truncation_penalty`` on
-    the ``truncated`` samples (1.0: hit max_new_tokens without EOS) when set, plus :func:`overlong_penalty` of the
-    completion ``lengths`` (tokens) when ``--overlong-buffer`` is set. A new tensor."""
+def repeats_a_line(text: str, limit: int) -> bool:
+    """Whether the finished completion ``text`` writes one identical non-empty line (stripped) ``limit`` or more
+    times: :func:`rlft.rollout.loops.loop_cut`'s rule, with the text after the last newline counted as a line (the
+    completion is finished, so its last line is complete; a cut answer's last fragment counts only if it equals a
+    whole line).
+
+    Raises:
+        ValueError: ``limit < 2``.
+    """
+    return loop_cut(text + "\n", limit) is not None
+
+
+def repeated_samples(cfg: RLConfig, texts: list[str]) -> torch.Tensor:
+    """``(n,)`` float32: 1.0 where the completion ``texts[i]`` repeats a line ``--repetition-limit`` times or more
+    (:func:`repeats_a_line`); all 0 when the option is off."""
+    if cfg.repetition_limit is None:
+        return torch.zeros(len(texts))
+    return torch.tensor([repeats_a_line(t, cfg.repetition_limit) for t in texts], dtype=torch.float32)
+
+
+def repetition_term(cfg: RLConfig, raw: torch.Tensor, repeated: torch.Tensor) -> torch.Tensor:
+    """What the repetition rule adds to the ``raw`` rewards (any shape, the loop's ``(B, k)``) of the samples flagged
+    in ``repeated`` (1.0: repeats a line, :func:`repeated_samples`): ``--repetition-penalty`` when set, else
+    ``-raw`` (the sample scores as no answer: 0); 0 elsewhere and when the option is off. float32, the shape of
+    ``raw``."""
+    if cfg.repetition_limit is None:
+        return torch.zeros_like(raw, dtype=torch.float32)
+    added = -raw.to(torch.float32) if cfg.repetition_penalty is None else torch.full_like(raw, cfg.repetition_penalty, dtype=torch.float32)
+    return added * repeated
+
+
+def shaped_rewards(cfg: RLConfig, raw: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor,
+                   repeated: torch.Tensor | None = None) -> torch.Tensor:
+    """``(B, k)`` rewards the advantages are computed from (before the KL): ``raw``, with the samples flagged in
+    ``repeated`` (1.0: repeat a line ``--repetition-limit`` times; None: none) scored as no answer (0) or given
+    ``--repetition-penalty`` (:func:`repetition_term`), plus ``truncation_penalty`` on the ``truncated`` samples
+    (1.0: hit max_new_tokens without EOS) when set, plus :func:`overlong_penalty` of the completion ``lengths``
+    (tokens) when ``--overlong-buffer`` is set. A new tensor."""
+    if repeated is not None:
+        raw = raw + repetition_term(cfg, raw, repeated)
     rewards = raw + cfg.truncation_penalty * truncated if cfg.truncation_penalty is not None else raw.clone()
     if overlong_on(cfg):
         rewards = rewards + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
     return rewards
 
 
-def shaping_metrics(cfg: RLConfig, lengths: torch.Tensor) -> dict[str, float]:
-    """``reward/overlong_penalty_mean``: the mean :func:`overlong_penalty` of the trained samples (``lengths``:
-    ``(B, k)`` tokens, B > 0), when the punishment is on; else nothing."""
-    if not overlong_on(cfg) or not lengths.numel():
+def shaping_metrics(cfg: RLConfig, lengths: torch.Tensor, raw: torch.Tensor | None = None,
+                    repeated: torch.Tensor | None = None) -> dict[str, float]:
+    """Means over the trained samples (``(B, k)`` each, B > 0) of the shaping terms that are on:
+
+    - ``reward/overlong_penalty_mean``: the mean :func:`overlong_penalty` of the completion ``lengths`` (tokens);
+    - ``reward/repetition_frac``: the share of samples flagged in ``repeated`` (``--repetition-limit``), and
+      ``reward/repetition_penalty_mean``: the mean :func:`repetition_term` of their ``raw`` rewards (<= 0 with a
+      penalty; ``-raw`` of the repeating samples when they score as no answer). Only when ``raw`` and ``repeated``
+      are given.
+    """
+    if not lengths.numel():
         return {}
-    return {"reward/overlong_penalty_mean": overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty).mean().item()}
+    out: dict[str, float] = {}
+    if overlong_on(cfg):
+        out["reward/overlong_penalty_mean"] = overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty).mean().item()
+    if cfg.repetition_limit is not None and raw is not None and repeated is not None:
+        out["reward/repetition_frac"] = repeated.to(torch.float32).mean().item()
+        out["reward/repetition_penalty_mean"] = repetition_term(cfg, raw, repeated).mean().item()
+    return out

@@ -35,32 +35,24 @@ log = logging.getLogger("rlft")
 
 
 def load_rl_tasks(cfg: RLConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
-    """``(train, heldout)`` Countdown tasks.
+    """``(train, heldout)`` Countdown tasks: the split every Countdown command shares,
+    :meth:`rlft.tasks.countdown.options.CountdownTrainingOptions.training_tasks` of ``num_train`` tasks with the
+    ``eval_rows`` part held out.
 
-    Generated (``cfg.data`` None): the TRAIN split of ``make_splits(PRESETS[preset], num_train, heldout_size,
-    split_seed)`` and its first ``heldout_size`` test tasks (disjoint). From a Countdown dataset (``cfg.data``):
-    the first ``num_train`` training rows of :func:`rlft.tasks.countdown.splits.load_split` (held-out rows, and
-    rows equal to one, never train) and its ``eval_rows`` part (validation or test) as the held-out tasks; with
-    ``data_heldout`` off, its first ``num_train`` rows and no held-out tasks.
+    Generated (``cfg.data`` None): the first ``num_train`` training tasks of ``--preset`` and ``--split-seed`` and the
+    first ``heldout_size`` held-out tasks (disjoint). From a Countdown dataset (``cfg.data``): its first ``num_train``
+    training rows (held-out rows, and rows equal to one, never train) and its ``eval_rows`` part (validation or test)
+    as the held-out tasks; with ``data_heldout`` off, its first ``num_train`` rows and no held-out tasks.
+
+    Raises:
+        ValueError: an unknown preset, no training task; rlft.data.files.DataError: a malformed row.
     """
-    from rlft.tasks.countdown.generator import PRESETS, make_splits
-
-    if cfg.preset not in PRESETS:
-        raise ValueError(f"unknown Countdown preset {cfg.preset!r}; choose from {sorted(PRESETS)}")
-    if cfg.data is None:
-        train, heldout = make_splits(PRESETS[cfg.preset], cfg.num_train, cfg.heldout_size, cfg.split_seed)
-    elif not cfg.data_heldout:
-        from rlft.tasks.countdown.loaders import load_countdown
-
-        train, heldout = load_countdown(cfg.data, split=cfg.data_split, limit=cfg.num_train), []
+    train, heldout = cfg.training_tasks(cfg.num_train, heldout=cfg.eval_rows)
+    if cfg.data is not None and not cfg.data_heldout:
         log.info("%s: %d training rows, none held out (--no-data-heldout: no in-loop evaluation)", cfg.data, len(train))
-    else:
-        from rlft.tasks.countdown.splits import load_split
-
-        split = load_split(cfg.data, data_split=cfg.data_split)
-        train, heldout = split.train[: cfg.num_train], split.part(cfg.eval_rows)
-        log.info("%s: %d training rows (held out: %d validation, %d test; evaluating on %s)", cfg.data, len(train),
-                 len(split.validation), len(split.test), cfg.eval_rows)
+    elif cfg.data is not None:
+        log.info("%s: %d training rows; the in-loop evaluation reads its %d held-out %s rows", cfg.data, len(train), len(heldout),
+                 cfg.eval_rows)
     if not train:
         raise ValueError("no Countdown training tasks")
     return train, heldout

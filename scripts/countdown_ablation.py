@@ -80,14 +80,15 @@ def evaluate(ab: Ablation, model_dir: Path, out: Path, seed: int = 0) -> dict:
 
     s, n = ab.setting, ab.tasks
     greedy, held = SamplingParams(k=1, temperature=0.0, max_new_tokens=s.max_new_tokens), heldout_tasks(s, n, ab.split)
-    jobs = {"greedy": EvalJob(out / eval_name("greedy", n, ab.split), held, greedy)}
+    test = ab.split == "test"  # a look at the test rows: counted in <--out>/test_looks.jsonl
+    jobs = {"greedy": EvalJob(out / eval_name("greedy", n, ab.split), held, greedy, test_look=test)}
     if ab.sampled:
         params = SamplingParams(**s.eval["sampled"], max_new_tokens=s.max_new_tokens, seed=seed)
-        jobs["sampled"] = EvalJob(out / eval_name("sampled", n, ab.split), held, params)
+        jobs["sampled"] = EvalJob(out / eval_name("sampled", n, ab.split), held, params, test_look=test)
     for name, rows in (real_tasks(ab.real) if ab.real else {}).items():
         jobs[name] = EvalJob(out / f"eval_{name}_{ab.real}.json", rows, greedy)
     return evaluate_cached(model_dir, jobs, prompt_template=s.tasks["prompt_template"], batch_size=s.eval["batch_size"],
-                           device=s.device, dtype=s.dtype, label=str(model_dir))
+                           device=s.device, dtype=s.dtype, label=str(model_dir), ledger=ab.out / "test_looks.jsonl")
 
 
 def pairs_file(variants: dict, out: Path, name: str, seed: int) -> Path:

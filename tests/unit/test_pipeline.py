@@ -142,6 +142,10 @@ def test_the_evaluation_records_its_weights_so_greedy_from_refuses_another_model
     assert load_greedy_baseline(str(path), TASKS, 8, hashlib.sha256(b"0123").hexdigest()).task_scores == [[1.0], [0.1], [0.1]]
     with pytest.raises(OptionError, match="pair an evaluation of the same model file"):
         load_greedy_baseline(str(path), TASKS, 8, hashlib.sha256(b"01234").hexdigest())
+    sha = hashlib.sha256(b"0123").hexdigest()
+    assert load_greedy_baseline(str(path), TASKS, 8, sha, "short").task_scores == [[1.0], [0.1], [0.1]]
+    with pytest.raises(OptionError, match="--prompt-template short, these samples with base: pair answers to the same prompts"):
+        load_greedy_baseline(str(path), TASKS, 8, sha, "base")  # another prompt: not a baseline of these samples
 
 
 def test_a_rebuilt_model_other_sampling_or_other_tasks_evaluate_again(tmp_path, fake_loading, rlft_log):
@@ -294,3 +298,27 @@ def test_validation_tasks_follow_the_test_tasks_in_the_held_out_set(tmp_path):
     assert heldout_tasks(setting, 3, "validation") == heldout_tasks(setting, 8)[5:]
     with pytest.raises(OptionError, match="the validation split has 5 tasks, not 6"):
         heldout_tasks(setting, 6, "validation")
+
+
+def test_a_fresh_evaluation_of_test_tasks_is_counted_in_the_ledger_once(tmp_path, fake_loading):
+    """The demo's and the ablation runner's test evaluations go through evaluate_cached: each fresh evaluation of a
+    ``test_look`` job appends one ledger line naming the weights; a cached result read back is not a new look, and a
+    validation job is not counted."""
+    from rlft.eval.ledger import read_looks
+
+    model, ledger = _model_folder(tmp_path / "model"), tmp_path / "test_looks.jsonl"
+    params = SamplingParams(k=1, temperature=0.0, max_new_tokens=8)
+
+    def run(**kw):
+        jobs = {"test": EvalJob(tmp_path / "test.json", TASKS, params, test_look=True),
+                "validation": EvalJob(tmp_path / "val.json", TASKS, params)}
+        return evaluate_cached(model, jobs, prompt_template="short", batch_size=4, ledger=ledger, label="sft", **kw)
+
+    run()
+    looks = read_looks(ledger)
+    assert len(looks) == 1 and looks[0]["model_sha256"] == hashlib.sha256(b"0123").hexdigest()
+    assert looks[0]["label"] == "sft test" and looks[0]["score"] == pytest.approx(0.4) and looks[0]["num_tasks"] == 3
+    run()  # both read back from their files
+    assert len(read_looks(ledger)) == 1
+    run(reuse=False)  # evaluated again: a second look
+    assert len(read_looks(ledger)) == 2

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, other_weights, print_result, read_eval_file
+from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, other_settings, other_weights, print_result, read_eval_file
 from rlft.options import DeviceOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownDataOptions, CountdownOptions
@@ -207,14 +207,15 @@ def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
 
 
 def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: int | None = None,
-                         model_sha256: str | None = None) -> CountdownEvalResult:
+                         model_sha256: str | None = None, prompt_template: str | None = None) -> CountdownEvalResult:
     """The ``--greedy-from`` evaluation, checked to be greedy and of ``tasks`` in the same order; a warning is logged
     when its ``max_new_tokens`` (from its ``config``) differs from ``max_new_tokens``.
 
     Raises:
-        OptionError: not an evaluation file, another mode or other tasks, or weights other than ``model_sha256`` (its
-            ``config`` records another ``model_sha256``; files without one are not checked). The message names the
-            option.
+        OptionError: not an evaluation file, another mode or other tasks, weights other than ``model_sha256`` (its
+            ``config`` records another ``model_sha256``; files without one are not checked), or another prompt template
+            than ``prompt_template`` (:func:`rlft.eval.countdown.other_settings`; files that do not record one are not
+            checked). The message names the option.
     """
     from rlft.eval.best_of_n import check_same_tasks
 
@@ -230,6 +231,10 @@ def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: 
     if other_weights(recorded, model_sha256):
         raise OptionError(f"--greedy-from {path} evaluated weights with SHA-256 {recorded[:16]}..., but --model has "
                           f"{model_sha256[:16]}...: pair an evaluation of the same model file")
+    differs = other_settings(config, {"prompt_template": prompt_template})
+    if "prompt_template" in differs:
+        raise OptionError(f"--greedy-from {path} was evaluated with --prompt-template {differs['prompt_template'][0]}, these "
+                          f"samples with {prompt_template}: pair answers to the same prompts")
     theirs = config.get("max_new_tokens")
     if max_new_tokens is not None and theirs not in (None, max_new_tokens):
         log.warning("--greedy-from %s was generated with max_new_tokens %s, the samples with %d: the comparison is not at "
@@ -298,7 +303,8 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
     tasks = load_eval_tasks(cfg)
     model_sha256 = weights_sha256(cfg.model)
-    greedy = load_greedy_baseline(cfg.greedy_from, tasks, max_new_tokens, model_sha256) if cfg.greedy_from else None
+    greedy = (load_greedy_baseline(cfg.greedy_from, tasks, max_new_tokens, model_sha256, cfg.prompt_template)
+              if cfg.greedy_from else None)
     tokenizer = load_tokenizer(cfg.model)
     prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
     engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, url=cfg.rollout_url, batch_size=cfg.batch_size,

@@ -80,13 +80,15 @@ def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoC
     cached as JSON in ``out_dir`` and, with ``--resume``, reused while the model's weights, sampling and tasks are
     unchanged (:func:`rlft.recipes.pipeline.evaluate_cached`)."""
     greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-    jobs = {GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[: cfg.eval_limit if limit is None else limit], greedy)}
+    jobs = {GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[: cfg.eval_limit if limit is None else limit], greedy,
+                            test_look=True)}
     if cfg.passk and sampled:
         params = SamplingParams(k=cfg.passk, temperature=cfg.passk_temperature, top_p=cfg.passk_top_p,
                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-        jobs[SAMPLED] = EvalJob(eval_file(out_dir, label, SAMPLED), test[: cfg.passk_limit], params)
+        jobs[SAMPLED] = EvalJob(eval_file(out_dir, label, SAMPLED), test[: cfg.passk_limit], params, test_look=True)
     return evaluate_cached(model, jobs, prompt_template=cfg.prompt_template, batch_size=cfg.eval_batch_size,
-                           device=cfg.device, dtype=cfg.dtype, reuse=cfg.resume, label=label, show_progress=True)
+                           device=cfg.device, dtype=cfg.dtype, reuse=cfg.resume, label=label, show_progress=True,
+                           ledger=out_dir / "test_looks.jsonl")
 
 
 def pairs_stats(pairs_path: Path) -> dict:

@@ -97,6 +97,9 @@ class EvalJob:
     path: Path
     tasks: list[CountdownTask]
     params: SamplingParams
+    test_look: bool = False
+    """The tasks are held-out TEST tasks: a fresh evaluation appends a line to the test-look ledger
+    (:func:`evaluate_cached`'s ``ledger``; a cached result read back is not a new look)."""
 
 
 def cache_key(model: str | Path, job: EvalJob, prompt_template: str) -> dict:
@@ -142,7 +145,7 @@ def read_cached(path: Path, key: dict, job: EvalJob) -> CountdownEvalResult | No
 
 def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_template: str, batch_size: int,
                     device: str = "auto", dtype: str = "auto", reuse: bool = True, label: str | None = None,
-                    show_progress: bool = False) -> dict[str, CountdownEvalResult]:
+                    show_progress: bool = False, ledger: str | Path | None = None) -> dict[str, CountdownEvalResult]:
     """Evaluate ``model`` (a local folder, built-in name or Hub id) on every job; returns ``{job name: result}`` in
     the order of ``jobs``.
 
@@ -152,6 +155,8 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     ``max_new_tokens`` and ``prompt_template``, as ``rlft eval countdown`` records them, so ``--greedy-from`` and
     ``scripts/merge_sampled_evals.py`` can refuse another model file), and its metrics printed under
     ``"<label> on <job name>"``. ``batch_size``: sequences generated together.
+    ``ledger``: the test-look ledger (:mod:`rlft.eval.ledger`) that every fresh evaluation of a job with
+    ``test_look`` appends a line to (the weights' SHA-256, ``label``, date, commit, score); None: not recorded.
 
     Raises:
         rlft.models.ModelNotFoundError: a job is left and the model cannot be loaded.
@@ -191,6 +196,11 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
             tmp = job.path.with_name(job.path.name + ".tmp")
             tmp.write_text(json.dumps(data, indent=2))
             tmp.replace(job.path)
+            if job.test_look and ledger is not None:
+                from rlft.eval.ledger import record_test_look
+
+                record_test_look(result, {**data["config"], "model": str(model), "split": "test"},
+                                 ledger, label=f"{label or model} {name}", eval_path=job.path)
             print_result(result, title=f"{label or model} on {name}")
             log.info("%s on %s (%d tasks): score %.4f", label or model, name, len(job.tasks), result.mean_score)
             results[name] = result

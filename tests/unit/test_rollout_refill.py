@@ -12,7 +12,8 @@ from rlft.ops import sequence_logprobs
 from rlft.rl.batch import rollout_batch, sampler_logprobs
 from rlft.rollout import HFEngine, SamplingParams
 from rlft.rollout.decode import decode
-from rlft.rollout.refill import decode_jobs, draw, job_seed
+from rlft.rollout.decode import logits_warpers, token_statistics
+from rlft.rollout.refill import choose, decode_jobs, draw, job_seed
 from tests.unit.test_rollout_hf import PROMPTS, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,6 +166,28 @@ def test_draw_follows_the_distribution():
     again = draw(torch.softmax(torch.randn(1, 30), -1), [torch.Generator().manual_seed(2)])
     assert pair.shape == (2,) and again.shape == (1,)
     assert job_seed(0, 1, 2) == job_seed(0, 1, 2) != job_seed(0, 2, 1) and 0 <= job_seed(5, 0, 0) < 2**63
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=6, top_p=0.8)])
+def test_choose_samples_the_warped_distribution(params):
+    """choose(): frequencies of 20000 draws within 5 standard errors of softmax(transformers' warpers(logits)),
+    nothing outside top-k / the nucleus; its log-probs and self-certainty are token_statistics'."""
+    torch.manual_seed(1)
+    logits = torch.randn(1, 40) * 2
+    warpers = logits_warpers(params)
+    p = torch.softmax(warpers(torch.empty(1, 0, dtype=torch.long), logits.clone()), dim=-1)[0].double()
+    n = 20000
+    g = torch.Generator().manual_seed(0)
+    draws = torch.cat([choose(logits, params, warpers, [g])[0] for _ in range(n)])
+    freq = torch.bincount(draws, minlength=40).double() / n
+    assert set(draws.unique().tolist()) <= set(p.nonzero().squeeze(1).tolist())
+    assert torch.all((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-9)
+    rows = logits.expand(3, -1)
+    tokens, logprobs, certainty = choose(rows, params, warpers, [torch.Generator().manual_seed(s) for s in range(3)])
+    want_lp, want_c = token_statistics(rows, tokens, params.temperature)
+    assert torch.allclose(logprobs, want_lp, atol=1e-6) and torch.allclose(certainty, want_c, atol=1e-6)
+    greedy, _, _ = choose(rows, SamplingParams(temperature=0.0), None, None)
+    assert torch.equal(greedy, rows.argmax(-1))
 
 
 def test_errors(smol_tokenizer):

@@ -28,13 +28,14 @@ Greedy decoding (temperature 0) takes the argmax and draws nothing.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import Counter
 from typing import Callable
 
 import torch
 
 from rlft.rollout.base import SamplingParams
-from rlft.rollout.decode import Decoded, cache_keyword, logits_warpers, token_statistics
+from rlft.rollout.decode import Decoded, cache_keyword, logits_warpers
 from rlft.rollout.loops import LoopStop
 
 
@@ -55,14 +56,25 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor
     return index.clamp(max=probs.shape[-1] - 1)
 
 
-def choose(logits: torch.Tensor, params: SamplingParams, warpers, generators: list[torch.Generator] | None) -> torch.Tensor:
-    """The next token of each row of ``logits`` ``(N, V)``: the float32 argmax when greedy, else :func:`draw` from
-    ``softmax(warpers(logits))`` with one generator a row. ``(N,)`` long."""
+def choose(logits: torch.Tensor, params: SamplingParams, warpers,
+           generators: list[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The next token of each row of ``logits`` ``(N, V)`` and its statistics, from one log-softmax: the float32
+    argmax when greedy, else :func:`draw` with one generator a row from ``softmax(warpers(logits))`` (with no top-k
+    or top-p that is ``exp(log softmax(logits / T))``, the tempered log-probs already computed). Returns ``(N,)``
+    tokens, their log-probs under ``softmax(logits / T)`` and the self-certainty of ``softmax(logits)``
+    (:func:`rlft.rollout.decode.token_statistics`)."""
     logits = logits.float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    certainty = -math.log(logits.shape[-1]) - log_p.mean(dim=-1)
+    tempered = log_p if params.temperature in (0.0, 1.0) else torch.log_softmax(logits / params.temperature, dim=-1)
     if params.greedy:
-        return logits.argmax(dim=-1)
-    scores = warpers(torch.empty(logits.shape[0], 0, dtype=torch.long, device=logits.device), logits) if warpers else logits
-    return draw(torch.softmax(scores, dim=-1), generators)
+        tokens = logits.argmax(dim=-1)
+    elif params.top_k == 0 and params.top_p >= 1.0:
+        tokens = draw(tempered.exp(), generators)
+    else:
+        scores = warpers(torch.empty(logits.shape[0], 0, dtype=torch.long, device=logits.device), logits)
+        tokens = draw(torch.softmax(scores, dim=-1), generators)
+    return tokens, tempered.gather(-1, tokens[:, None]).squeeze(1), certainty
 
 
 class _Prompts:
@@ -175,8 +187,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
             entries = [store.admit(jobs[b][0]) for b in batch]
             logits = torch.stack([logit for _, logit in entries])
             batch_gens = None if params.greedy else [torch.Generator().manual_seed(job_seed(seed, *jobs[b])) for b in batch]
-            tokens = choose(logits, params, warpers, batch_gens)
-            logprobs, certainty = token_statistics(logits, tokens, params.temperature)
+            tokens, logprobs, certainty = choose(logits, params, warpers, batch_gens)
             for r, (b, token, lp, c) in enumerate(zip(batch, tokens.tolist(), logprobs.tolist(), certainty.tolist())):
                 if record(b, token, lp, c):
                     on_done(1)
@@ -208,8 +219,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
                     **{cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
         on_forward(len(rows), 1)
         logits = out.logits[:, -1, :]
-        tokens = choose(logits, params, warpers, gens)
-        logprobs, certainty = token_statistics(logits, tokens, params.temperature)
+        tokens, logprobs, certainty = choose(logits, params, warpers, gens)
         finished = [record(job, token, lp, c)
                     for job, token, lp, c in zip(rows, tokens.tolist(), logprobs.tolist(), certainty.tolist())]
         feed, position = tokens, position + 1

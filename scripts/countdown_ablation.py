@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "pairs", "list", "sft-curve"])
     parser.add_argument("--configs", type=Path, default=CONFIGS, help="the folder of settings.yaml and the variant files")
-    parser.add_argument("--setting", default="direct", help="a setting of settings.yaml (direct: sessions 5-12; bounded: 13 on)")
+    parser.add_argument("--setting", default="direct", help="a setting of settings.yaml (direct: docs/results/countdown-medium3; bounded: countdown-bounded; real: countdown-real)")
     parser.add_argument("--sft", type=Path, default=None, help="the SFT start (default: the setting's sft)")
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--variants", nargs="*", default=[])

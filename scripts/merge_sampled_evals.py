@@ -1,6 +1,6 @@
 """Merge sampled Countdown evaluations of one model into one file with all their samples (best-of-N past one run's k).
 
-An evaluation with k=16 on this CPU is one long job that a killed session loses whole. Four k=4 evaluations of the
+An evaluation with k=16 on this CPU is one long job that a killed process loses whole. Four k=4 evaluations of the
 same model on the same tasks at different ``--seed`` are the same 16 independent samples per task, each saved on its
 own. This script joins them (:func:`rlft.eval.countdown.merge_samples`: per task, the first file's samples, then the
 second's, ...) and recomputes every rate; ``scripts/test_time_study.py`` then reads the result like any k=16 file.

@@ -18,14 +18,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: countdown_ablation
 from countdown_ablation import summed_step_seconds  # noqa: E402  (the continued-SFT budget's own sum)
 
 from rlft.checkpoint import read_metrics  # noqa: E402
 from rlft.eval.countdown import paired_difference  # noqa: E402
 from rlft.script_io import ArgumentParser, fail, read_json, run_script  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"
 START_STEPS = 300  # the SFT start's steps
 PARALLEL_SLOWDOWN = 12.4 / 6.9  # s per SFT step: two 1-thread processes side by side vs one 2-thread process

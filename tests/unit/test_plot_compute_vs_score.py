@@ -1,4 +1,4 @@
-"""scripts/plot_compute_vs_score.py: the unpaired 95% interval of an archived evaluation (by hand), and one-line
+"""scripts/studies/plot_compute_vs_score.py: the unpaired 95% interval of an archived evaluation (by hand), and one-line
 errors (exit 2) for a missing or damaged archived file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/plot_curriculum.py: the SEC bucket curves read from metrics records, the PNG, its errors (one line, exit 2),
+"""scripts/studies/plot_curriculum.py: the SEC bucket curves read from metrics records, the PNG, its errors (one line, exit 2),
 a last metrics line cut short by a kill, and an --out that never replaces an input or an existing file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/plot_truncation.py on hand-built files: the table's numbers, the PNG written, the refusals (one line, exit 2),
+"""scripts/studies/plot_truncation.py on hand-built files: the table's numbers, the PNG written, the refusals (one line, exit 2),
 a last metrics line cut short by a kill left out, and the PNG that never replaces an input or an existing file."""
 
 from __future__ import annotations

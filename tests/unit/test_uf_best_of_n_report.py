@@ -1,4 +1,4 @@
-"""scripts/uf_best_of_n_report.py on fake win-rate folders and a stub judge: the paired differences, the rescoring of
+"""scripts/studies/uf_best_of_n_report.py on fake win-rate folders and a stub judge: the paired differences, the rescoring of
 every candidate (pick vs random vs the judge's best), the selector-judge agreement, all worked by hand, and the
 errors on runs that do not share their reference answers."""
 

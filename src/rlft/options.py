@@ -32,7 +32,8 @@ class DeviceOptions:
     dtype: str = "auto"
     """'auto': bfloat16 on CUDA; on a CPU with native bfloat16 (avx512_bf16 or AMX, detected at run time) float32
     weights and optimizer state with bfloat16 compute (autocast), generation from bfloat16 weights; else float32.
-    'float32' forces float32 everywhere; 'bfloat16', 'float16': weights in that dtype."""
+    'float32' forces float32 everywhere; 'bfloat16', 'float16': weights in that dtype (training commands refuse
+    float16 weights: no float32 master copy and no loss scaling, so their loss turns NaN)."""
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ HELP_REWORDED: dict[str, set[str]] = {
 }
 """Flags whose help text was deliberately reworded, per command (their type and default still must not change): the
 Countdown options, one block with one help text since 2026-11-27 (rlft.tasks.countdown.options)."""
+for _command in ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown"):  # --dtype: float16 training refused
+    HELP_REWORDED[_command] = HELP_REWORDED.get(_command, set()) | {"--dtype"}
 
 
 ADDED = {"RLConfig": {"compile": False, "repetition_limit": None, "repetition_penalty": None},

@@ -166,6 +166,9 @@ class TrainingSetup:
     step: int = 0
     """Steps finished: ``start_step``, then each step's number as :func:`checkpoint_if_due` is called after it (the
     step :func:`optimizer_step` takes is ``step + 1``)."""
+    trainer_state: dict | None = None
+    """The resumed checkpoint's ``trainer_state.pt`` (its recipe's own keys too, written through
+    :func:`checkpoint_if_due`'s ``extra_state``, e.g. RL's ``replay``); None for a fresh run."""
 
 
 def prepare_training(
@@ -241,7 +244,7 @@ def prepare_training(
         metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
     else:
         metrics = NullMetricsLog()
-    return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt, Path(run_dir), start_step)
+    return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt, Path(run_dir), start_step, state)
 
 
 def start_training(cfg, run_dir: Path, spec: DeviceSpec, total_steps: int, **prepare) -> tuple[TrainingSetup, Tracker | None]:
@@ -354,29 +357,34 @@ def check_finite_weights(model: torch.nn.Module, setup: TrainingSetup | None, st
         raise NonFiniteError(f"{what}; {last_good(run_dir)}")
 
 
-def save_training_checkpoint(setup: TrainingSetup, run_dir: Path, step: int, tokenizer, *, keep: int, config) -> None:
+def save_training_checkpoint(setup: TrainingSetup, run_dir: Path, step: int, tokenizer, *, keep: int, config,
+                             extra_state: dict | None = None) -> None:
     """:func:`rlft.checkpoint.save_checkpoint` of ``setup`` at ``step``, written by rank 0. Call it on every
     rank: a sharded model's full weights and optimizer state are gathered first (collective,
-    :func:`rlft.distributed.full_state_dicts`); then every rank waits for the write (barrier).
+    :func:`rlft.distributed.full_state_dicts`); then every rank waits for the write (barrier). ``extra_state``: the
+    recipe's own keys of ``trainer_state.pt`` (read back as :attr:`TrainingSetup.trainer_state`).
 
     Raises:
         NonFiniteError: the weights hold NaN or infinity (nothing written: the older checkpoints stay)."""
     check_finite_weights(setup.model, setup, step)
     model_state, optimizer_state = distributed.full_state_dicts(setup.model, setup.optimizer)
     if distributed.is_main():
-        save_checkpoint(run_dir, step, setup.model, tokenizer, setup.optimizer, setup.scheduler, keep=keep, config=config,
-                        model_state=model_state, optimizer_state=optimizer_state)
+        save_checkpoint(run_dir, step, setup.model, tokenizer, setup.optimizer, setup.scheduler, extra_state, keep=keep,
+                        config=config, model_state=model_state, optimizer_state=optimizer_state)
     distributed.barrier()
 
 
-def checkpoint_if_due(setup: TrainingSetup, run_dir: Path, step: int, total_steps: int, tokenizer, cfg) -> None:
+def checkpoint_if_due(setup: TrainingSetup, run_dir: Path, step: int, total_steps: int, tokenizer, cfg,
+                      extra_state: Callable[[], dict] | None = None) -> None:
     """After optimizer step ``step`` (1-based) of ``total_steps``: :func:`save_training_checkpoint` every
     ``cfg.save_every`` steps (0: never), except after the last step (the final model is written instead), keeping
     ``cfg.keep_checkpoints``. Call it on every rank. Records ``step`` as ``setup.step`` (the steps finished, named by
-    :func:`optimizer_step`'s errors)."""
+    :func:`optimizer_step`'s errors). ``extra_state()``: the recipe's own keys of ``trainer_state.pt``, called only
+    when a checkpoint is written."""
     setup.step = step
     if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
-        save_training_checkpoint(setup, run_dir, step, tokenizer, keep=cfg.keep_checkpoints, config=cfg)
+        save_training_checkpoint(setup, run_dir, step, tokenizer, keep=cfg.keep_checkpoints, config=cfg,
+                                 extra_state=extra_state() if extra_state is not None else None)
 
 
 def finish_run(run_dir: Path, model: torch.nn.Module, tokenizer, cfg, tracker, name: str) -> Path:

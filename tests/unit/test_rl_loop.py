@@ -52,6 +52,7 @@ def learned(records: list[dict], gain: float = 0.3) -> bool:
         ("raft", "raft", {}),
         ("raft", "raft++", {"ppo_epochs": 2, "raft_threshold": 1.0}),
         ("rloo", "reinforce", {"entropy_coef": 0.001}),
+        ("rloo", "topr", {"loss_mode": "seq_mean"}),
     ],
 )
 def test_each_estimator_and_loss_learns_the_toy_reward(tiny_model_dir, tmp_path, advantage, loss, extra):

@@ -11,12 +11,13 @@ from rlft.cli import main
 from rlft.options import CompileOptions
 from rlft.rl.config import RLConfig, rloo_config
 from rlft.rl.options import (ChatPromptOptions, CurriculumOptions, GroupFilterOptions, ImportanceOptions, InLoopEvalOptions,
-                             KLOptions, PolicyLossOptions, RewardOptions, SamplingOptions, ShapingOptions)
+                             KLOptions, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions, ShapingOptions)
 from rlft.tasks.countdown.options import CountdownTrainingOptions
 from rlft.validation import OptionError
 
 BLOCKS = (SamplingOptions, PolicyLossOptions, KLOptions, ImportanceOptions, GroupFilterOptions, CurriculumOptions,
-          ShapingOptions, InLoopEvalOptions, ChatPromptOptions, RewardOptions, CountdownTrainingOptions, CompileOptions)
+          ShapingOptions, InLoopEvalOptions, ChatPromptOptions, RewardOptions, CountdownTrainingOptions, CompileOptions,
+          ReplayOptions)
 
 
 def test_rl_config_is_its_blocks():
@@ -25,7 +26,8 @@ def test_rl_config_is_its_blocks():
     own = set(RLConfig.__dict__["__annotations__"])
     from_blocks = {f.name for block in BLOCKS for f in dataclasses.fields(block)}
     assert not own & from_blocks  # a field lives in one place
-    assert len(dataclasses.fields(RLConfig)) == 87  # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty
+    # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty, --replay-size, --max-staleness
+    assert len(dataclasses.fields(RLConfig)) == 89
     assert RLConfig().compile is False and RLConfig(compile=True).compile is True
 
 
@@ -45,6 +47,14 @@ REFUSED = [
     ({"clip_low": 1.0, "loss": "ppo"}, r"--clip-low must lie in \(0, 1\)"),
     ({"clip_low": 1.5, "loss": "ppo"}, r"--clip-low must lie in \(0, 1\)"),
     ({"clip_low": 0.0, "loss": "ppo"}, r"--clip-low must lie in \(0, 1\)"),
+    ({"max_staleness": 2}, "--max-staleness is only read with --replay-size"),
+    ({"replay_size": -1}, "--replay-size must be >= 0"),
+    ({"replay_size": 8, "loss": "topr", "max_staleness": 0}, "--max-staleness must be >= 1"),
+    ({"replay_size": 8}, "--replay-size trains on stale samples, whose importance ratio is unbounded under --loss reinforce"),
+    ({"replay_size": 8, "loss": "raft", "advantage": "raft"}, "unbounded under --loss raft: use --loss topr or a loss that clips"),
+    ({"replay_size": 8, "loss": "topr", "is_correction": "token_truncate"}, "--is-correction with --replay-size: the ratio"),
+    ({"loss": "topr", "is_correction": "sequence_mask"}, "--is-correction with --loss topr: the ratio already divides"),
+    ({"replay_size": 8, "loss": "ppo", "is_correction": "token_mask"}, "--is-correction with --replay-size"),
 ]
 
 
@@ -62,6 +72,10 @@ def test_the_same_options_are_accepted_where_they_are_read():
     RLConfig(is_correction="sequence_mask", is_cap=1.0)
     RLConfig(loss="ppo", clip_low=0.1, clip_high=0.28)
     RLConfig(loss="raft++", advantage="raft", clip_high=0.3)
+    RLConfig(loss="topr", replay_size=8, max_staleness=3)
+    RLConfig(loss="ppo", replay_size=8)
+    RLConfig(loss="raft++", advantage="raft", replay_size=8)
+    RLConfig(loss="topr")  # TOPR alone: the behaviour ratio on fresh samples
     rloo_config()  # the defaults of every block are consistent, rloo's too
     # explicitly given at its default, an option is not "set": the same as leaving it out
     RLConfig(loss="reinforce", clip_low=0.2, clip_high=None, is_cap=3.0, curriculum_tau=1.0, overlong_penalty=1.0)
@@ -77,6 +91,8 @@ def test_the_same_options_are_accepted_where_they_are_read():
     (["--clip-high", "0.28"], "--clip-high is only read by a loss that clips"),
     (["--loss", "ppo", "--clip-low", "1"], "--clip-low must lie in (0, 1)"),
     (["--is-correction", "token_mask", "--is-cap", "0.5"], "--is-cap must be >= 1"),
+    (["--max-staleness", "2"], "--max-staleness is only read with --replay-size"),
+    (["--replay-size", "8"], "--replay-size trains on stale samples"),
 ])
 @pytest.mark.parametrize("command", ["rl", "rloo"])
 def test_the_command_line_refuses_them_in_one_line(capsys, tmp_path, monkeypatch, command, args, message):

@@ -262,6 +262,9 @@ class PolicyLoss:
     """It takes the clip range ``[1 - clip_low, 1 + clip_high]``; False: the loop passes none."""
     selects: bool = False
     """RAFT: the loss weights are :func:`raft_selection` of the advantages (1 for A > 0, else 0)."""
+    behaviour: bool = False
+    """The ratio's denominator is the behaviour policy's log-probs (the sampler's) from the first epoch on, not the
+    pre-update policy's (TOPR: made for stale samples)."""
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
@@ -269,7 +272,7 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo": PolicyLoss(policy_gradient_loss, clips=True),
     "raft": PolicyLoss(policy_gradient_loss, clips=False, selects=True),
     "raft++": PolicyLoss(policy_gradient_loss, clips=True, selects=True),
-    "topr": PolicyLoss(topr_loss, clips=False),
+    "topr": PolicyLoss(topr_loss, clips=False, behaviour=True),
 }
 """Policy losses by name (``--loss``; a new loss is one entry): ``reinforce`` (``-A * ratio``: REINFORCE at
 ratio 1), ``ppo`` (the ratio clipped to ``[1 - clip_low, 1 + clip_high]``), ``raft`` (the likelihood of the
@@ -314,6 +317,11 @@ class PolicyObjective:
     each token's policy loss by the trainer/sampler ratio, truncated or masked at ``is_cap``."""
     is_cap: float = 3.0
     """The cap ``C`` of the importance-sampling correction."""
+    behaviour_ratio: bool = False
+    """The loop passes the behaviour policy's log-probs (those of the sampler that generated each sample, however many
+    steps ago) as ``old_logprobs`` from the first epoch on: the loss asks for them (:attr:`PolicyLoss.behaviour`,
+    TOPR) or samples are replayed from earlier steps (``--replay-size``). False: ``old_logprobs`` are the pre-update
+    policy's (ratio 1 at the first epoch)."""
 
     def __post_init__(self) -> None:
         if self.kl_placement not in (None, *KL_PLACEMENTS):
@@ -409,7 +417,7 @@ def make_objective(cfg) -> PolicyObjective:
     """The run's objective from its config (an :class:`rlft.rl.config.RLConfig`; read, never changed): the loss
     ``cfg.loss`` of :data:`POLICY_LOSSES` aggregated by ``cfg.loss_mode``; its clip range when it clips
     (``clip_high`` None: ``clip_low``), else none; the KL at ``cfg.kl_mode`` when ``cfg.beta > 0``, else none;
-    ``cfg.entropy_coef``.
+    ``cfg.entropy_coef``; the behaviour ratio when the loss asks for it or ``cfg.replay_size > 0``.
 
     Raises:
         ValueError: an unknown ``cfg.loss``.
@@ -422,4 +430,5 @@ def make_objective(cfg) -> PolicyObjective:
     return PolicyObjective(loss_fn=spec.fn, loss_mode=cfg.loss_mode, clip_low=clip_low, clip_high=clip_high, select=spec.selects,
                            kl_placement=cfg.kl_mode if use_kl else None, beta=cfg.beta if use_kl else 0.0,
                            kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef,
-                           is_mode=cfg.is_correction, is_cap=cfg.is_cap)
+                           is_mode=cfg.is_correction, is_cap=cfg.is_cap,
+                           behaviour_ratio=spec.behaviour or getattr(cfg, "replay_size", 0) > 0)

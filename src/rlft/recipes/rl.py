@@ -19,6 +19,8 @@ Lite-PPO               ``--advantage lite_ppo --loss ppo --loss-mode token_mean`
 DAPO-style             ``--advantage grpo --loss ppo --clip-high 0.28 --loss-mode token_mean --filter-groups``
 Reinforce-Rej          ``--advantage reinforce`` or ``rloo`` with ``--filter-groups``
 RAFT / RAFT++          ``--advantage raft --loss raft`` / ``--loss raft++``
+TOPR with replay       ``--loss topr --loss-mode seq_mean --replay-size P --max-staleness 1`` (P = prompts per step:
+                       every sample trained on twice)
 =====================  ==========================================================================
 
 Each step:
@@ -35,7 +37,16 @@ Each step:
    ``--filter-groups`` the groups whose k shaped rewards are all equal are dropped and further batches of prompts
    are sampled, up to ``max_prompt_batches`` per step, until ``prompts_per_step`` varied groups are found
    (``groups/tried``, ``groups/kept``). The record also holds this rank's teacher-forcing batch and the step's
-   totals (samples, generated tokens, generation time);
+   totals (samples, generated tokens, generation time). With ``--replay-size`` (:mod:`rlft.rl.replay`) up to that
+   many of the kept groups of the last ``--max-staleness`` steps are drawn from the buffer (seeded per step, without
+   replacement) and added after the fresh ones, each shaped and filtered from its raw rewards and samples as a fresh
+   group is (:func:`rlft.rl.sampling.with_replayed`); the steps below treat them alike (a replayed group's KL in the reward
+   and advantages are recomputed; one whose advantages are all 0 gets no forward); after the update the step's
+   fresh groups join the buffer. The loss divides by the **behaviour policy's** log-probs (fresh and replayed rows,
+   from the first epoch on; also with ``--loss topr``): the sampler's own, stored with each sample, when the engine
+   reports them (the HF engine's row-dropping decoders), so the ratio is exact, the sampler's precision part
+   included (``mismatch/abs_logp_*`` shows its size); else the trainer's pre-update log-probs of the step that
+   sampled it (one more no-grad pass), which leave that part out;
 3. teacher-force the sampled sequences (prompt ids exactly as the sampler tokenized them) to get
    log-probs at the sampling temperature under the reference (when ``beta > 0``; with LoRA the
    reference is the same model with its adapters disabled) and, when needed, the pre-update policy;
@@ -43,7 +54,9 @@ Each step:
    RLOO paper); ``kl_mode=loss`` adds ``beta * aggregate(kl_t)`` to the loss (OpenRLHF/verl);
 5. advantages ``(B, k)`` by the chosen estimator;
 6. loss and update: ``ppo_epochs`` optimizer steps on these samples with the objective (the first is
-   on-policy: ratio 1; RAFT's losses first select the samples with A > 0, weight 1). Samples whose weight
+   on-policy: ratio 1, or with ``--loss topr`` or replay the ratio to the behaviour policy; RAFT's losses first
+   select the samples with A > 0, weight 1); a non-finite loss or gradient norm stops the run before the update
+   (:func:`rlft.recipes.common.optimizer_step`). Samples whose weight
    is exactly 0 add nothing to the loss or its gradient, so unless the KL or an entropy bonus is in the
    loss they are skipped; the loss keeps the full step's normalisers, so the update is the same as with
    them, only cheaper. With ``--mask-truncated`` the samples that hit ``max_new_tokens`` without an EOS are
@@ -76,6 +89,15 @@ Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` c
 - ``loss/policy``, ``loss/kl`` (kl_mode=loss), ``loss/entropy`` (entropy_coef > 0), ``pg/clipfrac``,
   ``pg/ratio_mean``, ``grad_norm``, ``lr``; ``time/generate_s``, ``time/update_s``, ``time/step_s``,
   ``tokens_per_s/generate``, ``tokens_per_s/update``, ``time/eval_s``.
+- ``mismatch/abs_logp_mean``, ``mismatch/abs_logp_p99`` (the engine reports log-probs): ``|trainer - sampler|``
+  log-prob of the fresh samples' tokens, nats; ``pg/topr_truncated_frac``, ``pg/topr_weight_mean`` (``--loss topr``):
+  the share of negative samples whose ratio is truncated, and their mean weight.
+- ``replay/share`` (``--replay-size``): replayed samples / all samples trained on (``(R-1)/R`` once the buffer is
+  full with reuse factor R), ``replay/staleness_mean`` (steps), ``replay/abs_log_ratio_mean`` and
+  ``replay/abs_log_ratio_p99``: ``|log pi(y|x) - log mu(y|x)|`` of the replayed sequences under the policy before the
+  update (every replayed row when a no-grad pass ran, else the updated ones). With replay, the metrics of the trained
+  samples (``reward/shaped_mean``, ``adv/*``, ``completion/*``, ``update/*``, ``entropy``, ``kl/mean``, the loss's)
+  count replayed samples too; ``reward/mean``, ``groups/*``, ``samples/*`` and ``tokens/generated`` the fresh ones.
 - ``curriculum/p_<bucket>``, ``curriculum/q_<bucket>``, ``curriculum/n_<bucket>`` (``--curriculum sec``): the
   probabilities the step's draws used, the values after its update, the prompts drawn from each bucket.
 - ``eval/score``, ``eval/accuracy``, ``eval/format_rate`` (Countdown, greedy, first eval_limit held-out
@@ -104,15 +126,16 @@ from rlft.options import resolved_strategy
 from rlft.recipes.common import batch_indices, checkpoint_if_due, claim_run_dir, finish_run, optimizer_step, start_training
 from rlft.recipes.memory import eager_layers
 from rlft.rewards.registry import RewardFunction
-from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, gradient_rows, policy_loss_backward, sampler_logprobs,
-                           take_rows, without_rows)
+from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, gradient_rows, policy_loss_backward, replay_seed,
+                           sampler_logprobs, take_rows, with_logprobs, without_rows)
 from rlft.rl.config import RLConfig
 from rlft.rl.curriculum import CurriculumSampler, group_abs_advantages
-from rlft.rl.metrics import (NO_UPDATE, RunTotals, loss_metrics, mismatch_metrics, parameter_count, reduce_loss_metrics, sample_metrics,
-                             step_counts, update_metrics)
+from rlft.rl.metrics import (NO_UPDATE, RunTotals, loss_metrics, mismatch_metrics, parameter_count, reduce_loss_metrics, replay_log_ratios,
+                             sample_metrics, step_counts, update_metrics)
 from rlft.rl.prompts import make_prompt_source
 from rlft.rl.rewards import make_reward
-from rlft.rl.sampling import sample_step
+from rlft.rl.replay import ReplayBuffer
+from rlft.rl.sampling import fresh_groups, sample_step, with_replayed
 from rlft.rl.shaping import shaping_metrics
 from rlft.rollout.engines import check_training_engine, make_engine
 from rlft.tasks.countdown.prompts import adds_special_tokens
@@ -130,9 +153,11 @@ def update_policy(setup, cfg: RLConfig, batch: TokenBatch, weights: torch.Tensor
     whose loss ``weights`` (``(N,)``) carry gradient (:func:`rlft.rl.batch.gradient_rows`).
 
     ``context`` holds every row's pre-update log-probs (``old_logprobs``: used from the second epoch on, the
-    first is on-policy) and reference log-probs, and the whole step's normalisers, which the skipped rows keep.
+    first is on-policy; with :attr:`~rlft.losses.pg.PolicyObjective.behaviour_ratio`, the behaviour policy's, used
+    from the first epoch on) and reference log-probs, and the whole step's normalisers, which the skipped rows keep.
     With no rows anywhere the optimizer steps on a zero gradient (AdamW still applies its momentum, as it
-    would). Collective under torchrun.
+    would). Every optimizer step is given the step's loss (:func:`rlft.recipes.common.optimizer_step`: a NaN or
+    infinite loss or gradient norm stops the run before the update). Collective under torchrun.
 
     Returns:
         ``(rows, epoch_metrics, logprobs)``: the ``(M,)`` updated rows, one metrics dict per optimizer step
@@ -144,7 +169,8 @@ def update_policy(setup, cfg: RLConfig, batch: TokenBatch, weights: torch.Tensor
     sub = take_rows(batch, rows)
     rows_total = int(distributed.all_reduce_sum(len(rows)))
     update_plan = plan.synced(model, len(rows))  # passes: None unless sharded; 0: no rows anywhere
-    context = replace(context, old_logprobs=context.old_logprobs[rows] if cfg.ppo_epochs > 1 else None,
+    keep_old = (cfg.ppo_epochs > 1 or objective.behaviour_ratio) and context.old_logprobs is not None
+    context = replace(context, old_logprobs=context.old_logprobs[rows] if keep_old else None,
                       ref_logprobs=context.ref_logprobs[rows] if context.ref_logprobs is not None else None,
                       sampler_logprobs=context.sampler_logprobs[rows] if context.sampler_logprobs is not None else None)
     epoch_metrics: list[dict[str, float]] = []
@@ -161,7 +187,8 @@ def update_policy(setup, cfg: RLConfig, batch: TokenBatch, weights: torch.Tensor
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
         metrics = reduce_loss_metrics(metrics, float(sub.loss_mask.sum()) if len(rows) else 0.0)
-        epoch_metrics.append({**metrics, **optimizer_step(setup, cfg.max_grad_norm)})
+        loss = metrics["loss/policy"] + objective.kl_coef * metrics["loss/kl"] - objective.entropy_coef * metrics["loss/entropy"]
+        epoch_metrics.append({**metrics, **optimizer_step(setup, cfg.max_grad_norm, loss=loss)})  # stops on a non-finite loss
     return rows, epoch_metrics, first_logprobs
 
 
@@ -188,11 +215,18 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     with ``synced_gpus`` and filler chunks; log-prob passes and the update: filler micro-batches
     (:func:`rlft.rl.batch.synced_passes`); checkpoints and the final model: full state dicts gathered on rank 0.
 
+    With ``--replay-size`` (one process only) the buffer (:class:`rlft.rl.replay.ReplayBuffer`) is saved in every
+    checkpoint (``trainer_state.pt``'s ``replay``) and restored from it on ``--resume``, so a resumed run draws the
+    groups the uninterrupted run would have drawn.
+
     Raises:
-        UsageError: ``--rollout-engine vllm`` under torchrun (:func:`rlft.rollout.engines.check_training_engine`).
+        UsageError: ``--rollout-engine vllm`` under torchrun (:func:`rlft.rollout.engines.check_training_engine`);
+            ``--replay-size`` under torchrun; ``--resume --replay-size`` from a checkpoint holding no buffer.
     """
     distributed.init(cfg.device)  # under torchrun only
     check_training_engine(cfg.rollout_engine)  # before anything loads
+    if cfg.replay_size and distributed.active():
+        raise UsageError("--replay-size runs in one process: each rank would hold only its own groups (drop torchrun or --replay-size)")
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
@@ -222,6 +256,13 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     # --compile, the tracker
     setup, tracker = start_training(cfg, run_dir, spec, total_steps * cfg.ppo_epochs)
     model, start_step, lora = setup.model, setup.start_step, cfg.lora_settings()
+    # the kept groups of the last max_staleness steps (all a draw can take), for --replay-size draws per step
+    buffer = ReplayBuffer(cfg.max_staleness * cfg.prompts_per_step, cfg.max_staleness) if cfg.replay_size else None
+    if buffer is not None and setup.trainer_state is not None:  # resumed: the buffer as the checkpoint left it
+        if "replay" not in setup.trainer_state:
+            raise UsageError(f"--resume with --replay-size: checkpoint {setup.checkpoint} holds no replay buffer (written by a run "
+                             "without --replay-size); resume without it or start a new run")
+        buffer.load_state_dict(setup.trainer_state["replay"])
     # The reference is the initial policy, never a checkpoint of this run: with LoRA the same model with its
     # adapters off (no second copy), else a fresh load, sharded like the policy under FSDP2.
     use_ref = objective.beta > 0
@@ -277,14 +318,28 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             # all ranks together, their (B, k) raw and shaped rewards; this rank's at positions got.local, with their batch.
             with generating():
                 got = sample_step(cfg, step, prompts, order, engine, reward, tokenizer)
+            fresh, drawn = got.groups, []  # the step's own groups; replayed ones come after them
+            if buffer is not None:  # 2b. Replay: groups of earlier steps, shaped and filtered as fresh ones
+                buffer.evict(step)
+                drawn, _ = buffer.draw(cfg.replay_size, step, torch.Generator().manual_seed(replay_seed(cfg.seed, step)))
+                got, drawn = with_replayed(cfg, got, drawn, prompts, tokenizer, add_special_tokens=engine.add_special_tokens)
             B, k, local = got.groups, cfg.k, got.local
             t1 = time.perf_counter()
             # 3. Log-probs before the update: reference, and the sampling policy when needed. A rank with no groups
             # has an empty batch (FSDP2: it still runs the busiest rank's number of passes, on a filler).
             batch = got.batch.to(spec.device)
+            sampled = sampler_logprobs(batch, got.samples)  # (N, T) or None: what the sampler itself computed
             step_plan = plan.synced(model, len(local) * k)  # passes: None unless sharded
             ref_logprobs = reference_logprobs(batch, step_plan) if use_ref else None
-            old_logprobs = batch_logprobs(model, batch, step_plan) if cfg.ppo_epochs > 1 or objective.kl_in_reward else None
+            # the pre-update policy: for later epochs, the KL in the reward, or as the replayed samples' behaviour policy
+            # when the engine reports no log-probs
+            need_old = cfg.ppo_epochs > 1 or objective.kl_in_reward or (buffer is not None and sampled is None)
+            old_logprobs = batch_logprobs(model, batch, step_plan) if need_old else None
+            behaviour = None  # the ratio's denominator with objective.behaviour_ratio: the sampler's, else the trainer's
+            if objective.behaviour_ratio:
+                if sampled is None and old_logprobs is not None:
+                    got = replace(got, samples=with_logprobs(got.samples, batch, old_logprobs))
+                behaviour = sampler_logprobs(batch, got.samples)  # None only without a pass: ratio 1 at the first epoch
             # 4. KL in the reward (the RLOO paper): R_i - beta * sum_t kl_t, before the advantages (every group's).
             rewards = got.shaped
             if objective.kl_in_reward and B:
@@ -293,8 +348,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             # 5. Advantages, per group (or over the whole batch, lite_ppo) from every rank's rewards; the loss
             # weights of this rank's rows (RAFT: its selection).
             advantages = advantage_fn(rewards) if B else torch.zeros(0, k)  # (B, k)
-            if curriculum is not None:  # SEC: each bucket's value follows its groups' mean |A|
-                curriculum_metrics = curriculum.update(got.tried, group_abs_advantages(advantages, got.kept, len(got.tried)))
+            if curriculum is not None:  # SEC: each bucket's value follows its (fresh) groups' mean |A|
+                curriculum_metrics = curriculum.update(got.tried, group_abs_advantages(advantages[:fresh], got.kept, len(got.tried)))
             weights = objective.weights(advantages[local].flatten().to(spec.device))  # (len(local) * k,)
             # 6. Loss and update on the rows that carry gradient; the loss keeps the full step's normalisers.
             num_tokens = distributed.all_reduce_sum(float(batch.loss_mask.sum()))  # completion tokens of the whole step
@@ -305,11 +360,11 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                 if B and not num_sequences and distributed.is_main():
                     log.warning("step %d: all %d samples hit --max-new-tokens %d without an EOS and --mask-truncated left every "
                                 "one out of the loss: this step trains nothing", step + 1, B * k, cfg.max_new_tokens)
-            sampled = sampler_logprobs(batch, got.samples)  # (N, T) or None: what the sampler itself computed
             if objective.is_mode != "none" and distributed.all_reduce_sum(float(sampled is None)):
                 raise UsageError(f"--is-correction {objective.is_mode} needs the sampler's log-probs, which this engine does not "
                                  "report (the HF engine's row-dropping decoder and vLLM do)")
-            context = LossContext(old_logprobs, ref_logprobs, sampled, num_sequences=num_sequences, num_tokens=loss_tokens)
+            context = LossContext(behaviour if objective.behaviour_ratio else old_logprobs, ref_logprobs, sampled,
+                                  num_sequences=num_sequences, num_tokens=loss_tokens)
             rows, epoch_metrics, update_logprobs = update_policy(setup, cfg, train, weights, objective, plan, context)
             engine.sync_weights(model)  # the next rollout (and evaluation) samples from the updated policy
             update_s = time.perf_counter() - t1
@@ -325,7 +380,12 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
                                **shaping_metrics(cfg, got.lengths, got.raw, got.repeated)})
             record.update({**loss_metrics(epoch_metrics, objective), "time/generate_s": got.generate_s, "time/update_s": update_s})
             if distributed.all_reduce_sum(float(sampled is None)) == 0:  # every rank has the sampler's log-probs
-                record.update(mismatch_metrics(train, rows, old_logprobs, update_logprobs, sampled))
+                record.update(mismatch_metrics(train, rows, old_logprobs, update_logprobs, sampled,
+                                               fresh_rows=fresh * k if buffer is not None else None))
+            if buffer is not None:  # then keep this step's groups (with their behaviour log-probs) for later steps
+                record.update(ReplayBuffer.metrics(drawn, fresh * k, step,
+                                                   replay_log_ratios(train, rows, old_logprobs, update_logprobs, behaviour, fresh * k)))
+                buffer.add(fresh_groups(got, fresh), step)
             if curriculum is not None:
                 record.update(curriculum_metrics)
             if evaluate_on and ((step + 1) % cfg.eval_every == 0 or step + 1 == total_steps):
@@ -337,7 +397,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             setup.metrics.log(record)
             info = f"reward {record['reward/mean']:.3f}" + (f"  kl {record['kl/mean']:.4f}" if "kl/mean" in record else "")
             if cfg.filter_groups:
-                info += f"  groups {B}/{record['groups/tried']}"
+                info += f"  groups {fresh}/{record['groups/tried']}"
             progress.update(bar, advance=1, info=info)
-            checkpoint_if_due(setup, run_dir, step + 1, total_steps, tokenizer, cfg)
+            checkpoint_if_due(setup, run_dir, step + 1, total_steps, tokenizer, cfg,
+                              extra_state=(lambda: {"replay": buffer.state_dict()}) if buffer is not None else None)
     return finish_run(run_dir, model, tokenizer, cfg, tracker, "RL")

@@ -31,6 +31,12 @@ def generation_seed(seed: int, step: int, rank: int = 0) -> int:
     return seed * 1_000_003 + step + rank * (1 << 40)
 
 
+def replay_seed(seed: int, step: int) -> int:
+    """The seed of a step's draw from the replay buffer (:meth:`rlft.rl.replay.ReplayBuffer.draw`): distinct per step and
+    from every sampling seed, the same after a resume."""
+    return generation_seed(seed, step) + (1 << 41)
+
+
 def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *, add_special_tokens: bool = True) -> TokenBatch:
     """The right-padded teacher-forcing batch of all sampled sequences: row ``b * k + j`` is ``samples[b][j]``.
 
@@ -271,6 +277,24 @@ def sampler_logprobs(batch: TokenBatch, samples: list[list[Sample]]) -> torch.Te
         positions = batch.loss_mask[i].nonzero().squeeze(1)
         out[i, positions[: len(s.logprobs)].cpu()] = torch.tensor(s.logprobs, dtype=torch.float32)
     return out.to(batch.loss_mask.device)
+
+
+def with_logprobs(samples: list[list[Sample]], batch: TokenBatch, logprobs: torch.Tensor) -> list[list[Sample]]:
+    """``samples`` where each sample without log-probs gets those of its row of ``logprobs`` (``(N, T)``, row
+    ``b * k + j`` = ``samples[b][j]``, on ``batch``'s completion positions: the inverse of :func:`sampler_logprobs`);
+    samples with log-probs are kept as they are. The RL loop's stand-in for an engine that reports none: the
+    trainer's log-probs before the update, stored with the samples it replays (:mod:`rlft.rl.replay`)."""
+    out, i = [], 0
+    for row in samples:
+        filled = []
+        for s in row:
+            if s.logprobs is None:
+                positions = batch.loss_mask[i].nonzero().squeeze(1)[: len(s.completion_ids)]
+                s = replace(s, logprobs=logprobs[i, positions].tolist())
+            filled.append(s)
+            i += 1
+        out.append(filled)
+    return out
 
 
 def mismatch_sums(trainer_logprobs: torch.Tensor, sampled_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> tuple[float, float, list[float]]:

@@ -2,8 +2,8 @@
 
 ``RLConfig`` is a sum of option blocks, each checking its own fields: the Countdown tasks
 (:class:`rlft.tasks.countdown.options.CountdownTrainingOptions`, shared with sft, pairs and eval countdown), the
-parts of the loop (:mod:`rlft.rl.options`: sampling, policy loss, KL, importance correction, group filtering,
-curriculum, shaping, in-loop evaluation, chat prompts, reward) and the shared training blocks of
+parts of the loop (:mod:`rlft.rl.options`: sampling, policy loss, KL, importance correction, replay, group
+filtering, curriculum, shaping, in-loop evaluation, chat prompts, reward) and the shared training blocks of
 :mod:`rlft.options` (run folder, optimizer, memory, ``--compile``, torchrun) and LoRA.
 
 The choices of ``--advantage``, ``--loss`` and ``--loss-mode`` are read from the registries
@@ -22,7 +22,7 @@ from rlft.models import DEFAULT_MODEL
 from rlft.options import CompileOptions, DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions
 from rlft.rl.options import (AdvantageName, BucketingName, ChatPromptOptions, CurriculumOptions, GroupFilterOptions,
                              ImportanceOptions, InLoopEvalOptions, ISMode, KLEstimatorName, KLMode, KLOptions, LossMode,
-                             PolicyLossName, PolicyLossOptions, RewardOptions, SamplingOptions, ShapingOptions)
+                             PolicyLossName, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions, ShapingOptions)
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownTrainingOptions
 from rlft.validation import require, validate_options
 
@@ -33,7 +33,7 @@ __all__ = ["RLConfig", "RLOO_DEFAULTS", "rloo_config",  # and the choice types o
 @dataclass(frozen=True)
 class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, CompileOptions, DistributedOptions,
                RewardOptions, ChatPromptOptions, InLoopEvalOptions, ShapingOptions, CurriculumOptions, GroupFilterOptions,
-               ImportanceOptions, KLOptions, PolicyLossOptions, SamplingOptions, CountdownTrainingOptions):
+               ReplayOptions, ImportanceOptions, KLOptions, PolicyLossOptions, SamplingOptions, CountdownTrainingOptions):
     """RL fine-tuning (one loop; advantage estimator and policy loss chosen by name) on Countdown prompts with the
     rule reward, or on chat prompts with a reward model or remote judge."""
 
@@ -68,6 +68,7 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Compile
         self._check_shaping()
         self._check_curriculum()
         self._check_importance()
+        self._check_replay()
         require(self.prompts_data is not None or self.data is not None or self.prompts_per_step <= self.num_train,
                 f"--prompts-per-step ({self.prompts_per_step}) is more than the {self.num_train} training tasks (--num-train)")
         self._check_in_loop_eval()

@@ -4,8 +4,9 @@ Under torchrun a rank sees its own rows only: :func:`step_counts` gives the rank
 loop sums over ranks (:func:`rlft.distributed.all_reduce_sums`) before :func:`sample_metrics` and
 :func:`update_metrics` turn them into means; :func:`reduce_loss_metrics` combines the loss metrics the same
 way. The rewards and advantages are every rank's already. :class:`RunTotals` keeps the cumulative counts (samples,
-tokens, estimated FLOPs) across steps and ``--resume``. Shape legend: B kept groups, k samples per prompt, G >= B
-groups tried, N = B * k rows (this rank's: ``len(local) * k``), T tokens.
+tokens, estimated FLOPs) across steps and ``--resume``; :func:`replay_log_ratios` feeds the ``replay/*`` metrics
+(:meth:`rlft.rl.replay.ReplayBuffer.metrics`). Shape legend: B kept groups (with ``--replay-size``: fresh and
+replayed), k samples per prompt, G >= B groups tried, N = B * k rows (this rank's: ``len(local) * k``), T tokens.
 """
 
 from __future__ import annotations
@@ -144,16 +145,17 @@ class RunTotals:
 def sample_metrics(got: StepSamples, counts: dict[str, float], reward_kind: str) -> dict[str, float]:
     """``reward/mean``, ``reward/std`` (raw scores of every sample generated this step, every tried group),
     ``reward/accuracy`` (score == 1.0) and ``reward/format_rate`` (>= 0.1) for a rule reward, ``groups/tried``,
-    ``groups/kept``, ``samples/step`` and ``update/rows_frac`` (``counts`` summed over ranks)."""
+    ``groups/kept`` (the fresh groups kept: replayed ones are not counted), ``samples/step`` and ``update/rows_frac``
+    (updated rows over every trained sample, replayed included; ``counts`` summed over ranks)."""
     all_raw = got.all_raw  # (G, k)
-    B, k = got.raw.shape
+    B, k = got.raw.shape  # fresh and replayed
     return {
         "reward/mean": all_raw.mean().item(),
         "reward/std": all_raw.std(unbiased=False).item(),
         **({"reward/accuracy": (all_raw == 1.0).float().mean().item(), "reward/format_rate": (all_raw >= 0.1).float().mean().item()}
            if reward_kind == "rule" else {}),
         "groups/tried": all_raw.shape[0],
-        "groups/kept": B,
+        "groups/kept": len(got.kept),
         "samples/step": all_raw.numel(),
         "update/rows_frac": counts["rows"] / max(B * k, 1),
     }  # fmt: skip
@@ -194,7 +196,8 @@ def loss_metrics(epoch_metrics: list[dict[str, float]], objective: PolicyObjecti
     for key in LOSS_KEYS:
         if (key != "loss/kl" or objective.kl_coef > 0) and (key != "loss/entropy" or objective.entropy_coef > 0):
             record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
-    for key in ("pg/is_weight_mean", "pg/is_zero_frac"):  # with an importance-sampling correction, when rows updated
+    # with an importance-sampling correction, or TOPR's truncation (token-weighted over micro-batches), when rows updated
+    for key in ("pg/is_weight_mean", "pg/is_zero_frac", "pg/topr_truncated_frac", "pg/topr_weight_mean"):
         if all(key in m for m in epoch_metrics):
             record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
     record["lr"] = epoch_metrics[0]["lr"]
@@ -202,14 +205,21 @@ def loss_metrics(epoch_metrics: list[dict[str, float]], objective: PolicyObjecti
 
 
 def mismatch_metrics(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tensor | None,
-                     update_logprobs: torch.Tensor | None, sampled: torch.Tensor) -> dict[str, float]:
+                     update_logprobs: torch.Tensor | None, sampled: torch.Tensor, fresh_rows: int | None = None) -> dict[str, float]:
     """The sampler/trainer log-prob mismatch of the step: ``mismatch/abs_logp_mean`` (token mean of
     ``|trainer - sampler|`` log-prob, nats; summed over ranks) and ``mismatch/abs_logp_p99`` (its 99th percentile over
     this rank's tokens), on the tokens the trainer computed before the update (every row's ``old_logprobs`` when a
     no-grad pass made them, else the first epoch's ``update_logprobs`` of the updated ``rows``); empty when
-    neither exists. ``sampled``: ``(N, T)``, :func:`rlft.rl.batch.sampler_logprobs`."""
+    neither exists. ``sampled``: ``(N, T)``, :func:`rlft.rl.batch.sampler_logprobs`. ``fresh_rows``: only the first
+    this many rows count (the samples generated this step; replayed rows after them differ by their staleness, not
+    by the sampler's precision); None: all."""
     from rlft.rl.batch import mismatch_sums
 
+    if fresh_rows is not None:
+        fresh = rows < fresh_rows
+        batch, sampled, rows = take_first(batch, fresh_rows), sampled[:fresh_rows], rows[fresh]
+        old_logprobs = old_logprobs[:fresh_rows] if old_logprobs is not None else None
+        update_logprobs = update_logprobs[fresh] if update_logprobs is not None else None
     if old_logprobs is not None:
         total, count, values = mismatch_sums(old_logprobs, sampled, batch.loss_mask)
     elif update_logprobs is not None:
@@ -223,3 +233,29 @@ def mismatch_metrics(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.
     if values:
         out["mismatch/abs_logp_p99"] = float(torch.quantile(torch.tensor(values), 0.99))
     return out
+
+
+def take_first(batch: TokenBatch, n: int) -> TokenBatch:
+    """The first ``n`` rows of ``batch``."""
+    return TokenBatch(batch.input_ids[:n], batch.attention_mask[:n], batch.loss_mask[:n])
+
+
+def replay_log_ratios(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tensor | None,
+                      update_logprobs: torch.Tensor | None, behaviour: torch.Tensor, fresh_rows: int) -> torch.Tensor:
+    """``(n,)`` the replayed samples' sequence log-ratios ``log pi(y|x) - log mu(y|x) = sum_t (logp_t - mu_t)`` (nats)
+    under the policy before the update, for ``replay/abs_log_ratio_mean`` and ``_p99``: the rows from ``fresh_rows`` on
+    that have a target token in ``batch``'s ``loss_mask`` (``(N, T)``), with every row's ``old_logprobs`` when a
+    no-grad pass made them, else the first epoch's ``update_logprobs`` (``(M, T)``) of the updated ``rows`` (``(M,)``:
+    no extra pass; a replayed row with a zero weight is then not counted). ``behaviour``: ``(N, T)``, the log-probs
+    the loss divides by. Empty when none."""
+    if old_logprobs is not None:
+        index = torch.arange(batch.loss_mask.shape[0], device=batch.loss_mask.device)[fresh_rows:]
+        current = old_logprobs[fresh_rows:]
+    elif update_logprobs is not None:
+        replayed = rows >= fresh_rows
+        index, current = rows[replayed], update_logprobs[replayed]
+    else:
+        return torch.zeros(0)
+    mask = batch.loss_mask[index]
+    ratios = masked_sum(current - behaviour[index], mask, dim=-1)
+    return ratios[mask.sum(dim=-1) > 0].detach().cpu()

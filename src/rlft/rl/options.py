@@ -7,6 +7,7 @@ the loop, each with its own checks (``_check_*``, called from ``RLConfig.__post_
   ``--clip-high``, ``--entropy-coef``, ``--raft-threshold`` (:func:`rlft.losses.pg.make_objective`);
 - :class:`KLOptions`: ``--ref-model``, ``--beta``, ``--kl-mode``, ``--kl-estimator``;
 - :class:`ImportanceOptions`: ``--is-correction``, ``--is-cap`` (the sampler mismatch);
+- :class:`ReplayOptions`: ``--replay-size``, ``--max-staleness`` (off-policy reuse of groups, :mod:`rlft.rl.replay`);
 - :class:`GroupFilterOptions`: ``--filter-groups``, ``--max-prompt-batches`` (:mod:`rlft.rl.groups`);
 - :class:`CurriculumOptions`: ``--curriculum``, ``--curriculum-buckets``, ``--curriculum-tau``,
   ``--curriculum-alpha`` (:mod:`rlft.rl.curriculum`);
@@ -19,8 +20,9 @@ the loop, each with its own checks (``_check_*``, called from ``RLConfig.__post_
 
 An option that does nothing in the chosen setup is refused when it is set, i.e. differs from its default (as
 ``rlft eval countdown`` refuses ``--select-n`` without ``--select``): ``--clip-low``/``--clip-high`` with a loss that
-does not clip, ``--is-cap`` without ``--is-correction``, the ``--curriculum-*`` values without ``--curriculum sec``,
-``--overlong-penalty`` without ``--overlong-buffer``, ``--repetition-penalty`` without ``--repetition-limit``.
+does not clip, ``--is-cap`` without ``--is-correction``, ``--max-staleness`` without ``--replay-size``, the
+``--curriculum-*`` values without ``--curriculum sec``, ``--overlong-penalty`` without ``--overlong-buffer``,
+``--repetition-penalty`` without ``--repetition-limit``.
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ class PolicyLossOptions:
     loss: PolicyLossName = "reinforce"
     """Policy loss (rlft.losses.pg.POLICY_LOSSES): 'reinforce' (-A * ratio; REINFORCE at ratio 1), 'ppo' (clipped to
     [1 - clip_low, 1 + clip_high]), 'raft' (likelihood of the samples with A > 0), 'raft++' (raft with the ratio
-    clipped like ppo). RAFT = --advantage raft --loss raft; RAFT++ = --advantage raft --loss raft++."""
+    clipped like ppo), 'topr' (Tapered Off-Policy REINFORCE: no ratio on samples with A >= 0, the sequence ratio to
+    the behaviour policy truncated to [0, 1] on A < 0; for stale samples, --replay-size). RAFT = --advantage raft
+    --loss raft; RAFT++ = --advantage raft --loss raft++."""
     loss_mode: LossMode = "seq_sum"
     """Aggregation: 'seq_sum' sums each sequence's token losses and averages over sequences (RLOO's
     sequence-level estimator; Dr. GRPO's no-length-normalisation); 'seq_mean' averages tokens within each
@@ -153,6 +157,40 @@ class ImportanceOptions:
         require(self.is_cap >= 1, f"--is-cap must be >= 1 (a ratio of 1, no mismatch, is never capped), got {self.is_cap}")
         require(self.is_correction != "none" or self.is_cap == _default(ImportanceOptions, "is_cap"),
                 "--is-cap is only read with --is-correction (token_truncate, token_mask, sequence_truncate, sequence_mask)")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Off-policy reuse of sampled groups across steps (:class:`rlft.rl.replay.ReplayBuffer`)."""
+
+    replay_size: int = 0
+    """Replayed groups per step (0: off). Each step trains on its fresh groups plus up to this many groups drawn
+    (seeded, uniformly, without replacement) from the kept groups of the last --max-staleness steps, which the replay
+    buffer holds (at most --max-staleness x --prompts-per-step groups). A group keeps its samples, their behaviour
+    log-probs and its raw rewards; its shaping, KL and advantages are recomputed, and --filter-groups and the
+    zero-advantage rule apply as for fresh groups. Behaviour policy (the ratio's denominator, for fresh and replayed
+    rows alike, from the first epoch on): the sampler's own log-probs when the engine reports them (the HF engine's
+    row-dropping decoders), so the ratio is exact, the sampler's precision mismatch included (its size is logged as
+    mismatch/abs_logp_*); else the trainer's log-probs before the update of the step that sampled them (one more
+    no-grad pass; the ratio then leaves the precision part out). Reuse factor R: --replay-size (R-1)x--prompts-per-step
+    --max-staleness R-1. Needs --loss topr or a loss that clips; one process only."""
+    max_staleness: int = 1
+    """Oldest a replayed group may be, in steps (>= 1): generated at step s, it can be drawn at steps s+1 to
+    s+max_staleness and is dropped after. Only read with --replay-size."""
+
+    def _check_replay(self) -> None:
+        require(self.replay_size >= 0, f"--replay-size must be >= 0 (0: off), got {self.replay_size}")
+        require(self.max_staleness >= 1,
+                f"--max-staleness must be >= 1 (a replayed group is at least one step old), got {self.max_staleness}")
+        require(self.replay_size > 0 or self.max_staleness == _default(ReplayOptions, "max_staleness"),
+                "--max-staleness is only read with --replay-size (the groups kept for replay)")
+        spec = POLICY_LOSSES[self.loss]
+        require(self.replay_size == 0 or spec.clips or spec.behaviour,
+                f"--replay-size trains on stale samples, whose importance ratio is unbounded under --loss {self.loss}: use "
+                f"--loss topr or a loss that clips ({', '.join(n for n, s in POLICY_LOSSES.items() if s.clips)})")
+        require(self.is_correction == "none" or (self.replay_size == 0 and not spec.behaviour),
+                f"--is-correction with {'--replay-size' if self.replay_size else '--loss ' + self.loss}: the ratio already "
+                "divides by the sampler's log-probs (the behaviour policy)")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Steps 1-2 of the RL loop: sample this step's groups, score and shape their rewards, and build this rank's
-teacher-forcing batch (:func:`sample_step`, which returns one :class:`rlft.rl.records.StepSamples`).
+teacher-forcing batch (:func:`sample_step`, which returns one :class:`rlft.rl.records.StepSamples`); with
+``--replay-size``, add the groups drawn from the replay buffer to the step (:func:`with_replayed`) and hand the
+fresh ones to it (:func:`fresh_groups`).
 
 Shape legend: B kept groups (prompts) of the step, k samples per prompt, G >= B groups tried.
 """
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -16,6 +18,7 @@ from rlft import distributed
 from rlft.rl.batch import generation_seed, rollout_batch
 from rlft.rl.groups import varied_groups
 from rlft.rl.records import Reward, RLPrompt, StepSamples
+from rlft.rl.replay import ReplayGroup
 from rlft.rl.shaping import repeated_samples, shaped_rewards
 from rlft.rollout.base import Sample, SamplingParams
 
@@ -112,3 +115,49 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         batch = rollout_batch(tokenizer, [p.text for p in kept_prompts], kept_samples, add_special_tokens=engine.add_special_tokens)
     return StepSamples(kept_prompts, kept_samples, local, raw, shaped, truncated, lengths, torch.cat(all_raw), tried, kept_at,
                        generate_s, generated_tokens, batch, repeated=repeated)
+
+
+def with_replayed(cfg: RLConfig, got: StepSamples, groups: Sequence[ReplayGroup], prompts: list[RLPrompt], tokenizer=None, *,
+                  add_special_tokens: bool = True) -> tuple[StepSamples, list[ReplayGroup]]:
+    """The step ``got`` (B fresh groups) with the replayed ``groups`` after its own: one process only.
+
+    Each replayed group (``group.prompt``: its index in ``prompts``) is shaped as a fresh one from what it kept, its raw
+    rewards and samples (truncation from each sample's finish reason, lengths from its completion ids, the repetition
+    rule from its text: :func:`rlft.rl.shaping.shaped_rewards`), and with ``cfg.filter_groups`` only the groups whose
+    shaped rewards vary are kept (:func:`rlft.rl.groups.varied_groups`), as :func:`sample_step` keeps fresh ones.
+
+    Returns:
+        ``(step, kept)``: a record whose ``prompts``, ``samples``, ``raw``, ``shaped``, ``truncated``, ``lengths``,
+        ``repeated`` and ``batch`` hold the B fresh groups then the R kept replayed ones (rows ``b * k + j`` as before;
+        ``local`` = ``range(B + R)``), while ``all_raw``, ``tried``, ``kept``, ``generate_s`` and ``generated_tokens``
+        stay the fresh groups' (what this step sampled); and the kept replayed groups, in order.
+    """
+    k = cfg.k
+    if not groups:
+        return got, []
+    raw = torch.tensor([g.rewards for g in groups], dtype=torch.float32).view(len(groups), k)
+    flat = [s for g in groups for s in g.samples]
+    truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(groups), k)
+    lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(groups), k)
+    repeated = repeated_samples(cfg, [s.text for s in flat]).view(len(groups), k)
+    shaped = shaped_rewards(cfg, raw, truncated, lengths, repeated)
+    keep = varied_groups(shaped) if cfg.filter_groups else torch.ones(len(groups), dtype=torch.bool)
+    kept = [g for g, keep_it in zip(groups, keep.tolist()) if keep_it]
+    if not kept:
+        return got, []
+    fresh_repeated = got.repeated if got.repeated is not None else torch.zeros_like(got.raw)
+    prompts_all = got.prompts + [prompts[g.prompt] for g in kept]
+    samples_all = got.samples + [list(g.samples) for g in kept]
+    batch = None
+    if tokenizer is not None:
+        batch = rollout_batch(tokenizer, [p.text for p in prompts_all], samples_all, add_special_tokens=add_special_tokens)
+    return replace(got, prompts=prompts_all, samples=samples_all, local=list(range(len(prompts_all))),
+                   raw=torch.cat([got.raw, raw[keep]]), shaped=torch.cat([got.shaped, shaped[keep]]),
+                   truncated=torch.cat([got.truncated, truncated[keep]]), lengths=torch.cat([got.lengths, lengths[keep]]),
+                   repeated=torch.cat([fresh_repeated, repeated[keep]]), batch=batch), kept
+
+
+def fresh_groups(got: StepSamples, fresh: int) -> list[tuple[int, list[Sample], torch.Tensor]]:
+    """What the replay buffer keeps of the step's first ``fresh`` groups (its own, one process):
+    ``(training-prompt index, k samples, (k,) raw rewards)`` each (:meth:`rlft.rl.replay.ReplayBuffer.add`)."""
+    return [(got.tried[got.kept[b]], got.samples[b], got.raw[b]) for b in range(fresh)]

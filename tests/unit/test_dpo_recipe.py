@@ -429,3 +429,23 @@ def test_parquet_and_limit(tmp_path):
 def test_invalid_config_raises_before_loading(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match):
         train_dpo(DPOConfig(model=str(tmp_path / "missing"), output_dir=str(tmp_path / "run"), **overrides))
+
+
+def test_a_nan_dpo_loss_stops_the_run_naming_the_step(tiny_model_dir, pairs_file, tmp_path, monkeypatch):
+    """The DPO step gives its loss to the guarded optimizer step: a NaN loss at step 2 stops the run there, naming the
+    loss (not only the gradient norm it would poison), and no final model is written."""
+    from rlft.precision import NonFiniteError
+    from rlft.recipes import dpo as dpo_recipe
+
+    real, calls = dpo_recipe.preference_backward, []
+
+    def poisoned(*args, **kwargs):
+        sums, seen = real(*args, **kwargs)
+        calls.append(1)
+        return ({**sums, "loss": float("nan")} if len(calls) == 2 else sums), seen
+
+    monkeypatch.setattr(dpo_recipe, "preference_backward", poisoned)
+    out = tmp_path / "run"
+    with pytest.raises(NonFiniteError, match=r"^step 2: loss is nan"):
+        train_dpo(make_cfg(tiny_model_dir, pairs_file, out, max_steps=3, save_every=0))
+    assert not (out / "model").exists()

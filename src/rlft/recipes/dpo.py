@@ -292,7 +292,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
             if distributed.active():
                 sums = distributed.all_reduce_sums({**sums, "__seen": seen})
                 seen = int(sums.pop("__seen"))
-            step_info = optimizer_step(setup, cfg.max_grad_norm)
+            step_info = optimizer_step(setup, cfg.max_grad_norm, loss=sums.get("loss"))  # stops on a non-finite loss or gradient
             elapsed = time.perf_counter() - t0
             record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,
                       "tokens": seen, "tokens_per_s": seen / elapsed}

@@ -38,10 +38,18 @@ def run(model, tokenizer, jobs, params, eos, batch_size, prompts=PROMPTS, widths
     return [d.token_ids for d in out]
 
 
+def exact_model(tokenizer):
+    """:func:`tiny_model` in float64. A forward's logits depend on the batch's shape in their last bits (matmul
+    blocking, padding); a draw whose uniform lies that close to a boundary of the cumulative distribution picks the
+    neighbouring token (in float32 that happened once in these tests' thousands of draws, at one seed). In float64
+    those differences are ~1e-15, so samples must match exactly."""
+    return tiny_model(tokenizer).double()
+
+
 def test_samples_do_not_depend_on_batch_composition(smol_tokenizer):
     """Job (i, j) gives the same tokens decoded alone, with other prompts, at any batch size, in any slot (with
     batch_size 2 most jobs are refilled into a slot freed by another), and for k = 2 or 4."""
-    model = tiny_model(smol_tokenizer)
+    model = exact_model(smol_tokenizer)
     eos = many_eos(smol_tokenizer)
     params = SamplingParams(temperature=1.0, top_k=500, top_p=0.95, max_new_tokens=20, seed=11)
     jobs = [(i, j) for i in range(len(PROMPTS)) for j in range(4)]
@@ -115,6 +123,26 @@ def test_greedy_equals_todays_decoder(tok_name, request):
     assert HFEngine(model, tokenizer).decoder_for(model, SamplingParams(temperature=1.0)) == "refill"
 
 
+def test_long_rows_grow_the_cache_buffers(smol_tokenizer):
+    """Rows longer than the cache buffers' spare columns (SPARE): greedy refill still equals decode(), and sampled
+    jobs still do not depend on the batch size, with rows finishing, refilled and trimmed along the way."""
+    from rlft.rollout.refill import SPARE
+
+    model = exact_model(smol_tokenizer)
+    eos = many_eos(smol_tokenizer, share=0.01)
+    model.generation_config.eos_token_id = eos
+    greedy = SamplingParams(k=2, temperature=0.0, max_new_tokens=2 * SPARE + 10)
+    drop = HFEngine(model, smol_tokenizer, batch_size=16, decoder="drop").generate(PROMPTS, greedy)
+    refill = HFEngine(model, smol_tokenizer, batch_size=3, decoder="refill").generate(PROMPTS, greedy)
+    assert [[s.completion_ids for s in row] for row in refill] == [[s.completion_ids for s in row] for row in drop]
+    assert max(len(s.completion_ids) for row in drop for s in row) > 2 * SPARE
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=2 * SPARE + 10, seed=4)
+    jobs = [(i, j) for i in range(len(PROMPTS)) for j in range(2)]
+    wide = run(model, smol_tokenizer, jobs, sampled, eos, batch_size=10)
+    assert run(model, smol_tokenizer, jobs, sampled, eos, batch_size=3) == wide
+    assert max(map(len, wide)) > 2 * SPARE and min(map(len, wide)) < SPARE
+
+
 def teacher_forced(model, tokenizer, prompts, samples, temperature):
     batch = rollout_batch(tokenizer, prompts, samples)
     with torch.no_grad():
@@ -166,6 +194,24 @@ def test_draw_follows_the_distribution():
     again = draw(torch.softmax(torch.randn(1, 30), -1), [torch.Generator().manual_seed(2)])
     assert pair.shape == (2,) and again.shape == (1,)
     assert job_seed(0, 1, 2) == job_seed(0, 1, 2) != job_seed(0, 2, 1) and 0 <= job_seed(5, 0, 0) < 2**63
+
+
+def test_two_level_draw_is_the_inverse_cdf():
+    """Over a vocabulary of many blocks (some all zero, a size that is no multiple of the block): draw() picks, for
+    each row's uniform u, exactly the entry a full float64 cumulative sum picks, and never a zero entry."""
+    torch.manual_seed(0)
+    v = 3 * 256 + 77
+    probs = torch.softmax(torch.randn(400, v) * 3, dim=-1)
+    probs[:, 256:512] = 0.0  # a whole block without mass
+    probs[:, ::7] = 0.0
+    seeds = list(range(400))
+    got = draw(probs, [torch.Generator().manual_seed(s) for s in seeds])
+    u = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in seeds])
+    cdf = probs.double().cumsum(-1)
+    want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+    assert (got == want).float().mean() >= 0.995  # equal but for float ties at a boundary
+    assert torch.all(probs[torch.arange(400), got] > 0)
+    assert not ((got >= 256) & (got < 512)).any() and got.max() < v
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=6, top_p=0.8)])

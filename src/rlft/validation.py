@@ -95,6 +95,8 @@ RULES: dict[str, Rule] = {
     "lora_dropout": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
     "temperature": NON_NEGATIVE,
     "repetition_limit": _at_least(2),  # rl: a line written N times (not the "limit" count rule)
+    "replay_size": NON_NEGATIVE,  # rl: groups replayed per step (0: off)
+    "max_staleness": _at_least(1),  # rl: steps a replayed group may be old
     # probabilities
     "warmup_ratio": PROBABILITY,
     "give_up": PROBABILITY,

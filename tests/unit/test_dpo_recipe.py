@@ -167,10 +167,10 @@ def run_a(tiny_model_dir, pairs_file, tmp_path_factory):
 
     real_step = dpo_recipe.optimizer_step
 
-    def counting_step(setup, max_grad_norm):
+    def counting_step(setup, max_grad_norm, **kwargs):
         gc.collect()
         alive_per_step.append(sum(r() is not None for r in loaded))
-        return real_step(setup, max_grad_norm)
+        return real_step(setup, max_grad_norm, **kwargs)
 
     real_seq = dpo_recipe.sequence_logprobs
 
@@ -311,9 +311,9 @@ def test_micro_batching_is_exact(tiny_model_dir, pairs_file, tmp_path, monkeypat
     real_step = dpo_recipe.optimizer_step
     grads: list[dict[str, torch.Tensor]] = []
 
-    def capture(setup, max_grad_norm):
+    def capture(setup, max_grad_norm, **kwargs):
         grads.append({n: p.grad.clone() for n, p in setup.model.named_parameters()})
-        return real_step(setup, max_grad_norm)
+        return real_step(setup, max_grad_norm, **kwargs)
 
     monkeypatch.setattr(dpo_recipe, "optimizer_step", capture)
     runs = {}
@@ -353,9 +353,9 @@ def test_micro_batches_group_pairs_of_similar_length(tiny_model_dir, tmp_path, m
             lengths.append(sorted(len(p.chosen.input_ids) for p in pairs))
         return real_logprobs(model, pairs, *args, **kwargs)
 
-    def capture(setup, max_grad_norm):
+    def capture(setup, max_grad_norm, **kwargs):
         grads.append({n: p.grad.clone() for n, p in setup.model.named_parameters()})
-        return real_step(setup, max_grad_norm)
+        return real_step(setup, max_grad_norm, **kwargs)
 
     monkeypatch.setattr(dpo_recipe, "pair_logprobs", spy)
     monkeypatch.setattr(dpo_recipe, "optimizer_step", capture)

@@ -115,8 +115,12 @@ def test_a_causal_lm_is_not_taken_for_a_reward_model(tmp_path, tiny_model_dir, m
         script().main(["--model", str(tmp_path / "nowhere"), "--pairs", str(pairs)])
 
 
-def test_every_error_is_one_line_with_exit_code_2(tmp_path, capsys, smol_tokenizer):
-    """As a program: a missing --pairs, a bad row, nothing left to score, a bad --max-length, --dtype or --model."""
+def test_every_error_is_one_line_with_exit_code_2(tmp_path, capsys, smol_tokenizer, monkeypatch):
+    """As a program: a missing --pairs, a bad row, nothing left to score, a bad --max-length, --dtype or --model.
+    (Progress logging is turned down: an earlier test may have left rlft's logger at INFO, whose lines are not errors.)"""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("rlft"), "level", logging.WARNING)
     s = script()
     model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer), smol_tokenizer)
     pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", ROWS[:2])

@@ -92,9 +92,9 @@ def capture_grads(monkeypatch, module) -> list[dict[str, torch.Tensor]]:
     real_step = module.optimizer_step
     grads: list[dict[str, torch.Tensor]] = []
 
-    def capture(setup, max_grad_norm):
+    def capture(setup, max_grad_norm, **kwargs):
         grads.append({n: p.grad.clone() for n, p in setup.model.named_parameters() if p.grad is not None})
-        return real_step(setup, max_grad_norm)
+        return real_step(setup, max_grad_norm, **kwargs)
 
     monkeypatch.setattr(module, "optimizer_step", capture)
     return grads

@@ -95,6 +95,7 @@ RULES: dict[str, Rule] = {
     "lora_dropout": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
     "temperature": NON_NEGATIVE,
     "repetition_limit": _at_least(2),  # rl: a line written N times (not the "limit" count rule)
+    "stop_repeats": _at_least(2),  # a line written N times stops a sample
     "replay_size": NON_NEGATIVE,  # rl: groups replayed per step (0: off)
     "max_staleness": _at_least(1),  # rl: steps a replayed group may be old
     # probabilities

@@ -45,10 +45,11 @@ for _command in ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown
     HELP_REWORDED[_command] = HELP_REWORDED.get(_command, set()) | {"--dtype"}
 
 
-ADDED = {"RLConfig": {"compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1},
+ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1},
          "EvalCountdownConfig": {"ledger": None}}
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets it)."""
-ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness"}, "rloo": {"--compile", "--replay-size", "--max-staleness"},
+ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats"},
+               "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats"},
                "eval countdown": {"--ledger"}}
 
 

@@ -27,7 +27,7 @@ def test_rl_config_is_its_blocks():
     from_blocks = {f.name for block in BLOCKS for f in dataclasses.fields(block)}
     assert not own & from_blocks  # a field lives in one place
     # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty, --replay-size, --max-staleness
-    assert len(dataclasses.fields(RLConfig)) == 89
+    assert len(dataclasses.fields(RLConfig)) == 90
     assert RLConfig().compile is False and RLConfig(compile=True).compile is True
 
 
@@ -108,3 +108,16 @@ def test_compile_parses_and_dry_runs(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["rl", "--compile", "--dry-run"])
     assert "compile" in capsys.readouterr().out
+
+
+def test_rl_samples_stop_after_five_identical_lines_by_default():
+    """The loop-stop default decided in docs/results/speed/loop_stop.md: RL sampling stops a sample at the 5th
+    identical line; --stop-repeats changes it, None turns it off, and below 2 is refused."""
+    from rlft.rl.sampling import sampling_params
+    from rlft.validation import OptionError
+
+    assert sampling_params(RLConfig()).stop_repeats == 5
+    assert sampling_params(RLConfig(stop_repeats=None)).stop_repeats is None
+    assert sampling_params(RLConfig(stop_repeats=3)).stop_repeats == 3
+    with pytest.raises(OptionError, match="--stop-repeats"):
+        RLConfig(stop_repeats=1)

@@ -166,7 +166,8 @@ def update_metrics(got: StepSamples, rewards: torch.Tensor, advantages: torch.Te
     """The metrics of a step that kept groups (B > 0): ``reward/shaped_mean`` (of ``rewards``, ``(B, k)``, what the
     advantages were computed from), ``adv/mean``, ``adv/std`` (of ``advantages``, ``(B, k)``),
     ``completion/mean_tokens`` (``num_tokens``, the step's completion tokens, per sample),
-    ``completion/truncated_frac``, ``update/masked_frac`` (the share of the samples left out of the loss: the
+    ``completion/truncated_frac``, ``completion/looped_frac`` (this rank's samples stopped by ``--stop-repeats``,
+    counted in ``truncated_frac`` too), ``update/masked_frac`` (the share of the samples left out of the loss: the
     truncated ones when ``masked``, ``--mask-truncated``; else 0), ``tokens_per_s/update`` (over ``update_s``
     seconds), ``entropy`` (minus the mean seen log-prob: a Monte-Carlo estimate), ``kl/mean`` (mean over seen rows
     of ``sum_t kl_t``) and ``tokens_per_s/generate``."""
@@ -178,6 +179,7 @@ def update_metrics(got: StepSamples, rewards: torch.Tensor, advantages: torch.Te
         "adv/std": advantages.std(unbiased=False).item(),
         "completion/mean_tokens": num_tokens / (B * k),
         "completion/truncated_frac": truncated_frac,
+        "completion/looped_frac": sum(s.looped for row in got.samples for s in row) / max(sum(map(len, got.samples)), 1),
         "update/masked_frac": truncated_frac if masked else 0.0,
         "tokens_per_s/update": counts["update_tokens"] / max(update_s, 1e-9),
     }

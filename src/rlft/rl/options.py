@@ -70,6 +70,11 @@ class SamplingOptions:
     """Nucleus sampling mass (1.0: off). Log-probs ignore the truncation, so keep 1.0 for exact on-policy maths."""
     max_new_tokens: int = 256
     """Most tokens per sampled completion (EOS included)."""
+    stop_repeats: int | None = 5
+    """Loop-aware stopping: a sample that has written an identical non-empty line this many times stops there
+    (rlft.rollout.loops; the hf engine), counted as cut at the budget (no EOS: the truncation penalty and
+    --mask-truncated treat it so) and logged as completion/looped_frac. 5 by default: offline it changed no score
+    and saved 28% of a looping row's tokens (docs/results/speed/loop_stop.md). None: off."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """Sampler: 'hf' (transformers generate on the training model itself) or 'vllm' (colocated vLLM, pip install
     'rlft[vllm]', CUDA: the training model's weights, LoRA merged, are pushed into it before every rollout)."""

@@ -32,8 +32,10 @@ PromptOrder = Callable[[int], list[int]]
 
 def sampling_params(cfg: RLConfig) -> SamplingParams:
     """How the loop samples: ``k`` completions per prompt at ``temperature`` and ``top_p``, at most
-    ``max_new_tokens`` each (the seed is set per batch by :func:`sample_step`)."""
-    return SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+    ``max_new_tokens`` each, stopped after ``stop_repeats`` identical lines (the seed is set per batch by
+    :func:`sample_step`)."""
+    return SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                          stop_repeats=cfg.stop_repeats)
 
 
 def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: PromptOrder, engine, reward: Reward,

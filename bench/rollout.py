@@ -19,8 +19,13 @@ candidate's rounds differ in their samples; candidates draw different random num
 differ too: compare tokens/s (generated tokens, EOS included, over wall seconds). Printed per run, then per
 candidate: wall seconds, tokens/s, its ratio to ``drop``'s, and the completion-length distribution.
 
-    python bench/rollout.py                      # 1 round, about 4 minutes on 2 CPU cores
-    python bench/rollout.py --rounds 2 --output docs/results/speed/data/rollout_cpu_<date>.txt
+    OMP_NUM_THREADS=1 python bench/rollout.py --threads 1        # drop, refill, generate: 1 round, ~4 minutes
+    OMP_NUM_THREADS=1 python bench/rollout.py --threads 1 --rounds 2 --candidates drop,refill,cb,generate \
+        --output docs/results/speed/data/rollout_cpu_<date>.txt          # the recorded run, ~15 minutes
+
+On a CPU shared with other work, one thread per process (``OMP_NUM_THREADS=1``, ``--threads 1``) is the stable
+setting: with 2 threads each OpenMP region waits for a descheduled thread, and decoding steps varied 10x from run to
+run. ``cb`` costs ~3.5 minutes a round on 2 cores, so it is not in the default list.
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64, help="rows decoded together (rlft rl --gen-batch-size)")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--candidates", default=",".join(CANDIDATES))
+    parser.add_argument("--candidates", default="drop,refill,generate", help=f"comma-separated, of {', '.join(CANDIDATES)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--output", default=None, help="also write the report to this file")

@@ -3,7 +3,9 @@
 transformers' ``generate`` keeps every row of a batch in each forward pass until the last row stops: a batch of
 64 completions that average 60 tokens but of which one runs to 144 costs 144 x 64 token-forwards. :func:`decode`
 removes a row from the batch, and from its KV cache, the step it emits EOS, so a batch costs about the sum of its
-completions' lengths (on 2 CPU cores, 144-token Countdown searches: see ``bench/decode.py``).
+completions' lengths (on 2 CPU cores, 144-token Countdown searches: see ``bench/decode.py``). :class:`HFEngine
+<rlft.rollout.hf.HFEngine>` uses it for greedy decoding on a CPU; sampling there goes through
+:func:`rlft.rollout.refill.decode_jobs` (continuous batching, per-job generators; ``bench/rollout.py``).
 
 Token choice is transformers' own: greedy is the argmax of the float32 logits; sampling applies transformers'
 ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper`` in that order (as ``generate`` does) and

@@ -115,12 +115,13 @@ def test_a_causal_lm_is_not_taken_for_a_reward_model(tmp_path, tiny_model_dir, m
         script().main(["--model", str(tmp_path / "nowhere"), "--pairs", str(pairs)])
 
 
-def test_every_error_is_one_line_with_exit_code_2(tmp_path, capsys, smol_tokenizer, monkeypatch):
+def test_every_error_is_one_line_with_exit_code_2(tmp_path, capsys, smol_tokenizer, caplog):
     """As a program: a missing --pairs, a bad row, nothing left to score, a bad --max-length, --dtype or --model.
-    (Progress logging is turned down: an earlier test may have left rlft's logger at INFO, whose lines are not errors.)"""
+    (Progress logging is turned down: an earlier test may have left rlft's logger at INFO, whose lines are not errors;
+    caplog.set_level clears the logger's level cache and restores it afterwards.)"""
     import logging
 
-    monkeypatch.setattr(logging.getLogger("rlft"), "level", logging.WARNING)
+    caplog.set_level(logging.WARNING, logger="rlft")
     s = script()
     model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer), smol_tokenizer)
     pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", ROWS[:2])

@@ -1,4 +1,4 @@
-"""scripts/loop_stop_study.py: the simulated stop on hand-made completions (cut, tokens saved, scores changed)."""
+"""scripts/studies/loop_stop_study.py: the simulated stop on hand-made completions (cut, tokens saved, scores changed)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ the N-th occurrence of one line; the row is marked ``Sample.looped`` and keeps `
 (no EOS: it counts as truncated everywhere ``"length"`` is read, e.g. the truncation penalty and ``--mask-truncated``;
 it has no answer, so scoring is unchanged).
 
-Definitions (shared by the decoders and the offline measurement ``scripts/loop_stop_study.py``):
+Definitions (shared by the decoders and the offline measurement ``scripts/studies/loop_stop_study.py``):
 
 - a *line* is the text between two newlines of the decoded completion (special tokens skipped); only complete lines
   count (the text after the last newline is still being written);

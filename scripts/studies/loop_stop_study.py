@@ -22,7 +22,7 @@ they kept. Groups (``docs/results/``):
 Duplicate (prompt, completion) texts are counted once. Token counts are the recorded ones where the file has them,
 else the SmolLM2 tokenizer's count of the text (+1 for the EOS of a finished completion).
 
-    python scripts/loop_stop_study.py                   # prints the tables (markdown)
+    python scripts/studies/loop_stop_study.py                   # prints the tables (markdown)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from rlft.eval.countdown import paired_difference
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.loops import loop_cut
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 EVAL_DIRS = (RESULTS / "countdown-real" / "data", RESULTS / "test-time" / "data")
 RL_FILE = re.compile(r"^rl_")

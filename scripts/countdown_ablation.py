@@ -159,9 +159,11 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
             from rlft.recipes.rl import train_rl
             from rlft.rl.config import RLConfig
 
+            # --steps overrides the setting's rl.max_steps; a variant's own max_steps overrides both
             options = {**s.tasks, **s.rl, "max_new_tokens": s.max_new_tokens, "eval_max_new_tokens": s.max_new_tokens,
-                       "micro_batch_size": s.micro_batch_size, **recipe_options(RLConfig, name, spec)}
-            train_rl(RLConfig(**{**options, **({"max_steps": ab.steps} if ab.steps else {})}, model=str(start),
+                       "micro_batch_size": s.micro_batch_size, **({"max_steps": ab.steps} if ab.steps else {}),
+                       **recipe_options(RLConfig, name, spec)}
+            train_rl(RLConfig(**options, model=str(start),
                               output_dir=str(run), seed=seed, **restart, **device,
                               # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch
                               resume_override=("micro_batch_size",)))
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--variants", nargs="*", default=[])
     parser.add_argument("--seeds", nargs="*", type=int, default=[0])
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the setting's rl.max_steps or the variant's)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the setting's rl.max_steps); a variant's own max_steps wins")
     parser.add_argument("--tasks", type=int, default=200, help="held-out tasks scored (the first N of the split)")
     parser.add_argument("--split", choices=["test", "validation"], default="test",
                         help="evaluate on the test tasks (the protocol) or the validation tasks (for screening recipes)")

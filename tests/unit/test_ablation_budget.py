@@ -387,6 +387,21 @@ def test_a_variant_sets_beta_and_the_others_keep_0_1(ablation, tmp_path):
     assert "beta" not in load_variants(ablation.CONFIGS)["rpo_4x_lora_1e4"]  # the variant file names none: the setting's 0.1
 
 
+def test_steps_override_the_setting_and_a_variants_own_max_steps_overrides_steps(ablation, tmp_path):
+    """--steps 20 gives grpo_filter_lora_1e4 20 steps (the setting says 30); grpo_filter_lora_1e4_60 keeps its 60."""
+    runs = []
+
+    def fake_train_rl(cfg):
+        runs.append(cfg.max_steps)
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    with (mock.patch("rlft.recipes.rl.train_rl", fake_train_rl), mock.patch.object(ablation, "evaluate")):
+        for name in ("grpo_filter_lora_1e4", "grpo_filter_lora_1e4_60"):
+            ablation.run_variant(make(ablation, tmp_path, steps=20), name, 0)
+        ablation.run_variant(make(ablation, tmp_path / "default"), "grpo_filter_lora_1e4", 0)
+    assert runs == [20, 60, 30]
+
+
 def test_unpack_lays_archived_run_files_out_for_the_report(report, tmp_path):
     """Archived <variant>_s<seed>_<file> files land where report and the plots read them; unknown variants, pairs files
     and files already unpacked are left alone."""

@@ -47,7 +47,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
-        "demo": (DemoConfig, run_demo, "End-to-end demo with report: Countdown (base -> SFT -> RL / DPO, medium3) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."),
+        "demo": (DemoConfig, run_demo, "End-to-end demo with report: Countdown (base -> SFT -> filtered SFT -> RL / RPO, Countdown-Tasks-3to4) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."),
         "sft": (SFTConfig, train_sft, "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."),
         "rl": (RLConfig, train_rl, f"RL loop with a chosen advantage estimator (--advantage {'|'.join(ADVANTAGES)}) and loss (--loss {'|'.join(POLICY_LOSSES)}), group filtering, LoRA."),
         "rloo": (RLConfig, train_rl, "RLOO (REINFORCE, leave-one-out baseline): `rlft rl` with --advantage rloo --loss reinforce --loss-mode seq_sum --output-dir runs/rloo as defaults.", RLOO_DEFAULTS),

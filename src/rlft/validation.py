@@ -69,7 +69,7 @@ RULES: dict[str, Rule] = {
     **{name: NON_NEGATIVE for name in (
         "save_every", "eval_every", "max_retries", "start", "top_k", "max_dead_ends", "report_examples",
         "eval_prompts", "heldout_size", "passk", "passk_limit", "standard_limit", "real_limit",
-        "rl_steps", "pairs_prompts",  # the demo: 0 skips the stage
+        "rl_steps", "pairs_prompts", "filtered_steps",  # the demo: 0 skips the stage
         "overlong_buffer",  # rl: 0 (or None) is off
     )},
     # rates and coefficients

@@ -1,5 +1,6 @@
-"""`rlft demo --quick` end to end on a tiny random model: rows, evaluations by count of numbers, SFT, RL, pairs,
-best-of-N selection, the report and its plots, and --resume."""
+"""`rlft demo --quick` end to end on a tiny random model: rows, evaluations by count of numbers, SFT, filtered SFT,
+RL and pairs from it, best-of-N selection, the report (each stage paired against its start) and its plots, and
+--resume."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def demo_model_dir(tmp_path, smol_tokenizer):
 def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     torch.set_num_threads(1)
     cfg = DemoConfig(model=str(demo_model_dir), output_dir=str(tmp_path / "runs" / "q"), quick=True, rows=None, device="cpu",
-                     give_up=0.3, max_tries=4)
+                     give_up=0.3, max_tries=4, passk=2)
     report = run_demo(cfg)
     run_dir = tmp_path / "runs" / "q"
     assert report == run_dir / "report.md"
@@ -35,11 +36,19 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     rows = run_dir / "data" / "rows.jsonl"
     split = load_split(str(rows))
     assert "a generated stand-in for Countdown-Tasks-3to4 (2,400" in text and len(split.test) == 500
-    for model in ("base", "sft", "rl"):
+    for model in ("base", "sft", "filtered", "rl"):
         assert f"\n| {model} | " in text, f"no {model} row in the results table"
     assert "| score, 3 numbers | score, 4 numbers |" in text and "| sampled score | pass@1 | pass@2 |" in text
-    assert "## Paired against the SFT start" in text and "| rl - sft | " in text
+    # each stage against its own start, and RL against SFT (the pipeline's gain), in that order
+    assert "## Paired: each stage against its start" in text
+    paired = [line.split(" |")[0] for line in text.splitlines() if line.startswith("| ") and " - " in line.split(" |")[0]]
+    assert paired == ["| filtered - sft", "| rl - filtered", "| rl - sft"]
     assert "| base - sft |" not in text  # base is not trained from SFT: no paired row
+    # filtered SFT continues from the SFT model on the correct traces only; RL starts from its model
+    filtered_config = (run_dir / "filtered" / "config.yaml").read_text()
+    assert "correct_only: true\n" in filtered_config and f"model: {run_dir / 'sft' / 'model'}\n" in filtered_config
+    assert f"model: {run_dir / 'filtered' / 'model'}\n" in (run_dir / "rl" / "config.yaml").read_text()
+    assert [json.loads(x)["step"] for x in (run_dir / "filtered" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert "(n=8)" in text  # the 8 quick test rows
     # best-of-N over the sampled evaluation's 2 samples, for the sampled models only
     for label in ("majority@2", "self-certainty@2", "self-certainty vote@2", "oracle@2 = pass@2 (upper bound)"):
@@ -58,7 +67,8 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     sft_config = (run_dir / "sft" / "config.yaml").read_text()  # the bounded-trace options and the held-out rows reach SFT
     assert "give_up: 0.3\n" in sft_config and "max_tries: 4\n" in sft_config and f"heldout_data: {rows}" in sft_config
     evals = sorted(p.name for p in (run_dir / "eval").glob("*.json"))
-    assert evals == ["base--greedy.json", "rl--greedy.json", "rl--sampled.json", "sft--greedy.json", "sft--sampled.json"]
+    assert evals == ["base--greedy.json", "filtered--greedy.json", "filtered--sampled.json", "rl--greedy.json",
+                     "rl--sampled.json", "sft--greedy.json", "sft--sampled.json"]
     greedy = json.loads((run_dir / "eval" / "sft--greedy.json").read_text())
     test_keys = [(sorted(t.nums), t.target) for t in split.test[:8]]
     assert [(sorted(t["nums"]), t["target"]) for t in greedy["tasks"]] == test_keys  # the held-out test rows
@@ -78,7 +88,7 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
     text = report.read_text()
     assert "\n| dpo | " in text and "on-policy pairs: 4 prompts (the last training rows), 4 kept" in text
-    assert (run_dir / "dpo_loss_dpo.png").is_file() and "| dpo - sft | " in text
+    assert (run_dir / "dpo_loss_dpo.png").is_file() and "| dpo - filtered | " in text and "| dpo - sft | " in text
 
     # A cached evaluation of another size (here: a 3-task one) is not reused but evaluated again.
     path = run_dir / "eval" / "sft--greedy.json"
@@ -93,14 +103,16 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
 
 def test_demo_defaults_are_the_countdown_real_setting():
     """The defaults: bounded standard-preset traces, real rows when found, 256 tokens; the RL loop's GRPO + filtering +
-    LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 4 samples on 50 rows for pass@k and best-of-N; a stage is skipped with 0."""
+    LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 80 SFT steps then 40 filtered ones; the sampled evaluation
+    (pass@k and best-of-N) only when asked for; a stage is skipped with 0."""
     cfg = DemoConfig()
     assert (cfg.rows, cfg.preset, cfg.prompt_template, cfg.trace_style, cfg.max_new_tokens) == ("auto", "standard", "short", "bounded", 256)
     assert (cfg.rl_advantage, cfg.rl_loss, cfg.rl_loss_mode, cfg.rl_filter_groups, cfg.rl_lora_r) == ("grpo", "ppo", "seq_mean", True, 16)
     assert cfg.rl_lr == 2e-4
     assert (cfg.dpo_loss_type, cfg.dpo_beta, cfg.dpo_lora_r, cfg.pairs_samples) == ("rpo", 0.5, 16, 2)
-    assert (cfg.eval_limit, cfg.passk_limit, cfg.passk, cfg.passk_temperature, cfg.passk_top_p) == (500, 50, 4, 0.6, 0.95)
-    DemoConfig(rl_steps=0, pairs_prompts=0)  # skips RL, and pairs + DPO
+    assert (cfg.eval_limit, cfg.passk_limit, cfg.passk, cfg.passk_temperature, cfg.passk_top_p) == (500, 50, 0, 0.6, 0.95)
+    assert (cfg.sft_steps, cfg.filtered_steps, cfg.batch_size) == (80, 40, 16)
+    DemoConfig(rl_steps=0, pairs_prompts=0, filtered_steps=0)  # skips RL, pairs + DPO, and filtered SFT
     with pytest.raises(OptionError, match="--eval-limit"):
         DemoConfig(eval_limit=600)
     assert cfg.base_eval_limit == 100  # the base model, paired with nothing: a prefix of the rows
@@ -112,9 +124,9 @@ def test_demo_defaults_are_the_countdown_real_setting():
 
 
 def test_a_moved_demo_resumes_its_unfinished_stage(demo_model_dir, tmp_path):
-    """A demo killed in its RL stage, its folder then moved and renamed: --resume from the new place reuses the base
-    and SFT evaluations and the SFT model, and the RL stage resumes from its checkpoint although its saved options
-    name the old folder (its --model is the SFT stage's model, its --data the generated rows)."""
+    """A demo killed in its RL stage, its folder then moved and renamed: --resume from the new place reuses the base,
+    SFT and filtered SFT evaluations and models, and the RL stage resumes from its checkpoint although its saved
+    options name the old folder (its --model is the filtered SFT stage's model, its --data the generated rows)."""
     import shutil
 
     torch.set_num_threads(1)

@@ -18,7 +18,7 @@ BLOCKS = (DemoSFTOptions, DemoRLOptions, DemoPreferenceOptions, DemoEvalOptions,
 
 def test_demo_config_is_its_blocks():
     names = [f.name for f in dataclasses.fields(DemoConfig)]
-    assert len(names) == len(set(names)) == 82
+    assert len(names) == len(set(names)) == 83
     in_blocks = [f.name for block in BLOCKS for f in dataclasses.fields(block)]
     assert len(in_blocks) == len(set(in_blocks)) and not set(DemoConfig.__dict__["__annotations__"]) & set(in_blocks)
     assert all(n.startswith("rl_") for n in (f.name for f in dataclasses.fields(DemoRLOptions)))
@@ -29,11 +29,11 @@ def test_quick_sizes_apply_where_an_option_is_left_at_its_default():
     quick = DemoConfig(quick=True)
     assert {name: getattr(quick, name) for name in QUICK} == QUICK
     assert quick.effective() is quick and DemoConfig().effective() == DemoConfig()
-    assert DemoConfig().sft_steps == 100  # without --quick nothing changes
+    assert DemoConfig().sft_steps == 80  # without --quick nothing changes
     # explicit options win over --quick: 0 skips the stage (demo_countdown runs RL if rl_steps, pairs + DPO if
     # pairs_prompts, the sampled evaluation if passk)
-    cfg = DemoConfig(quick=True, rl_steps=0, pairs_prompts=0, passk=0, sft_steps=1)
-    assert (cfg.rl_steps, cfg.pairs_prompts, cfg.passk, cfg.sft_steps) == (0, 0, 0, 1)
+    cfg = DemoConfig(quick=True, rl_steps=0, pairs_prompts=0, passk=0, sft_steps=1, filtered_steps=0)
+    assert (cfg.rl_steps, cfg.pairs_prompts, cfg.passk, cfg.sft_steps, cfg.filtered_steps) == (0, 0, 0, 1, 0)
     assert (cfg.num_train, cfg.eval_limit, cfg.max_new_tokens) == (64, 8, 32)  # the rest still quick
     # building it again from its values (resume, replace) gives the same config
     assert DemoConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}) == cfg
@@ -60,7 +60,7 @@ def test_quick_with_explicit_options_on_the_command_line(capsys, tmp_path, monke
     ({"rl_repetition_limit": 1}, r"--rl-repetition-limit must be >= 2"),
     ({"pairs_temperature": 0.0}, "--pairs-temperature must be > 0"),
     ({"pairs_samples": 1}, "--pairs-samples must be >= 2"),
-    ({"passk_temperature": 0.0}, "--passk-temperature must be > 0"),
+    ({"passk": 4, "passk_temperature": 0.0}, "--passk-temperature must be > 0"),
     ({"track": "ultrafeedback", "uf_rloo_k": 1}, "--uf-rloo-k must be >= 2"),
     ({"track": "ultrafeedback", "uf_max_length": 70}, r"--uf-max-length \(70\) must exceed --uf-max-new-tokens \(64\)"),
 ])

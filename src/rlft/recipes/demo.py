@@ -1,7 +1,7 @@
 """``rlft demo``: an end-to-end story with a report, one track per module.
 
-- ``--track countdown`` (the default): :mod:`rlft.recipes.demo_countdown`, base -> SFT -> RL, and SFT -> on-policy
-  pairs -> DPO, on Countdown, every model evaluated on the same held-out tasks;
+- ``--track countdown`` (the default): :mod:`rlft.recipes.demo_countdown`, base -> SFT -> filtered SFT -> RL, and
+  filtered SFT -> on-policy pairs -> DPO, on Countdown, every model evaluated on the same held-out tasks;
 - ``--track ultrafeedback``: :mod:`rlft.recipes.demo_ultrafeedback`, preference data -> SFT, DPO, a reward model,
   RLOO with that reward model, win-rates judged by it.
 

@@ -1,6 +1,6 @@
 """The options of ``rlft demo``, both tracks: :class:`DemoConfig`, a sum of one option block per stage.
 
-- :class:`DemoSFTOptions`: the SFT stage (Countdown solver traces);
+- :class:`DemoSFTOptions`: the SFT stage (Countdown solver traces) and the filtered SFT stage after it;
 - :class:`DemoRLOptions`: the RL stage (``--rl-*``; checked at parse time as ``rlft rl`` would check it, in the demo's
   option names: :data:`RL_OPTIONS`);
 - :class:`DemoPreferenceOptions`: on-policy pairs and DPO (``--pairs-*``, ``--dpo-*``);
@@ -28,9 +28,9 @@ from rlft.tasks.countdown.options import check_countdown_names
 from rlft.validation import OptionError, require, validate_options
 
 QUICK: dict[str, object] = dict(
-    num_train=64, num_rows=2400, sft_steps=4, batch_size=8, micro_batch_size=8, eval_limit=8, base_eval_limit=8,
+    num_train=64, num_rows=2400, sft_steps=4, filtered_steps=2, batch_size=8, micro_batch_size=8, eval_limit=8, base_eval_limit=8,
     max_new_tokens=32, rl_steps=2, rl_k=4, rl_prompts_per_step=2, rl_max_prompt_batches=2, rl_eval_every=1,
-    rl_eval_limit=4, pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk=2, passk_limit=4, uf_train_pairs=16,
+    rl_eval_limit=4, pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk_limit=4, uf_train_pairs=16,
     uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16, uf_sft_steps=2, uf_pref_steps=2, uf_rm_steps=2,
     uf_rloo_steps=2)
 """``--quick``: the few-minute smoke sizes, each applied where the option is left at its default."""
@@ -55,7 +55,8 @@ def _default(cfg, name: str):
 
 @dataclass(frozen=True)
 class DemoSFTOptions:
-    """The SFT stage: solver traces of generated Countdown tasks."""
+    """The SFT stage, solver traces of generated Countdown tasks, and the filtered SFT stage: the same traces, only
+    those that reach the target."""
 
     preset: str = "standard"
     """Countdown preset of SFT's solver traces (standard: 3-4 numbers in 1-99, targets 10-100, the distribution of
@@ -74,8 +75,13 @@ class DemoSFTOptions:
     num_train: int = 8000
     """SFT's fixed dataset: one solver trace for each of num_train generated training tasks (the first sft_steps x
     batch_size of a seeded order are seen)."""
-    sft_steps: int = 100
-    """SFT optimizer steps (~10 min on a 2-core CPU; docs/results/countdown-real trains its start for 350)."""
+    sft_steps: int = 80
+    """SFT optimizer steps on every trace, give-ups included (~11 min on a 2-core CPU; docs/results/countdown-real
+    trains its start for 350)."""
+    filtered_steps: int = 40
+    """Filtered SFT: optimizer steps of SFT continued from the SFT model on only the traces that reach the target
+    (rejection sampling by the rule reward, `rlft sft --correct-only`: ~45% of the bounded traces), same batch and
+    lr. RL and the pairs for DPO start from its model (0 skips it: they start from the SFT model)."""
     batch_size: int = 16
     """SFT examples per step."""
     micro_batch_size: int = 8
@@ -86,10 +92,11 @@ class DemoSFTOptions:
 
 @dataclass(frozen=True)
 class DemoRLOptions:
-    """The RL stage (`rlft rl` on the SFT model; ``--rl-steps 0`` skips it)."""
+    """The RL stage (`rlft rl` on the filtered SFT model, or the SFT model with ``--filtered-steps 0``; ``--rl-steps
+    0`` skips it)."""
 
     rl_steps: int = 5
-    """RL steps on the SFT model (`rlft rl`; 0 skips RL)."""
+    """RL steps from the filtered SFT model (`rlft rl`; 0 skips RL)."""
     rl_k: int = 8
     """RL samples per prompt."""
     rl_prompts_per_step: int = 8
@@ -128,7 +135,7 @@ class DemoRLOptions:
     """RL sampling temperature (log-probs are taken at the same temperature)."""
     rl_eval_every: int = 5
     """Greedy evaluation on the first rl_eval_limit held-out validation rows every N RL steps and at the end: the
-    points of the samples-vs-score plot, which starts from the SFT model's score on them (0: none)."""
+    points of the samples-vs-score plot, which starts from the RL start's score on them (0: none)."""
     rl_eval_limit: int = 100
     """Validation rows of the in-loop RL evaluation."""
 
@@ -157,12 +164,13 @@ class DemoRLOptions:
 
 @dataclass(frozen=True)
 class DemoPreferenceOptions:
-    """On-policy pairs from the SFT model, and DPO on them (``--pairs-prompts 0`` skips both)."""
+    """On-policy pairs from the filtered SFT model (the SFT model with ``--filtered-steps 0``), and DPO on them
+    (``--pairs-prompts 0`` skips both)."""
 
     pairs_prompts: int = 192
     """Training rows sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
     pairs_samples: int = 2
-    """Samples per prompt from the SFT model; the pair is best vs worst score, ties dropped."""
+    """Samples per prompt from DPO's start; the pair is best vs worst score, ties dropped."""
     pairs_temperature: float = 1.0
     """Sampling temperature of the on-policy pairs."""
     dpo_epochs: float = 2.0
@@ -208,9 +216,9 @@ class DemoPreferenceOptions:
 class DemoEvalOptions:
     """The evaluations: greedy on held-out test rows, sampled (pass@k, best-of-N) on a prefix of them."""
 
-    passk: int = 4
-    """Samples per task of the sampled evaluation of SFT, RL and DPO (mean score, pass@k, and the best-of-N
-    selectors majority@k and self-certainty@k; 0 skips it)."""
+    passk: int = 0
+    """Samples per task of the sampled evaluation of every trained model (mean score, pass@k, and the best-of-N
+    selectors majority@k and self-certainty@k; 0, the default, skips it: ~2 min a model on a 2-core CPU at 4)."""
     passk_temperature: float = 0.6
     """Sampling temperature of the sampled evaluation."""
     passk_top_p: float = 0.95
@@ -303,7 +311,8 @@ class DemoUltraFeedbackOptions:
 
 @dataclass(frozen=True)
 class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOptions, DemoRLOptions, DemoSFTOptions):
-    """Base model -> SFT on Countdown solver traces -> RL and DPO from SFT -> evaluation -> Markdown report with plots."""
+    """Base model -> SFT on Countdown solver traces -> filtered SFT on the correct ones -> RL and DPO from it ->
+    evaluation -> Markdown report with plots."""
 
     output_dir: str = "runs/demo"
     """Run folder: every stage's folder, the evaluations and report.md go here (the ultrafeedback track uses

@@ -1,12 +1,13 @@
 """`rlft demo` (``--track countdown``, the default): Countdown as the spec scores it, on one CPU.
 
 base -> SFT on solver search traces of the Countdown-Tasks-3to4 distribution (``bounded`` traces of the ``standard``
-preset: a ranked search that gives up, like the spec's cog_behav set) -> RL on Countdown-Tasks-3to4 training rows
-(the one RL loop, `rlft rl`: GRPO with group filtering and LoRA), and SFT -> on-policy pairs on training rows ->
+preset: a ranked search that gives up, like the spec's cog_behav set) -> filtered SFT (the spec's "filtered behavior
+cloning": SFT continued on only the traces that reach the target) -> RL on Countdown-Tasks-3to4 training rows (the
+one RL loop, `rlft rl`: GRPO with group filtering and LoRA), and filtered SFT -> on-policy pairs on training rows ->
 RPO (DPO + NLL, beta 0.5, LoRA). Every model is scored on the same held-out test rows, greedy, by count of numbers
-(3, 4, and mixed: the spec's metric), and SFT, RL and DPO also sampled (``passk`` samples at T=0.6, top-p 0.95:
+(3, 4, and mixed: the spec's metric), and with ``--passk`` also sampled (``passk`` samples at T=0.6, top-p 0.95:
 mean score, pass@k, and the best-of-N selectors majority@k and self-certainty@k). ``<output_dir>/report.md``
-(default ``runs/demo``) gets the tables, the paired table (each model against the SFT start, task by task), the RL
+(default ``runs/demo``) gets the tables, the paired table (each stage against its own start, task by task), the RL
 run's validation score against samples generated, and plots (:mod:`rlft.recipes.demo_countdown_report`).
 
 Rows: a local copy of Countdown-Tasks-3to4 (``../shared/data/countdown/train.parquet``), a file or Hub id given with
@@ -108,6 +109,19 @@ def pairs_stats(pairs_path: Path) -> dict:
     return stats
 
 
+def sft_config(cfg: DemoConfig, rows: str, model: str, out: Path, filtered: bool = False) -> SFTConfig:
+    """The SFT stage's config (``filtered``: the filtered SFT stage, ``filtered_steps`` on only the traces that reach
+    the target, continued from ``model``, the SFT model): ``cfg``'s traces, batch and constant lr after 3% warmup."""
+    steps = cfg.filtered_steps if filtered else cfg.sft_steps
+    return SFTConfig(
+        model=model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, correct_only=filtered, heldout_size=1000,
+        heldout_data=rows, trace_style=cfg.trace_style, max_dead_ends=cfg.max_dead_ends, give_up=cfg.give_up,
+        max_tries=cfg.max_tries, prompt_template=cfg.prompt_template, output_dir=str(out), max_length=512,
+        batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size, max_steps=steps, lr=cfg.lr, schedule="constant",
+        warmup_ratio=0.03, save_every=max(steps // 4, 1), split_seed=cfg.split_seed, seed=cfg.seed, resume=cfg.resume,
+        device=cfg.device, dtype=cfg.dtype)
+
+
 def run_countdown_demo(cfg: DemoConfig) -> Path:
     """Run the Countdown demo; returns the report path. With --resume, stages whose output exists are skipped and
     evaluations whose cache still answers them are read back (:mod:`rlft.recipes.pipeline`)."""
@@ -127,18 +141,21 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
         results = {"base": evaluate_model(cfg.model, "base", split.test, cfg, evals, sampled=False,
                                              limit=cfg.base_eval_limit)}
 
-    sft = stage("SFT", run_dir / "sft" / "model", lambda: train_sft(SFTConfig(
-        model=cfg.model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, heldout_size=1000, heldout_data=rows,
-        trace_style=cfg.trace_style, max_dead_ends=cfg.max_dead_ends, give_up=cfg.give_up, max_tries=cfg.max_tries,
-        prompt_template=cfg.prompt_template, output_dir=str(run_dir / "sft"), max_length=512, batch_size=cfg.batch_size,
-        micro_batch_size=cfg.micro_batch_size, max_steps=cfg.sft_steps, lr=cfg.lr, schedule="constant", warmup_ratio=0.03,
-        save_every=max(cfg.sft_steps // 4, 1), split_seed=cfg.split_seed, seed=cfg.seed, resume=cfg.resume, **device)))
+    sft = stage("SFT", run_dir / "sft" / "model", lambda: train_sft(sft_config(cfg, rows, cfg.model, run_dir / "sft")))
     with Timer(timings, "evaluate SFT"):
         results["sft"] = evaluate_model(str(sft), "sft", split.test, cfg, evals)
+    start, starts = sft, {}  # RL's and DPO's start; each trained model's start, by label, for the paired table
+    if cfg.filtered_steps:
+        start = stage("filtered SFT", run_dir / "filtered" / "model",
+                      lambda: train_sft(sft_config(cfg, rows, str(sft), run_dir / "filtered", filtered=True)))
+        with Timer(timings, "evaluate filtered SFT"):
+            results["filtered"] = evaluate_model(str(start), "filtered", split.test, cfg, evals)
+        starts["filtered"] = "sft"
+    start_label = "filtered" if cfg.filtered_steps else "sft"
 
     if cfg.rl_steps:
         rl = stage("RL", run_dir / "rl" / "model", lambda: train_rl(RLConfig(
-            model=str(sft), data=rows, num_train=len(split.train), prompt_template=cfg.prompt_template,
+            model=str(start), data=rows, num_train=len(split.train), prompt_template=cfg.prompt_template,
             output_dir=str(run_dir / "rl"), advantage=cfg.rl_advantage, loss=cfg.rl_loss, loss_mode=cfg.rl_loss_mode,
             filter_groups=cfg.rl_filter_groups, max_prompt_batches=cfg.rl_max_prompt_batches, curriculum=cfg.rl_curriculum,
             mask_truncated=cfg.rl_mask_truncated, overlong_buffer=cfg.rl_overlong_buffer, lora_r=cfg.rl_lora_r,
@@ -150,11 +167,12 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
             save_every=max(cfg.rl_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
         with Timer(timings, "evaluate RL"):
             results["rl"] = evaluate_model(str(rl), "rl", split.test, cfg, evals)
+        starts["rl"] = start_label
 
     if cfg.pairs_prompts:
         pairs_path = run_dir / "pairs" / "countdown.jsonl"
         stage("on-policy pairs", pairs_path, lambda: make_countdown_pairs(PairsConfig(
-            model=str(sft), data=rows, num_prompts=cfg.pairs_prompts, start=len(split.train) - cfg.pairs_prompts,
+            model=str(start), data=rows, num_prompts=cfg.pairs_prompts, start=len(split.train) - cfg.pairs_prompts,
             prompt_template=cfg.prompt_template, num_samples=cfg.pairs_samples, temperature=cfg.pairs_temperature,
             max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size, output=str(pairs_path), seed=cfg.seed, **device)))
         stats = pairs_stats(pairs_path)
@@ -164,14 +182,15 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
             notes.append("DPO skipped: every sampled pair was a tie")
         else:
             dpo = stage("DPO", run_dir / "dpo" / "model", lambda: train_dpo(DPOConfig(
-                model=str(sft), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type,
+                model=str(start), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type,
                 rpo_alpha=cfg.dpo_rpo_alpha, lora_r=cfg.dpo_lora_r, lora_alpha=cfg.dpo_lora_alpha, max_length=512,
                 batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_micro_batch_size, epochs=cfg.dpo_epochs, lr=cfg.dpo_lr,
                 optimizer=cfg.dpo_optimizer, save_every=5, seed=cfg.seed, resume=cfg.resume, **device)))
             with Timer(timings, "evaluate DPO"):
                 results["dpo"] = evaluate_model(str(dpo), "dpo", split.test, cfg, evals)
+            starts["dpo"] = start_label
 
     timings["total"] = sum(timings.values())
-    report = write_report(cfg, run_dir, results, timings, notes)
+    report = write_report(cfg, run_dir, results, timings, notes, starts)
     console.print(f"[bold green]Report written to {report}[/]")
     return report

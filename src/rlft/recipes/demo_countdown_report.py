@@ -1,11 +1,12 @@
-"""The Countdown demo's ``report.md``: held-out scores by count of numbers, paired differences against the SFT start,
-best-of-N selection of the sampled evaluation, the RL run's validation score against samples generated, curves."""
+"""The Countdown demo's ``report.md``: held-out scores by count of numbers, paired differences of each stage against its
+own start (and of the pipeline against the SFT model), best-of-N selection of the sampled evaluation, the RL run's validation score against samples generated, curves."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rlft.script_io import read_metrics
+from rlft.eval.compare import check_same_tasks
 from rlft.eval.countdown import CountdownEvalResult, paired_difference, subset
 from rlft.eval.report import markdown_table, plot_curve, plot_grouped_bars, plot_samples_vs_score
 from rlft.eval.select import selected_scores
@@ -51,32 +52,44 @@ def scores_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResu
     return markdown_table(header, rows)
 
 
-def paired_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResult]]) -> str:
-    """Each model minus the SFT start on the same test rows: greedy mixed, 3-number and 4-number differences with
-    95% intervals, tasks better/worse, and the sampled difference."""
-    if "sft" not in results:
-        return "none (no SFT model)"
-    sft = results["sft"]
-    header = ["comparison", "greedy, mixed", "3 numbers", "4 numbers", "tasks better / worse"]
+def comparisons(results: dict[str, dict], starts: dict[str, str]) -> list[tuple[str, str]]:
+    """``(model, start)`` pairs of the paired table: each trained model against its own start (``starts``: label ->
+    start label), then each model whose start is not the SFT model against SFT (the pipeline's gain so far)."""
+    own = [(m, s) for m, s in starts.items() if m in results and s in results]
+    return own + [(m, "sft") for m, s in own if s != "sft" and "sft" in results]
+
+
+def paired_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResult]], starts: dict[str, str]) -> str:
+    """Each model minus its start, and minus SFT when that is not its start (:func:`comparisons`), on the same test
+    rows: greedy mixed, 3-number and 4-number differences with 95% intervals, tasks better/worse, the share of answers
+    cut at max_new_tokens of both, and the sampled difference.
+
+    Raises:
+        UsageError: two evaluations of different tasks (:func:`rlft.eval.compare.check_same_tasks`).
+    """
+    pairs = comparisons(results, starts)
+    if not pairs:
+        return "none (no model with its start evaluated)"
+    header = ["comparison", "greedy, mixed", "3 numbers", "4 numbers", "tasks better / worse", "cut: model / start"]
     if cfg.passk:
         header.append(f"sampled ({cfg.passk} samples, first {cfg.passk_limit} rows)")
     rows = []
-    for model, by in results.items():
-        if model in ("sft", "base"):  # base: not trained from SFT, and evaluated on fewer rows
-            continue
-        cells = [f"{model} - sft"]
+    for model, start in pairs:
+        by, base = results[model], results[start]
+        check_same_tasks(by[GREEDY], base[GREEDY], f"{model}'s evaluation", f"{start}'s evaluation", unrecorded_ok=True)
+        cells = [f"{model} - {start}"]
         for size, _ in SIZES:
-            a, b = subset(by[GREEDY], size), subset(sft[GREEDY], size)
+            a, b = subset(by[GREEDY], size), subset(base[GREEDY], size)
             if not a:
                 cells.append("-")
                 continue
             d = paired_difference(a, b)
             cells.append(f"{_ci(d)} (n={d['n']})" if size is None else _ci(d))
-        mixed = paired_difference(by[GREEDY].task_scores, sft[GREEDY].task_scores)
-        cells.append(f"{mixed['better']} / {mixed['worse']}")
+        mixed = paired_difference(by[GREEDY].task_scores, base[GREEDY].task_scores)
+        cells += [f"{mixed['better']} / {mixed['worse']}", f"{by[GREEDY].truncated_rate:.0%} / {base[GREEDY].truncated_rate:.0%}"]
         if cfg.passk:
-            ok = SAMPLED in by and SAMPLED in sft
-            cells.append(_ci(paired_difference(by[SAMPLED].task_scores, sft[SAMPLED].task_scores)) if ok else "-")
+            ok = SAMPLED in by and SAMPLED in base
+            cells.append(_ci(paired_difference(by[SAMPLED].task_scores, base[SAMPLED].task_scores)) if ok else "-")
         rows.append(cells)
     return markdown_table(header, rows)
 
@@ -130,7 +143,7 @@ def samples_vs_score_section(cfg: DemoConfig, run_dir: Path) -> str:
     records = _metrics(run_dir / "rl" / "metrics.jsonl")
     png = plot_samples_vs_score({"rl": records}, run_dir / "samples_vs_score.png",
                                 ylabel=f"greedy score (first {cfg.rl_eval_limit} validation rows)",
-                                title="RL from SFT: validation score against samples generated")
+                                title="RL from its start: validation score against samples generated")
     if png is None:
         return ""
     trail = " -> ".join(f"{r['eval/score']:.3f} ({int(r['samples/total']):,} samples)" for r in records if "eval/score" in r)
@@ -140,14 +153,18 @@ def samples_vs_score_section(cfg: DemoConfig, run_dir: Path) -> str:
 
 
 def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]], timings: dict[str, float],
-                 notes: list[str]) -> Path:
-    """``report.md`` with the tables, plots and example completions; returns its path."""
+                 notes: list[str], starts: dict[str, str] | None = None) -> Path:
+    """``report.md`` with the tables, plots and example completions; returns its path. ``starts``: each trained
+    model's start, by label (default: every model but base and sft started from sft)."""
+    if starts is None:
+        starts = {m: "sft" for m in results if m not in ("base", "sft")}
     bars = {label: {m: _mean(subset(by[GREEDY], size)) for m, by in results.items()} for size, label in SIZES}
     plot_grouped_bars(bars, run_dir / "scores.png", title="Countdown held-out test rows: mean score by model (greedy)",
                       ylabel="mean score")
     n = len(results["sft"][GREEDY].task_scores) if "sft" in results else cfg.eval_limit
     curves = [
         _curve_section("SFT", run_dir / "sft" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
+        _curve_section("Filtered SFT", run_dir / "filtered" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
         _curve_section("RL", run_dir / "rl" / "metrics.jsonl", [("reward/mean", "mean reward of the samples per step"),
                                                                ("reward/accuracy", "accuracy of the samples per step"),
                                                                ("completion/truncated_frac", "samples cut at max_new_tokens"),
@@ -156,12 +173,17 @@ def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, Co
     ]
     examples = [f"**{m}**, nums {ex['nums']} target {ex['target']}, score {ex['score']}:\n\n```\n{ex['completion'].strip()}\n```"
                 for m, by in results.items() for ex in by[GREEDY].examples[:2]]
+    start = "filtered SFT" if "filtered" in results else "SFT"
+    filtered = (f"Filtered SFT: {cfg.filtered_steps} more steps of {cfg.batch_size} from the SFT model on only the traces "
+                "that reach the target (the same lr). " if "filtered" in results else "")
+    selection = (f"## Best-of-N selection (sampled evaluation: {cfg.passk} samples at T {cfg.passk_temperature}, top-p "
+                 f"{cfg.passk_top_p}, first {cfg.passk_limit} rows)\n\n{selection_table(cfg, results)}\n\n" if cfg.passk else "")
     text = f"""# rlft Countdown demo: {run_dir.name}
 
 Base model `{cfg.model}`. SFT: {cfg.sft_steps} steps of {cfg.batch_size} on `{cfg.trace_style}` solver traces of `{cfg.preset}`
-tasks (lr {cfg.lr}, constant). RL from SFT: `rlft rl`, {cfg.rl_advantage} advantages, {cfg.rl_loss} loss ({cfg.rl_loss_mode}),
+tasks, give-ups included (lr {cfg.lr}, constant). {filtered}RL from {start}: `rlft rl`, {cfg.rl_advantage} advantages, {cfg.rl_loss} loss ({cfg.rl_loss_mode}),
 {'group filtering, ' if cfg.rl_filter_groups else ''}{_lora(cfg.rl_lora_r)} at lr {cfg.rl_lr}, {cfg.rl_steps} steps of
-{cfg.rl_prompts_per_step} prompts x k={cfg.rl_k} at temperature {cfg.rl_temperature}. {cfg.dpo_loss_type.upper()} from SFT:
+{cfg.rl_prompts_per_step} prompts x k={cfg.rl_k} at temperature {cfg.rl_temperature}. {cfg.dpo_loss_type.upper()} from {start}:
 {cfg.pairs_prompts} training rows x {cfg.pairs_samples} samples, best vs worst, ties dropped; beta {cfg.dpo_beta},
 {cfg.dpo_epochs:g} epochs, {_lora(cfg.dpo_lora_r)} at lr {cfg.dpo_lr}. Prompt template `{cfg.prompt_template}`, at most
 {cfg.max_new_tokens} new tokens. Scores use the TinyZero-exact `compute_score` (1.0 correct, 0.1 an answer that is
@@ -171,19 +193,17 @@ wrong, 0 none); the mixed 3/4-number score is the spec's metric.
 
 {scores_table(cfg, results)}
 
-## Paired against the SFT start
+## Paired: each stage against its start
 
-Each model minus SFT on the same rows: mean per-task score difference with its 95% interval (normal approximation).
+Each model minus its start on the same rows (and minus SFT, the pipeline's gain, when that is not its start): mean
+per-task score difference with its 95% interval (normal approximation), and the share of greedy answers cut at
+{cfg.max_new_tokens} tokens.
 
-{paired_table(cfg, results)}
+{paired_table(cfg, results, starts)}
 
 ![scores](scores.png)
 
-## Best-of-N selection (sampled evaluation: {cfg.passk} samples at T {cfg.passk_temperature}, top-p {cfg.passk_top_p}, first {cfg.passk_limit} rows)
-
-{selection_table(cfg, results)}
-
-{samples_vs_score_section(cfg, run_dir)}
+{selection}{samples_vs_score_section(cfg, run_dir)}
 ## Training curves
 
 {chr(10).join(c for c in curves if c)}

@@ -26,25 +26,10 @@ from pathlib import Path
 
 from rlft.data.preferences import load_preference_pairs
 from rlft.eval.winrate import winrate_summary
-from rlft.rewards.reward_model import RewardModelScorer, is_reward_model_checkpoint
+from rlft.rewards.reward_model import RewardModelScorer, check_reward_model
 from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def check_reward_model(model: str) -> None:
-    """ScriptError unless ``model`` names a reward-model folder (or built-in name) whose config is a 1-label sequence
-    classifier (:func:`rlft.rewards.reward_model.is_reward_model_checkpoint`)."""
-    from rlft.models import ModelNotFoundError, resolve_model
-
-    try:
-        path = resolve_model(model)
-        is_rm = is_reward_model_checkpoint(path)
-    except (ModelNotFoundError, OSError, ValueError) as e:
-        fail(f"--model {model}: not a loadable model folder ({' '.join(str(e).split())})")
-    if not is_rm:
-        fail(f"--model {model} is not a reward model (its config is not a 1-label sequence classifier, so its score head "
-             "would be new and random): pass a folder written by `rlft rm`")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -64,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     check_outputs({"--json": args.json}, [args.pairs], overwrite=args.overwrite)
     if not args.pairs.is_file():
         fail(f"--pairs {args.pairs}: no such file")
-    check_reward_model(args.model)
+    check_reward_model(args.model, "--model")
     pairs, counts = load_preference_pairs(args.pairs, skip_invalid=args.skip_invalid, drop_ties=True)
     if not pairs:
         fail(f"{args.pairs}: no pair to score ({counts['dropped_ties']} ties, {counts['skipped_invalid']} invalid rows)")

@@ -171,7 +171,7 @@ def setup(tmp_path, smol_tokenizer, monkeypatch):
     engine, scorer = FakeEngine(), StubScorer()
     monkeypatch.setattr(engines, "make_engine", lambda *a, **k: engine)
     monkeypatch.setattr(rm_module, "RewardModelScorer", lambda *a, **k: scorer)
-    monkeypatch.setattr(countdown_command, "check_reward_model", lambda *a: None)  # the stub scorer has no folder
+    monkeypatch.setattr(rm_module, "check_reward_model", lambda *a: None)  # the stub scorer has no folder
     monkeypatch.setattr(models, "load_tokenizer", lambda name: smol_tokenizer)
     data = tmp_path / "tasks.jsonl"
     data.write_text("".join(json.dumps({"nums": list(t[:3]), "target": t[3]}) + "\n" for t in (A, B)))

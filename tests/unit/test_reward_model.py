@@ -25,7 +25,7 @@ from rlft.rewards.reward_model import (
     tokenize_scored,
 )
 
-from tests.conftest import interrupt_after_checkpoints, make_tiny_model, make_tiny_rm, write_jsonl_rows
+from tests.conftest import interrupt_after_checkpoints, make_tiny_model, make_tiny_rm, save_model_dir, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -379,3 +379,21 @@ def test_rm_options_are_checked_with_the_option_named(changes, message):
     with pytest.raises(OptionError) as info:
         RMConfig(**changes)
     assert str(info.value) == message
+
+
+def test_a_scorer_refuses_a_causal_lm_folder(tiny_model_dir):
+    """A causal LM folder would be scored through a new, random head (rl --reward-model, eval winrate --judge, the
+    selectors): refused with the folder named, before any weight is loaded."""
+    with pytest.raises(ValueError, match=f"{tiny_model_dir} is not a reward model"):
+        RewardModelScorer(str(tiny_model_dir), device="cpu", dtype="float32")
+
+
+def test_check_reward_model_names_the_option(tiny_model_dir, tmp_path, smol_tokenizer):
+    from rlft.rewards.reward_model import check_reward_model
+    from rlft.validation import OptionError
+
+    with pytest.raises(OptionError, match=f"--judge {tiny_model_dir} is not a reward model"):
+        check_reward_model(str(tiny_model_dir), "--judge")
+    with pytest.raises(OptionError, match="--judge .*nowhere: no such folder"):
+        check_reward_model(str(tmp_path / "nowhere"), "--judge")
+    check_reward_model(str(save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer), smol_tokenizer)), "--judge")

@@ -14,6 +14,7 @@ import pytest
 from rlft.rewards.reward_model import RewardModelScorer
 from rlft.run_folder import OutputPathError
 from rlft.script_io import ScriptError
+from rlft.validation import UsageError
 from tests.conftest import load_script, make_tiny_rm, save_model_dir, write_jsonl_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -109,9 +110,9 @@ def test_json_never_replaces_the_pairs_or_an_existing_file(tmp_path, monkeypatch
 def test_a_causal_lm_is_not_taken_for_a_reward_model(tmp_path, tiny_model_dir, monkeypatch):
     """A plain causal LM would get a new, random score head: refused, naming --model, before any pair is read."""
     pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", ROWS[:3])
-    with pytest.raises(ScriptError, match=f"--model {tiny_model_dir} is not a reward model"):
+    with pytest.raises(UsageError, match=f"--model {tiny_model_dir} is not a reward model"):
         script().main(["--model", str(tiny_model_dir), "--pairs", str(pairs)])
-    with pytest.raises(ScriptError, match="--model .*nowhere: not a loadable model folder"):
+    with pytest.raises(UsageError, match="--model .*nowhere: no such folder"):
         script().main(["--model", str(tmp_path / "nowhere"), "--pairs", str(pairs)])
 
 

@@ -125,7 +125,7 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
     def check_outputs(self) -> None:
         """Refuse an --output that would replace a file (unless --overwrite), name a folder, or lie in a model folder
         (:func:`rlft.run_folder.check_output_file`), a --greedy-from that is not a file, and a --select-reward-model
-        that is not a reward model (:func:`check_reward_model`); writes nothing. Run at parse time and before any
+        that is not a reward model (:func:`rlft.rewards.reward_model.check_reward_model`); writes nothing. Run at parse time and before any
         model is loaded."""
         if self.output is not None:
             from rlft.run_folder import check_output_file
@@ -136,30 +136,9 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
         if self.greedy_from is not None and not Path(self.greedy_from).expanduser().is_file():
             raise OptionError(f"--greedy-from {self.greedy_from}: no such file")
         if self.select_reward_model is not None:
+            from rlft.rewards.reward_model import check_reward_model
+
             check_reward_model(self.select_reward_model, "--select-reward-model")
-
-
-def check_reward_model(model: str, option: str) -> None:
-    """Refuse ``model`` unless it names a reward model: a local folder (as written by ``rlft rm``; no Hub look-up at
-    parse time) whose config is a 1-label sequence classifier
-    (:func:`rlft.rewards.reward_model.is_reward_model_checkpoint`). A causal LM would be given a new, random score
-    head, whose picks are not a reward model's.
-
-    Raises:
-        OptionError: no such folder, no model config in it, or not a reward model (the message names ``option``).
-    """
-    from rlft.models import EMBEDDED_MODELS, ModelNotFoundError, resolve_model
-    from rlft.rewards.reward_model import is_reward_model_checkpoint
-
-    if model not in EMBEDDED_MODELS and not Path(model).expanduser().is_dir():
-        raise OptionError(f"{option} {model}: no such folder (a reward-model folder written by `rlft rm`)")
-    try:
-        is_rm = is_reward_model_checkpoint(resolve_model(model))
-    except (ModelNotFoundError, OSError, ValueError) as e:
-        raise OptionError(f"{option} {model}: not a loadable model folder ({' '.join(str(e).split())})") from None
-    if not is_rm:
-        raise OptionError(f"{option} {model} is not a reward model (its config is not a 1-label sequence classifier, so "
-                          "its score head would be new and random): pass a folder written by `rlft rm`")
 
 
 def training_overlap(preset: str, split_seed: int, heldout_size: int, n: int) -> str:

@@ -170,6 +170,29 @@ def is_reward_model_checkpoint(path: str) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in archs) and getattr(config, "num_labels", None) == 1
 
 
+def check_reward_model(model: str, option: str) -> None:
+    """Refuse ``model`` unless it names a reward model: a built-in name or local folder (as written by ``rlft rm``;
+    no Hub look-up at parse time) whose config is a 1-label sequence classifier (:func:`is_reward_model_checkpoint`).
+    A causal LM would be given a new, random score head, whose scores are not a reward model's. Used at parse time
+    by ``eval countdown --select-reward-model`` and ``scripts/rm_pair_accuracy.py --model``.
+
+    Raises:
+        OptionError: no such folder, no model config in it, or not a reward model (the message names ``option``).
+    """
+    from rlft.models import EMBEDDED_MODELS
+    from rlft.validation import OptionError
+
+    if model not in EMBEDDED_MODELS and not Path(model).expanduser().is_dir():
+        raise OptionError(f"{option} {model}: no such folder (a reward-model folder written by `rlft rm`)")
+    try:
+        is_rm = is_reward_model_checkpoint(resolve_model(model))
+    except (ModelNotFoundError, OSError, ValueError) as e:
+        raise OptionError(f"{option} {model}: not a loadable model folder ({' '.join(str(e).split())})") from None
+    if not is_rm:
+        raise OptionError(f"{option} {model} is not a reward model (its config is not a 1-label sequence classifier, so "
+                          "its score head would be new and random): pass a folder written by `rlft rm`")
+
+
 def freeze_lower_layers(model, train_layers: int) -> int:
     """Freeze the embeddings and all but the top ``train_layers`` transformer blocks of ``model``.
 
@@ -297,6 +320,10 @@ class RewardModelScorer:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if isinstance(model_or_path, (str, Path)):
+            path = resolve_model(str(model_or_path))
+            if not is_reward_model_checkpoint(path):  # a causal LM: its score head would be new and random
+                raise ValueError(f"{model_or_path} is not a reward model (its config is not a 1-label sequence "
+                                 "classifier, so its score head would be new and random): pass a folder written by `rlft rm`")
             self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(model_or_path))
             self.model = load_reward_model(str(model_or_path), pick_device(device, dtype).for_inference(),
                                            pad_token_id=self.tokenizer.pad_token_id)

@@ -62,6 +62,7 @@ def test_quick_with_explicit_options_on_the_command_line(capsys, tmp_path, monke
     ({"pairs_samples": 1}, "--pairs-samples must be >= 2"),
     ({"passk": 4, "passk_temperature": 0.0}, "--passk-temperature must be > 0"),
     ({"track": "ultrafeedback", "uf_rloo_k": 1}, "--uf-rloo-k must be >= 2"),
+    ({"track": "ultrafeedback", "uf_eval_prompts": 0}, "--uf-eval-prompts must be >= 1"),
     ({"track": "ultrafeedback", "uf_max_length": 70}, r"--uf-max-length \(70\) must exceed --uf-max-new-tokens \(64\)"),
 ])
 def test_stage_options_are_refused_at_parse_time_in_the_demo_words(options, message):

@@ -306,6 +306,7 @@ class DemoUltraFeedbackOptions:
         require(self.uf_max_length - self.uf_max_new_tokens >= 8,
                 f"--uf-max-length ({self.uf_max_length}) must exceed --uf-max-new-tokens ({self.uf_max_new_tokens}) "
                 "by at least 8 tokens: the difference is the longest prompt used")
+        require(self.uf_eval_prompts >= 1, f"--uf-eval-prompts must be >= 1 (the win-rates' prompts), got {self.uf_eval_prompts}")
         require(self.uf_rloo_k >= 2, f"--uf-rloo-k must be >= 2 (RLOO's baseline is the mean of the other samples), got {self.uf_rloo_k}")
 
 

@@ -155,16 +155,9 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
 
     if cfg.rl_steps:
         rl = stage("RL", run_dir / "rl" / "model", lambda: train_rl(RLConfig(
-            model=str(start), data=rows, num_train=len(split.train), prompt_template=cfg.prompt_template,
-            output_dir=str(run_dir / "rl"), advantage=cfg.rl_advantage, loss=cfg.rl_loss, loss_mode=cfg.rl_loss_mode,
-            filter_groups=cfg.rl_filter_groups, max_prompt_batches=cfg.rl_max_prompt_batches, curriculum=cfg.rl_curriculum,
-            mask_truncated=cfg.rl_mask_truncated, overlong_buffer=cfg.rl_overlong_buffer, lora_r=cfg.rl_lora_r,
-            repetition_limit=cfg.rl_repetition_limit, repetition_penalty=cfg.rl_repetition_penalty,
-            lora_alpha=cfg.rl_lora_alpha, k=cfg.rl_k, prompts_per_step=cfg.rl_prompts_per_step, max_steps=cfg.rl_steps,
-            lr=cfg.rl_lr, beta=cfg.rl_beta, temperature=cfg.rl_temperature, max_new_tokens=cfg.max_new_tokens,
-            micro_batch_size=cfg.update_micro_batch_size, gen_batch_size=cfg.eval_batch_size, eval_every=cfg.rl_eval_every,
-            eval_at_start=True, eval_rows="validation", eval_limit=cfg.rl_eval_limit, eval_max_new_tokens=cfg.max_new_tokens,
-            save_every=max(cfg.rl_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
+            **cfg.rl_options(), model=str(start), data=rows, num_train=len(split.train), output_dir=str(run_dir / "rl"),
+            eval_at_start=True, eval_rows="validation", eval_max_new_tokens=cfg.max_new_tokens,
+            save_every=max(cfg.rl_steps // 3, 1), resume=cfg.resume)))
         with Timer(timings, "evaluate RL"):
             results["rl"] = evaluate_model(str(rl), "rl", split.test, cfg, evals)
         starts["rl"] = start_label

@@ -247,3 +247,26 @@ def test_eval_countdown_with_the_server_engine_matches_hf(tmp_path, smol_tokeniz
         assert len(server.requests) == 3 and all(r["model"] == str(model_dir) for r in server.requests)
     assert served.examples == hf.examples
     assert (served.accuracy, served.mean_completion_tokens) == (hf.accuracy, hf.mean_completion_tokens)
+
+
+def test_stop_repeats_cuts_whole_samples_where_the_decoders_stop(smol_tokenizer):
+    """A server (like vLLM) generates each sample whole; with stop_repeats=3 a sample that writes one line 3 times is
+    cut right after that line's newline, as rlft's decoders stop it: ids, log-probs and text cut, "length", looped.
+    A sample that does not loop, and every sample without stop_repeats, comes back whole."""
+    tok = smol_tokenizer
+    looping = tok("1+2=3, no.\n1+2=3, no.\n1+2=3, no.\n1+2=3, no.\n")["input_ids"] + [tok.eos_token_id]
+    fine = tok("1+2=3, no.\n2*3=6\n")["input_ids"] + [tok.eos_token_id]
+    expected_cut = len(tok("1+2=3, no.\n1+2=3, no.\n1+2=3, no.\n")["input_ids"])
+
+    def backend(body):
+        return [choice(j, ids, [-0.5] * len(ids), "stop", tok.decode(ids, skip_special_tokens=True))
+                for j, ids in enumerate((looping, fine))]
+
+    with FakeVLLM(backend) as server:
+        engine = OpenAICompletionsEngine(server.url, tok, max_retries=0)
+        [[cut, whole]] = engine.generate(["p"], SamplingParams(k=2, temperature=1.0, max_new_tokens=64, stop_repeats=3))
+        [[uncut, _]] = engine.generate(["p"], SamplingParams(k=2, temperature=1.0, max_new_tokens=64))
+    assert cut.completion_ids == looping[:expected_cut] and cut.logprobs == [-0.5] * expected_cut
+    assert cut.text == "1+2=3, no.\n1+2=3, no.\n1+2=3, no.\n" and cut.finish_reason == "length" and cut.looped
+    assert whole.completion_ids == fine and whole.finish_reason == "stop" and not whole.looped
+    assert uncut.completion_ids == looping and not uncut.looped

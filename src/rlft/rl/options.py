@@ -72,7 +72,7 @@ class SamplingOptions:
     """Most tokens per sampled completion (EOS included)."""
     stop_repeats: int | None = 5
     """Loop-aware stopping: a sample that has written an identical non-empty line this many times stops there
-    (rlft.rollout.loops; the hf engine), counted as cut at the budget (no EOS: the truncation penalty and
+    (rlft.rollout.loops; the hf engine stops it there, vllm cuts the whole sample there), counted as cut at the budget (no EOS: the truncation penalty and
     --mask-truncated treat it so) and logged as completion/looped_frac. 5 by default: offline it changed no score
     and saved 28% of a looping row's tokens (docs/results/speed/loop_stop.md). None: off."""
     rollout_engine: Literal["hf", "vllm"] = "hf"

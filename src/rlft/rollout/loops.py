@@ -15,12 +15,17 @@ Definitions (shared by the decoders and the offline measurement ``scripts/studie
   count.
 
 The decoders call :meth:`LoopStop.looped` only on steps whose token contains a newline
-(:attr:`LoopStop.trigger_ids`), so a row pays one decode of its completion per line written.
+(:attr:`LoopStop.trigger_ids`), so a row pays one decode of its completion per line written. Engines that cannot
+stop a row early (vLLM, an OpenAI-compatible server) cut each finished sample where the stop would have ended it
+(:meth:`LoopStop.apply`): the same samples, no time saved.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
+
+from rlft.rollout.base import Sample
 
 _NEWLINE_IDS: dict[int, tuple[object, frozenset[int]]] = {}  # id(tokenizer) -> (tokenizer, ids)
 
@@ -83,3 +88,24 @@ class LoopStop:
             if token in self.trigger_ids and self.looped(token_ids[: t + 1]):
                 return t + 1
         return None
+
+    def apply(self, sample: Sample) -> Sample:
+        """``sample`` cut where this stop would have ended it (ids, log-probs and text; ``finish_reason`` "length",
+        ``looped`` True), or ``sample`` itself when it never loops. ``self_certainty`` (a mean over the uncut
+        tokens) is dropped from a cut sample."""
+        cut = self.cut(sample.completion_ids)
+        if cut is None:
+            return sample
+        ids = sample.completion_ids[:cut]
+        return replace(sample, completion_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                       finish_reason="length", looped=True,
+                       logprobs=None if sample.logprobs is None else sample.logprobs[:cut], self_certainty=None)
+
+
+def stop_loops(samples: list[list[Sample]], tokenizer, repeats: int | None) -> list[list[Sample]]:
+    """``samples`` (B lists of k) with each one cut by :meth:`LoopStop.apply` (``repeats``: ``stop_repeats``; None:
+    ``samples`` unchanged). For engines that generate each sample whole (vLLM, an OpenAI-compatible server)."""
+    if repeats is None:
+        return samples
+    stop = LoopStop(tokenizer, repeats)
+    return [[stop.apply(s) for s in row] for row in samples]

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.hf import encode_prompts
+from rlft.rollout.loops import stop_loops
 from rlft.validation import UsageError
 
 TOKEN_ID_PREFIX = "token_id:"
@@ -138,7 +139,9 @@ class OpenAICompletionsEngine:
             return [self._to_sample(c) for c in choices]
 
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
-            return list(pool.map(one, range(len(prompts))))
+            samples = list(pool.map(one, range(len(prompts))))
+        # params.stop_repeats: each whole sample cut where the loop stop would have ended it (no time saved)
+        return stop_loops(samples, self.tokenizer, params.stop_repeats)
 
     def sync_weights(self, model) -> None:
         """Refused: the server samples from its own weights, which this process cannot change, so it cannot follow a

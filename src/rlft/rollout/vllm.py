@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 from rlft.rollout.base import Sample, SamplingParams
+from rlft.rollout.loops import stop_loops
 
 def _generation_config_eos(path: str) -> set[int]:
     """EOS ids of the model folder's ``generation_config.json`` (HFEngine stops at these too)."""
@@ -100,7 +101,8 @@ class VLLMEngine:
             for b in range(len(prompts))
         ]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], requests, use_tqdm=False)
-        return [[self._to_sample(c) for c in out.outputs] for out in outputs]
+        # params.stop_repeats: each whole sample cut where the loop stop would have ended it (no time saved)
+        return stop_loops([[self._to_sample(c) for c in out.outputs] for out in outputs], self.tokenizer, params.stop_repeats)
 
     def _to_sample(self, completion) -> Sample:
         ids = list(completion.token_ids)

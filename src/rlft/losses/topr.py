@@ -46,11 +46,12 @@ def topr_loss(
     num_tokens: float | None = None,
     token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """TOPR (Roux et al. 2025, Sec. 3, eqs. 7-8): REINFORCE on positive samples, truncated importance sampling on
-    negative ones.
+    """TOPR (Le Roux et al. 2025, arXiv 2503.14286, Sec. 3: the TOPR gradient): REINFORCE on positive samples,
+    truncated importance sampling on negative ones.
 
     With ``mu`` the behaviour policy (the sampler that generated the sequence, possibly several updates ago) and
-    ``pi`` the current policy, the paper's gradient is (eq. 7 with its limits for TOPR: ``a- = 0``, all others 1)::
+    ``pi`` the current policy, the paper's gradient is (its tapered importance sampling with the ratio left out on
+    positive samples and truncated to [0, 1] on negative ones)::
 
         grad J = sum_{tau: R >= 0} mu(tau) R(tau) grad log pi(tau)
                + sum_{tau: R < 0}  mu(tau) [pi(tau) / mu(tau)]_0^1 R(tau) grad log pi(tau)

@@ -60,8 +60,9 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
     # A random model's samples all score 0, so every pair ties: DPO is skipped, and the report says why.
     assert "on-policy pairs: 8 prompts (the last training rows), 0 kept, 8 dropped as ties" in text
     assert "DPO skipped" in text and "\n| dpo | " not in text
-    for png in ("scores.png", "sft_loss_sft.png", "rl_reward_mean.png"):
+    for png in ("scores.png", "sft_loss_sft.png", "filtered_sft_loss_sft.png", "rl_reward_mean.png"):
         assert (run_dir / png).stat().st_size > 1000
+    assert "](filtered_sft_loss_sft.png)" in text  # the report links the curve by its file name
     steps = [json.loads(line)["step"] for line in (run_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
     sft_config = (run_dir / "sft" / "config.yaml").read_text()  # the bounded-trace options and the held-out rows reach SFT

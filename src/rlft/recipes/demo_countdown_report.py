@@ -132,7 +132,7 @@ def _curve_section(title: str, metrics_path: Path, keys: list[tuple[str, str]], 
     lines = [f"### {title}", ""]
     for key, label in keys:
         if any(key in r for r in records):
-            png = plot_curve(records, key, png_dir / f"{title.lower()}_{key.replace('/', '_')}.png", title=f"{title}: {label}")
+            png = plot_curve(records, key, png_dir / f"{title.lower().replace(' ', '_')}_{key.replace('/', '_')}.png", title=f"{title}: {label}")
             last = [r[key] for r in records if key in r][-1]
             lines += [f"{label}: last {last:.3f}.", "", f"![{label}]({png.name})", ""]
     return "\n".join(lines)

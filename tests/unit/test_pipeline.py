@@ -13,7 +13,7 @@ import pytest
 
 from rlft.eval.countdown import CountdownEvalResult
 import rlft.models
-from rlft.recipes.pipeline import (EvalJob, Timer, done, drop_checkpoints, evaluate_cached, finished, heldout_tasks, load_settings,
+from rlft.recipes.pipeline import (EvalJob, StageTimes, Timer, done, drop_checkpoints, evaluate_cached, finished, heldout_tasks, load_settings,
                                    load_variants, run_stage)
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.types import CountdownTask
@@ -37,6 +37,28 @@ def test_timer_records_seconds_also_when_the_block_raises():
         with pytest.raises(RuntimeError), Timer(timings, "b"):
             raise RuntimeError("x")
     assert timings == {"a": 2.5, "b": 1.0}
+
+
+def test_stage_times_add_a_resumed_runs_seconds_to_the_earlier_ones(tmp_path):
+    """A demo killed after SFT and resumed: its report shows SFT's real seconds plus those of skipping it."""
+    journal = tmp_path / "timings.json"
+    first = StageTimes(journal, resume=False)
+    with mock.patch("time.perf_counter", side_effect=[0.0, 600.0]):
+        with Timer(first, "SFT"):
+            pass
+    assert json.loads(journal.read_text()) == {"SFT": 600.0}  # written after the stage, before any report
+    resumed = StageTimes(journal, resume=True)
+    with mock.patch("time.perf_counter", side_effect=[0.0, 0.5, 1.0, 31.0]):
+        with Timer(resumed, "SFT"):  # skipped: its model is there
+            pass
+        with Timer(resumed, "RL"):
+            pass
+    assert resumed.with_total() == {"SFT": 600.5, "RL": 30.0, "total": 630.5}
+    assert StageTimes(journal, resume=True) == {"SFT": 600.5, "RL": 30.0}  # the total is not journaled
+    assert StageTimes(journal, resume=False) == {}  # a fresh run starts from nothing
+    journal.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="timings.json: not {stage: seconds}"):
+        StageTimes(journal, resume=True)
 
 
 def test_done_needs_resume_and_every_output(tmp_path):

@@ -32,7 +32,7 @@ from rlft.recipes.demo_config import DemoConfig
 from rlft.recipes.demo_countdown_report import write_report
 from rlft.recipes.dpo import DPOConfig, train_dpo
 from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
-from rlft.recipes.pipeline import EvalJob, Timer, evaluate_cached, run_stage
+from rlft.recipes.pipeline import EvalJob, StageTimes, Timer, evaluate_cached, run_stage
 from rlft.recipes.rl import train_rl
 from rlft.recipes.sft import SFTConfig, train_sft
 from rlft.rl.config import RLConfig
@@ -130,7 +130,7 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
     write_run_config(run_dir, cfg)
     rows, rows_note = rows_source(cfg, run_dir)
     split: RowSplit = load_split(rows)
-    timings: dict[str, float] = {}
+    timings = StageTimes(run_dir / "timings.json", cfg.resume)  # a resumed demo adds to the earlier run's seconds
     notes: list[str] = [f"rows: {rows_note}; {len(split.train):,} training rows, held out {len(split.validation)} "
                         f"validation and {len(split.test)} test rows"]
     stage = partial(run_stage, timings=timings, resume=cfg.resume, keep_checkpoints=cfg.keep_checkpoints)
@@ -183,7 +183,7 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
                 results["dpo"] = evaluate_model(str(dpo), "dpo", split.test, cfg, evals)
             starts["dpo"] = start_label
 
-    timings["total"] = sum(timings.values())
+    timings.with_total()
     report = write_report(cfg, run_dir, results, timings, notes, starts)
     console.print(f"[bold green]Report written to {report}[/]")
     return report

@@ -65,7 +65,7 @@ from rlft.eval.winrate import WinrateConfig, load_prompts, prompt_key, run_winra
 from rlft.recipes.demo_config import DemoConfig
 from rlft.recipes.demo_ultrafeedback_data import READ_LIMIT, generate_responses, resolve_data, sft_data
 from rlft.recipes.demo_ultrafeedback_data import split_preferences  # noqa: F401  (part of this track's interface)
-from rlft.recipes.pipeline import run_stage
+from rlft.recipes.pipeline import StageTimes, run_stage
 
 log = logging.getLogger("rlft")
 
@@ -331,7 +331,7 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
     data_dir = run_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, cfg)
-    timings: dict[str, float] = {}
+    timings = StageTimes(run_dir / "timings.json", cfg.resume)  # a resumed demo adds to the earlier run's seconds
     notes: list[str] = []
     stage = partial(run_stage, timings=timings, resume=cfg.resume, keep_checkpoints=cfg.keep_checkpoints)
     device = dict(device=cfg.device, dtype=cfg.dtype)
@@ -409,7 +409,7 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
         if not (path.is_file() and path.read_text() == text):  # derived: rewritten only when it changes
             path.write_text(text)
 
-    timings["total"] = sum(timings.values())
+    timings.with_total()
     report = write_report(cfg, run_dir, split, vs_base, vs_sft, responses, judged, timings, notes)
     console.print(f"[bold green]Report written to {report}[/]")
     return report

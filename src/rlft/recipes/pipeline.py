@@ -36,9 +36,42 @@ from rlft.validation import OptionError
 log = logging.getLogger("rlft")
 
 
+class StageTimes(dict):
+    """Wall-clock seconds per stage of a pipeline run (``{stage: seconds}``), written to ``journal`` (JSON, in the
+    run folder) after every stage. A resumed run starts from the journal and adds its own seconds, so a report of a
+    demo that was killed and resumed shows what each stage took, not the seconds of skipping it.
+
+    Raises:
+        ValueError: ``resume`` and a ``journal`` that is damaged or not ``{name: seconds}`` (named).
+    """
+
+    def __init__(self, journal: str | Path, resume: bool):
+        super().__init__()
+        self.journal = Path(journal)
+        if resume and self.journal.exists():
+            from rlft.script_io import read_json
+
+            earlier = read_json(self.journal, "the stage seconds of an earlier run")
+            if not isinstance(earlier, dict) or not all(isinstance(v, (int, float)) for v in earlier.values()):
+                raise ValueError(f"{self.journal}: not {{stage: seconds}} (delete it to start the timings afresh)")
+            self.update({k: float(v) for k, v in earlier.items() if k != "total"})
+
+    def add(self, name: str, seconds: float) -> None:
+        """``seconds`` more for stage ``name``; the journal is rewritten (atomically)."""
+        from rlft.fsio import atomic_write_json
+
+        self[name] = self.get(name, 0.0) + seconds
+        atomic_write_json(self.journal, {k: v for k, v in self.items() if k != "total"})
+
+    def with_total(self) -> "StageTimes":
+        """Itself with ``total``: the sum of the stages."""
+        self["total"] = sum(v for k, v in self.items() if k != "total")
+        return self
+
+
 class Timer:
     """``with Timer(timings, "SFT"): ...`` stores the block's wall-clock seconds in ``timings["SFT"]`` (also when
-    the block raises)."""
+    the block raises); with a :class:`StageTimes`, adds them to the earlier run's and writes its journal."""
 
     def __init__(self, timings: dict[str, float], name: str):
         self.timings, self.name = timings, name
@@ -48,7 +81,11 @@ class Timer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.timings[self.name] = time.perf_counter() - self.t0
+        seconds = time.perf_counter() - self.t0
+        if isinstance(self.timings, StageTimes):
+            self.timings.add(self.name, seconds)
+        else:
+            self.timings[self.name] = seconds
 
 
 def finished(output: str | Path) -> bool:

@@ -159,10 +159,9 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
             from rlft.recipes.rl import train_rl
             from rlft.rl.config import RLConfig
 
-            # --steps overrides the setting's rl.max_steps; a variant's own max_steps overrides both
             options = {**s.tasks, **s.rl, "max_new_tokens": s.max_new_tokens, "eval_max_new_tokens": s.max_new_tokens,
                        "micro_batch_size": s.micro_batch_size, **({"max_steps": ab.steps} if ab.steps else {}),
-                       **recipe_options(RLConfig, name, spec)}
+                       **recipe_options(RLConfig, name, spec)}  # a variant's own max_steps wins over --steps
             train_rl(RLConfig(**options, model=str(start),
                               output_dir=str(run), seed=seed, **restart, **device,
                               # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch

@@ -100,3 +100,18 @@ def test_chunk_seeds():
     assert chunk_params(PARAMS, 2).seed == 3 + 2 * 1_000_003
     unseeded = SamplingParams(k=2)
     assert chunk_params(unseeded, 5) is unseeded
+
+
+def test_a_looped_sample_is_read_back_looped(tmp_path):
+    """The loop stop's mark survives the journal: a resumed run's looped rows still count as looped."""
+    from rlft.rollout.base import Sample
+
+    class Fixed:
+        def generate(self, prompts, params):
+            return [[Sample([5, 6], "a\na\n", "length", looped=True), Sample([7, 2], "b", "stop")] for _ in prompts]
+
+    path = tmp_path / "j.jsonl"
+    written, _ = sample_with_journal(Fixed(), PROMPTS[:2], PARAMS, path, META, chunk_prompts=2)
+    read, _ = sample_with_journal(Fixed(), PROMPTS[:2], PARAMS, path, META, chunk_prompts=2)
+    assert [[s.looped for s in row] for row in read] == [[True, False]] * 2 == [[s.looped for s in row] for row in written]
+    assert '"looped": true' in path.read_text() and path.read_text().count("looped") == 2  # only where it is set

@@ -6,7 +6,9 @@ lost when the process is stopped. The journal's first line is ``{"meta": {...}}`
 sampling parameters, task range; the caller decides); every further line is one prompt::
 
     {"index": b, "prompt": str, "seconds": float,
-     "samples": [{"ids": [int, ...], "text": str, "finish_reason": "stop"|"length"}, ...]}
+     "samples": [{"ids": [int, ...], "text": str, "finish_reason": "stop"|"length", "looped": true?}, ...]}
+
+(``looped`` only where the loop stop ended the sample: ``Sample.looped``.)
 
 ``seconds`` is the prompt's share of its chunk's sampling time (the journal's sum is the sampling time of all runs).
 Chunk ``c`` (prompts ``c*chunk .. (c+1)*chunk``) is sampled with seed ``params.seed + 1_000_003 * c`` (``None``
@@ -76,7 +78,8 @@ def read_journal(path: Path, meta: dict, prompts: list[str], k: int) -> list[lis
             raise ValueError(f"{path}: row {i}: its prompt is not prompt {len(samples)} of this run")
         if len(row.get("samples", [])) != k:
             raise ValueError(f"{path}: row {i}: field 'samples': expected {k} samples, got {len(row.get('samples', []))}")
-        samples.append([Sample(s["ids"], s["text"], s["finish_reason"]) for s in row["samples"]])
+        samples.append([Sample(s["ids"], s["text"], s["finish_reason"], looped=bool(s.get("looped", False)))
+                        for s in row["samples"]])
     return samples
 
 
@@ -145,7 +148,8 @@ def sample_with_journal(engine: GenerationEngine, prompts: list[str], params: Sa
         share = (time.perf_counter() - t0) / (stop - start)
         seconds += share * (stop - start)
         text = "".join(json.dumps({"index": b, "prompt": prompts[b], "seconds": share, "samples": [
-            {"ids": list(s.completion_ids), "text": s.text, "finish_reason": s.finish_reason} for s in row]}) + "\n"
+            {"ids": list(s.completion_ids), "text": s.text, "finish_reason": s.finish_reason, **({"looped": True} if s.looped else {})}
+            for s in row]}) + "\n"
             for b, row in zip(range(start, stop), out))
         with path.open("a") as f:  # one write per chunk, flushed to disk before the next chunk starts
             f.write(text)

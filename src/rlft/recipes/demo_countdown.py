@@ -144,14 +144,13 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
     sft = stage("SFT", run_dir / "sft" / "model", lambda: train_sft(sft_config(cfg, rows, cfg.model, run_dir / "sft")))
     with Timer(timings, "evaluate SFT"):
         results["sft"] = evaluate_model(str(sft), "sft", split.test, cfg, evals)
-    start, starts = sft, {}  # RL's and DPO's start; each trained model's start, by label, for the paired table
+    start, start_label, starts = sft, "sft", {}  # RL's and DPO's start; each trained model's start, by label
     if cfg.filtered_steps:
         start = stage("filtered SFT", run_dir / "filtered" / "model",
                       lambda: train_sft(sft_config(cfg, rows, str(sft), run_dir / "filtered", filtered=True)))
         with Timer(timings, "evaluate filtered SFT"):
             results["filtered"] = evaluate_model(str(start), "filtered", split.test, cfg, evals)
-        starts["filtered"] = "sft"
-    start_label = "filtered" if cfg.filtered_steps else "sft"
+        start_label, starts["filtered"] = "filtered", "sft"
 
     if cfg.rl_steps:
         rl = stage("RL", run_dir / "rl" / "model", lambda: train_rl(RLConfig(

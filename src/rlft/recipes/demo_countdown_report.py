@@ -153,11 +153,9 @@ def samples_vs_score_section(cfg: DemoConfig, run_dir: Path) -> str:
 
 
 def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]], timings: dict[str, float],
-                 notes: list[str], starts: dict[str, str] | None = None) -> Path:
+                 notes: list[str], starts: dict[str, str]) -> Path:
     """``report.md`` with the tables, plots and example completions; returns its path. ``starts``: each trained
-    model's start, by label (default: every model but base and sft started from sft)."""
-    if starts is None:
-        starts = {m: "sft" for m in results if m not in ("base", "sft")}
+    model's start, by label."""
     bars = {label: {m: _mean(subset(by[GREEDY], size)) for m, by in results.items()} for size, label in SIZES}
     plot_grouped_bars(bars, run_dir / "scores.png", title="Countdown held-out test rows: mean score by model (greedy)",
                       ylabel="mean score")

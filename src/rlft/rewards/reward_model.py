@@ -160,6 +160,11 @@ def pad_sequences(sequences: Sequence[Sequence[int]], pad_token_id: int, side: s
     return input_ids, attention_mask
 
 
+NOT_A_REWARD_MODEL = ("is not a reward model (its config is not a 1-label sequence classifier, so its score head would be "
+                      "new and random): pass a folder written by `rlft rm`")
+"""How a causal LM given where a trained reward model is needed is refused (after its name)."""
+
+
 def is_reward_model_checkpoint(path: str) -> bool:
     """True when the folder's config says it already is a 1-label sequence classifier (its score head
     is trained), False for a causal LM (whose head :func:`load_reward_model` must create)."""
@@ -189,8 +194,7 @@ def check_reward_model(model: str, option: str) -> None:
     except (ModelNotFoundError, OSError, ValueError) as e:
         raise OptionError(f"{option} {model}: not a loadable model folder ({' '.join(str(e).split())})") from None
     if not is_rm:
-        raise OptionError(f"{option} {model} is not a reward model (its config is not a 1-label sequence classifier, so "
-                          "its score head would be new and random): pass a folder written by `rlft rm`")
+        raise OptionError(f"{option} {model} {NOT_A_REWARD_MODEL}")
 
 
 def freeze_lower_layers(model, train_layers: int) -> int:
@@ -239,7 +243,7 @@ def init_score_head(model, kind: str = "normal") -> None:
 
 
 def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_token_id: int | None = None, init_head: bool | None = None,
-                      head_init: str = "normal"):
+                      head_init: str = "normal", trained_only: bool = False):
     """Load ``AutoModelForSequenceClassification(num_labels=1)`` from a reward-model folder or a causal
     LM (built-in name, local folder or Hub id).
 
@@ -249,12 +253,13 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
         init_head: re-initialise the score head with :func:`init_score_head`; None (default): only
             when the checkpoint is not already a reward model (the head is new).
         head_init: the ``kind`` of that initialisation ("normal" or "zero").
+        trained_only: refuse a checkpoint that is not already a reward model (for scoring: a new head is random).
 
     The input embedding's ``padding_idx`` is cleared (see the comment in the code): the pad token's
     embedding row gets gradients like any other, which matters when pad == eos.
 
     Raises:
-        ModelNotFoundError: nothing loadable under that name.
+        ModelNotFoundError: nothing loadable under that name. ValueError: ``trained_only`` and not a reward model.
     """
     from transformers import AutoModelForSequenceClassification
 
@@ -262,6 +267,11 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
     path = resolve_model(name_or_path)
     try:
         new_head = not is_reward_model_checkpoint(path)
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"could not load reward model {name_or_path!r}: {e}") from None
+    if new_head and trained_only:
+        raise ValueError(f"{name_or_path} {NOT_A_REWARD_MODEL}")
+    try:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=spec.dtype)
     except (OSError, ValueError) as e:
         raise ModelNotFoundError(f"could not load reward model {name_or_path!r}: {e}") from None
@@ -320,13 +330,9 @@ class RewardModelScorer:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if isinstance(model_or_path, (str, Path)):
-            path = resolve_model(str(model_or_path))
-            if not is_reward_model_checkpoint(path):  # a causal LM: its score head would be new and random
-                raise ValueError(f"{model_or_path} is not a reward model (its config is not a 1-label sequence "
-                                 "classifier, so its score head would be new and random): pass a folder written by `rlft rm`")
             self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(model_or_path))
             self.model = load_reward_model(str(model_or_path), pick_device(device, dtype).for_inference(),
-                                           pad_token_id=self.tokenizer.pad_token_id)
+                                           pad_token_id=self.tokenizer.pad_token_id, trained_only=True)
         else:
             if tokenizer is None:
                 raise ValueError("pass the tokenizer along with an already loaded model")

@@ -2,8 +2,9 @@
 
 The variants and the settings are data, in ``configs/countdown/ablation/`` (its README.md gives the layout): a setting
 names the SFT start, every stage's task source, the evaluation splits and the generation budget; a variant names its
-kind (rl, dpo, sft) and its recipe options. Every variant starts from the same SFT model and is scored on the same
-held-out tasks (never trained on by any stage): greedy mean score, and with ``--sampled`` the sampled mean score and
+kind (rl, dpo, sft), its recipe options and its start (the SFT start, or ``start_from`` another variant's model of
+the same seed); a continued-SFT variant's length is an RL run's compute (``budget: wall`` or ``flops``). All are scored
+on the same held-out tasks (never trained on by any stage): greedy mean score, and with ``--sampled`` the sampled mean score and
 pass@1/pass@4. ``scripts/ablation_report.py`` pairs each against the SFT start (tables, plots).
 
     python scripts/countdown_ablation.py run --sft runs/exp/sft/model --out runs/ablation \\
@@ -20,12 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from rlft.checkpoint import checkpoint_folders
+from rlft.compute import final_flops, model_parameter_count, summed_step_seconds
+from rlft.console import setup_logging
 from rlft.recipes.pipeline import Setting, heldout_tasks, load_settings, load_variants
 from rlft.script_io import ArgumentParser, fail, read_json, run_script
 
@@ -33,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "countdown" / "ablation"
 REAL_DATA = ROOT.parent / "shared" / "data" / "countdown" / "train.parquet"
 """Countdown-Tasks-3to4 rows (no stage trains on them: every training task is generated)."""
-SCRIPT_KEYS = ("kind", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "pair_offset", "start_from")
+SCRIPT_KEYS = ("kind", "budget", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "pair_offset", "start_from")
 """Variant keys this runner reads; every other key is an option of the kind's recipe config."""
 
 
@@ -172,40 +176,38 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
             pairs = ensure_pairs(ab, name, seed)
             train_dpo(DPOConfig(**{**s.dpo, **recipe_options(DPOConfig, name, spec)}, model=str(start), data=str(pairs),
                                 output_dir=str(run), micro_batch_size=s.micro_batch_size, seed=seed, **restart, **device))
-        else:  # continued SFT from the SFT start, for the budget of an RL run
+        else:  # continued SFT from its start, for the compute of an RL run (its wall time or its FLOPs)
             from rlft.recipes.sft import SFTConfig, train_sft
 
-            if ab.budget_from is not None:  # an archived RL run's metrics (e.g. docs/results/.../data/*_metrics.jsonl)
-                budget = summed_step_seconds(ab.budget_from)
-            elif "budget_of" in spec:
-                budget = rl_step_seconds(ab.out / spec["budget_of"] / f"s{seed}")
-            else:
-                budget = rl_wallclock(ab, seed)
             train_sft(SFTConfig(**{**s.tasks, **s.sft_continued, **recipe_options(SFTConfig, name, spec)},
-                                model=str(ab.sft), trace_style=s.trace_style, give_up=s.give_up, output_dir=str(run),
-                                max_steps=max(1, round(budget / ab.sft_step_s)), seed=seed, **restart, **device))
+                                model=str(start), trace_style=s.trace_style, give_up=s.give_up, output_dir=str(run),
+                                **sft_budget(ab, name, seed, start), seed=seed, **restart, **device))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     evaluate(ab, model_dir, folder, seed)
 
 
-def rl_step_seconds(folder: Path) -> float:
-    """Summed ``time/step_s`` (sampling, reward, update, in-loop evaluation) of the finished RL run in ``folder``:
-    its wall-clock less start-up and saving, also when it was resumed (its metrics keep the earlier steps)."""
-    if not (folder / "run" / "model").exists():
-        raise SystemExit(f"{folder} has no finished RL run (its step time is the continued-SFT budget)")
-    return summed_step_seconds(folder / "run" / "metrics.jsonl")
-
-
-def summed_step_seconds(metrics: Path) -> float:
-    """Sum of ``time/step_s`` over the records of an RL run's ``metrics.jsonl``; SystemExit when there is none."""
-    from rlft.checkpoint import read_metrics
-
-    if not metrics.exists():
-        raise SystemExit(f"{metrics} does not exist (the continued-SFT budget is its summed step time)")
-    seconds = [r["time/step_s"] for r in read_metrics(metrics) if "time/step_s" in r]
-    if not seconds:
-        raise SystemExit(f"{metrics} has no time/step_s records (not an RL run's metrics)")
-    return sum(seconds)
+def sft_budget(ab: Ablation, name: str, seed: int, start: Path) -> dict:
+    """The length of continued-SFT variant ``name``, the compute of an RL run: ``--budget-from`` (an archived metrics
+    file), else the ``budget_of`` variant's finished run of ``seed``, else (wall time only) the median of the
+    finished RL variants of ``seed``. ``budget: wall`` (the default): ``{"max_steps": summed step seconds /
+    --sft-step-s}``; ``budget: flops``: ``{"max_tokens": ceil(F / 6 N)}``, F the RL run's ``flops/estimated`` and N
+    the parameter count of ``start``, so the SFT run's estimate (``6 N`` per trained token) matches it."""
+    spec, kind = ab.variants[name], ab.variants[name].get("budget", "wall")
+    if kind not in ("wall", "flops"):
+        raise SystemExit(f"variant {name!r}: budget {kind!r}: must be wall or flops")
+    if ab.budget_from is None and "budget_of" in spec:
+        folder = ab.out / spec["budget_of"] / f"s{seed}"
+        if not (folder / "run" / "model").exists():
+            raise SystemExit(f"{folder} has no finished RL run (its compute is {name}'s budget)")
+        metrics = folder / "run" / "metrics.jsonl"
+    else:
+        metrics = ab.budget_from
+    if kind == "flops" and metrics is None:
+        raise SystemExit(f"variant {name!r}: budget: flops needs budget_of (or --budget-from)")
+    if kind == "flops":
+        return {"max_tokens": math.ceil(final_flops(metrics) / (6 * model_parameter_count(start)))}
+    budget = summed_step_seconds(metrics) if metrics is not None else rl_wallclock(ab, seed)
+    return {"max_steps": max(1, round(budget / ab.sft_step_s))}
 
 
 def rl_wallclock(ab: Ablation, seed: int) -> float:
@@ -273,8 +275,6 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"--sft {args.sft or setting.sft}: no model folder (config.json) there: pass the SFT start's model folder")
     ab = Ablation(variants, setting, out=args.out, sft=args.sft or Path(setting.sft), tasks=args.tasks, split=args.split,
                   sampled=args.sampled, real=args.real, steps=args.steps, sft_step_s=args.sft_step_s, budget_from=args.budget_from)
-    from rlft.console import setup_logging
-
     setup_logging()
     if args.command == "list":
         print("\n".join(f"{k}: {v}" for k, v in variants.items()))

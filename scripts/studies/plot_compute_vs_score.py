@@ -15,15 +15,12 @@ naming it, exit 2 (:mod:`rlft.script_io`). (``converged_2026-11-24/``, ``rl60_20
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: countdown_ablation
-from countdown_ablation import summed_step_seconds  # noqa: E402  (the continued-SFT budget's own sum)
-
-from rlft.checkpoint import read_metrics  # noqa: E402
-from rlft.eval.countdown import paired_difference  # noqa: E402
-from rlft.script_io import ArgumentParser, fail, read_json, run_script  # noqa: E402
+from rlft.checkpoint import read_metrics
+from rlft.compute import summed_step_seconds  # the continued-SFT budget's own sum
+from rlft.eval.countdown import paired_difference
+from rlft.script_io import ArgumentParser, fail, read_json, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"

@@ -5,12 +5,16 @@ archived countdown-bounded report is rebuilt byte for byte."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
+from rlft.compute import final_flops, model_parameter_count, parameter_count, summed_step_seconds
+from rlft.models import DeviceSpec, load_model
 from rlft.recipes.pipeline import heldout_tasks, load_settings, load_variants
 from rlft.validation import OptionError, UsageError
 from rlft.script_io import run_script
@@ -44,15 +48,48 @@ def _finished_rl_run(folder: Path, step_seconds: list[float | None]) -> None:
     (folder / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_rl_step_seconds_sums_every_logged_step(ablation, tmp_path):
+def test_summed_step_seconds_sums_every_logged_step(tmp_path):
     _finished_rl_run(tmp_path / "run_a", [50.0, 61.5, None, 70.25])  # a record without a step time counts 0
-    assert ablation.rl_step_seconds(tmp_path / "run_a") == pytest.approx(181.75)
+    assert summed_step_seconds(tmp_path / "run_a" / "run" / "metrics.jsonl") == pytest.approx(181.75)
 
 
-def test_rl_step_seconds_refuses_an_unfinished_run(ablation, tmp_path):
-    (tmp_path / "run_b" / "run").mkdir(parents=True)
+def test_a_budget_needs_a_finished_rl_run(ablation, tmp_path):
+    (tmp_path / "grpo_filter_lora_1e4_60" / "s0" / "run").mkdir(parents=True)
     with pytest.raises(SystemExit, match="no finished RL run"):
-        ablation.rl_step_seconds(tmp_path / "run_b")
+        ablation.sft_budget(make(ablation, tmp_path), "sft_continued_60", 0, Path("sft"))
+
+
+def test_a_flops_budget_is_the_rl_runs_flops_over_6n(ablation, tmp_path, tiny_model_dir):
+    """budget: flops, start_from: the SFT run starts from that variant's model and trains ceil(F / 6 N) tokens, F the
+    RL run's last flops/estimated and N the start's parameter count (the meta-device count equals the loaded one's)."""
+    variants = {"rl": {"kind": "rl"}, "first": {"kind": "sft"},
+                "more": {"kind": "sft", "start_from": "first", "budget_of": "rl", "budget": "flops", "lr": 2e-5}}
+    _finished_rl_run(tmp_path / "rl" / "s1", [60.0, 60.0])
+    records = [{"step": 1, "flops/estimated": 1.0e12}, {"step": 2, "flops/estimated": 2.5e12}, {"step": 2, "eval/score": 0.3}]
+    (tmp_path / "rl" / "s1" / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    start = tmp_path / "first" / "s1" / "run" / "model"
+    start.parent.mkdir(parents=True)
+    start.symlink_to(tiny_model_dir)
+    n = parameter_count(load_model(str(tiny_model_dir), DeviceSpec(torch.device("cpu"), torch.float32)))
+    assert model_parameter_count(start) == n
+    seen = {}
+
+    def fake_train_sft(cfg):
+        seen.update(model=cfg.model, max_tokens=cfg.max_tokens, max_steps=cfg.max_steps, lr=cfg.lr)
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    with mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch.object(ablation, "evaluate"):
+        ablation.run_variant(make(ablation, tmp_path, variants=variants), "more", 1)
+    assert seen == {"model": str(start), "max_tokens": math.ceil(2.5e12 / (6 * n)), "max_steps": None, "lr": 2e-5}
+    with pytest.raises(UsageError, match="no flops/estimated records"):
+        final_flops(_metrics_file(tmp_path / "old.jsonl", [{"step": 1, "time/step_s": 3.0}]))
+    with pytest.raises(SystemExit, match="budget 'tokens': must be wall or flops"):
+        ablation.sft_budget(make(ablation, tmp_path, variants={"x": {"kind": "sft", "budget": "tokens"}}), "x", 0, start)
+
+
+def _metrics_file(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
 
 
 def test_budget_of_sizes_continued_sft_to_the_named_run(ablation, tmp_path):
@@ -85,9 +122,8 @@ def test_budget_from_an_archived_metrics_file_overrides_budget_of(ablation, tmp_
     with mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch.object(ablation, "evaluate"):
         ablation.run_variant(make(ablation, tmp_path, budget_from=archived), "sft_continued_60", 0)
     assert seen == {"max_steps": 20}
-    with pytest.raises(SystemExit, match="no time/step_s"):
-        (tmp_path / "eval_only.jsonl").write_text(json.dumps({"step": 1, "eval/score": 0.4}) + "\n")
-        ablation.summed_step_seconds(tmp_path / "eval_only.jsonl")
+    with pytest.raises(UsageError, match="no time/step_s"):
+        summed_step_seconds(_metrics_file(tmp_path / "eval_only.jsonl", [{"step": 1, "eval/score": 0.4}]))
 
 
 def test_a_run_resumes_from_its_checkpoint_and_one_killed_before_any_restarts(ablation, tmp_path):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "assets" / "config_snapshot.json"
 HELP_COMMANDS = ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown")
 """The commands whose config classes are built from the option blocks."""
-SCRIPT_KEYS = ("kind", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "pair_offset", "start_from")
+SCRIPT_KEYS = ("kind", "budget", "budget_of", "pairs_of", "pair_prompts", "pair_samples", "pair_offset", "start_from")
 """Variant keys that are the ablation script's own, not recipe options (scripts/countdown_ablation.py)."""
 _COUNTDOWN = {"--preset", "--split-seed", "--heldout-size", "--prompt-template"}
 HELP_REWORDED: dict[str, set[str]] = {
@@ -50,14 +50,14 @@ its filtered SFT stage and, to stay within 45 minutes, trains 80 SFT steps and s
 
 
 ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1},
-         "EvalCountdownConfig": {"ledger": None}}
+         "EvalCountdownConfig": {"ledger": None}, "SFTConfig": {"max_tokens": None}}
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets it)."""
 SET_SINCE = {"real_sft_correct_grpo": {"stop_repeats": None}}
 """Added options a variant (in every setting) sets explicitly, with its value: the recipe as named, before the
 option's default changed the sampling (configs/countdown/ablation/4_real.yaml)."""
 ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats"},
                "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats"},
-               "eval countdown": {"--ledger"}, "demo": {"--filtered-steps"}}
+               "eval countdown": {"--ledger"}, "demo": {"--filtered-steps"}, "sft": {"--max-tokens"}}
 
 
 def _without_added(record: dict, key: str = "") -> dict:

@@ -1,5 +1,5 @@
 """One RL step as the loop reads it: the step record (rlft.rl.records, rlft.rl.sampling: rewards shaped once, this
-rank's batch, the totals), compute accounting (rlft.rl.metrics.RunTotals: tokens and FLOPs, by hand and in the loop),
+rank's batch, the totals), compute accounting (rlft.compute.RunTotals: tokens and FLOPs, by hand and in the loop),
 the engines' ``sync_weights(model)`` and ``make_engine`` (rlft.rollout), --mask-truncated's warning and --compile in
 ``rlft rl``."""
 
@@ -23,7 +23,8 @@ from rlft.recipes.memory import COMPILE_BACKEND_ENV, compile_layers, eager_layer
 from rlft.recipes.rl import train_rl
 from rlft.rl.batch import rollout_batch
 from rlft.rl.config import RLConfig
-from rlft.rl.metrics import RunTotals, parameter_count, step_counts
+from rlft.compute import RunTotals, parameter_count
+from rlft.rl.metrics import step_counts
 from rlft.rl.prompts import load_prompts
 from rlft.rl.records import Reward, RLPrompt
 from rlft.rl.sampling import sample_step

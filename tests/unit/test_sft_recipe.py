@@ -18,6 +18,7 @@ from rlft.data.files import DataError
 from rlft.recipes.common import batch_indices, length_grouped
 from rlft.recipes.sft import SFTConfig, load_sft_pairs, tokenize_pairs, train_sft
 from rlft.types import PromptCompletion
+from rlft.validation import OptionError
 
 from tests.conftest import interrupt_after_checkpoints, load_weights, write_jsonl_rows
 
@@ -119,6 +120,55 @@ def test_saved_model_reloads_to_identical_logits(run_a, smol_tokenizer):
     assert torch.allclose(logits, run_a["logits"], atol=1e-6, rtol=0)
 
 
+def test_metrics_count_trained_tokens_and_flops_by_hand(run_a, tiny_model_dir, smol_tokenizer):
+    """Each step's batch (batch_indices of the seed) is re-tokenized here: tokens = its prompt + completion tokens,
+    tokens/trained = its loss tokens (completion + EOS), flops/estimated = 6 N x the tokens so far."""
+    from rlft.compute import parameter_count
+    from rlft.models import DeviceSpec, load_model
+    from rlft.recipes.sft import load_sft_examples
+
+    cfg = make_cfg(tiny_model_dir, run_a["dir"])
+    examples, _ = load_sft_examples(cfg, smol_tokenizer)
+    n = parameter_count(load_model(str(tiny_model_dir), DeviceSpec(torch.device("cpu"), torch.float32)))
+    flops = trained = 0
+    for step, r in enumerate(read_metrics(run_a["dir"] / "metrics.jsonl")):
+        batch = [examples[i] for i in batch_indices(step, len(examples), cfg.batch_size, cfg.seed)]
+        assert r["tokens"] == sum(len(e.input_ids) for e in batch)
+        assert r["tokens/trained"] == sum(sum(e.loss_mask) for e in batch) < r["tokens"]
+        flops, trained = flops + 6 * n * r["tokens"], trained + r["tokens/trained"]
+        assert r["flops/estimated"] == flops and r["tokens/trained_total"] == trained
+
+
+def test_steps_for_tokens_by_hand():
+    # 5 examples of lengths 10..14, batches of 2: an epoch is 3 steps (2, 2, 1 examples) in the seed's order
+    lengths = [10, 11, 12, 13, 14]
+    batches = [sum(lengths[i] for i in batch_indices(step, 5, 2, 0)) for step in range(4)]
+    assert sft_recipe.steps_for_tokens(lengths, 2, 0, 1) == 1
+    assert sft_recipe.steps_for_tokens(lengths, 2, 0, batches[0]) == 1
+    assert sft_recipe.steps_for_tokens(lengths, 2, 0, batches[0] + 1) == 2
+    assert sft_recipe.steps_for_tokens(lengths, 2, 0, sum(batches[:3]) + 1) == 4  # into the 2nd epoch
+
+
+def test_max_tokens_sets_the_steps(tiny_model_dir, tmp_path, smol_tokenizer):
+    """--max-tokens B trains the fewest steps whose batches hold B tokens: here 3 (B one token over 2 steps')."""
+    from rlft.recipes.sft import load_sft_examples
+
+    cfg = make_cfg(tiny_model_dir, tmp_path / "run", max_steps=None, save_every=0)
+    examples, _ = load_sft_examples(cfg, smol_tokenizer)
+    two = sum(len(examples[i].input_ids) for step in range(2) for i in batch_indices(step, len(examples), 8, cfg.seed))
+    train_sft(replace(cfg, max_tokens=two + 1))
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert sum(r["tokens"] for r in records[:2]) == two
+
+
+def test_max_tokens_is_checked():
+    with pytest.raises(OptionError, match="--max-tokens must be >= 1, got 0"):
+        SFTConfig(max_tokens=0, max_steps=None)
+    with pytest.raises(OptionError, match="pass it or --max-steps, not both"):
+        SFTConfig(max_tokens=100, max_steps=5)
+
+
 # --------------------------------------------------------------------------- resume
 
 
@@ -164,7 +214,7 @@ def test_resume_reproduces_uninterrupted_run(run_a, tiny_model_dir, tmp_path, in
     b_metrics = read_metrics(tmp_path / "run-b" / "metrics.jsonl")
     assert [r["step"] for r in b_metrics] == list(range(1, STEPS + 1))
     for ra, rb in zip(a_metrics, b_metrics):
-        for key in ("loss/sft", "lr", "grad_norm", "tokens", "epoch"):
+        for key in ("loss/sft", "lr", "grad_norm", "tokens", "epoch", "tokens/trained_total", "flops/estimated"):
             assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
 
 

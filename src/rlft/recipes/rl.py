@@ -77,7 +77,7 @@ Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` c
   ``reward/overlong_penalty_mean`` (``--overlong-buffer``): the mean overlong punishment of those samples.
 - ``groups/tried``, ``groups/kept``: prompt groups sampled and trained on; ``samples/step`` (generated
   this step) and ``samples/total`` (generated so far: the x axis of sample-efficiency plots).
-- Compute (:class:`rlft.rl.metrics.RunTotals`, cumulative values continued on ``--resume``): ``tokens/generated``
+- Compute (:class:`rlft.compute.RunTotals`, cumulative values continued on ``--resume``): ``tokens/generated``
   (completion tokens sampled this step), ``tokens/trained`` (completion tokens through a backward this step, once
   per PPO epoch), ``tokens/generated_total``, ``tokens/trained_total`` and ``flops/estimated`` (cumulative
   ``6 N`` x the prompt + completion tokens of the forward+backward passes ``+ 2 N`` x those of the no-grad
@@ -117,6 +117,7 @@ import torch
 
 from rlft import distributed
 from rlft.checkpoint import read_metrics
+from rlft.compute import RunTotals, parameter_count
 from rlft.console import training_progress
 from rlft.lora import adapters_disabled
 from rlft.losses.advantages import advantage_function
@@ -130,8 +131,8 @@ from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, 
                            sampler_logprobs, take_rows, with_logprobs, without_rows)
 from rlft.rl.config import RLConfig
 from rlft.rl.curriculum import CurriculumSampler, group_abs_advantages
-from rlft.rl.metrics import (NO_UPDATE, RunTotals, loss_metrics, mismatch_metrics, parameter_count, reduce_loss_metrics, replay_log_ratios,
-                             sample_metrics, step_counts, update_metrics)
+from rlft.rl.metrics import (NO_UPDATE, loss_metrics, mismatch_metrics, reduce_loss_metrics, replay_log_ratios, sample_metrics,
+                             step_counts, update_metrics)
 from rlft.rl.prompts import make_prompt_source
 from rlft.rl.rewards import make_reward
 from rlft.rl.replay import ReplayBuffer

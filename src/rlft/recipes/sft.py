@@ -37,6 +37,8 @@ from typing import Literal
 import torch
 
 from rlft import distributed
+from rlft.checkpoint import read_metrics
+from rlft.compute import RunTotals, parameter_count
 from rlft.console import training_progress
 from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
@@ -53,7 +55,7 @@ from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, fi
 from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.ops import sequence_logprobs
 from rlft.types import PromptCompletion
-from rlft.validation import validate_options
+from rlft.validation import OptionError, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -117,6 +119,10 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
     """Passes over the data (fractions allowed); ignored when --max-steps is set."""
     max_steps: int | None = None
     """Total optimizer steps (overrides --epochs)."""
+    max_tokens: int | None = None
+    """A compute budget in trained tokens: the fewest optimizer steps whose batches (in the data order --seed fixes)
+    hold at least this many tokens, prompt and completion (``flops/estimated`` = 6 N x tokens: pass an RL run's FLOPs
+    / 6 N to match it). Replaces --epochs; not with --max-steps."""
     lr: float = 1e-4
     """Peak learning rate."""
     warmup_ratio: float = 0.05
@@ -129,6 +135,10 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         self._check_distributed()
         self._check_micro_batches()
         self._check_countdown()
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise OptionError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and self.max_steps is not None:
+            raise OptionError("--max-tokens sets the number of steps: pass it or --max-steps, not both")
 
 
 def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
@@ -356,6 +366,16 @@ def sft_backward(model, examples: list[TokenizedExample], cfg: SFTConfig, pad_to
     return loss_total, seen
 
 
+def steps_for_tokens(lengths: list[int], batch_size: int, seed: int, budget: int) -> int:
+    """The fewest optimizer steps whose batches (:func:`rlft.recipes.common.batch_indices` of ``seed``) hold at least
+    ``budget`` tokens in all, ``lengths[i]`` being example i's (prompt + completion): ``--max-tokens``' step count."""
+    steps, tokens = 0, 0
+    while tokens < budget:
+        tokens += sum(lengths[i] for i in batch_indices(steps, len(lengths), batch_size, seed))
+        steps += 1
+    return steps
+
+
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT as configured; returns the folder of the final model (``output_dir/model``).
 
@@ -368,8 +388,12 @@ def train_sft(cfg: SFTConfig) -> Path:
     write_data_stats(run_dir, stats)
 
     steps_per_epoch, total_steps = step_plan(len(examples), cfg)
+    if cfg.max_tokens is not None:
+        total_steps = steps_for_tokens([len(e.input_ids) for e in examples], cfg.batch_size, cfg.seed, cfg.max_tokens)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
+    history = read_metrics(run_dir / "metrics.jsonl") if start_step else []
+    totals = RunTotals.restored(parameter_count(model), history)  # tokens and FLOPs so far (rlft.compute)
     log.info("SFT: %d examples, %d steps of %d (%s) on %s (%s)", len(examples), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, spec.label)
 
     with training_progress("sft") as progress:
@@ -380,8 +404,10 @@ def train_sft(cfg: SFTConfig) -> Path:
             chosen = [examples[i] for i in step_order(indices, lambda i: len(examples[i].input_ids), cfg)]
             loss_total, seen = sft_backward(model, chosen, cfg, tokenizer.pad_token_id, spec.device)
             if distributed.active():
-                totals = distributed.all_reduce_sums({"loss": loss_total, "seen": seen})
-                loss_total, seen = totals["loss"], int(totals["seen"])
+                summed = distributed.all_reduce_sums({"loss": loss_total, "seen": seen})
+                loss_total, seen = summed["loss"], int(summed["seen"])
+            compute = totals.add(0, {"generated_tokens": 0.0, "trained_tokens": float(sum(sum(e.loss_mask) for e in chosen)),
+                                     "trained_seq_tokens": float(seen), "scored_tokens": 0.0})
             step_info = optimizer_step(setup, cfg.max_grad_norm, loss=loss_total)  # stops on a non-finite loss or gradient
             elapsed = time.perf_counter() - t0
             record = {
@@ -391,6 +417,7 @@ def train_sft(cfg: SFTConfig) -> Path:
                 **step_info,
                 "tokens": seen,
                 "tokens_per_s": seen / elapsed,
+                **{key: compute[key] for key in ("tokens/trained", "tokens/trained_total", "flops/estimated")},
             }
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")

@@ -3,16 +3,13 @@
 Under torchrun a rank sees its own rows only: :func:`step_counts` gives the rank's counts and sums, which the
 loop sums over ranks (:func:`rlft.distributed.all_reduce_sums`) before :func:`sample_metrics` and
 :func:`update_metrics` turn them into means; :func:`reduce_loss_metrics` combines the loss metrics the same
-way. The rewards and advantages are every rank's already. :class:`RunTotals` keeps the cumulative counts (samples,
-tokens, estimated FLOPs) across steps and ``--resume``; :func:`replay_log_ratios` feeds the ``replay/*`` metrics
+way. The rewards and advantages are every rank's already (:class:`rlft.compute.RunTotals` keeps the cumulative counts:
+samples, tokens, estimated FLOPs); :func:`replay_log_ratios` feeds the ``replay/*`` metrics
 (:meth:`rlft.rl.replay.ReplayBuffer.metrics`). Shape legend: B kept groups (with ``--replay-size``: fresh and
 replayed), k samples per prompt, G >= B groups tried, N = B * k rows (this rank's: ``len(local) * k``), T tokens.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -82,64 +79,6 @@ def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tenso
     if ref is not None:
         counts.update(kl_sum=float(sequence_kl(seen, ref, mask, kl_estimator).sum()), kl_rows=float((mask.sum(dim=-1) > 0).sum()))
     return counts
-
-
-def parameter_count(model: torch.nn.Module) -> int:
-    """N of the FLOPs estimate: every parameter of ``model``, embeddings (once when tied) and LoRA adapters
-    included; under FSDP2 the whole model's (a DTensor's ``numel`` is its global size)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-@dataclass
-class RunTotals:
-    """The run's cumulative counts, logged every step and continued on ``--resume`` from the last logged values
-    (:meth:`restored`), as ``samples/total`` always was. Issue 48's compute accounting:
-
-    - ``tokens/generated``: completion tokens sampled this step (every tried group, every rank, EOS included);
-      the prompts' prefill and the evaluations' generation are not counted;
-    - ``tokens/trained``: completion tokens that went through a backward this step (the loss's target tokens of
-      the updated rows, once per ``ppo_epochs`` epoch; rows skipped with a zero weight or left out by
-      ``--mask-truncated`` do not count);
-    - ``tokens/generated_total``, ``tokens/trained_total``: their sums over the run;
-    - ``flops/estimated``: cumulative ``6 N T_fb + 2 N (T_f + T_gen)`` with ``N`` :func:`parameter_count`,
-      ``T_fb`` the prompt + completion tokens of the forward+backward passes (every updated row, once per epoch),
-      ``T_f`` those of the no-grad forward passes over every row (the reference's and the pre-update policy's
-      log-probs, when the step computes them) and ``T_gen`` = ``tokens/generated``. Padding, FSDP2 filler passes,
-      gradient checkpointing's recomputation, prompt prefill during sampling and evaluation are not counted.
-    """
-
-    params: int
-    """N: :func:`parameter_count` of the policy."""
-    samples: int = 0
-    generated_tokens: float = 0.0
-    trained_tokens: float = 0.0
-    flops: float = 0.0
-
-    KEYS = {"samples": "samples/total", "generated_tokens": "tokens/generated_total", "trained_tokens": "tokens/trained_total",
-            "flops": "flops/estimated"}
-    """Field -> metric name of each cumulative value."""
-
-    @classmethod
-    def restored(cls, params: int, history: Sequence[dict]) -> RunTotals:
-        """Totals continuing ``history`` (the ``metrics.jsonl`` records up to the resumed step; empty: a fresh run):
-        each field is its metric's last logged value (0 when never logged, e.g. a run from before the metric)."""
-        values = {field: next((type(getattr(cls, field))(r[key]) for r in reversed(history) if key in r), 0)
-                  for field, key in cls.KEYS.items()}
-        return cls(params, **values)
-
-    def current(self) -> dict[str, float]:
-        """The cumulative metrics as they stand (the step-0 evaluation logs them)."""
-        return {key: getattr(self, field) for field, key in self.KEYS.items()}
-
-    def add(self, samples: int, counts: dict[str, float]) -> dict[str, float]:
-        """Count one step: ``samples`` generated (every rank's) and :func:`step_counts` summed over ranks; returns
-        ``tokens/generated``, ``tokens/trained`` and the cumulative metrics (:meth:`current`)."""
-        n = self.params
-        self.samples += samples
-        self.generated_tokens += counts["generated_tokens"]
-        self.trained_tokens += counts["trained_tokens"]
-        self.flops += 6 * n * counts["trained_seq_tokens"] + 2 * n * (counts["scored_tokens"] + counts["generated_tokens"])
-        return {"tokens/generated": counts["generated_tokens"], "tokens/trained": counts["trained_tokens"], **self.current()}
 
 
 def sample_metrics(got: StepSamples, counts: dict[str, float], reward_kind: str) -> dict[str, float]:

@@ -29,8 +29,8 @@ def _model_folder(folder: Path, weights: bytes = b"0123") -> Path:
     return folder
 
 
-def test_timer_records_seconds_also_when_the_block_raises():
-    timings = {}
+def test_timer_records_seconds_also_when_the_block_raises(tmp_path):
+    timings = StageTimes(tmp_path / "timings.json", resume=False)
     with mock.patch("time.perf_counter", side_effect=[10.0, 12.5, 20.0, 21.0]):
         with Timer(timings, "a"):
             pass
@@ -88,7 +88,7 @@ def test_drop_checkpoints_only_beside_a_finished_model(tmp_path):
 
 
 def test_run_stage_builds_unless_done_and_returns_the_first_output(tmp_path):
-    timings, calls = {}, []
+    timings, calls = StageTimes(tmp_path / "timings.json", resume=False), []
     model = tmp_path / "sft" / "model"
 
     def build():

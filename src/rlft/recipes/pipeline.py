@@ -70,10 +70,10 @@ class StageTimes(dict):
 
 
 class Timer:
-    """``with Timer(timings, "SFT"): ...`` stores the block's wall-clock seconds in ``timings["SFT"]`` (also when
-    the block raises); with a :class:`StageTimes`, adds them to the earlier run's and writes its journal."""
+    """``with Timer(timings, "SFT"): ...`` adds the block's wall-clock seconds to ``timings["SFT"]`` (also when the
+    block raises; :meth:`StageTimes.add`: to the earlier run's, and the journal is written)."""
 
-    def __init__(self, timings: dict[str, float], name: str):
+    def __init__(self, timings: StageTimes, name: str):
         self.timings, self.name = timings, name
 
     def __enter__(self) -> "Timer":
@@ -81,11 +81,7 @@ class Timer:
         return self
 
     def __exit__(self, *exc) -> None:
-        seconds = time.perf_counter() - self.t0
-        if isinstance(self.timings, StageTimes):
-            self.timings.add(self.name, seconds)
-        else:
-            self.timings[self.name] = seconds
+        self.timings.add(self.name, time.perf_counter() - self.t0)
 
 
 def finished(output: str | Path) -> bool:
@@ -108,7 +104,7 @@ def drop_checkpoints(model_dir: str | Path | None, keep: bool = False) -> None:
 
 
 def run_stage(name: str, outputs: str | Path | Iterable[str | Path], build: Callable[[], Any], *,
-              timings: dict[str, float], resume: bool, keep_checkpoints: bool = True) -> Path:
+              timings: StageTimes, resume: bool, keep_checkpoints: bool = True) -> Path:
     """Run one stage: call ``build()`` unless :func:`done` (``resume`` and every output there), under a
     :class:`Timer` named ``name``; then, unless ``keep_checkpoints``, :func:`drop_checkpoints` of the first output.
 

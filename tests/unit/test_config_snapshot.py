@@ -50,14 +50,14 @@ its filtered SFT stage and, to stay within 45 minutes, trains 80 SFT steps and s
 
 
 ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1},
-         "EvalCountdownConfig": {"ledger": None}, "SFTConfig": {"max_tokens": None}}
+         "EvalCountdownConfig": {"ledger": None, "stop_repeats": None}, "SFTConfig": {"max_tokens": None}}
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets it)."""
 SET_SINCE = {"real_sft_correct_grpo": {"stop_repeats": None}}
 """Added options a variant (in every setting) sets explicitly, with its value: the recipe as named, before the
 option's default changed the sampling (configs/countdown/ablation/4_real.yaml)."""
 ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats"},
                "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats"},
-               "eval countdown": {"--ledger"}, "demo": {"--filtered-steps"}, "sft": {"--max-tokens"}}
+               "eval countdown": {"--ledger", "--stop-repeats"}, "demo": {"--filtered-steps"}, "sft": {"--max-tokens"}}
 
 
 def _without_added(record: dict, key: str = "") -> dict:

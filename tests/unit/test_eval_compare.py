@@ -120,6 +120,12 @@ def test_refuses_bad_files_and_other_settings(tmp_path, capsys):
     assert "--allow-setting prompt_template" in refused(capsys, a, chat)
     notes = compare_files([a, chat], allow_setting=("prompt_template",))["comparisons"][0]["notes"]
     assert notes == [f"prompt_template differs (allowed): 'base' in {a}, 'chat' in {chat}"]
+    # the loop stop: a file that does not record it ran without it (off), so it pairs with an explicit None
+    stopped = eval_file(tmp_path / "stopped.json", B_SCORES, stop_repeats=5)
+    assert "--allow-setting stop_repeats" in refused(capsys, a, stopped)
+    notes = compare_files([a, stopped], allow_setting=("stop_repeats",))["comparisons"][0]["notes"]
+    assert notes == [f"stop_repeats differs (allowed): 'off' in {a}, 5 in {stopped}"]
+    assert compare_files([a, eval_file(tmp_path / "off.json", B_SCORES, stop_repeats=None)])["comparisons"][0]["notes"] == []
 
 
 def test_unset_max_new_tokens_is_read_from_a_cut_answer(tmp_path, capsys):

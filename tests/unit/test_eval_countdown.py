@@ -204,3 +204,26 @@ def test_run_eval_countdown_from_file(tmp_path, smol_tokenizer):
     assert [e["target"] for e in result.examples] == [16, 24]
     assert not list(tmp_path.rglob("test_looks.jsonl"))  # --split all is not a look at the test rows
     assert result.pass_at_k == {1: result.accuracy}
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_stop_repeats_reaches_the_sampling_and_the_file(tmp_path, smol_tokenizer, monkeypatch, mode):
+    """--stop-repeats N: every generation of the evaluation runs with the loop stop, and the file records N (so
+    `rlft eval compare` can refuse to pair it with an evaluation without it)."""
+    import rlft.eval.countdown_command as command
+
+    model_dir = tmp_path / "tiny"
+    make_tiny_model(len(smol_tokenizer)).save_pretrained(model_dir)
+    smol_tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"target": 16, "nums": [3, 5, 2]}) + "\n")
+    seen = []
+    real = command.evaluate_countdown
+    monkeypatch.setattr(command, "evaluate_countdown", lambda engine, tasks, prompts, params: seen.append(params) or
+                        real(engine, tasks, prompts, params))
+    out = tmp_path / "eval.json"
+    sampled = {"mode": "sampled", "k": 2, "temperature": 1.0} if mode == "sampled" else {}
+    run_eval_countdown(EvalCountdownConfig(model=str(model_dir), data=str(data), split="all", limit=1, max_new_tokens=3,
+                                           device="cpu", stop_repeats=3, output=str(out), **sampled))
+    assert [p.stop_repeats for p in seen] == [3] and seen[0].temperature == (1.0 if sampled else 0.0)
+    assert json.loads(out.read_text())["config"]["stop_repeats"] == 3

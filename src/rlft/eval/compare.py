@@ -38,10 +38,11 @@ from rlft.validation import OptionError, UsageError, validate_options
 
 SIGN = "B - A: the later file minus the first (BASE); positive means B scores higher"
 """The sign convention, written into every printed table and JSON."""
-Setting = Literal["mode", "k", "temperature", "top_p", "max_new_tokens", "prompt_template"]
-SETTINGS: tuple[str, ...] = ("mode", "k", "temperature", "top_p", *PAIRED_SETTINGS)
+Setting = Literal["mode", "k", "temperature", "top_p", "stop_repeats", "max_new_tokens", "prompt_template"]
+SETTINGS: tuple[str, ...] = ("mode", "k", "temperature", "top_p", "stop_repeats", *PAIRED_SETTINGS)
 """The evaluation settings that must be equal for a difference to be the model's (``--allow-setting`` accepts one):
-the sampling, and :data:`rlft.eval.countdown.PAIRED_SETTINGS` (the prompt template and the token budget, which a
+the sampling (``stop_repeats``: the loop stop, "off" when a file does not record it: no evaluation had it before it
+was recorded), and :data:`rlft.eval.countdown.PAIRED_SETTINGS` (the prompt template and the token budget, which a
 ``--greedy-from`` baseline must share too)."""
 SLICE_NAMES = {"all": "mixed", "3": "3 numbers", "4": "4 numbers"}
 
@@ -61,7 +62,7 @@ class EvalCompareConfig:
     """With more than one comparison, report Holm-adjusted 95% intervals across the batch beside the raw ones (--no-holm: raw only)."""
     allow_setting: tuple[Setting, ...] = ()
     """Evaluation settings allowed to differ between the files (refused otherwise): mode, k, temperature, top_p,
-    max_new_tokens, prompt_template. An allowed difference is named in the output."""
+    stop_repeats, max_new_tokens, prompt_template. An allowed difference is named in the output."""
     allow_unrecorded_tasks: bool = False
     """Pair files that record no task list (older evaluations) by position, checking only their number of tasks."""
 
@@ -160,7 +161,8 @@ def settings(result: CountdownEvalResult, config: dict) -> dict:
     """The file's values of :data:`SETTINGS` (None: not recorded; temperature and top_p only in sampled mode)."""
     sampled = result.mode == "sampled"
     return {"mode": result.mode, "k": result.k, "temperature": config.get("temperature") if sampled else None,
-            "top_p": config.get("top_p") if sampled else None, "max_new_tokens": resolved_max_new_tokens(result, config),
+            "top_p": config.get("top_p") if sampled else None, "stop_repeats": config.get("stop_repeats") or "off",
+            "max_new_tokens": resolved_max_new_tokens(result, config),
             "prompt_template": config.get("prompt_template")}
 
 

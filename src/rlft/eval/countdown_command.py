@@ -65,6 +65,11 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
     """Most tokens per completion; None: 1024 on CUDA, 256 on CPU (the reference evaluates with >= 1024)."""
     batch_size: int = 32
     """Sequences generated together."""
+    stop_repeats: int | None = None
+    """Loop-aware stopping (rlft.rollout.loops): a completion that has written an identical non-empty line this many
+    times stops there, scored as it stands (no answer) and counted in looped_rate and truncated_rate. None: off, so
+    scores stay comparable with files written without it (`rlft eval compare` refuses to pair the two unless
+    --allow-setting stop_repeats)."""
     output: str | None = None
     """Write the metrics and examples to this JSON file (an existing file is refused unless --overwrite; a folder, or
     a path inside a model folder, always)."""
@@ -290,13 +295,13 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
                          show_progress=True, add_special_tokens=adds_special_tokens(cfg.prompt_template))
     if any(name.startswith("self-certainty") for name in cfg.select) and getattr(engine, "decoder", None) == "auto":
         engine.decoder = "drop"  # the hf decoder that reports self-certainty (CUDA's default, static-cache generate, does not)
-    greedy_params = SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=cfg.seed)
+    greedy_params = SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=cfg.seed,
+                                   stop_repeats=cfg.stop_repeats)
     if cfg.mode == "greedy":
         params = greedy_params
     else:
-        params = SamplingParams(
-            k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens, seed=cfg.seed
-        )
+        params = SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens,
+                                seed=cfg.seed, stop_repeats=cfg.stop_repeats)
     recorder = RecordingEngine(engine)
     result = evaluate_countdown(recorder, tasks, prompts, params)
     print_result(result, title=f"Countdown eval: {cfg.model}")

@@ -185,7 +185,7 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     With ``reuse``, a job whose cached file answers it (:func:`read_cached`) is read back; the model is loaded (once)
     only when some job is left. Each evaluated job is written to its ``path`` (atomically) as
     ``{**result.to_dict(), "eval_s", "model", "cache_key", "config"}`` (``config``: the weights' ``model_sha256``,
-    ``max_new_tokens`` and ``prompt_template``, as ``rlft eval countdown`` records them, so ``--greedy-from`` and
+    ``max_new_tokens``, ``prompt_template`` and ``stop_repeats``, as ``rlft eval countdown`` records them, so ``--greedy-from`` and
     ``scripts/merge_sampled_evals.py`` can refuse another model file), and its metrics printed under
     ``"<label> on <job name>"``. ``batch_size``: sequences generated together.
     ``ledger``: the test-look ledger (:mod:`rlft.eval.ledger`) that every fresh evaluation of a job with
@@ -224,7 +224,7 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
             result = evaluate_countdown(engine, job.tasks, prompts, job.params)
             data = {**result.to_dict(), "eval_s": time.perf_counter() - t0, "model": str(model), "cache_key": keys[name],
                     "config": {"model_sha256": sha256, "max_new_tokens": job.params.max_new_tokens,
-                               "prompt_template": prompt_template}}
+                               "prompt_template": prompt_template, "stop_repeats": job.params.stop_repeats}}
             job.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = job.path.with_name(job.path.name + ".tmp")
             tmp.write_text(json.dumps(data, indent=2))

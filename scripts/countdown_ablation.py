@@ -166,8 +166,7 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
             options = {**s.tasks, **s.rl, "max_new_tokens": s.max_new_tokens, "eval_max_new_tokens": s.max_new_tokens,
                        "micro_batch_size": s.micro_batch_size, **({"max_steps": ab.steps} if ab.steps else {}),
                        **recipe_options(RLConfig, name, spec)}  # a variant's own max_steps wins over --steps
-            train_rl(RLConfig(**options, model=str(start),
-                              output_dir=str(run), seed=seed, **restart, **device,
+            train_rl(RLConfig(**options, model=str(start), output_dir=str(run), seed=seed, **restart, **device,
                               # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch
                               resume_override=("micro_batch_size",)))
         elif spec["kind"] == "dpo":
@@ -179,8 +178,9 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
         else:  # continued SFT from its start, for the compute of an RL run (its wall time or its FLOPs)
             from rlft.recipes.sft import SFTConfig, train_sft
 
-            train_sft(SFTConfig(**{**s.tasks, **s.sft_continued, **recipe_options(SFTConfig, name, spec)},
-                                model=str(start), trace_style=s.trace_style, give_up=s.give_up, output_dir=str(run),
+            traces = {"trace_style": s.trace_style, "give_up": s.give_up}  # the setting's, unless the variant sets them
+            train_sft(SFTConfig(**{**s.tasks, **s.sft_continued, **traces, **recipe_options(SFTConfig, name, spec)},
+                                model=str(start), output_dir=str(run),
                                 **sft_budget(ab, name, seed, start), seed=seed, **restart, **device))
         (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     evaluate(ab, model_dir, folder, seed)

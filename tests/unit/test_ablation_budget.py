@@ -292,6 +292,23 @@ def test_the_bounded_setting_reaches_every_stage(ablation, tmp_path):
     assert (direct.max_new_tokens, direct.trace_style, direct.micro_batch_size) == (64, "direct", 32)
 
 
+def test_a_continued_sft_variant_may_set_its_own_traces(ablation, tmp_path):
+    """A variant's give_up / max_tries / trace_style win over the setting's (the setting's when it sets none)."""
+    seen = []
+    variants = {"mine": {"kind": "sft", "give_up": 0.0, "max_tries": 10, "budget_of": "rl"},
+                "theirs": {"kind": "sft", "budget_of": "rl"}, "rl": {"kind": "rl"}}
+    _finished_rl_run(tmp_path / "rl" / "s0", [65.0])
+
+    def fake_train_sft(cfg):
+        seen.append((cfg.trace_style, cfg.give_up, cfg.max_tries))
+        (Path(cfg.output_dir) / "model").mkdir(parents=True)
+
+    with mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch.object(ablation, "evaluate"):
+        for name in ("mine", "theirs"):
+            ablation.run_variant(make(ablation, tmp_path, "real", variants=variants), name, 0)
+    assert seen == [("bounded", 0.0, 10), ("bounded", 0.6, 6)]
+
+
 def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(report, tmp_path):
     """x of the paired plot: RL its last samples/total, DPO its pairs' prompts x samples (the pairs_of variant's file,
     same seed), continued SFT 0, None when the record is missing; the plot is drawn from the runs that have both."""

@@ -160,7 +160,8 @@ def test_the_evaluation_records_its_weights_so_greedy_from_refuses_another_model
     model, path = _model_folder(tmp_path / "model"), tmp_path / "greedy.json"
     _evaluate(model, path)
     config = json.loads(path.read_text())["config"]
-    assert config == {"model_sha256": hashlib.sha256(b"0123").hexdigest(), "max_new_tokens": 8, "prompt_template": "short"}
+    assert config == {"model_sha256": hashlib.sha256(b"0123").hexdigest(), "max_new_tokens": 8, "prompt_template": "short",
+                      "stop_repeats": None}
     assert load_greedy_baseline(str(path), TASKS, 8, hashlib.sha256(b"0123").hexdigest()).task_scores == [[1.0], [0.1], [0.1]]
     with pytest.raises(OptionError, match="pair an evaluation of the same model file"):
         load_greedy_baseline(str(path), TASKS, 8, hashlib.sha256(b"01234").hexdigest())

@@ -163,7 +163,7 @@ def test_max_tokens_sets_the_steps(tiny_model_dir, tmp_path, smol_tokenizer):
 
 
 def test_max_tokens_is_checked():
-    with pytest.raises(OptionError, match="--max-tokens must be >= 1, got 0"):
+    with pytest.raises(OptionError, match="--max-tokens must be >= 1 \\(or unset\\), got 0"):
         SFTConfig(max_tokens=0, max_steps=None)
     with pytest.raises(OptionError, match="pass it or --max-steps, not both"):
         SFTConfig(max_tokens=100, max_steps=5)

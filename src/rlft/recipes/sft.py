@@ -135,8 +135,6 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         self._check_distributed()
         self._check_micro_batches()
         self._check_countdown()
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise OptionError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.max_tokens is not None and self.max_steps is not None:
             raise OptionError("--max-tokens sets the number of steps: pass it or --max-steps, not both")
 

@@ -32,26 +32,29 @@ def model_parameter_count(model_dir: str | Path) -> int:
         return parameter_count(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)))
 
 
+def logged_values(metrics: Path, key: str, budget: str, without: str) -> list[float]:
+    """Every value of ``key`` in a run's ``metrics.jsonl``, in order. Raises UsageError naming the file when it is
+    absent or logs no ``key`` (the messages say ``budget``, what the values size, and ``without``, what a file
+    without them is)."""
+    if not metrics.exists():
+        raise UsageError(f"{metrics} does not exist (a continued-SFT budget is its {budget})")
+    values = [r[key] for r in read_metrics(metrics) if key in r]
+    if not values:
+        raise UsageError(f"{metrics} has no {key} records ({without})")
+    return values
+
+
 def summed_step_seconds(metrics: Path) -> float:
     """Sum of ``time/step_s`` over the records of an RL run's ``metrics.jsonl`` (its wall time less start-up and
     saving, also when it was resumed). Raises UsageError when the file is absent or holds no step time."""
-    if not metrics.exists():
-        raise UsageError(f"{metrics} does not exist (a continued-SFT budget is its summed step time)")
-    seconds = [r["time/step_s"] for r in read_metrics(metrics) if "time/step_s" in r]
-    if not seconds:
-        raise UsageError(f"{metrics} has no time/step_s records (not an RL run's metrics)")
-    return sum(seconds)
+    return sum(logged_values(metrics, "time/step_s", "summed step time", "not an RL run's metrics"))
 
 
 def final_flops(metrics: Path) -> float:
     """The last ``flops/estimated`` (cumulative, :class:`RunTotals`) of a run's ``metrics.jsonl``. Raises UsageError
     when the file is absent or holds none (a run from before rlft counted FLOPs)."""
-    if not metrics.exists():
-        raise UsageError(f"{metrics} does not exist (a continued-SFT budget is its estimated FLOPs)")
-    flops = [r["flops/estimated"] for r in read_metrics(metrics) if "flops/estimated" in r]
-    if not flops:
-        raise UsageError(f"{metrics} has no flops/estimated records (a run from before rlft counted FLOPs)")
-    return float(flops[-1])
+    return float(logged_values(metrics, "flops/estimated", "estimated FLOPs",
+                               "a run from before rlft counted FLOPs")[-1])
 
 
 @dataclass

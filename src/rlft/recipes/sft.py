@@ -54,7 +54,7 @@ from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, fi
                                  start_training, step_micro_batches, step_order, step_plan, write_data_stats)
 from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.ops import sequence_logprobs
-from rlft.types import PromptCompletion
+from rlft.types import CountdownTask, PromptCompletion
 from rlft.validation import OptionError, validate_options
 
 log = logging.getLogger("rlft")
@@ -139,17 +139,24 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
             raise OptionError("--max-tokens sets the number of steps: pass it or --max-steps, not both")
 
 
+def countdown_train_tasks(cfg: SFTConfig) -> list[CountdownTask]:
+    """The tasks ``--data countdown`` writes traces for, in order (trace i is seeded ``split_seed + i``): the generated
+    training tasks, less those equal to a held-out row of ``--heldout-data`` (logged)."""
+    train, _ = cfg.generated_tasks(cfg.num_train)
+    if cfg.heldout_data is None:
+        return train
+    from rlft.tasks.countdown.splits import drop_heldout, load_split
+
+    kept = drop_heldout(train, load_split(cfg.heldout_data).heldout_keys())
+    log.info("dropped %d of %d generated tasks equal to a held-out row of %s", len(train) - len(kept), len(train), cfg.heldout_data)
+    return kept
+
+
 def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
     from rlft.tasks.countdown.prompts import render_prompt
     from rlft.tasks.countdown.traces import write_trace
 
-    train, _ = cfg.generated_tasks(cfg.num_train)
-    if cfg.heldout_data is not None:
-        from rlft.tasks.countdown.splits import drop_heldout, load_split
-
-        kept = drop_heldout(train, load_split(cfg.heldout_data).heldout_keys())
-        log.info("dropped %d of %d generated tasks equal to a held-out row of %s", len(train) - len(kept), len(train), cfg.heldout_data)
-        train = kept
+    train = countdown_train_tasks(cfg)
     pairs = [
         PromptCompletion(
             render_prompt(cfg.prompt_template, task, tokenizer),

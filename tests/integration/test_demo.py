@@ -112,7 +112,7 @@ def test_demo_defaults_are_the_countdown_real_setting():
     assert cfg.rl_lr == 2e-4
     assert (cfg.dpo_loss_type, cfg.dpo_beta, cfg.dpo_lora_r, cfg.pairs_samples) == ("rpo", 0.5, 16, 2)
     assert (cfg.eval_limit, cfg.passk_limit, cfg.passk, cfg.passk_temperature, cfg.passk_top_p) == (500, 50, 0, 0.6, 0.95)
-    assert (cfg.sft_steps, cfg.filtered_steps, cfg.batch_size) == (80, 40, 16)
+    assert (cfg.sft_steps, cfg.filtered_steps, cfg.batch_size, cfg.eval_batch_size) == (40, 35, 16, 256)
     DemoConfig(rl_steps=0, pairs_prompts=0, filtered_steps=0)  # skips RL, pairs + DPO, and filtered SFT
     with pytest.raises(OptionError, match="--eval-limit"):
         DemoConfig(eval_limit=600)

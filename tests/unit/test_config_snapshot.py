@@ -44,9 +44,13 @@ Countdown options, one block with one help text since 2026-11-27 (rlft.tasks.cou
 for _command in ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown"):  # --dtype: float16 training refused
     HELP_REWORDED[_command] = HELP_REWORDED.get(_command, set()) | {"--dtype"}
 HELP_REWORDED["demo"] |= {"--rl-steps", "--pairs-samples", "--rl-eval-every"}  # they start from the filtered SFT model
-DEFAULT_CHANGED: dict[str, dict[str, str]] = {"demo": {"--sft-steps": "(default: 80)", "--passk": "(default: 0)"}}
+HELP_REWORDED["demo"] |= {"--eval-batch-size"}  # it sets RL's sampling batch too
+DEFAULT_CHANGED: dict[str, dict[str, str]] = {"demo": {"--sft-steps": "(default: 40)", "--passk": "(default: 0)",
+                                                       "--pairs-prompts": "(default: 128)",
+                                                       "--eval-batch-size": "(default: 256)"}}
 """Defaults deliberately changed, per command, with the new default as tyro prints it (2026-11-27: the demo gained
-its filtered SFT stage and, to stay within 45 minutes, trains 80 SFT steps and skips the sampled evaluation)."""
+its filtered SFT stage and skips the sampled evaluation; 2026-11-28, to fit 45 minutes: 40 SFT steps, 128 pair
+prompts, 256 sequences decoded together)."""
 
 
 ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1},

@@ -29,7 +29,7 @@ def test_quick_sizes_apply_where_an_option_is_left_at_its_default():
     quick = DemoConfig(quick=True)
     assert {name: getattr(quick, name) for name in QUICK} == QUICK
     assert quick.effective() is quick and DemoConfig().effective() == DemoConfig()
-    assert DemoConfig().sft_steps == 80  # without --quick nothing changes
+    assert DemoConfig().sft_steps == 40  # without --quick nothing changes
     # explicit options win over --quick: 0 skips the stage (demo_countdown runs RL if rl_steps, pairs + DPO if
     # pairs_prompts, the sampled evaluation if passk)
     cfg = DemoConfig(quick=True, rl_steps=0, pairs_prompts=0, passk=0, sft_steps=1, filtered_steps=0)

@@ -13,6 +13,10 @@ recipe's ``--gen-batch-size``), sampled from a bfloat16 copy of the policy under
   ``--batch-size``, ``num_return_sequences`` = k, ``return_logprobs=True`` as the RL loss needs log-probs);
 - ``generate``: transformers' ``generate`` through HFEngine (``decoder="generate"``).
 
+A candidate may carry its own rows decoded together and the loop stop: ``refill@64+stop`` is ``refill`` at 64 rows
+with ``stop_repeats`` 5 (``rlft rl``'s default); ``drop@32`` is ``drop`` at 32 rows (``--batch-size`` otherwise).
+Ratios are to the first candidate listed.
+
 The candidates run in turn, ``--rounds`` times (A B C D A B C D: contention from other work on the machine hits them
 alike), after one untimed warm-up each. Every run samples the same prompts with seed ``--seed + round``, so a
 candidate's rounds differ in their samples; candidates draw different random numbers, so their completion lengths
@@ -22,6 +26,8 @@ candidate: wall seconds, tokens/s, its ratio to ``drop``'s, and the completion-l
     OMP_NUM_THREADS=1 python bench/rollout.py --threads 1        # drop, refill, generate: 1 round, ~4 minutes
     OMP_NUM_THREADS=1 python bench/rollout.py --threads 1 --rounds 2 --candidates drop,refill,cb,generate \
         --output docs/results/speed/data/rollout_cpu_<date>.txt          # the recorded run, ~15 minutes
+    python bench/rollout.py --model <an RL start> --candidates drop@32,refill@32,refill@64,refill@64+stop
+        # rlft rl's sampling before (drop, --gen-batch-size 32) and after, on a model that loops
 
 On a CPU shared with other work, one thread per process (``OMP_NUM_THREADS=1``, ``--threads 1``) is the stable
 setting: with 2 threads each OpenMP region waits for a descheduled thread, and decoding steps varied 10x from run to
@@ -36,11 +42,31 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 CANDIDATES = ("drop", "refill", "cb", "generate")
+STOP_REPEATS = 5
+"""The loop stop of a ``+stop`` candidate: ``rlft rl``'s default ``--stop-repeats``."""
+
+
+def parse_candidate(text: str, batch_size: int) -> tuple[str, int, bool]:
+    """``name[@rows][+stop]`` -> (decoder name, rows decoded together, loop stop on).
+
+    Raises:
+        ValueError: an unknown name, rows < 1, or a loop stop on ``cb`` (it has none).
+    """
+    body, stop = (text[:-len("+stop")], True) if text.endswith("+stop") else (text, False)
+    name, _, rows = body.partition("@")
+    if name not in CANDIDATES:
+        raise ValueError(f"unknown candidate {text!r}: choose from {', '.join(CANDIDATES)}, as name[@rows][+stop]")
+    if rows and (not rows.isdigit() or int(rows) < 1):
+        raise ValueError(f"candidate {text!r}: rows after @ must be a positive integer")
+    if stop and name == "cb":
+        raise ValueError(f"candidate {text!r}: transformers' continuous batching has no loop stop")
+    return name, int(rows) if rows else batch_size, stop
 
 
 def load_prompts(args, tokenizer) -> tuple[list[str], str]:
@@ -121,14 +147,17 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64, help="rows decoded together (rlft rl --gen-batch-size)")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--candidates", default="drop,refill,generate", help=f"comma-separated, of {', '.join(CANDIDATES)}")
+    parser.add_argument("--candidates", default="drop,refill,generate",
+                        help=f"comma-separated, each name[@rows][+stop], name one of {', '.join(CANDIDATES)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--output", default=None, help="also write the report to this file")
     args = parser.parse_args()
     candidates = args.candidates.split(",")
-    if unknown := set(candidates) - set(CANDIDATES):
-        parser.error(f"unknown candidates {sorted(unknown)}; choose from {CANDIDATES}")
+    try:
+        specs = {text: parse_candidate(text, args.batch_size) for text in candidates}
+    except ValueError as e:
+        parser.error(str(e))
 
     import transformers
 
@@ -154,16 +183,17 @@ def main() -> None:
     base = HFEngine(policy, tokenizer, batch_size=args.batch_size, add_special_tokens=special,
                     copy_weights=spec.compute_dtype is not None, copy_dtype=spec.compute_dtype)
     sampler = base.sampler()  # the bf16 copy the RL loop samples from (or the model itself without mixed precision)
-    engines = {name: HFEngine(sampler, tokenizer, batch_size=args.batch_size, add_special_tokens=special, decoder=name)
-               for name in ("drop", "refill", "generate")}
+    engines = {text: HFEngine(sampler, tokenizer, batch_size=rows, add_special_tokens=special, decoder=name)
+               for text, (name, rows, _) in specs.items() if name != "cb"}
     prompt_ids = base.encode_prompts(prompts)
     eos_ids = sorted(eos_token_ids(sampler, tokenizer))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
-    def sample(name: str, params) -> list[int]:
+    def sample(text: str, params) -> list[int]:
+        name, rows, stop = specs[text]
         if name == "cb":
-            return run_cb(sampler, prompt_ids, params, eos_ids, pad_id, args.batch_size)
-        return run_engine(engines[name], prompts, params)
+            return run_cb(sampler, prompt_ids, params, eos_ids, pad_id, rows)
+        return run_engine(engines[text], prompts, replace(params, stop_repeats=STOP_REPEATS if stop else None))
 
     say(f"bench/rollout.py, {time.strftime('%Y-%m-%d %H:%M')}: {' '.join(sys.argv[1:]) or '(defaults)'}")
     say(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}); "
@@ -171,7 +201,7 @@ def main() -> None:
         f"transformers {transformers.__version__}")
     say(f"model: {args.model} ({spec.label}; sampling from {next(sampler.parameters()).dtype} weights); prompts: {len(prompts)} "
         f"'{args.prompt_template}' prompts from {source} ({min(map(len, prompt_ids))}-{max(map(len, prompt_ids))} tokens), "
-        f"k={args.k}, T=1, {args.max_new_tokens} new tokens, batch {args.batch_size}")
+        f"k={args.k}, T=1, {args.max_new_tokens} new tokens, batch {args.batch_size} unless a candidate says @rows")
     warm = SamplingParams(k=2, temperature=1.0, max_new_tokens=8, seed=0)
     for name in candidates:
         sample(name, warm)
@@ -183,14 +213,16 @@ def main() -> None:
             lengths = sample(name, params)
             seconds = time.perf_counter() - t0
             runs[name].append((seconds, lengths))
-            say(f"round {r} {name:>8}: {seconds:6.1f} s, {sum(lengths)} tokens, {sum(lengths) / seconds:6.1f} tokens/s; "
+            say(f"round {r} {name:>15}: {seconds:6.1f} s, {sum(lengths)} tokens, {sum(lengths) / seconds:6.1f} tokens/s; "
                 f"{distribution(lengths, args.max_new_tokens)}")
     rate = {name: sum(sum(l) for _, l in rs) / sum(s for s, _ in rs) for name, rs in runs.items()}
     say("")
-    say(f"{'candidate':>10} {'wall s/run':>11} {'tokens/s':>9} {'x drop':>7}  completion lengths (all rounds)")
+    first = candidates[0]
+    say(f"{'candidate':>15} {'wall s/run':>11} {'tokens/s':>9} {'x ' + first:>{max(9, len(first) + 2)}}  "
+        f"completion lengths (all rounds)")
     for name, rs in runs.items():
-        ratio = f"{rate[name] / rate['drop']:.2f}" if "drop" in rate else "-"
-        say(f"{name:>10} {statistics.mean(s for s, _ in rs):11.1f} {rate[name]:9.1f} {ratio:>7}  "
+        ratio = f"{rate[name] / rate[first]:.2f}"
+        say(f"{name:>15} {statistics.mean(s for s, _ in rs):11.1f} {rate[name]:9.1f} {ratio:>{max(9, len(first) + 2)}}  "
             f"{distribution([x for _, l in rs for x in l], args.max_new_tokens)}")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

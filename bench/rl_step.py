@@ -10,6 +10,9 @@ from ``--model``. Two arms run in turn, each ``rlft rl`` for ``--steps`` steps i
 - ``after``: rlft's defaults (HFEngine's CPU default for sampling, ``refill``: a finished row's place goes to a
   waiting job; ``--stop-repeats 5``).
 
+Each arm decodes ``--before-rows`` / ``--after-rows`` sequences together (``rlft rl --gen-batch-size``; 64 both by
+default, the study's setting; ``--before-rows 32`` is ``rlft rl``'s default before 2026-11-28).
+
 The arms draw different random numbers (refill seeds each job; drop uses the global RNG), so their samples, rewards
 and group filtering differ: read the step time with the tokens generated beside it. Step 1 of each arm is warm-up
 and not counted; printed per arm: the median of ``time/step_s`` over the other steps, and the mean
@@ -47,7 +50,8 @@ def run_arm(arm: str, args, out: Path) -> dict:
         train_rl(RLConfig(model=args.model, data=args.data, prompt_template="short", preset="standard", heldout_size=1000,
                           advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, max_prompt_batches=3,
                           lora_r=16, lora_alpha=32.0, lr=2e-4, k=8, prompts_per_step=8, temperature=1.0, beta=0.0,
-                          max_new_tokens=args.max_new_tokens, gen_batch_size=64, micro_batch_size=8,
+                          max_new_tokens=args.max_new_tokens, micro_batch_size=8,
+                          gen_batch_size=args.before_rows if arm == "before" else args.after_rows,
                           max_steps=args.steps, eval_every=0, eval_at_start=False, save_every=0, num_train=20000,
                           seed=args.seed, output_dir=str(out),
                           stop_repeats=None if arm == "before" else 5))
@@ -74,12 +78,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--before-rows", type=int, default=64, help="the before arm's --gen-batch-size")
+    parser.add_argument("--after-rows", type=int, default=64, help="the after arm's --gen-batch-size")
     parser.add_argument("--output", type=Path, default=None, help="also write the printed lines here")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be >= 2 (step 1 is warm-up)")
     lines = [f"# bench/rl_step.py --model {args.model} --steps {args.steps} --rounds {args.rounds} "
-             f"--max-new-tokens {args.max_new_tokens}; {platform.processor() or platform.machine()}"]
+             f"--max-new-tokens {args.max_new_tokens} --before-rows {args.before_rows} --after-rows {args.after_rows}; "
+             f"{platform.processor() or platform.machine()}"]
     per_arm: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

@@ -45,12 +45,16 @@ for _command in ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown
     HELP_REWORDED[_command] = HELP_REWORDED.get(_command, set()) | {"--dtype"}
 HELP_REWORDED["demo"] |= {"--rl-steps", "--pairs-samples", "--rl-eval-every"}  # they start from the filtered SFT model
 HELP_REWORDED["demo"] |= {"--eval-batch-size"}  # it sets RL's sampling batch too
+HELP_REWORDED["rl"] |= {"--gen-batch-size"}  # why 64
+HELP_REWORDED["rloo"] |= {"--gen-batch-size"}
 DEFAULT_CHANGED: dict[str, dict[str, str]] = {"demo": {"--sft-steps": "(default: 40)", "--passk": "(default: 0)",
                                                        "--pairs-prompts": "(default: 128)",
-                                                       "--eval-batch-size": "(default: 256)"}}
+                                                       "--eval-batch-size": "(default: 256)"},
+                                             "rl": {"--gen-batch-size": "(default: 64)"},
+                                             "rloo": {"--gen-batch-size": "(default: 64)"}}
 """Defaults deliberately changed, per command, with the new default as tyro prints it (2026-11-27: the demo gained
 its filtered SFT stage and skips the sampled evaluation; 2026-11-28, to fit 45 minutes: 40 SFT steps, 128 pair
-prompts, 256 sequences decoded together)."""
+prompts, 256 sequences decoded together; rl's sampler decodes a default step's 64 samples together, not 32)."""
 
 
 ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1},

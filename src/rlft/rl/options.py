@@ -78,8 +78,10 @@ class SamplingOptions:
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """Sampler: 'hf' (transformers generate on the training model itself) or 'vllm' (colocated vLLM, pip install
     'rlft[vllm]', CUDA: the training model's weights, LoRA merged, are pushed into it before every rollout)."""
-    gen_batch_size: int = 32
-    """Sequences generated together by the sampler."""
+    gen_batch_size: int = 64
+    """Sequences generated together by the sampler: 64 holds a default step's 8 prompts x k=8 at once (at 32 half of
+    them queued; on a 2-core CPU the hf engine's refill decoder sampled 1.38x as many tokens/s at 64 rows as at 32,
+    docs/results/speed/rollout_cpu.md). Extra (prompt, sample) jobs queue and take a finished row's place."""
 
     def _check_sampling(self) -> None:
         require(self.temperature > 0, f"--temperature must be > 0 (RL samples; log-probs at temperature 0 are undefined), got {self.temperature}")

@@ -224,7 +224,7 @@ def test_row3_sampling_commands_refuse_torchrun(capsys, tmp_path, monkeypatch, t
         run_eval_countdown(EvalCountdownConfig(model=str(tiny_model_dir), limit=1, device="cpu"))
 
 
-def test_row3_pairs_under_torchrun_exits_2_on_every_rank_and_writes_nothing(tmp_path, tiny_model_dir):
+def test_row3_pairs_under_torchrun_exits_2_and_writes_nothing(tmp_path, tiny_model_dir):
     from tests.unit.test_distributed import SRC, _launch
 
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
@@ -236,7 +236,9 @@ def test_row3_pairs_under_torchrun_exits_2_on_every_rank_and_writes_nothing(tmp_
                    env, 120)
     assert done.returncode != 0
     line = "rlft pairs countdown: error: torchrun started 2 processes, but `rlft pairs countdown` samples in one process"
-    assert (done.stdout + done.stderr).count(line) == 2, done.stderr[-3000:]
+    # each rank refuses before it samples; once one rank has exited, torchrun stops the others, so a slower rank may
+    # be stopped before it prints (seen on 2026-11-28 on a busy CPU): at least one says it, and none writes
+    assert (done.stdout + done.stderr).count(line) >= 1, done.stderr[-3000:]
     assert "exitcode  : 2" in done.stderr  # torchrun's report of the ranks' exit code
     assert not (tmp_path / "pairs").exists()
 

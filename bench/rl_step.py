@@ -38,6 +38,7 @@ def run_arm(arm: str, args, out: Path) -> dict:
     import rlft.rollout.hf as hf
     from rlft.recipes.rl import train_rl
     from rlft.rl.config import RLConfig
+    from rlft.rl.options import SamplingOptions
 
     original = hf.HFEngine.__init__
 
@@ -54,7 +55,7 @@ def run_arm(arm: str, args, out: Path) -> dict:
                           gen_batch_size=args.before_rows if arm == "before" else args.after_rows,
                           max_steps=args.steps, eval_every=0, eval_at_start=False, save_every=0, num_train=20000,
                           seed=args.seed, output_dir=str(out),
-                          stop_repeats=None if arm == "before" else 5))
+                          stop_repeats=None if arm == "before" else SamplingOptions.stop_repeats))
     finally:
         hf.HFEngine.__init__ = original
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -21,7 +21,7 @@ The candidates run in turn, ``--rounds`` times (A B C D A B C D: contention from
 alike), after one untimed warm-up each. Every run samples the same prompts with seed ``--seed + round``, so a
 candidate's rounds differ in their samples; candidates draw different random numbers, so their completion lengths
 differ too: compare tokens/s (generated tokens, EOS included, over wall seconds). Printed per run, then per
-candidate: wall seconds, tokens/s, its ratio to ``drop``'s, and the completion-length distribution.
+candidate: wall seconds, tokens/s, its ratio to the first candidate's, and the completion-length distribution.
 
     OMP_NUM_THREADS=1 python bench/rollout.py --threads 1        # drop, refill, generate: 1 round, ~4 minutes
     OMP_NUM_THREADS=1 python bench/rollout.py --threads 1 --rounds 2 --candidates drop,refill,cb,generate \
@@ -47,8 +47,10 @@ from pathlib import Path
 
 import torch
 
+from rlft.rl.options import SamplingOptions
+
 CANDIDATES = ("drop", "refill", "cb", "generate")
-STOP_REPEATS = 5
+STOP_REPEATS = SamplingOptions.stop_repeats
 """The loop stop of a ``+stop`` candidate: ``rlft rl``'s default ``--stop-repeats``."""
 
 
@@ -218,11 +220,11 @@ def main() -> None:
     rate = {name: sum(sum(l) for _, l in rs) / sum(s for s, _ in rs) for name, rs in runs.items()}
     say("")
     first = candidates[0]
-    say(f"{'candidate':>15} {'wall s/run':>11} {'tokens/s':>9} {'x ' + first:>{max(9, len(first) + 2)}}  "
-        f"completion lengths (all rounds)")
+    width = max(9, len(first) + 2)
+    say(f"{'candidate':>15} {'wall s/run':>11} {'tokens/s':>9} {'x ' + first:>{width}}  completion lengths (all rounds)")
     for name, rs in runs.items():
         ratio = f"{rate[name] / rate[first]:.2f}"
-        say(f"{name:>15} {statistics.mean(s for s, _ in rs):11.1f} {rate[name]:9.1f} {ratio:>{max(9, len(first) + 2)}}  "
+        say(f"{name:>15} {statistics.mean(s for s, _ in rs):11.1f} {rate[name]:9.1f} {ratio:>{width}}  "
             f"{distribution([x for _, l in rs for x in l], args.max_new_tokens)}")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

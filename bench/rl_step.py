@@ -6,17 +6,20 @@ tokens, ``--dtype auto``: bf16 sampling copy and autocast on a bf16 CPU), on Cou
 from ``--model``. Two arms run in turn, each ``rlft rl`` for ``--steps`` steps in its own folder:
 
 - ``before``: today's decoder before continuous batching (``HFEngine(decoder="drop")``: finished rows leave the
-  batch, none join it) and no loop stop (``--stop-repeats None``);
+  batch, none join it), no loop stop (``--stop-repeats None``), and the loss's micro-batches in row order
+  (``micro_batches(by_length=False)``: a group's k samples together, as before 2026-11-28);
 - ``after``: rlft's defaults (HFEngine's CPU default for sampling, ``refill``: a finished row's place goes to a
-  waiting job; ``--stop-repeats 5``).
+  waiting job; ``--stop-repeats 5``; micro-batches by length, :func:`rlft.rl.batch.micro_batches`).
 
 Each arm decodes ``--before-rows`` / ``--after-rows`` sequences together (``rlft rl --gen-batch-size``; 64 both by
 default, the study's setting; ``--before-rows 32`` is ``rlft rl``'s default before 2026-11-28).
 
 The arms draw different random numbers (refill seeds each job; drop uses the global RNG), so their samples, rewards
 and group filtering differ: read the step time with the tokens generated beside it. Step 1 of each arm is warm-up
-and not counted; printed per arm: the median of ``time/step_s`` over the other steps, and the mean
-``tokens/generated`` and ``completion/looped_frac`` per step. ``--rounds 2`` runs before, after, before, after.
+and not counted; printed per arm: the median of ``time/step_s`` over the other steps, the mean
+``tokens/generated`` and ``completion/looped_frac`` per step, the medians of ``time/generate_s`` and
+``time/update_s``, and the update's rate (mean ``tokens/trained`` over the median update seconds: the loss's
+micro-batches show there). ``--rounds 2`` runs before, after, before, after.
 
     python bench/rl_step.py --model runs/demo/filtered/model --steps 3 --output docs/results/speed/data/rl_step_<date>.txt
 """
@@ -35,18 +38,22 @@ ARMS = ("before", "after")
 
 def run_arm(arm: str, args, out: Path) -> dict:
     """``rlft rl`` for ``args.steps`` steps in ``out``, sampling as ``arm`` says; the per-step metrics, step 1 left out."""
+    import functools
+
+    import rlft.rl.batch as rl_batch
     import rlft.rollout.hf as hf
     from rlft.recipes.rl import train_rl
     from rlft.rl.config import RLConfig
     from rlft.rl.options import SamplingOptions
 
-    original = hf.HFEngine.__init__
+    original, original_micro_batches = hf.HFEngine.__init__, rl_batch.micro_batches
 
     def drop_decoder(self, *a, **k):
         original(self, *a, **{**k, "decoder": "drop"})
 
     if arm == "before":
         hf.HFEngine.__init__ = drop_decoder
+        rl_batch.micro_batches = functools.partial(original_micro_batches, by_length=False)
     try:
         train_rl(RLConfig(model=args.model, data=args.data, prompt_template="short", preset="standard", heldout_size=1000,
                           advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, max_prompt_batches=3,
@@ -57,7 +64,7 @@ def run_arm(arm: str, args, out: Path) -> dict:
                           seed=args.seed, output_dir=str(out),
                           stop_repeats=None if arm == "before" else SamplingOptions.stop_repeats))
     finally:
-        hf.HFEngine.__init__ = original
+        hf.HFEngine.__init__, rl_batch.micro_batches = original, original_micro_batches
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if "time/step_s" in r and r["step"] > 1]
 
@@ -66,9 +73,14 @@ def summary(arm: str, steps: list[dict]) -> str:
     seconds = [r["time/step_s"] for r in steps]
     tokens = statistics.mean(r["tokens/generated"] for r in steps)
     looped = statistics.mean(r.get("completion/looped_frac", 0.0) for r in steps)
+    generate_s = statistics.median(r["time/generate_s"] for r in steps)
+    update_s = statistics.median(r["time/update_s"] for r in steps)
+    trained = statistics.mean(r["tokens/trained"] for r in steps)
     return (f"arm={arm} timed_steps={len(steps)} step_s={statistics.median(seconds):.2f} (median; all: "
             f"{', '.join(f'{s:.1f}' for s in seconds)}) generated_tokens_per_step={tokens:.0f} "
-            f"tokens_per_s={tokens / statistics.median(seconds):.1f} looped_frac={looped:.3f}")
+            f"tokens_per_s={tokens / statistics.median(seconds):.1f} looped_frac={looped:.3f} "
+            f"generate_s={generate_s:.1f} update_s={update_s:.1f} trained_tokens_per_step={trained:.0f} "
+            f"trained_tokens_per_update_s={trained / update_s:.1f}")
 
 
 def main() -> None:

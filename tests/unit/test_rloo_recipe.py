@@ -19,7 +19,7 @@ from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.losses.advantages import rloo_advantages
 from rlft.losses.pg import PolicyObjective, policy_gradient_loss
 from rlft.recipes.rl import train_rl
-from rlft.rl.batch import LossContext, PassPlan, gradient_rows, policy_loss_backward, rollout_batch, take_rows
+from rlft.rl.batch import LossContext, PassPlan, batch_logprobs, gradient_rows, micro_batches, policy_loss_backward, rollout_batch, take_rows
 from rlft.rl.config import RLOO_DEFAULTS, RLConfig, rloo_config
 from rlft.rl.prompts import load_rl_tasks
 from rlft.rewards.registry import REWARD_FUNCTIONS
@@ -95,6 +95,24 @@ def test_rollout_batch_ids_and_mask_include_eos_when_pad_is_eos(smol_tokenizer):
 
 
 # --------------------------------------------------------------------------- the loss on fixed samples
+
+
+def test_micro_batches_take_rows_by_length_and_logprobs_come_back_in_row_order(smol_tokenizer):
+    tok = smol_tokenizer
+    batch = rollout_batch(tok, PROMPTS, fixed_samples(tok))  # lengths by row: prompt 0's 3 rows, then prompt 1's
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    parts = list(micro_batches(batch, 2))
+    assert sorted(i for rows, _ in parts for i in rows.tolist()) == list(range(6))  # every row once
+    assert [sorted(lengths[i] for i in rows.tolist()) for rows, _ in parts] == [sorted(lengths)[i:i + 2] for i in (0, 2, 4)]
+    padded = sum(mb.input_ids.numel() for _, mb in parts)
+    contiguous = sum(mb.input_ids.numel() for _, mb in micro_batches(batch, 2, by_length=False))
+    assert padded < contiguous  # the groups mix long and short rows; by length, each pair pads to its like
+    assert [rows.tolist() for rows, _ in micro_batches(batch, 6)] == [list(range(6))]  # one micro-batch: row order
+    model = make_tiny_model(len(tok), seed=6)
+    whole = batch_logprobs(model, batch, PassPlan(temperature=0.8, micro_batch_size=6))
+    assert torch.allclose(batch_logprobs(model, batch, PassPlan(temperature=0.8, micro_batch_size=2)), whole, atol=1e-6)
+    _, returned = policy_loss_backward(model, batch, torch.ones(6), REINFORCE, PassPlan(temperature=0.8, micro_batch_size=2))
+    assert torch.allclose(returned, whole, atol=1e-6)
 
 
 def test_equal_rewards_give_zero_advantages_and_exactly_zero_gradient(smol_tokenizer):

@@ -62,11 +62,23 @@ def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *,
     return collate(examples, pad_id)
 
 
-def micro_batches(batch: TokenBatch, size: int) -> Iterator[tuple[slice, TokenBatch]]:
-    """``(rows, micro_batch)`` pairs; each micro-batch is trimmed to its own longest sequence."""
-    for start in range(0, batch.input_ids.shape[0], size):
-        rows = slice(start, start + size)
-        width = int(batch.attention_mask[rows].sum(dim=1).max())
+def micro_batches(batch: TokenBatch, size: int, *, by_length: bool = True) -> Iterator[tuple[torch.Tensor, TokenBatch]]:
+    """``(rows, micro_batch)`` pairs covering the batch's N rows once: ``rows`` is a ``(n,)`` long tensor of row
+    indices (``n <= size``), ``micro_batch`` those rows trimmed to their own longest sequence.
+
+    With ``by_length`` (the default) and more than ``size`` rows, the rows are taken in order of length (stable
+    sort of ``attention_mask.sum(1)``), so each micro-batch pads only to lengths like its own: a group's k samples
+    sit in consecutive rows, and one answer cut at the token limit would otherwise widen its whole micro-batch
+    (the SFT and DPO recipes group by length the same way, :func:`rlft.recipes.common.length_grouped`). The
+    passes weight every micro-batch by the whole batch's normalisers (:class:`LossContext`), so the order changes
+    the padding (compute) and float rounding only. ``by_length=False``: consecutive rows, as before 2026-11-28.
+    """
+    lengths = batch.attention_mask.sum(dim=1)
+    count = lengths.shape[0]
+    order = torch.argsort(lengths, stable=True) if by_length and count > size else torch.arange(count, device=lengths.device)
+    for start in range(0, count, size):
+        rows = order[start : start + size]
+        width = int(lengths[rows].max())
         yield rows, TokenBatch(batch.input_ids[rows, :width], batch.attention_mask[rows, :width], batch.loss_mask[rows, :width])
 
 

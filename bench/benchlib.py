@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import resource
 import time
+from pathlib import Path
 
 import torch
 
@@ -51,3 +52,17 @@ def trl_precision(args) -> dict:
     """The keyword TRL's config gets for ``--trl-precision``: nothing (TRL's own default), ``bf16=True`` (autocast
     bfloat16, on the CPU too), or ``bf16=False`` (float32 compute)."""
     return {"default": {}, "bf16": {"bf16": True}, "float32": {"bf16": False}}[args.trl_precision]
+
+
+class Report:
+    """Lines printed as they come (flushed) and kept, to write to ``--output`` at the end: ``say(text)``, ``write(path)``."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def write(self, path) -> None:
+        Path(path).write_text("\n".join(self.lines) + "\n")

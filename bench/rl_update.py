@@ -22,9 +22,9 @@ import functools
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from benchlib import Report
 
 
 def main() -> None:
@@ -50,11 +50,8 @@ def main() -> None:
     from rlft.tasks.countdown.loaders import load_countdown
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
-    lines: list[str] = []
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
+    report = Report()
+    say = report.say
 
     spec = pick_device("cpu", "auto")
     tokenizer = load_tokenizer(args.model)
@@ -123,7 +120,7 @@ def main() -> None:
             loss_pass(True)
         say(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     if args.output:
-        Path(args.output).write_text("\n".join(lines) + "\n")
+        report.write(args.output)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from benchlib import Report
 
 from rlft.rl.options import SamplingOptions
 
@@ -171,11 +172,8 @@ def main() -> None:
     from rlft.rollout.hf import eos_token_ids
     from rlft.tasks.countdown.prompts import adds_special_tokens
 
-    lines: list[str] = []
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
+    report = Report()
+    say = report.say
 
     spec = pick_device("cpu", "auto")
     tokenizer = load_tokenizer(args.model)
@@ -228,7 +226,7 @@ def main() -> None:
             f"{distribution([x for _, l in rs for x in l], args.max_new_tokens)}")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text("\n".join(lines) + "\n")
+        report.write(args.output)
 
 
 if __name__ == "__main__":

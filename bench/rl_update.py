@@ -24,7 +24,6 @@ import sys
 import time
 
 import torch
-from benchlib import Report
 
 
 def main() -> None:
@@ -49,6 +48,8 @@ def main() -> None:
     from rlft.rollout import HFEngine, SamplingParams
     from rlft.tasks.countdown.loaders import load_countdown
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
+
+    from benchlib import Report  # bench/ is on the path when the script runs (not when a test loads it)
 
     report = Report()
     say = report.say

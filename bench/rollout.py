@@ -46,7 +46,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from benchlib import Report
 
 from rlft.rl.options import SamplingOptions
 
@@ -171,6 +170,8 @@ def main() -> None:
     from rlft.rollout import HFEngine, SamplingParams
     from rlft.rollout.hf import eos_token_ids
     from rlft.tasks.countdown.prompts import adds_special_tokens
+
+    from benchlib import Report  # bench/ is on the path when the script runs (not when a test loads it)
 
     report = Report()
     say = report.say

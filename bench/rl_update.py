@@ -7,7 +7,8 @@ One batch of real samples (``--prompts`` Countdown prompts x ``--k``, T=1, ``--m
   LoRA r=16, ``--micro-batch-size`` rows a pass) with micro-batches of consecutive rows, a group's k samples
   together (``micro_batches(by_length=False)``, as before 2026-11-28);
 - ``length``: the same with rows taken in order of length (``rlft rl``'s default since 2026-11-28);
-- ``sync``: ``HFEngine.sync_weights``, the merge of the LoRA policy into the bfloat16 sampling copy after each update.
+- ``sync``: ``HFEngine.sync_weights`` then ``HFEngine.sampler()``: the merge of the LoRA policy into the bfloat16
+  sampling copy after each update (``sync_weights`` only forgets the copy; the next sampling builds it).
 
 Printed: seconds per candidate (median over rounds), padded tokens each pass computed, and real (loss) tokens per
 second. ``--profile`` also prints torch.profiler's top operators of one ``length`` pass.
@@ -95,6 +96,7 @@ def main() -> None:
     def sync() -> float:
         start = time.perf_counter()
         engine.sync_weights(model)
+        engine.sampler()
         return time.perf_counter() - start
 
     candidates = {"rows": functools.partial(loss_pass, False), "length": functools.partial(loss_pass, True), "sync": sync}

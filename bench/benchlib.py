@@ -65,4 +65,6 @@ class Report:
         self.lines.append(text)
 
     def write(self, path) -> None:
+        """Write the kept lines to ``path``, its folder made when missing."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("\n".join(self.lines) + "\n")

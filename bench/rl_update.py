@@ -10,8 +10,8 @@ One batch of real samples (``--prompts`` Countdown prompts x ``--k``, T=1, ``--m
 - ``sync``: ``HFEngine.sync_weights`` then ``HFEngine.sampler()``: the merge of the LoRA policy into the bfloat16
   sampling copy after each update (``sync_weights`` only forgets the copy; the next sampling builds it).
 
-Printed: seconds per candidate (median over rounds), padded tokens each pass computed, and real (loss) tokens per
-second. ``--profile`` also prints torch.profiler's top operators of one ``length`` pass.
+Printed: seconds per candidate (median over rounds), padded tokens each pass computed, and real (unpadded, prompt
+included) tokens per second. ``--profile`` also prints torch.profiler's top operators of one ``length`` pass.
 
     python bench/rl_update.py --model <an RL start> --rounds 3 --output docs/results/speed/data/rl_update_<date>.txt
 """
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--output", default=None, help="also write the printed lines here")
     args = parser.parse_args()
 
-    from rlft.lora import LoRASettings, apply_lora
+    from rlft.lora import apply_lora
     from rlft.losses.pg import make_objective
     from rlft.models import load_model, load_tokenizer, pick_device
     from rlft.rl.batch import PassPlan, micro_batches, policy_loss_backward, rollout_batch

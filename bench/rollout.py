@@ -226,7 +226,6 @@ def main() -> None:
         say(f"{name:>15} {statistics.mean(s for s, _ in rs):11.1f} {rate[name]:9.1f} {ratio:>{width}}  "
             f"{distribution([x for _, l in rs for x in l], args.max_new_tokens)}")
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         report.write(args.output)
 
 

@@ -1,7 +1,7 @@
 """One selector minus another on the same samples, task by task: e.g. the reward model's pick minus self-certainty's
 in a sampled ``rlft eval countdown --output`` file, at each n (the first n of each task's k samples).
 
-    python scripts/selector_pairs.py docs/results/test-time/data/rl_rebuilt_eval_test_sampled_rm_k16.json \\
+    python scripts/selector_pairs.py docs/results/test-time/data/rl_rebuilt_eval_test_sampled_rm_k16.json.gz \\
         --a reward-model --b self-certainty majority --sizes 2 4 8 16
 
 Prints one line per n and selector B: A's mean selected score, B's, and A minus B with its paired 95% interval

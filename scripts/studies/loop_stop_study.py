@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlft.eval.countdown import paired_difference
+from rlft.eval.countdown import paired_difference, read_eval_json
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.loops import loop_cut
 
@@ -67,11 +67,11 @@ def eval_examples() -> list[Completion]:
     """The ``examples`` of the RL and SFT evaluation files, with their recorded tokens, truncation and score."""
     out = []
     for folder in EVAL_DIRS:
-        for path in sorted(folder.glob("*_eval_*.json")):
+        for path in sorted([*folder.glob("*_eval_*.json"), *folder.glob("*_eval_*.json.gz")]):
             group = "rl" if RL_FILE.match(path.name) else "sft" if SFT_FILE.match(path.name) else None
             if group is None:
                 continue
-            data = json.loads(path.read_text())
+            data = read_eval_json(path)
             for t, ex in enumerate(data.get("examples", [])):
                 trunc, tokens = data["task_truncated"][t][0], data["task_tokens"][t][0]
                 out.append(Completion(group, ex["prompt_tail"], ex["completion"], ex["nums"], ex["target"],

@@ -12,6 +12,7 @@ Whole folders are swapped in the same way by :func:`rlft.checkpoint.save_model_f
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import secrets
@@ -66,9 +67,14 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any, *, indent: int | None = 2) -> None:
-    """Replace ``path`` by ``obj`` as JSON (``indent`` spaces, a final newline; see :func:`atomic_open`).
+    """Replace ``path`` by ``obj`` as JSON (``indent`` spaces, a final newline; see :func:`atomic_open`); a name ending
+    ``.gz`` gets the JSON gzip-compressed (level 9, no time stamp, so the same object gives the same bytes).
 
     Raises:
         TypeError: ``obj`` holds something JSON cannot represent (``path`` is left as it was).
     """
-    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+    text = json.dumps(obj, indent=indent) + "\n"
+    if Path(path).name.endswith(".gz"):
+        atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))
+    else:
+        atomic_write_text(path, text)

@@ -3,6 +3,7 @@ after a failed write; permissions as a plain write gives them."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
@@ -21,6 +22,16 @@ def test_writes_and_replaces(tmp_path):
     assert (tmp_path / "b.bin").read_bytes() == b"\x00\xff"
     assert (tmp_path / "c.json").read_text() == json.dumps({"x": [1, 2]}, indent=2) + "\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.bin", "c.json"]  # no temp files left
+
+
+def test_a_json_name_ending_gz_is_written_gzip_compressed_and_reproducibly(tmp_path):
+    obj = {"task_scores": [[1.0, 0.1]] * 50}
+    atomic_write_json(tmp_path / "e.json.gz", obj)
+    first = (tmp_path / "e.json.gz").read_bytes()
+    assert first[:2] == b"\x1f\x8b"  # the gzip magic
+    assert gzip.decompress(first).decode() == json.dumps(obj, indent=2) + "\n"
+    atomic_write_json(tmp_path / "e.json.gz", obj)
+    assert (tmp_path / "e.json.gz").read_bytes() == first  # no time stamp in the header
 
 
 def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path):

@@ -6,6 +6,7 @@ Scores come from :func:`rlft.rewards.countdown.score_completions` (the TinyZero-
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -88,19 +89,37 @@ class CountdownEvalResult:
         return cls(**kwargs)
 
 
-def read_eval_file(path: str | Path) -> tuple[CountdownEvalResult, dict]:
-    """An ``rlft eval countdown --output`` file: ``(result, config)`` (``config`` is ``{}`` when the file has none).
+def read_eval_json(path: str | Path) -> dict:
+    """The JSON object of an ``rlft eval countdown --output`` file, plain or gzip-compressed (a name ending ``.gz``,
+    as the archived evaluations under ``docs/results/*/data/`` are stored).
 
     Raises:
-        ValueError: naming ``path``: it does not exist, cannot be read, or is not an evaluation's JSON.
+        ValueError: naming ``path``: it does not exist, cannot be read or decompressed, or is not a JSON object.
     """
     p = Path(path).expanduser()
     if not p.exists():
         raise ValueError(f"{path} does not exist (an `rlft eval countdown --output` file)")
     try:
-        data = json.loads(p.read_text())
+        raw = gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, EOFError) as e:  # gzip.BadGzipFile is an OSError; JSONDecodeError a ValueError
+        raise ValueError(f"{path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not an `rlft eval countdown` JSON (a {type(data).__name__}, not an object)")
+    return data
+
+
+def read_eval_file(path: str | Path) -> tuple[CountdownEvalResult, dict]:
+    """An ``rlft eval countdown --output`` file, plain or ``.gz`` (:func:`read_eval_json`): ``(result, config)``
+    (``config`` is ``{}`` when the file has none).
+
+    Raises:
+        ValueError: naming ``path``: it does not exist, cannot be read, or is not an evaluation's JSON.
+    """
+    data = read_eval_json(path)
+    try:
         return CountdownEvalResult.from_dict(data), data.get("config") or {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path}: not an `rlft eval countdown` JSON ({type(e).__name__}: {e})") from None
 
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from rlft.eval.countdown import CountdownEvalResult, read_eval_file
+from rlft.eval.countdown import CountdownEvalResult, read_eval_file, read_eval_json
 from rlft.validation import UsageError, validate_options
 
 LEDGER_NAME = "test_looks.jsonl"
@@ -101,7 +101,7 @@ def record_test_look(eval_path_or_result: str | Path | CountdownEvalResult, conf
         eval_path = eval_path_or_result
         try:
             result, file_config = read_eval_file(eval_path)
-            environment = json.loads(Path(eval_path).expanduser().read_text()).get("environment")
+            environment = read_eval_json(eval_path).get("environment")
         except (OSError, ValueError) as e:
             raise UsageError(str(e)) from None
     given = asdict(config) if is_dataclass(config) and not isinstance(config, type) else dict(config or {})

@@ -8,9 +8,10 @@ every run, checked) and the start's evaluation; writes one PNG with three panels
 2. the mean generated tokens of the training samples per step (``completion/mean_tokens``);
 3. greedy evaluation: score and share of answers cut, for the start and each run.
 
-    python scripts/plot_truncation.py --start docs/results/countdown-real/data/sft_start_eval_validation_greedy.json \\
-        --run "real_grpo=D/rl_s0_metrics.jsonl,D/rl_s0_eval_validation_greedy.json.gz" \\
-        --run "mask=D/mask_s0_metrics.jsonl,D/mask_s0_eval_validation_greedy.json.gz" --out truncation_s0.png
+    D=docs/results/countdown-real/data  # the SFT start is its step-350 checkpoint
+    python scripts/studies/plot_truncation.py --start $D/sft_step350_eval_validation_greedy.json.gz \\
+        --run "real_grpo=$D/rl_s0_metrics.jsonl,$D/rl_s0_eval_validation_greedy.json.gz" \\
+        --run "mask=$D/mask_s0_metrics.jsonl,$D/mask_s0_eval_validation_greedy.json.gz" --out truncation_s0.png
 
 Refused, one line and exit code 2 (:mod:`rlft.script_io`), naming the file: a missing file, an evaluation of other
 tasks, a run with no step records, an existing ``--out`` without ``--overwrite``, an ``--out`` that is an input. A last

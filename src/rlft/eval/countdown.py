@@ -116,7 +116,16 @@ def read_eval_file(path: str | Path) -> tuple[CountdownEvalResult, dict]:
     Raises:
         ValueError: naming ``path``: it does not exist, cannot be read, or is not an evaluation's JSON.
     """
-    data = read_eval_json(path)
+    return eval_of_json(read_eval_json(path), path)
+
+
+def eval_of_json(data: dict, path: str | Path) -> tuple[CountdownEvalResult, dict]:
+    """``(result, config)`` of an evaluation file's JSON object already read (:func:`read_eval_json`), for a caller
+    that also needs its other keys; ``path`` only names the file in the error.
+
+    Raises:
+        ValueError: naming ``path``: the object is not an evaluation's JSON.
+    """
     try:
         return CountdownEvalResult.from_dict(data), data.get("config") or {}
     except (ValueError, KeyError, TypeError, AttributeError) as e:

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from rlft.eval.countdown import CountdownEvalResult, read_eval_file, read_eval_json
+from rlft.eval.countdown import CountdownEvalResult, eval_of_json, read_eval_json
 from rlft.validation import UsageError, validate_options
 
 LEDGER_NAME = "test_looks.jsonl"
@@ -83,7 +83,7 @@ def record_test_look(eval_path_or_result: str | Path | CountdownEvalResult, conf
     """Append one line for a test evaluation to ``ledger_path``; returns the line's record.
 
     ``eval_path_or_result``: an ``rlft eval countdown --output`` file (read with
-    :func:`rlft.eval.countdown.read_eval_file`; its ``config`` and ``environment`` are used, ``config`` keys given
+    :func:`rlft.eval.countdown.read_eval_json`, once; its ``config`` and ``environment`` are used, ``config`` keys given
     here win) or a :class:`CountdownEvalResult` in memory (then ``config`` is needed: a dict or the command's config
     dataclass, with ``model_sha256`` added; ``eval_path`` names the file it was written to). ``ledger_path`` None:
     :func:`default_ledger_path` of the evaluation file.
@@ -100,8 +100,9 @@ def record_test_look(eval_path_or_result: str | Path | CountdownEvalResult, conf
     else:
         eval_path = eval_path_or_result
         try:
-            result, file_config = read_eval_file(eval_path)
-            environment = read_eval_json(eval_path).get("environment")
+            data = read_eval_json(eval_path)
+            result, file_config = eval_of_json(data, eval_path)
+            environment = data.get("environment")
         except (OSError, ValueError) as e:
             raise UsageError(str(e)) from None
     given = asdict(config) if is_dataclass(config) and not isinstance(config, type) else dict(config or {})

@@ -243,3 +243,63 @@ def test_pad_width_by_hand_and_logprobs_unchanged(tiny_model_dir):
     assert out.shape == (2, 3)
     ref = model(input_ids=ids, attention_mask=mask).logits.log_softmax(-1)
     assert torch.allclose(out[0, 1:], ref[0, :2].gather(-1, ids[0, 1:, None]).squeeze(-1), atol=1e-5)
+
+
+# --------------------------------------------------------------------------- right padding needs no mask
+
+
+def test_right_padded_by_hand():
+    from rlft.ops import right_padded
+
+    assert right_padded(torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
+    assert right_padded(None)
+    assert not right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))  # left padding
+    assert not right_padded(torch.tensor([[1, 0, 1]]))  # a hole
+
+
+class _DecoderSpy(torch.nn.Module):
+    """The tiny model with its decoder's ``attention_mask`` argument recorded at every call."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.masks = model, []
+        self.config = model.config
+
+    def get_decoder(self):
+        decoder = self.model.get_decoder()
+
+        def call(**kwargs):
+            self.masks.append(kwargs.get("attention_mask"))
+            return decoder(**kwargs)
+
+        return call
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+
+def test_right_padded_rows_reach_the_decoder_without_a_mask_and_score_the_same(tiny_model, monkeypatch):
+    import rlft.ops as ops
+
+    input_ids, attention_mask, loss_mask = _ragged_batch([9, 6, 11], [3, 2, 5])
+    spy = _DecoderSpy(tiny_model)
+    with torch.no_grad():
+        fast = sequence_logprobs(spy, input_ids, attention_mask, loss_mask)
+    assert spy.masks == [None]
+    monkeypatch.setattr(ops, "causal_only_mask", lambda _model, mask: mask)  # the masked path, as before
+    with torch.no_grad():
+        masked = sequence_logprobs(spy, input_ids, attention_mask, loss_mask)
+    assert spy.masks[1] is not None
+    assert torch.allclose(fast, masked, atol=1e-6)
+    assert torch.allclose(fast, _reference_logprobs(tiny_model, input_ids, attention_mask, loss_mask), atol=1e-5)
+
+
+def test_a_mask_that_is_not_right_padding_is_kept(tiny_model):
+    from rlft.ops import causal_only_mask
+
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    assert causal_only_mask(tiny_model, left) is left
+    assert causal_only_mask(tiny_model, torch.tensor([[1, 1, 0, 0]])) is None
+    flash = type("Flash", (), {"config": type("C", (), {"_attn_implementation": "flash_attention_2"})()})()
+    right = torch.tensor([[1, 1, 0, 0]])
+    assert causal_only_mask(flash, right) is right  # flash attention drops the padding with the mask

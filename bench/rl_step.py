@@ -7,8 +7,7 @@ from ``--model``. Two arms run in turn, each ``rlft rl`` for ``--steps`` steps i
 
 - ``before``: today's decoder before continuous batching (``HFEngine(decoder="drop")``: finished rows leave the
   batch, none join it), no loop stop (``--stop-repeats None``), and the loss's micro-batches in row order
-  (``micro_batches(by_length=False)``: a group's k samples together, as before 2026-11-28), and the padding mask given
-  to the decoder in every loss pass (as before 985d817; :func:`rlft.ops.causal_only_mask`);
+  (``micro_batches(by_length=False)``: a group's k samples together, as before 2026-11-28);
 - ``after``: rlft's defaults (HFEngine's CPU default for sampling, ``refill``: a finished row's place goes to a
   waiting job; ``--stop-repeats 5``; micro-batches by length, :func:`rlft.rl.batch.micro_batches`).
 
@@ -41,14 +40,13 @@ def run_arm(arm: str, args, out: Path) -> dict:
     """``rlft rl`` for ``args.steps`` steps in ``out``, sampling as ``arm`` says; the per-step metrics, step 1 left out."""
     import functools
 
-    import rlft.ops as ops
     import rlft.rl.batch as rl_batch
     import rlft.rollout.hf as hf
     from rlft.recipes.rl import train_rl
     from rlft.rl.config import RLConfig
     from rlft.rl.options import SamplingOptions
 
-    original, original_micro_batches, mask_rule = hf.HFEngine.__init__, rl_batch.micro_batches, ops.causal_only_mask
+    original, original_micro_batches = hf.HFEngine.__init__, rl_batch.micro_batches
 
     def drop_decoder(self, *a, **k):
         original(self, *a, **{**k, "decoder": "drop"})
@@ -56,7 +54,6 @@ def run_arm(arm: str, args, out: Path) -> dict:
     if arm == "before":
         hf.HFEngine.__init__ = drop_decoder
         rl_batch.micro_batches = functools.partial(original_micro_batches, by_length=False)
-        ops.causal_only_mask = lambda _model, attention_mask: attention_mask
     try:
         train_rl(RLConfig(model=args.model, data=args.data, prompt_template="short", preset="standard", heldout_size=1000,
                           advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, max_prompt_batches=3,
@@ -67,7 +64,7 @@ def run_arm(arm: str, args, out: Path) -> dict:
                           seed=args.seed, output_dir=str(out),
                           stop_repeats=None if arm == "before" else SamplingOptions.stop_repeats))
     finally:
-        hf.HFEngine.__init__, rl_batch.micro_batches, ops.causal_only_mask = original, original_micro_batches, mask_rule
+        hf.HFEngine.__init__, rl_batch.micro_batches = original, original_micro_batches
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if "time/step_s" in r and r["step"] > 1]
 

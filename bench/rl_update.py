@@ -7,8 +7,6 @@ One batch of real samples (``--prompts`` Countdown prompts x ``--k``, T=1, ``--m
   LoRA r=16, ``--micro-batch-size`` rows a pass) with micro-batches of consecutive rows, a group's k samples
   together (``micro_batches(by_length=False)``, as before 2026-11-28);
 - ``length``: the same with rows taken in order of length (``rlft rl``'s default since 2026-11-28);
-- ``masked``: ``length`` with the padding mask given to the decoder, as before 2026-11-28 (since then right-padded
-  rows get none: causal attention hides right padding, :func:`rlft.ops.causal_only_mask`);
 - ``sync``: ``HFEngine.sync_weights`` then ``HFEngine.sampler()``: the merge of the LoRA policy into the bfloat16
   sampling copy after each update (``sync_weights`` only forgets the copy; the next sampling builds it).
 
@@ -85,21 +83,15 @@ def main() -> None:
     original = rl_batch.micro_batches
     plan = PassPlan(1.0, args.micro_batch_size)
 
-    import rlft.ops as ops
-
-    mask_rule = ops.causal_only_mask
-
-    def loss_pass(by_length: bool, masked: bool = False) -> float:
+    def loss_pass(by_length: bool) -> float:
         rl_batch.micro_batches = functools.partial(original, by_length=by_length)
-        if masked:
-            ops.causal_only_mask = lambda _model, attention_mask: attention_mask
         try:
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
             policy_loss_backward(model, batch, advantages, objective, plan)
             return time.perf_counter() - start
         finally:
-            rl_batch.micro_batches, ops.causal_only_mask = original, mask_rule
+            rl_batch.micro_batches = original
 
     def sync() -> float:
         start = time.perf_counter()
@@ -107,8 +99,7 @@ def main() -> None:
         engine.sampler()
         return time.perf_counter() - start
 
-    candidates = {"rows": functools.partial(loss_pass, False), "length": functools.partial(loss_pass, True),
-                  "masked": functools.partial(loss_pass, True, True), "sync": sync}
+    candidates = {"rows": functools.partial(loss_pass, False), "length": functools.partial(loss_pass, True), "sync": sync}
     for run in candidates.values():  # warm-up
         run()
     seconds: dict[str, list[float]] = {name: [] for name in candidates}
@@ -121,11 +112,10 @@ def main() -> None:
         median = statistics.median(seconds[name])
         extra = ""
         if name != "sync":
-            tokens = padded(name != "rows")
+            tokens = padded(name == "length")
             extra = f", {tokens} padded tokens computed, {real / median:.1f} real tokens/s"
         say(f"{name:>6}: {median:.2f} s (median of {', '.join(f'{s:.2f}' for s in seconds[name])}){extra}")
     say(f"rows / length = {statistics.median(seconds['rows']) / statistics.median(seconds['length']):.2f}x")
-    say(f"masked / length = {statistics.median(seconds['masked']) / statistics.median(seconds['length']):.2f}x")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

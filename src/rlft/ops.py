@@ -231,35 +231,9 @@ def pad_width(multiple: int, input_ids: torch.Tensor, attention_mask: torch.Tens
     return (pad(input_ids), pad(attention_mask), *(pad(m) for m in masks))
 
 
-def right_padded(attention_mask: torch.Tensor | None) -> bool:
-    """Whether every row of a ``(B, T)`` attention mask is ones then zeros (right padding, or none): then causal
-    attention alone already hides the padding from every real token."""
-    if attention_mask is None:
-        return True
-    lengths = attention_mask.sum(dim=1, keepdim=True)
-    prefix = torch.arange(attention_mask.shape[1], device=attention_mask.device).unsqueeze(0) < lengths
-    return bool(torch.equal(attention_mask.bool(), prefix))
-
-
-def causal_only_mask(model: torch.nn.Module, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The attention mask to give the decoder for right-padded rows: None where that is exact and faster.
-
-    A right pad comes after every real token of its row, so a causal mask alone hides it: the real positions' hidden
-    states are the same with or without the padding mask (bit for bit in the CPU SDPA kernel, measured 2026-11-28),
-    and without one transformers' SDPA path runs the causal kernel with no mask tensor (``bench/rl_update.py``:
-    ``masked`` against ``length``). The pad positions' own states
-    change, and nothing reads them (the loss and its targets are masked). Kept: any other mask (left padding, holes),
-    and the flash-attention implementations, which use the mask to drop the padding."""
-    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
-    if attention_mask is None or "flash" in implementation or not right_padded(attention_mask):
-        return attention_mask
-    return None
-
-
 def _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):
     if position_ids is None:
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=causal_only_mask(model, attention_mask),
-                                     use_cache=False).last_hidden_state
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     else:
         if attention_mask is not None:
             raise ValueError("packed rows (position_ids given) take attention_mask=None: attention follows position_ids")

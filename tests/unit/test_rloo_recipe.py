@@ -324,11 +324,13 @@ def test_training_tasks_never_include_heldout_tasks(tmp_path):
 
 def test_toy_reward_is_learned(tiny_model_dir, tmp_path):
     """Reward 1 if the completion starts with an uppercase letter (~25% of a random model's first tokens)."""
-    cfg = make_cfg(tiny_model_dir, tmp_path / "toy", max_steps=20, max_new_tokens=1, lr=5e-2)
+    # 40 steps: the take-off comes after 8-22 steps, and where depends on the CPU's float32 kernels (2026-11-28: not
+    # within 20 on an AMX Xeon); an update that does not learn stays near 0.25
+    cfg = make_cfg(tiny_model_dir, tmp_path / "toy", max_steps=40, max_new_tokens=1, lr=5e-2)
     final = train_rl(cfg)
     assert (final / "config.json").is_file()
     records = read_metrics(tmp_path / "toy" / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, 21))
+    assert [r["step"] for r in records] == list(range(1, 41))
     rewards = [r["reward/mean"] for r in records]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.3, rewards

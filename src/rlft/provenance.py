@@ -42,16 +42,38 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_ne_convert", "bf16")
+"""``/proc/cpuinfo`` flags that name a bf16 instruction set (x86 AMX and AVX-512, AVX-NE-CONVERT; ``bf16`` on Arm).
+bf16 matrix products round differently on each, so a bf16 training run rebuilt on another of them is another file
+(docs/results/countdown-real/adapters/README.md: AMX gives the archived start back, avx512_bf16 alone does not)."""
+
+
+def cpu_bf16(cpuinfo: str | None = None) -> list[str]:
+    """The :data:`BF16_FLAGS` the CPU has, in that order: parsed from ``cpuinfo`` (the text of ``/proc/cpuinfo``;
+    None reads it). Empty where there are none or the file cannot be read (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, Arm
+            flags.update(value.split())
+    return [flag for flag in BF16_FLAGS if flag in flags]
+
+
 def environment() -> dict:
     """What ran: ``rlft_commit`` and ``rlft_dirty`` (:func:`git_commit` of rlft's source), the versions of python,
-    torch and transformers, the ``cpu``, the ``gpu`` (CUDA device 0's name, or None), the host and the command line."""
+    torch and transformers, the ``cpu`` and its bf16 instruction sets (``cpu_bf16``, :func:`cpu_bf16`), the ``gpu`` (CUDA device 0's name, or None), the host and the command line."""
     import torch
     import transformers
 
     commit, dirty = git_commit(Path(__file__).resolve().parent)
     return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rlft_commit": commit, "rlft_dirty": dirty,
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "cpu": cpu_name(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "cpu": cpu_name(), "cpu_bf16": cpu_bf16(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "host": platform.node(), "argv": sys.argv}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from rlft.provenance import ENVIRONMENT, git_commit
+from rlft.provenance import ENVIRONMENT, cpu_bf16, git_commit
 from rlft.run_folder import claim_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_each_opening_appends_the_code_and_machine(tmp_path):
     env = json.loads(line)
     expected, _ = git_commit(REPO)
     assert env["rlft_commit"] == expected and env["torch"] == torch.__version__
-    assert env["cpu"] and env["gpu"] is None and isinstance(env["argv"], list)
+    assert env["cpu"] and isinstance(env["cpu_bf16"], list) and env["gpu"] is None and isinstance(env["argv"], list)
     if expected is not None:  # a git checkout (tests and CI run in one)
         assert env["rlft_commit"] == git(REPO, "rev-parse", "HEAD") and isinstance(env["rlft_dirty"], bool)
     # the file alone does not make the folder hold a run: a second start is allowed, and adds its own line
@@ -53,3 +53,14 @@ def test_git_commit_and_dirty_by_hand(tmp_path):
     assert git_commit(tmp_path) == (head, False)  # untracked files do not count
     (tmp_path / "a.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == (head, True)
+
+
+def test_cpu_bf16_reads_the_flags_lines_by_hand():
+    amx = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx512f avx512_bf16 amx_tile amx_bf16\n"
+    epyc = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu avx512_bf16\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n"
+    assert cpu_bf16(amx) == ["amx_bf16", "avx512_bf16"]
+    assert cpu_bf16(epyc) == ["avx512_bf16"]
+    assert cpu_bf16(arm) == ["bf16"]
+    assert cpu_bf16("flags\t: fpu sse avx2 amx_bf16x\n") == []  # whole flags only
+    assert cpu_bf16("") == []

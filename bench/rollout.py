@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from rlft import provenance
 from rlft.rl.options import SamplingOptions
 
 CANDIDATES = ("drop", "refill", "cb", "generate")
@@ -87,13 +87,8 @@ def load_prompts(args, tokenizer) -> tuple[list[str], str]:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``) and core count."""
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        name = platform.processor() or platform.machine()
-    return f"{name}, {os.cpu_count()} cores"
+    """The CPU's model name (:func:`rlft.provenance.cpu_name`) and core count."""
+    return f"{provenance.cpu_name()}, {os.cpu_count()} cores"
 
 
 def run_engine(engine, prompts, params) -> list[int]:

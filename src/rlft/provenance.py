@@ -31,14 +31,20 @@ def git_commit(folder: Path) -> tuple[str | None, bool | None]:
         return None, None
 
 
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
+def read_cpuinfo() -> str:
+    """The text of ``/proc/cpuinfo``; empty where it cannot be read (not Linux)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
+        return ""
+
+
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name, from ``cpuinfo`` (the text of ``/proc/cpuinfo``; None reads it), else
+    :func:`platform.processor`."""
+    for line in (read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
@@ -51,13 +57,8 @@ bf16 matrix products round differently on each, so a bf16 training run rebuilt o
 def cpu_bf16(cpuinfo: str | None = None) -> list[str]:
     """The :data:`BF16_FLAGS` the CPU has, in that order: parsed from ``cpuinfo`` (the text of ``/proc/cpuinfo``;
     None reads it). Empty where there are none or the file cannot be read (not Linux)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
     flags: set[str] = set()
-    for line in cpuinfo.splitlines():
+    for line in (read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):  # x86, Arm
             flags.update(value.split())
@@ -66,14 +67,17 @@ def cpu_bf16(cpuinfo: str | None = None) -> list[str]:
 
 def environment() -> dict:
     """What ran: ``rlft_commit`` and ``rlft_dirty`` (:func:`git_commit` of rlft's source), the versions of python,
-    torch and transformers, the ``cpu`` and its bf16 instruction sets (``cpu_bf16``, :func:`cpu_bf16`), the ``gpu`` (CUDA device 0's name, or None), the host and the command line."""
+    torch and transformers, the ``cpu`` and its bf16 instruction sets (``cpu_bf16``, :func:`cpu_bf16`), the ``gpu``
+    (CUDA device 0's name, or None), the host and the command line."""
     import torch
     import transformers
 
     commit, dirty = git_commit(Path(__file__).resolve().parent)
+    cpuinfo = read_cpuinfo()
     return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rlft_commit": commit, "rlft_dirty": dirty,
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "cpu": cpu_name(), "cpu_bf16": cpu_bf16(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "cpu": cpu_name(cpuinfo), "cpu_bf16": cpu_bf16(cpuinfo),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "host": platform.node(), "argv": sys.argv}
 
 

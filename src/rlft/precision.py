@@ -43,6 +43,7 @@ from typing import Iterable
 
 import torch
 
+from rlft.provenance import cpu_bf16
 from rlft.validation import OptionError
 
 ATTRIBUTE = "rlft_compute_dtype"
@@ -50,15 +51,9 @@ ATTRIBUTE = "rlft_compute_dtype"
 
 
 @lru_cache(maxsize=1)
-def _cpuinfo_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+def _cpu_bf16_flags() -> frozenset[str]:
+    """The CPU's bf16 flags (:func:`rlft.provenance.cpu_bf16`), read once."""
+    return frozenset(cpu_bf16())
 
 
 def cpu_bf16_native() -> bool:
@@ -68,7 +63,7 @@ def cpu_bf16_native() -> bool:
     forced = os.environ.get("RLFT_CPU_BF16")
     if forced is not None:
         return forced.strip() not in ("", "0", "false", "no")
-    return bool({"avx512_bf16", "amx_bf16"} & _cpuinfo_flags())
+    return bool({"avx512_bf16", "amx_bf16"} & _cpu_bf16_flags())
 
 
 def mark(model: torch.nn.Module, compute_dtype: torch.dtype | None) -> torch.nn.Module:

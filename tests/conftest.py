@@ -194,12 +194,16 @@ def rlft_log(caplog):
 
 
 def load_script(name: str):
-    """``scripts/<name>.py`` (or ``scripts/studies/<name>.py``, a script that rebuilds one study's tables) imported as
-    the module ``name`` (registered in ``sys.modules``: dataclasses look their module up there), so tests can call its
-    functions."""
-    path = ROOT / "scripts" / f"{name}.py"
-    if not path.exists():
-        path = ROOT / "scripts" / "studies" / f"{name}.py"
+    """``scripts/<name>.py`` (or ``scripts/studies/<name>.py``, a script that rebuilds one study's tables; or, for a
+    name with a folder such as ``bench/rollout``, that file under the repository root) imported as a module (named
+    ``name`` with ``/`` as ``_``, registered in ``sys.modules``: dataclasses look their module up there), so tests can
+    call its functions."""
+    if "/" in name:
+        path, name = ROOT / f"{name}.py", name.replace("/", "_")
+    else:
+        path = ROOT / "scripts" / f"{name}.py"
+        if not path.exists():
+            path = ROOT / "scripts" / "studies" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         r = run_once(command, envs[arm])
         say(f"[{i + 1}] {arm}: {r['wall_s']:.1f} s wall, {r['minflt']:,} minor / {r['majflt']:,} major faults, "
             f"user {r['user_s']:.1f} s, sys {r['sys_s']:.1f} s, rc {r['rc']}")
-        for line in r["output"].strip().splitlines()[-args.tail:]:
-            say(f"    {line}")
-        if r["rc"] != 0:
+        if r["rc"] != 0:  # the whole output, once
             say(r["output"])
             return r["rc"]
+        for line in r["output"].strip().splitlines()[-args.tail:]:
+            say(f"    {line}")
         results[arm].append(r)
     wall = {arm: statistics.median(r["wall_s"] for r in rs) for arm, rs in results.items()}
     for arm, rs in results.items():

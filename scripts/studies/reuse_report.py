@@ -1,0 +1,158 @@
+"""The sample-reuse screens (docs/results/sample-reuse): their table, the leader rule, and held-out score against
+samples generated. Read-only, from the run files of ``scripts/countdown_ablation.py run`` alone:
+
+    python scripts/studies/reuse_report.py --out runs/real/ablation --seed 0 --split validation --tasks 500
+
+For the on-policy reference (``--reference``, r = 1) and every variant of ``--variants-file`` (5_reuse.yaml) with a
+folder ``<out>/<variant>/s<seed>``: its reuse factor r (:func:`reuse_factor`), what it generated and trained (the last
+``metrics.jsonl`` record: ``samples/total``, ``tokens/generated_total``, ``tokens/trained_total``,
+``flops/estimated``), its summed ``time/step_s``, the mean ``replay/share`` of its steps, the in-loop greedy scores
+(``eval/score``, the first ``eval_limit`` held-out rows) and its end evaluation (``eval_val_greedy_<tasks>.json`` on
+validation rows, ``eval_greedy_<tasks>.json`` on test rows) paired task by task against the reference's
+(:func:`rlft.eval.compare.compare_results`: difference, 95% interval). Then the protocol's leader rule
+(:func:`leader`) and ``<out>/reuse_samples_vs_score.png`` (:func:`rlft.eval.report.plot_samples_vs_score`, the start
+``<start>/s<seed>``'s score on the same first rows drawn at 0 samples). A run still training (no end evaluation) is
+listed with its in-loop points. A missing reference or a file that is not an evaluation: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlft.checkpoint import read_metrics
+from rlft.eval.compare import check_same_tasks, compare_results, load
+from rlft.recipes.pipeline import read_yaml
+from rlft.script_io import ArgumentParser, fail, run_script
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = ROOT / "configs" / "countdown" / "ablation" / "5_reuse.yaml"
+GROUP = 8  # prompts (groups) a step: the buffer of reuse factor r holds (r - 1) x GROUP groups
+
+
+def reuse_factor(spec: dict) -> int:
+    """Times each kept group is trained on: ``ppo_epochs`` (default 1), times ``1 + max_staleness`` when the variant
+    replays (``replay_size`` > 0: a group is trained at its own step and at each of the ``max_staleness`` after)."""
+    epochs = int(spec.get("ppo_epochs", 1))
+    return epochs * (1 + int(spec.get("max_staleness", 0))) if spec.get("replay_size", 0) else epochs
+
+
+def method(spec: dict) -> str:
+    """How a variant reuses samples, in words: "PPO epochs", "TOPR replay", "TOPR" (no reuse) or "on-policy"."""
+    if spec.get("replay_size", 0):
+        return f"{spec.get('loss', 'ppo').upper()} replay"
+    if int(spec.get("ppo_epochs", 1)) > 1:
+        return "PPO epochs"
+    return "TOPR" if spec.get("loss") == "topr" else "on-policy"
+
+
+def run_row(name: str, spec: dict, folder: Path, end_file: str) -> dict:
+    """What one run generated, trained and scored (see the module docstring); ``end`` is its end evaluation's path
+    or None."""
+    records = read_metrics(folder / "run" / "metrics.jsonl")
+    last = records[-1] if records else {}
+    shares = [r["replay/share"] for r in records if "replay/share" in r]
+    end = folder / end_file
+    return {"name": name, "method": method(spec), "r": reuse_factor(spec), "steps": last.get("step", 0),
+            "samples": last.get("samples/total"), "generated": last.get("tokens/generated_total"),
+            "trained": last.get("tokens/trained_total"), "flops": last.get("flops/estimated"),
+            "step_s": sum(r.get("time/step_s", 0.0) for r in records),
+            "replay_share": sum(shares) / len(shares) if shares else 0.0,
+            "inloop": {r["step"]: r["eval/score"] for r in records if "eval/score" in r},
+            "records": records, "end": end if end.exists() else None}
+
+
+def leader(reference: dict, rows: list[dict]) -> tuple[str | None, str]:
+    """The protocol's rule (docs/results/sample-reuse, step 2): of the finished reuse runs (r >= 2, an end
+    evaluation), the one with the highest end score goes on if it scores at least the reference's end score, or if
+    its in-loop score at step 10 (half the samples) reaches the reference's at step 20. Returns ``(name or None,
+    why)``; a reference without its end score or step-20 point names no leader."""
+    finished = [row for row in rows if row["r"] >= 2 and row["end"] is not None]
+    if not finished:
+        return None, "no reuse run (r >= 2) has its end evaluation yet"
+    best = max(finished, key=lambda row: row["score"])
+    bar = reference["inloop"].get(20)
+    if best["score"] >= reference["score"]:
+        return best["name"], f"{best['name']} scores {best['score']:.3f} >= the on-policy {reference['score']:.3f}"
+    if bar is not None and best["inloop"].get(10, float("-inf")) >= bar:
+        return best["name"], (f"{best['name']} reaches {best['inloop'][10]:.3f} in its loop at step 10, the on-policy "
+                              f"run's step-20 score {bar:.3f}")
+    half = f"{best['inloop'][10]:.3f}" if 10 in best["inloop"] else "no point"
+    return None, (f"none goes on: the best, {best['name']}, scores {best['score']:.3f} < the on-policy "
+                  f"{reference['score']:.3f}, and at step 10 {half} < its step-20 {bar if bar is None else f'{bar:.3f}'}")
+
+
+def fmt(x, spec: str = ",.0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(reference: dict, rows: list[dict]) -> str:
+    """Markdown: one line per run, the reference first; the end score paired against the reference's."""
+    ref_result = load(str(reference["end"]))[0]
+    lines = ["| run | reuse | r | steps | samples generated | tokens generated | tokens trained | FLOPs | step time (min) "
+             "| replayed share | in-loop (step: score) | end score (cut) | minus on-policy [95% CI] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in [reference, *rows]:
+        inloop = ", ".join(f"{step}: {score:.3f}" for step, score in sorted(row["inloop"].items())) or "-"
+        end, paired = "still training", "-"
+        if row["end"] is not None:
+            result = load(str(row["end"]))[0]
+            end = f"{row['score']:.3f} ({result.truncated_rate:.0%})"
+            if row is not reference:
+                check_same_tasks(ref_result, result, str(reference["end"]), str(row["end"]))
+                d = compare_results(ref_result, result)["all"]
+                paired = f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+        lines.append(f"| {row['name']} | {row['method']} | {row['r']} | {row['steps']} | {fmt(row['samples'])} | "
+                     f"{fmt(row['generated'])} | {fmt(row['trained'])} | {fmt(row['flops'], '.2e')} | "
+                     f"{row['step_s'] / 60:.1f} | {row['replay_share']:.2f} | {inloop} | {end} | {paired} |")
+    return "\n".join(lines)
+
+
+def plot(reference: dict, rows: list[dict], start_file: Path, path: Path) -> Path | None:
+    """In-loop greedy score against samples generated, the start's score on the same first rows at 0 samples."""
+    from rlft.eval.report import plot_samples_vs_score
+
+    start = None
+    if start_file.exists():
+        scores = load(str(start_file))[0].task_scores
+        limit = reference.get("eval_limit")
+        if limit and len(scores) >= limit:
+            start = sum(sum(s) / len(s) for s in scores[:limit]) / limit
+    runs = {f"{row['name']} (r={row['r']})": row["records"] for row in [reference, *rows]}
+    return plot_samples_vs_score(runs, path, start=start, start_label=f"start ({start_file.parent.parent.name})",
+                                 ylabel=f"greedy score (first {reference.get('eval_limit', '?')} held-out rows)",
+                                 title="Sample reuse: held-out score against samples generated")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("runs/real/ablation"), help="the ablation's run folder")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", choices=["validation", "test"], default="validation", help="the end evaluation's rows")
+    parser.add_argument("--tasks", type=int, default=500, help="rows of the end evaluation (eval_*_<N>.json)")
+    parser.add_argument("--reference", default="real_sft_patient_grpo", help="the on-policy run (r = 1)")
+    parser.add_argument("--start", default="real_sft_patient", help="the variant every run starts from")
+    parser.add_argument("--variants-file", type=Path, default=VARIANTS, help="the reuse variants (their order)")
+    args = parser.parse_args(argv)
+    end_file = f"eval_{'val_' if args.split == 'validation' else ''}greedy_{args.tasks}.json"
+    seed = f"s{args.seed}"
+    ref_folder = args.out / args.reference / seed
+    reference = run_row(args.reference, {}, ref_folder, end_file)
+    if reference["end"] is None:
+        fail(f"{ref_folder / end_file}: the on-policy reference has no end evaluation")
+    variants = read_yaml(args.variants_file)  # the one file: its start_from names variants of other files
+    rows = [run_row(name, spec, args.out / name / seed, end_file) for name, spec in variants.items()
+            if (args.out / name / seed).exists()]
+    for row in [reference, *rows]:
+        if row["end"] is not None:
+            row["score"] = load(str(row["end"]))[0].mean_score
+    config = ref_folder / "run" / "config.yaml"
+    reference["eval_limit"] = read_yaml(config).get("eval_limit") if config.exists() else None
+    print(table(reference, rows))
+    name, why = leader(reference, rows)
+    print(f"\nleader: {name or 'none'} ({why})")
+    start_file = args.out / args.start / seed / end_file
+    print(plot(reference, rows, start_file, args.out / f"reuse_samples_vs_score_{seed}.png"))
+
+
+if __name__ == "__main__":  # a missing reference, a file that is not an evaluation: one line, exit 2
+    run_script(main)

@@ -1,0 +1,116 @@
+"""scripts/studies/reuse_report.py on hand-written run folders: the reuse factor of each variant kind, the leader rule's
+three outcomes, the table's paired difference worked by hand, and the missing reference's one-line error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlft.script_io import ScriptError
+from tests.conftest import load_script
+
+TASKS = [{"nums": [1, 2, 3], "target": t} for t in range(4)]
+
+
+def script():
+    return load_script("reuse_report")
+
+
+def eval_file(path: Path, scores: list[float], cut: list[bool] | None = None) -> None:
+    cut = cut or [False] * len(scores)
+    n = len(scores)
+    path.write_text(json.dumps({
+        "num_tasks": n, "k": 1, "mode": "greedy", "mean_score": sum(scores) / n,
+        "accuracy": sum(s == 1.0 for s in scores) / n, "format_rate": sum(s >= 0.1 for s in scores) / n,
+        "pass_at_k": {"1": sum(s == 1.0 for s in scores) / n}, "mean_completion_tokens": 10.0,
+        "truncated_rate": sum(cut) / n, "task_scores": [[s] for s in scores], "tasks": TASKS,
+        "task_truncated": [[c] for c in cut], "task_tokens": [[256 if c else 10] for c in cut],
+        "config": {"model": str(path), "max_new_tokens": 256, "prompt_template": "base"}}))
+
+
+def run_folder(out: Path, name: str, evals: dict[int, float], end: list[float] | None, replay: float | None = None,
+               cut: list[bool] | None = None) -> None:
+    folder = out / name / "s0"
+    (folder / "run").mkdir(parents=True)
+    records = []
+    for step in range(1, 21):
+        record = {"step": step, "samples/total": 100 * step, "tokens/generated_total": 1000 * step,
+                  "tokens/trained_total": 300 * step, "flops/estimated": 1e12 * step, "time/step_s": 60.0}
+        if replay is not None:
+            record["replay/share"] = replay
+        if step in evals:
+            record["eval/score"] = evals[step]
+        records.append(record)
+    (folder / "run" / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    (folder / "run" / "config.yaml").write_text("eval_limit: 4\n")
+    if end is not None:
+        eval_file(folder / "eval_val_greedy_4.json", end, cut)
+
+
+def variants_file(path: Path) -> Path:
+    path.write_text("reuse_ppo_r2: {kind: rl, loss: ppo, ppo_epochs: 2}\n"
+                    "reuse_topr_r1: {kind: rl, loss: topr}\n"
+                    "reuse_topr_r4: {kind: rl, loss: topr, replay_size: 24, max_staleness: 3}\n")
+    return path
+
+
+def test_reuse_factor_and_method():
+    s = script()
+    assert s.reuse_factor({}) == 1 and s.method({}) == "on-policy"
+    assert s.reuse_factor({"ppo_epochs": 4}) == 4 and s.method({"ppo_epochs": 4}) == "PPO epochs"
+    assert s.reuse_factor({"loss": "topr"}) == 1 and s.method({"loss": "topr"}) == "TOPR"
+    spec = {"loss": "topr", "replay_size": 8, "max_staleness": 1}
+    assert s.reuse_factor(spec) == 2 and s.method(spec) == "TOPR replay"
+    assert s.reuse_factor({**spec, "ppo_epochs": 2, "max_staleness": 3}) == 8  # both kinds multiply
+
+
+def rows(s, reference_score, reference_inloop, runs):
+    reference = {"name": "ref", "r": 1, "score": reference_score, "inloop": reference_inloop, "end": Path("x")}
+    return reference, [{"name": n, "r": r, "score": sc, "inloop": il, "end": None if sc is None else Path("x")}
+                       for n, r, sc, il in runs]
+
+
+def test_leader_rule():
+    s = script()
+    # the best finished r >= 2 run beats the reference at its end: it goes on (r = 1 runs never lead)
+    ref, runs = rows(s, 0.50, {10: 0.55, 20: 0.56}, [("a", 2, 0.52, {10: 0.50}), ("b", 4, 0.49, {10: 0.60}),
+                                                     ("topr", 1, 0.90, {10: 0.90}), ("c", 4, None, {10: 0.99})])
+    assert s.leader(ref, runs)[0] == "a"
+    # nobody beats the end score; the best one reaches the reference's step-20 in-loop score at step 10
+    ref, runs = rows(s, 0.60, {10: 0.55, 20: 0.56}, [("a", 2, 0.52, {10: 0.56}), ("b", 4, 0.49, {10: 0.70})])
+    name, why = s.leader(ref, runs)
+    assert name == "a" and "step 10" in why  # the rule looks at the best end score's curve, not b's
+    # neither: none goes on, and why says by how much
+    ref, runs = rows(s, 0.60, {10: 0.55, 20: 0.56}, [("a", 2, 0.52, {10: 0.55})])
+    name, why = s.leader(ref, runs)
+    assert name is None and "0.520 < the on-policy 0.600" in why and "0.550 < its step-20 0.560" in why
+    assert s.leader(ref, [])[0] is None
+
+
+def test_report_end_to_end(tmp_path, capsys):
+    out = tmp_path / "ablation"
+    run_folder(out, "real_sft_patient_grpo", {10: 0.5, 20: 0.5}, [1.0, 0.0, 0.1, 1.0])  # mean 0.525
+    run_folder(out, "reuse_ppo_r2", {5: 0.4, 10: 0.6}, [1.0, 1.0, 0.1, 0.0], cut=[False, False, False, True])
+    run_folder(out, "reuse_topr_r4", {5: 0.3}, None, replay=0.75)  # still training
+    (out / "real_sft_patient" / "s0").mkdir(parents=True)
+    eval_file(out / "real_sft_patient" / "s0" / "eval_val_greedy_4.json", [0.0, 0.0, 0.1, 1.0])
+    s = script()
+    s.main(["--out", str(out), "--tasks", "4", "--variants-file", str(variants_file(tmp_path / "v.yaml"))])
+    text = capsys.readouterr().out
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    # d = (0, +1, 0, -1): mean 0, sd sqrt(2/3), half-width 1.96 * sqrt(2/3) / 2 = 0.800
+    assert "| 0.525 (25%) | +0.000 [-0.800, +0.800] |" in lines["reuse_ppo_r2"]
+    assert "| PPO epochs | 2 | 20 | 2,000 | 20,000 | 6,000 | 2.00e+13 | 20.0 | 0.00 | 5: 0.400, 10: 0.600 |" in lines["reuse_ppo_r2"]
+    assert "| TOPR replay | 4 |" in lines["reuse_topr_r4"] and "| 0.75 | 5: 0.300 | still training | - |" in lines["reuse_topr_r4"]
+    assert "| 0.525 (0%) | - |" in lines["real_sft_patient_grpo"]
+    # equal end scores (0.525 >= 0.525): the r = 2 run goes on
+    assert "leader: reuse_ppo_r2 (reuse_ppo_r2 scores 0.525 >= the on-policy 0.525)" in text
+    assert (out / "reuse_samples_vs_score_s0.png").stat().st_size > 0
+
+
+def test_missing_reference_is_one_line(tmp_path):
+    s = script()
+    with pytest.raises(ScriptError, match="real_sft_patient_grpo/s0/eval_val_greedy_4.json: the on-policy reference"):
+        s.main(["--out", str(tmp_path), "--tasks", "4", "--variants-file", str(variants_file(tmp_path / "v.yaml"))])

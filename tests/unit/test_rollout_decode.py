@@ -122,3 +122,44 @@ def test_static_cache_greedy_equals_the_eager_paths(tok_name, request):
     assert ids_of(static) == ids_of(HFEngine(model, tokenizer, batch_size=8, decoder="generate").generate(PROMPTS, params))
     assert ids_of(static) == ids_of(HFEngine(model, tokenizer, batch_size=8, decoder="drop").generate(PROMPTS, params))
     assert len({tuple(s.completion_ids) for samples in static for s in samples}) > 1
+
+
+def transformers_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    from transformers import TopPLogitsWarper
+
+    return TopPLogitsWarper(top_p)(torch.empty(scores.shape[0], 0, dtype=torch.long), scores.clone())
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.99])
+@pytest.mark.parametrize("spread", [0.05, 1.0, 4.0, 12.0])  # near-uniform rows (the whole-row sort) to peaked ones
+def test_top_p_keeps_transformers_tokens(top_p, spread):
+    """TopPWarper returns what transformers' TopPLogitsWarper returns, bit for bit, on rows whose nucleus lies among
+    the candidates and on rows where it reaches past them (spread 0.05: ~95% of a 2,000-token vocabulary), both kinds
+    in one batch; the input is untouched."""
+    from rlft.rollout.decode import TopPWarper
+
+    torch.manual_seed(int(top_p * 100) + int(spread * 10))
+    scores = torch.cat([torch.randn(16, 2000) * spread, torch.randn(4, 2000) * 12.0])  # a batch of both kinds
+    before = scores.clone()
+    got = TopPWarper(top_p, candidates=64)(torch.empty(20, 0, dtype=torch.long), scores)
+    assert torch.equal(scores, before)
+    assert torch.equal(got, transformers_top_p(scores, top_p))
+    assert torch.isfinite(got).sum(dim=-1).min() >= 1
+    assert torch.equal(TopPWarper(1.0)(None, scores), scores)  # 1: no filter
+
+
+def test_top_p_by_hand():
+    """probs (0.5, 0.3, 0.15, 0.05): p 0.5 keeps 1 token (the mass above the second is 0.5, not below 0.5), 0.51
+    keeps 2, 0.8 keeps 2, 0.81 keeps 3; a candidate list of 2 is sorted whole when the nucleus may reach past it."""
+    from rlft.rollout.decode import TopPWarper
+
+    scores = torch.tensor([[0.05, 0.5, 0.15, 0.3]]).log()
+    for top_p, n in ((0.3, 1), (0.5, 1), (0.51, 2), (0.8, 2), (0.81, 3), (0.96, 4)):
+        for m in (2, 256):
+            got = TopPWarper(top_p, candidates=m)(None, scores)
+            assert int(torch.isfinite(got).sum()) == n, (top_p, m)
+            assert torch.isfinite(got[0, 1])  # the most likely always stays
+    with pytest.raises(ValueError, match="top_p"):
+        TopPWarper(0.0)
+    with pytest.raises(ValueError, match="candidates"):
+        TopPWarper(0.9, candidates=0)

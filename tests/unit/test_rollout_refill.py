@@ -143,6 +143,36 @@ def test_long_rows_grow_the_cache_buffers(smol_tokenizer):
     assert max(map(len, wide)) > 2 * SPARE and min(map(len, wide)) < SPARE
 
 
+def test_freed_rows_are_refilled_in_place_and_wide_prompts_appended(smol_tokenizer, monkeypatch):
+    """A job whose prompt fits the cache's width is written into a freed row in place; a prompt wider than the cache
+    (the long prompt of PROMPTS, waiting behind short ones, rows stopping after 1-3 tokens) takes the long way (the
+    freed row removed, the prompt appended); rows freed when no job waits leave the batch. Both paths run here, and
+    every job's tokens are those it draws decoded alone."""
+    import rlft.rollout.refill as refill
+
+    calls = {"fill": 0, "append": 0}
+    fill, append_rows = refill._fill_row, refill._append_rows
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(refill, "_fill_row", counted("fill", fill))
+    monkeypatch.setattr(refill, "_append_rows", counted("append", append_rows))
+    model = exact_model(smol_tokenizer)
+    eos = many_eos(smol_tokenizer, share=0.3)
+    params = SamplingParams(temperature=1.0, max_new_tokens=3, seed=5)
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[4]]  # short, short, long, short
+    jobs = [(i, j) for i in range(len(prompts)) for j in range(3)]
+    together = run(model, smol_tokenizer, jobs, params, eos, batch_size=2, prompts=prompts)
+    assert calls["fill"] >= 3 and calls["append"] >= 2  # appended: the first admission and the long prompt
+    alone = [run(model, smol_tokenizer, [job], params, eos, batch_size=1, prompts=prompts)[0] for job in jobs]
+    assert together == alone
+    assert len({len(ids) for ids in together}) >= 2
+
+
 def teacher_forced(model, tokenizer, prompts, samples, temperature):
     batch = rollout_batch(tokenizer, prompts, samples)
     with torch.no_grad():

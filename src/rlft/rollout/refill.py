@@ -8,15 +8,18 @@ keeps the batch full until the queue is empty:
 - **Prefill once per prompt.** A prompt is prefilled (one forward, batched with the other new prompts of that step)
   the first time one of its jobs is admitted; its KV cache and last logits are kept until its last job has been
   admitted, so the k samples of a prompt share one prefill.
-- **Refill.** At a step where rows finish (EOS, ``max_new_tokens``, or the loop stop), they leave the batch and its
-  KV cache; waiting jobs take their place: their prompt's KV rows are left-padded to the cache's width (the cache is
-  widened on the left when a prompt is longer) and appended, with their attention-mask row and position. Cache
-  columns that are padding for every row are cut off, so the width stays that of the longest live context. The
-  cache's keys and values live in buffers with spare columns, written in place (``DynamicLayer`` concatenates: a
-  copy of the whole cache at every step).
+- **Refill.** At a step where rows finish (EOS, ``max_new_tokens``, or the loop stop), waiting jobs take their
+  rows: a job's prompt KV is written into the last columns of a freed row of the cache, in place, with its
+  attention-mask row (0 before the prompt: the finished row's old values stay there, masked) and position. A prompt
+  wider than the cache, and rows freed when no job waits, go the long way: the freed rows leave the batch and the
+  cache (a copy), the wide prompt's rows are left-padded to the cache's width (the cache widened on the left) and
+  appended (a copy). Cache columns that are padding for every row are cut off, so the width stays that of the
+  longest live context. The cache's keys and values live in buffers with spare columns, written in place
+  (``DynamicLayer`` concatenates: a copy of the whole cache at every step).
 - **Reproducible samples.** Each job draws from its own ``torch.Generator`` seeded by :func:`job_seed` from
   ``(seed, i, j)``, one uniform a token, turned into a token by inverse-CDF sampling of the warped distribution (the
-  distribution ``generate`` samples from: transformers' temperature, top-k and top-p warpers in that order). A job's
+  distribution ``generate`` samples from: temperature, top-k and top-p in that order, top-p by
+  :class:`rlft.rollout.decode.TopPWarper`, which keeps the tokens transformers' warper keeps). A job's
   tokens therefore do not depend on which other jobs share its batch, the batch size, or the step it was admitted
   at, up to floating-point differences of the logits between batch shapes (a draw changes only when its uniform
   falls within that difference, ~1e-7 in float32, of a boundary of the cumulative distribution: rare, but not
@@ -223,15 +226,21 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
     rows: list[int] = []  # job of each batch row
     gens: list[torch.Generator | None] = []
     mask = position = feed = None  # (B, L) attention mask of the cached columns, (B,) positions, (B,) next inputs
+
+    def append(new, new_gens, kvs, lengths, firsts) -> None:
+        """Admitted jobs become new rows at the end of the batch (the cache widened on the left if a prompt is wider)."""
+        nonlocal cache, mask, rows, gens, position, feed
+        cache, mask = _append_rows(cache, mask, kvs, lengths, device)
+        rows, gens = rows + new, gens + new_gens
+        new_position = torch.tensor(lengths, device=device)  # the first token sits right after its prompt
+        new_feed = torch.tensor(firsts, device=device)
+        position = new_position if position is None else torch.cat([position, new_position])
+        feed = new_feed if feed is None else torch.cat([feed, new_feed])
+
     while True:
-        new, new_gens, kvs, lengths, firsts = admit(batch_size - len(rows))
-        if new:
-            cache, mask = _append_rows(cache, mask, kvs, lengths, device)
-            rows, gens = rows + new, gens + new_gens
-            new_position = torch.tensor(lengths, device=device)  # the first token sits right after its prompt
-            new_feed = torch.tensor(firsts, device=device)
-            position = new_position if position is None else torch.cat([position, new_position])
-            feed = new_feed if feed is None else torch.cat([feed, new_feed])
+        new = admit(batch_size - len(rows))
+        if new[0]:
+            append(*new)
         if not rows:
             break
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
@@ -243,16 +252,31 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         finished = [record(job, token, lp, c)
                     for job, token, lp, c in zip(rows, tokens.tolist(), logprobs.tolist(), certainty.tolist())]
         feed, position = tokens, position + 1
-        if any(finished):
-            on_done(sum(finished))
-            keep = [r for r, f in enumerate(finished) if not f]
+        if not any(finished):
+            continue
+        on_done(sum(finished))
+        free = [r for r, f in enumerate(finished) if f]
+        new, new_gens, kvs, lengths, firsts = admit(len(free))
+        # a job whose prompt fits the cache's width takes a freed row in place: its prompt's KV written into the
+        # row's last columns, the rest of the row masked (no copy of the cache); wider prompts are appended below
+        fits = [a for a, n in enumerate(lengths) if n <= mask.shape[1]]
+        for r, a in zip(free, fits):
+            _fill_row(cache, mask, r, kvs[a], lengths[a])
+            rows[r], gens[r] = new[a], new_gens[a]
+            position[r], feed[r] = lengths[a], firsts[a]
+        if gone := free[len(fits):]:
+            keep = [r for r in range(len(rows)) if r not in set(gone)]
             rows, gens = [rows[r] for r in keep], [gens[r] for r in keep]
             if not rows:
                 cache = mask = position = feed = None
-                continue
-            index = torch.tensor(keep, device=device)
-            cache.batch_select_indices(index)
-            mask, position, feed = mask[index], position[index], feed[index]
+            else:
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                mask, position, feed = mask[index], position[index], feed[index]
+        if wide := [a for a in range(len(new)) if a not in set(fits)]:
+            append([new[a] for a in wide], [new_gens[a] for a in wide], [kvs[a] for a in wide],
+                   [lengths[a] for a in wide], [firsts[a] for a in wide])
+        if rows:
             mask = _trim(cache, mask)
     return completions
 
@@ -343,6 +367,18 @@ def _append_rows(cache, mask: torch.Tensor | None, kvs: list[list[tuple[torch.Te
     if grow:
         mask = torch.cat([mask.new_zeros((mask.shape[0], grow)), mask], dim=1)
     return cache, torch.cat([mask, new_mask])
+
+
+def _fill_row(cache, mask: torch.Tensor, row: int, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
+    """Write a prompt's KV (per layer ``(1, H, P, D)``, ``P = length`` <= the cache's width ``L``) into the last ``P``
+    columns of batch row ``row`` of ``cache``, in place, and make ``mask[row]`` ``(L,)`` 0 before them, 1 on them.
+    The columns left of the prompt keep the finished row's values: finite, and masked."""
+    width = mask.shape[1]
+    mask[row] = 0
+    mask[row, width - length :] = 1
+    for layer, (keys, values) in zip(cache.layers, kv):
+        layer.keys[row, :, width - length :] = keys[0]
+        layer.values[row, :, width - length :] = values[0]
 
 
 def _trim(cache, mask: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ import pytest
 
 from rlft.script_io import ScriptError
 from tests.conftest import load_script
+from tests.unit.test_eval_compare import eval_file as by_hand
 
 TASKS = [{"nums": [1, 2, 3], "target": t} for t in range(4)]
 
@@ -19,15 +20,7 @@ def script():
 
 
 def eval_file(path: Path, scores: list[float], cut: list[bool] | None = None) -> None:
-    cut = cut or [False] * len(scores)
-    n = len(scores)
-    path.write_text(json.dumps({
-        "num_tasks": n, "k": 1, "mode": "greedy", "mean_score": sum(scores) / n,
-        "accuracy": sum(s == 1.0 for s in scores) / n, "format_rate": sum(s >= 0.1 for s in scores) / n,
-        "pass_at_k": {"1": sum(s == 1.0 for s in scores) / n}, "mean_completion_tokens": 10.0,
-        "truncated_rate": sum(cut) / n, "task_scores": [[s] for s in scores], "tasks": TASKS,
-        "task_truncated": [[c] for c in cut], "task_tokens": [[256 if c else 10] for c in cut],
-        "config": {"model": str(path), "max_new_tokens": 256, "prompt_template": "base"}}))
+    by_hand(path, scores, cut, tasks=TASKS)
 
 
 def run_folder(out: Path, name: str, evals: dict[int, float], end: list[float] | None, replay: float | None = None,

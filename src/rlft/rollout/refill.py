@@ -157,7 +157,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
             ``DynamicCache`` (:func:`rlft.rollout.decode.cache_keyword`) and ``logits_to_keep``.
         prompts: token ids of each prompt (non-empty).
         jobs: ``(prompt index, sample index)`` pairs; a job's samples depend on its pair and ``seed`` only.
-        params: greedy when ``params.temperature == 0``; else sampled through transformers' warpers.
+        params: greedy when ``params.temperature == 0``; else sampled through :func:`rlft.rollout.decode.logits_warpers`.
         eos_ids: a row stops after the first of these it generates (kept in its ids).
         batch_size: most rows decoded together.
         pad_id: the id written into padding positions (masked out; any id works).

@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     reference["eval_limit"] = read_yaml(config).get("eval_limit") if config.exists() else None
     print(table(reference, rows))
     name, why = leader(reference, rows)
-    print(f"\nleader: {name or 'none'} ({why})")
+    print(f"\nleader by the rule as first named (the half-sample clause on the in-loop rows; amended 2026-11-29 to the "
+          f"step-10 model's 500-row evaluation, not computed here): {name or 'none'} ({why})")
     start_file = args.out / args.start / seed / end_file
     print(plot(reference, rows, start_file, args.out / f"reuse_samples_vs_score_{seed}.png"))
 

@@ -99,7 +99,7 @@ def test_report_end_to_end(tmp_path, capsys):
     assert "| TOPR replay | 4 |" in lines["reuse_topr_r4"] and "| 0.75 | 5: 0.300 | still training | - |" in lines["reuse_topr_r4"]
     assert "| 0.525 (0%) | - |" in lines["real_sft_patient_grpo"]
     # equal end scores (0.525 >= 0.525): the r = 2 run goes on
-    assert "leader: reuse_ppo_r2 (reuse_ppo_r2 scores 0.525 >= the on-policy 0.525)" in text
+    assert "not computed here): reuse_ppo_r2 (reuse_ppo_r2 scores 0.525 >= the on-policy 0.525)" in text
     assert (out / "reuse_samples_vs_score_s0.png").stat().st_size > 0
 
 

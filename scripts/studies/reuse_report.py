@@ -10,7 +10,7 @@ folder ``<out>/<variant>/s<seed>``: its reuse factor r (:func:`reuse_factor`), w
 (``eval/score``, the first ``eval_limit`` held-out rows) and its end evaluation (``eval_val_greedy_<tasks>.json`` on
 validation rows, ``eval_greedy_<tasks>.json`` on test rows) paired task by task against the reference's
 (:func:`rlft.eval.compare.compare_results`: difference, 95% interval). Then the protocol's leader rule
-(:func:`leader`) and ``<out>/reuse_samples_vs_score.png`` (:func:`rlft.eval.report.plot_samples_vs_score`, the start
+(:func:`leader`) and ``<out>/reuse_samples_vs_score_s<seed>.png`` (:func:`rlft.eval.report.plot_samples_vs_score`, the start
 ``<start>/s<seed>``'s score on the same first rows drawn at 0 samples). A run still training (no end evaluation) is
 listed with its in-loop points. A missing reference or a file that is not an evaluation: one line, exit 2.
 """
@@ -26,7 +26,6 @@ from rlft.script_io import ArgumentParser, fail, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ROOT / "configs" / "countdown" / "ablation" / "5_reuse.yaml"
-GROUP = 8  # prompts (groups) a step: the buffer of reuse factor r holds (r - 1) x GROUP groups
 
 
 def reuse_factor(spec: dict) -> int:
@@ -46,19 +45,21 @@ def method(spec: dict) -> str:
 
 
 def run_row(name: str, spec: dict, folder: Path, end_file: str) -> dict:
-    """What one run generated, trained and scored (see the module docstring); ``end`` is its end evaluation's path
-    or None."""
+    """What one run generated, trained and scored (see the module docstring); ``end`` is its end evaluation's path,
+    ``result`` that evaluation and ``score`` its mean score (all three None before it exists)."""
     records = read_metrics(folder / "run" / "metrics.jsonl")
     last = records[-1] if records else {}
     shares = [r["replay/share"] for r in records if "replay/share" in r]
     end = folder / end_file
+    result = load(str(end))[0] if end.exists() else None
     return {"name": name, "method": method(spec), "r": reuse_factor(spec), "steps": last.get("step", 0),
             "samples": last.get("samples/total"), "generated": last.get("tokens/generated_total"),
             "trained": last.get("tokens/trained_total"), "flops": last.get("flops/estimated"),
             "step_s": sum(r.get("time/step_s", 0.0) for r in records),
             "replay_share": sum(shares) / len(shares) if shares else 0.0,
             "inloop": {r["step"]: r["eval/score"] for r in records if "eval/score" in r},
-            "records": records, "end": end if end.exists() else None}
+            "records": records, "end": end if result else None, "result": result,
+            "score": result.mean_score if result else None}
 
 
 def leader(reference: dict, rows: list[dict]) -> tuple[str | None, str]:
@@ -87,7 +88,7 @@ def fmt(x, spec: str = ",.0f") -> str:
 
 def table(reference: dict, rows: list[dict]) -> str:
     """Markdown: one line per run, the reference first; the end score paired against the reference's."""
-    ref_result = load(str(reference["end"]))[0]
+    ref_result = reference["result"]
     lines = ["| run | reuse | r | steps | samples generated | tokens generated | tokens trained | FLOPs | step time (min) "
              "| replayed share | in-loop (step: score) | end score (cut) | minus on-policy [95% CI] |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -95,7 +96,7 @@ def table(reference: dict, rows: list[dict]) -> str:
         inloop = ", ".join(f"{step}: {score:.3f}" for step, score in sorted(row["inloop"].items())) or "-"
         end, paired = "still training", "-"
         if row["end"] is not None:
-            result = load(str(row["end"]))[0]
+            result = row["result"]
             end = f"{row['score']:.3f} ({result.truncated_rate:.0%})"
             if row is not reference:
                 check_same_tasks(ref_result, result, str(reference["end"]), str(row["end"]))
@@ -142,9 +143,6 @@ def main(argv: list[str] | None = None) -> None:
     variants = read_yaml(args.variants_file)  # the one file: its start_from names variants of other files
     rows = [run_row(name, spec, args.out / name / seed, end_file) for name, spec in variants.items()
             if (args.out / name / seed).exists()]
-    for row in [reference, *rows]:
-        if row["end"] is not None:
-            row["score"] = load(str(row["end"]))[0].mean_score
     config = ref_folder / "run" / "config.yaml"
     reference["eval_limit"] = read_yaml(config).get("eval_limit") if config.exists() else None
     print(table(reference, rows))

@@ -259,13 +259,14 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         new, new_gens, kvs, lengths, firsts = admit(len(free))
         # a job whose prompt fits the cache's width takes a freed row in place: its prompt's KV written into the
         # row's last columns, the rest of the row masked (no copy of the cache); wider prompts are appended below
-        fits = [a for a, n in enumerate(lengths) if n <= mask.shape[1]]
+        width = mask.shape[1]
+        fits = [a for a, n in enumerate(lengths) if n <= width]
         for r, a in zip(free, fits):
             _fill_row(cache, mask, r, kvs[a], lengths[a])
             rows[r], gens[r] = new[a], new_gens[a]
             position[r], feed[r] = lengths[a], firsts[a]
-        if gone := free[len(fits):]:
-            keep = [r for r in range(len(rows)) if r not in set(gone)]
+        if gone := set(free[len(fits):]):
+            keep = [r for r in range(len(rows)) if r not in gone]
             rows, gens = [rows[r] for r in keep], [gens[r] for r in keep]
             if not rows:
                 cache = mask = position = feed = None
@@ -273,7 +274,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
                 mask, position, feed = mask[index], position[index], feed[index]
-        if wide := [a for a in range(len(new)) if a not in set(fits)]:
+        if wide := [a for a, n in enumerate(lengths) if n > width]:
             append([new[a] for a in wide], [new_gens[a] for a in wide], [kvs[a] for a in wide],
                    [lengths[a] for a in wide], [firsts[a] for a in wide])
         if rows:

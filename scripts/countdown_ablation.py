@@ -14,7 +14,8 @@ pass@1/pass@4. ``scripts/ablation_report.py`` pairs each against the SFT start (
 ``run`` is resumable: a finished variant/seed (its ``eval_*.json`` present) is skipped, an unfinished run resumes from
 its last checkpoint (one killed before its first checkpoint restarts; rlft moves the old folder aside), and evaluations are cached (:func:`rlft.recipes.pipeline.evaluate_cached`: a rebuilt model is
 evaluated again). ``pairs`` only samples the DPO variants' pairs; ``list`` prints the variants; ``sft-curve`` scores an
-SFT run's checkpoints. Runs go one after another (2 CPU cores: never two at once).
+SFT run's checkpoints; ``checkpoint`` evaluates the adapter an RL run kept at step ``--step``, merged into its
+start (the half-way model of the sample-reuse study). Runs go one after another (2 CPU cores: never two at once).
 """
 
 from __future__ import annotations
@@ -93,6 +94,28 @@ def evaluate(ab: Ablation, model_dir: Path, out: Path, seed: int = 0) -> dict:
         jobs[name] = EvalJob(out / f"eval_{name}_{ab.real}.json", rows, greedy)
     return evaluate_cached(model_dir, jobs, prompt_template=s.tasks["prompt_template"], batch_size=s.eval["batch_size"],
                            device=s.device, dtype=s.dtype, label=str(model_dir), ledger=ab.out / "test_looks.jsonl")
+
+
+def checkpoint_eval(ab: Ablation, name: str, seed: int, step: int) -> dict:
+    """The evaluation (:func:`evaluate`) of variant ``name``'s model at RL step ``step``: the LoRA adapter kept in
+    ``<out>/<name>/s<seed>/step<step>_checkpoint`` (a copy of the run's ``checkpoints/step-<step>`` folder made while
+    it trained, since ``keep_checkpoints`` deletes older ones), else that checkpoint itself (``run/checkpoints/step-
+    <step, 8 digits>``, still there when ``keep_checkpoints`` kept it), merged into the model the variant started from
+    (:func:`start_model`) by :func:`rlft.lora.merge_adapter`. The merged model and the evaluation files go to
+    ``<out>/<name>/s<seed>/step<step>/``; both are reused when present (evaluations are cached by the model's hash).
+    SystemExit when the kept checkpoint is missing."""
+    from rlft.lora import merge_adapter
+
+    folder = ab.out / name / f"s{seed}"
+    kept = next((c for c in (folder / f"step{step}_checkpoint", folder / "run" / "checkpoints" / f"step-{step:08d}")
+                 if (c / "adapter_config.json").is_file()), None)
+    if kept is None:
+        raise SystemExit(f"{folder}: no LoRA checkpoint of step {step} kept (step{step}_checkpoint/ or "
+                         f"run/checkpoints/step-{step:08d}/; --keep-checkpoints keeps a run's own)")
+    model = folder / f"step{step}" / "model"
+    if not (model / "config.json").is_file():
+        merge_adapter(start_model(ab, name, seed), kept, model)
+    return evaluate(ab, model, folder / f"step{step}", seed)
 
 
 def pairs_file(variants: dict, out: Path, name: str, seed: int) -> Path:
@@ -241,7 +264,7 @@ def sft_curve(ab: Ablation, run: Path, every: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "pairs", "list", "sft-curve"])
+    parser.add_argument("command", choices=["run", "pairs", "list", "sft-curve", "checkpoint"])
     parser.add_argument("--configs", type=Path, default=CONFIGS, help="the folder of settings.yaml and the variant files")
     parser.add_argument("--setting", default="direct", help="a setting of settings.yaml (direct: docs/results/countdown-medium3; bounded: countdown-bounded; real: countdown-real)")
     parser.add_argument("--sft", type=Path, default=None, help="the SFT start (default: the setting's sft)")
@@ -261,8 +284,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="run: do not evaluate the SFT start first (another process does; runs side by side)")
     parser.add_argument("--sft-run", type=Path, default=Path("runs/exp/sft"), help="sft-curve: the SFT run folder")
     parser.add_argument("--every", type=int, default=50, help="sft-curve: evaluate every N-th step's checkpoint")
+    parser.add_argument("--step", type=int, default=10,
+                        help="checkpoint: evaluate each variant's kept step-N adapter (<out>/<variant>/s<seed>/stepN_checkpoint) "
+                             "merged into its start")
     args = parser.parse_args(argv)
-    for option, value, low in (("--tasks", args.tasks, 1), ("--every", args.every, 1), ("--steps", args.steps or 1, 1), ("--real", args.real, 0)):
+    for option, value, low in (("--tasks", args.tasks, 1), ("--every", args.every, 1), ("--step", args.step, 1), ("--steps", args.steps or 1, 1), ("--real", args.real, 0)):
         if value < low:
             fail(f"{option} must be >= {low}, got {value}")
     settings, variants = load_settings(args.configs), load_variants(args.configs)
@@ -281,6 +307,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "sft-curve":
         for point in sft_curve(ab, args.sft_run, args.every):
             print(point)
+    elif args.command == "checkpoint":
+        for seed in args.seeds:
+            for name in args.variants:
+                print(name, seed, {mode: round(result.mean_score, 4) for mode, result in checkpoint_eval(ab, name, seed, args.step).items()})
     elif args.command == "pairs":
         for seed in args.seeds:
             for name in args.variants:

@@ -154,6 +154,31 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).merge_and_unload()
 
 
+def merge_adapter(base: Path, adapter: Path, out: Path) -> Path:
+    """Write ``out``: the model folder ``base`` with the LoRA adapter in ``adapter`` (a run's ``adapter/`` or one of its
+    checkpoints: a folder holding ``adapter_config.json``) merged into its weights, in float32, and ``base``'s tokenizer;
+    the folder is written atomically. This is the merge a LoRA run makes for its final ``model/``
+    (:func:`save_final_model`), so a run's final adapter merged into the model it started from gives that file back;
+    a checkpoint's adapter gives the model of that step (e.g. the half-way point of a run, for evaluation).
+    Returns ``out``.
+
+    Raises:
+        FileNotFoundError: ``adapter`` holds no ``adapter_config.json``.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlft.checkpoint import save_model_folder
+    from rlft.models import load_tokenizer
+
+    if not (Path(adapter) / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"{adapter}: no adapter_config.json (not a LoRA adapter folder)")
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    save_model_folder(Path(out), merged, load_tokenizer(str(base)))
+    return Path(out)
+
+
 def save_final_model(run_dir: Path, model: torch.nn.Module, tokenizer, state_dict: dict | None = None) -> Path:
     """Write the run's final model to ``run_dir/model`` (atomically) and return that folder.
 

@@ -18,7 +18,7 @@ from rlft.models import DeviceSpec, load_model
 from rlft.recipes.pipeline import heldout_tasks, load_settings, load_variants
 from rlft.validation import OptionError, UsageError
 from rlft.script_io import run_script
-from tests.conftest import load_script
+from tests.conftest import load_script, load_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "tests" / "assets" / "ablation"
@@ -579,3 +579,41 @@ def test_samples_vs_score_draws_no_start_when_runs_evaluate_different_rows(repor
     with mock.patch("rlft.eval.report.plot_samples_vs_score", return_value=None) as plot:
         report.plot_samples_vs_score(variants, tmp_path)
     assert plot.call_args.kwargs["start"] is None
+
+
+def test_checkpoint_evaluates_the_kept_adapter_merged_into_the_variants_start(ablation, tmp_path, tiny_model_dir, smol_tokenizer):
+    """checkpoint --step 10: reuse_topr_r2 (start_from real_sft_patient) gets its kept step-10 adapter merged into
+    real_sft_patient's model of the same seed, evaluated from <variant>/s0/step10/; the run's own checkpoint when no copy
+    was kept; no adapter at all: SystemExit naming the folder."""
+    from transformers import AutoModelForCausalLM
+
+    from rlft.checkpoint import save_model_folder
+    from rlft.lora import LoRASettings, apply_lora
+
+    start = tmp_path / "real_sft_patient" / "s0" / "run" / "model"
+    start.parent.mkdir(parents=True)
+    start.symlink_to(tiny_model_dir, target_is_directory=True)
+    ab = make(ablation, tmp_path, setting="real", split="validation")
+    with pytest.raises(SystemExit, match="reuse_topr_r2/s0: no LoRA checkpoint of step 10 kept"):
+        ablation.checkpoint_eval(ab, "reuse_topr_r2", 0, 10)
+    adapted = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoRASettings(4, 8.0, 0.0, "all-linear"))
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.01)
+    save_model_folder(tmp_path / "reuse_topr_r2" / "s0" / "step10_checkpoint", adapted, smol_tokenizer)
+    evaluated = []
+    with mock.patch.object(ablation, "evaluate", lambda ab, model, out, seed: evaluated.append((model, out, seed)) or {}):
+        ablation.checkpoint_eval(ab, "reuse_topr_r2", 0, 10)
+    folder = tmp_path / "reuse_topr_r2" / "s0" / "step10"
+    assert evaluated == [(folder / "model", folder, 0)]
+    merged, base = load_weights(folder / "model"), load_weights(tiny_model_dir)
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+
+    own = tmp_path / "reuse_ppo_r2" / "s0" / "run" / "checkpoints" / "step-00000010"
+    save_model_folder(own, adapted, smol_tokenizer)
+    with mock.patch.object(ablation, "evaluate", lambda ab, model, out, seed: evaluated.append((model, out, seed)) or {}):
+        ablation.checkpoint_eval(ab, "reuse_ppo_r2", 0, 10)
+    assert evaluated[-1][1] == tmp_path / "reuse_ppo_r2" / "s0" / "step10"
+    assert torch.equal(load_weights(evaluated[-1][0])["model.layers.0.self_attn.q_proj.weight"], merged["model.layers.0.self_attn.q_proj.weight"])

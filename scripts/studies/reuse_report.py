@@ -9,7 +9,9 @@ folder ``<out>/<variant>/s<seed>``: its reuse factor r (:func:`reuse_factor`), w
 ``flops/estimated``), its summed ``time/step_s``, the mean ``replay/share`` of its steps, the in-loop greedy scores
 (``eval/score``, the first ``eval_limit`` held-out rows) and its end evaluation (``eval_val_greedy_<tasks>.json`` on
 validation rows, ``eval_greedy_<tasks>.json`` on test rows) paired task by task against the reference's
-(:func:`rlft.eval.compare.compare_results`: difference, 95% interval). Then the protocol's leader rule
+(:func:`rlft.eval.compare.compare_results`: difference, 95% interval), and the same evaluation of its step-10 model
+(``<out>/<variant>/s<seed>/step10/``, from ``scripts/countdown_ablation.py checkpoint --step 10``: half the samples)
+paired against the reference's end. Then the protocol's leader rule
 (:func:`leader`) and ``<out>/reuse_samples_vs_score_s<seed>.png`` (:func:`rlft.eval.report.plot_samples_vs_score`, the start
 ``<start>/s<seed>``'s score on the same first rows drawn at 0 samples). A run still training (no end evaluation) is
 listed with its in-loop points. A missing reference or a file that is not an evaluation: one line, exit 2.
@@ -44,14 +46,21 @@ def method(spec: dict) -> str:
     return "TOPR" if spec.get("loss") == "topr" else "on-policy"
 
 
+HALF_STEP = 10
+"""The step whose model has generated half a 20-step run's samples (the protocol's half-sample point)."""
+
+
 def run_row(name: str, spec: dict, folder: Path, end_file: str) -> dict:
     """What one run generated, trained and scored (see the module docstring); ``end`` is its end evaluation's path,
-    ``result`` that evaluation and ``score`` its mean score (all three None before it exists)."""
+    ``result`` that evaluation and ``score`` its mean score (all three None before it exists); ``half_end``,
+    ``half_result``, ``half_score``: the same for its step-10 model."""
     records = read_metrics(folder / "run" / "metrics.jsonl")
     last = records[-1] if records else {}
     shares = [r["replay/share"] for r in records if "replay/share" in r]
     end = folder / end_file
     result = load(str(end))[0] if end.exists() else None
+    half_end = folder / f"step{HALF_STEP}" / end_file
+    half = load(str(half_end))[0] if half_end.exists() else None
     return {"name": name, "method": method(spec), "r": reuse_factor(spec), "steps": last.get("step", 0),
             "samples": last.get("samples/total"), "generated": last.get("tokens/generated_total"),
             "trained": last.get("tokens/trained_total"), "flops": last.get("flops/estimated"),
@@ -59,52 +68,65 @@ def run_row(name: str, spec: dict, folder: Path, end_file: str) -> dict:
             "replay_share": sum(shares) / len(shares) if shares else 0.0,
             "inloop": {r["step"]: r["eval/score"] for r in records if "eval/score" in r},
             "records": records, "end": end if result else None, "result": result,
-            "score": result.mean_score if result else None}
+            "score": result.mean_score if result else None, "half_end": half_end if half else None, "half_result": half,
+            "half_score": half.mean_score if half else None}
 
 
 def leader(reference: dict, rows: list[dict]) -> tuple[str | None, str]:
-    """The protocol's rule (docs/results/sample-reuse, step 2): of the finished reuse runs (r >= 2, an end
-    evaluation), the one with the highest end score goes on if it scores at least the reference's end score, or if
-    its in-loop score at step 10 (half the samples) reaches the reference's at step 20. Returns ``(name or None,
-    why)``; a reference without its end score or step-20 point names no leader."""
+    """The protocol's rule (docs/results/sample-reuse, step 2, with its half-sample clause as amended on 2026-11-29,
+    before the second screen: on the step-10 model's end-size evaluation, not the in-loop rows): of the finished reuse
+    runs (r >= 2, an end evaluation), the one with the highest end score goes on if it scores at least the
+    reference's end score, or if its step-10 model (half the samples) scores at least the reference's end score on
+    the same rows. Returns ``(name or None, why)``; None also while the best run's step-10 model is not evaluated
+    (``why`` says so)."""
     finished = [row for row in rows if row["r"] >= 2 and row["end"] is not None]
     if not finished:
         return None, "no reuse run (r >= 2) has its end evaluation yet"
-    best = max(finished, key=lambda row: row["score"])
-    bar = reference["inloop"].get(20)
-    if best["score"] >= reference["score"]:
-        return best["name"], f"{best['name']} scores {best['score']:.3f} >= the on-policy {reference['score']:.3f}"
-    if bar is not None and best["inloop"].get(10, float("-inf")) >= bar:
-        return best["name"], (f"{best['name']} reaches {best['inloop'][10]:.3f} in its loop at step 10, the on-policy "
-                              f"run's step-20 score {bar:.3f}")
-    half = f"{best['inloop'][10]:.3f}" if 10 in best["inloop"] else "no point"
-    return None, (f"none goes on: the best, {best['name']}, scores {best['score']:.3f} < the on-policy "
-                  f"{reference['score']:.3f}, and at step 10 {half} < its step-20 {bar if bar is None else f'{bar:.3f}'}")
+    best, bar = max(finished, key=lambda row: row["score"]), reference["score"]
+    if best["score"] >= bar:
+        return best["name"], f"{best['name']} scores {best['score']:.3f} >= the on-policy {bar:.3f}"
+    half = best.get("half_score")
+    if half is None:
+        return None, (f"undecided: the best, {best['name']}, scores {best['score']:.3f} < the on-policy {bar:.3f}, and its "
+                      f"step-{HALF_STEP} model is not evaluated yet (scripts/countdown_ablation.py checkpoint)")
+    if half >= bar:
+        return best["name"], (f"{best['name']}'s step-{HALF_STEP} model (half the samples) scores {half:.3f} >= the "
+                              f"on-policy run's {bar:.3f} at its end")
+    return None, (f"none goes on: the best, {best['name']}, scores {best['score']:.3f} < the on-policy {bar:.3f}, and "
+                  f"its step-{HALF_STEP} model {half:.3f} < {bar:.3f}")
 
 
 def fmt(x, spec: str = ",.0f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def paired_cell(reference: dict, result, path: Path) -> str:
+    """``result`` (from ``path``) minus the reference's end evaluation, task by task: ``+d [low, high]``."""
+    check_same_tasks(reference["result"], result, str(reference["end"]), str(path))
+    d = compare_results(reference["result"], result)["all"]
+    return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+
+
 def table(reference: dict, rows: list[dict]) -> str:
     """Markdown: one line per run, the reference first; the end score paired against the reference's."""
-    ref_result = reference["result"]
     lines = ["| run | reuse | r | steps | samples generated | tokens generated | tokens trained | FLOPs | step time (min) "
-             "| replayed share | in-loop (step: score) | end score (cut) | minus on-policy [95% CI] |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| replayed share | in-loop (step: score) | end score (cut) | minus on-policy [95% CI] "
+             f"| step-{HALF_STEP} model (cut) | its minus on-policy's end [95% CI] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in [reference, *rows]:
         inloop = ", ".join(f"{step}: {score:.3f}" for step, score in sorted(row["inloop"].items())) or "-"
         end, paired = "still training", "-"
         if row["end"] is not None:
-            result = row["result"]
-            end = f"{row['score']:.3f} ({result.truncated_rate:.0%})"
+            end = f"{row['score']:.3f} ({row['result'].truncated_rate:.0%})"
             if row is not reference:
-                check_same_tasks(ref_result, result, str(reference["end"]), str(row["end"]))
-                d = compare_results(ref_result, result)["all"]
-                paired = f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+                paired = paired_cell(reference, row["result"], row["end"])
+        half, half_paired = "-", "-"
+        if row.get("half_end") is not None:
+            half = f"{row['half_score']:.3f} ({row['half_result'].truncated_rate:.0%})"
+            half_paired = paired_cell(reference, row["half_result"], row["half_end"])
         lines.append(f"| {row['name']} | {row['method']} | {row['r']} | {row['steps']} | {fmt(row['samples'])} | "
                      f"{fmt(row['generated'])} | {fmt(row['trained'])} | {fmt(row['flops'], '.2e')} | "
-                     f"{row['step_s'] / 60:.1f} | {row['replay_share']:.2f} | {inloop} | {end} | {paired} |")
+                     f"{row['step_s'] / 60:.1f} | {row['replay_share']:.2f} | {inloop} | {end} | {paired} | {half} | {half_paired} |")
     return "\n".join(lines)
 
 
@@ -147,8 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     reference["eval_limit"] = read_yaml(config).get("eval_limit") if config.exists() else None
     print(table(reference, rows))
     name, why = leader(reference, rows)
-    print(f"\nleader by the rule as first named (the half-sample clause on the in-loop rows; amended 2026-11-29 to the "
-          f"step-10 model's 500-row evaluation, not computed here): {name or 'none'} ({why})")
+    print(f"\nleader by the protocol's rule (the half-sample clause on the step-{HALF_STEP} model's evaluation, as amended "
+          f"on 2026-11-29): {name or 'none'} ({why})")
     start_file = args.out / args.start / seed / end_file
     print(plot(reference, rows, start_file, args.out / f"reuse_samples_vs_score_{seed}.png"))
 

@@ -1,5 +1,5 @@
 """scripts/studies/reuse_report.py on hand-written run folders: the reuse factor of each variant kind, the leader rule's
-three outcomes, the table's paired difference worked by hand, and the missing reference's one-line error."""
+outcomes, the table's paired differences (end and step-10 models) worked by hand, and the missing reference's one-line error."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def eval_file(path: Path, scores: list[float], cut: list[bool] | None = None) ->
 
 
 def run_folder(out: Path, name: str, evals: dict[int, float], end: list[float] | None, replay: float | None = None,
-               cut: list[bool] | None = None) -> None:
+               cut: list[bool] | None = None, half: list[float] | None = None) -> None:
     folder = out / name / "s0"
     (folder / "run").mkdir(parents=True)
     records = []
@@ -40,6 +40,9 @@ def run_folder(out: Path, name: str, evals: dict[int, float], end: list[float] |
     (folder / "run" / "config.yaml").write_text("eval_limit: 4\n")
     if end is not None:
         eval_file(folder / "eval_val_greedy_4.json", end, cut)
+    if half is not None:  # the step-10 model's evaluation (countdown_ablation.py checkpoint)
+        (folder / "step10").mkdir()
+        eval_file(folder / "step10" / "eval_val_greedy_4.json", half)
 
 
 def variants_file(path: Path) -> Path:
@@ -59,33 +62,39 @@ def test_reuse_factor_and_method():
     assert s.reuse_factor({**spec, "ppo_epochs": 2, "max_staleness": 3}) == 8  # both kinds multiply
 
 
-def rows(s, reference_score, reference_inloop, runs):
-    reference = {"name": "ref", "r": 1, "score": reference_score, "inloop": reference_inloop, "end": Path("x")}
-    return reference, [{"name": n, "r": r, "score": sc, "inloop": il, "end": None if sc is None else Path("x")}
-                       for n, r, sc, il in runs]
+def rows(s, reference_score, runs):
+    reference = {"name": "ref", "r": 1, "score": reference_score, "inloop": {10: 0.99, 20: 0.99}, "end": Path("x")}
+    return reference, [{"name": n, "r": r, "score": sc, "half_score": half, "inloop": {10: 0.99},
+                        "end": None if sc is None else Path("x")} for n, r, sc, half in runs]
 
 
 def test_leader_rule():
+    """As amended on 2026-11-29: the half-sample clause reads the step-10 model's evaluation (the in-loop points,
+    0.99 everywhere here, no longer count)."""
     s = script()
     # the best finished r >= 2 run beats the reference at its end: it goes on (r = 1 runs never lead)
-    ref, runs = rows(s, 0.50, {10: 0.55, 20: 0.56}, [("a", 2, 0.52, {10: 0.50}), ("b", 4, 0.49, {10: 0.60}),
-                                                     ("topr", 1, 0.90, {10: 0.90}), ("c", 4, None, {10: 0.99})])
+    ref, runs = rows(s, 0.50, [("a", 2, 0.52, None), ("b", 4, 0.49, 0.70), ("topr", 1, 0.90, 0.90), ("c", 4, None, 0.99)])
     assert s.leader(ref, runs)[0] == "a"
-    # nobody beats the end score; the best one reaches the reference's step-20 in-loop score at step 10
-    ref, runs = rows(s, 0.60, {10: 0.55, 20: 0.56}, [("a", 2, 0.52, {10: 0.56}), ("b", 4, 0.49, {10: 0.70})])
+    # nobody beats the end score; the best one's step-10 model reaches the reference's end score
+    ref, runs = rows(s, 0.60, [("a", 2, 0.52, 0.60), ("b", 4, 0.49, 0.70)])
     name, why = s.leader(ref, runs)
-    assert name == "a" and "step 10" in why  # the rule looks at the best end score's curve, not b's
+    assert name == "a" and "step-10 model (half the samples) scores 0.600 >= the on-policy run's 0.600" in why  # not b's
+    # the best one's step-10 model not evaluated yet: no leader, and why says what to run
+    ref, runs = rows(s, 0.60, [("a", 2, 0.52, None), ("b", 4, 0.49, 0.70)])
+    name, why = s.leader(ref, runs)
+    assert name is None and why.startswith("undecided") and "countdown_ablation.py checkpoint" in why
     # neither: none goes on, and why says by how much
-    ref, runs = rows(s, 0.60, {10: 0.55, 20: 0.56}, [("a", 2, 0.52, {10: 0.55})])
+    ref, runs = rows(s, 0.60, [("a", 2, 0.52, 0.55)])
     name, why = s.leader(ref, runs)
-    assert name is None and "0.520 < the on-policy 0.600" in why and "0.550 < its step-20 0.560" in why
+    assert name is None and "0.520 < the on-policy 0.600" in why and "step-10 model 0.550 < 0.600" in why
     assert s.leader(ref, [])[0] is None
 
 
 def test_report_end_to_end(tmp_path, capsys):
     out = tmp_path / "ablation"
     run_folder(out, "real_sft_patient_grpo", {10: 0.5, 20: 0.5}, [1.0, 0.0, 0.1, 1.0])  # mean 0.525
-    run_folder(out, "reuse_ppo_r2", {5: 0.4, 10: 0.6}, [1.0, 1.0, 0.1, 0.0], cut=[False, False, False, True])
+    run_folder(out, "reuse_ppo_r2", {5: 0.4, 10: 0.6}, [1.0, 1.0, 0.1, 0.0], cut=[False, False, False, True],
+               half=[1.0, 0.0, 0.1, 0.0])
     run_folder(out, "reuse_topr_r4", {5: 0.3}, None, replay=0.75)  # still training
     (out / "real_sft_patient" / "s0").mkdir(parents=True)
     eval_file(out / "real_sft_patient" / "s0" / "eval_val_greedy_4.json", [0.0, 0.0, 0.1, 1.0])
@@ -95,11 +104,13 @@ def test_report_end_to_end(tmp_path, capsys):
     lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     # d = (0, +1, 0, -1): mean 0, sd sqrt(2/3), half-width 1.96 * sqrt(2/3) / 2 = 0.800
     assert "| 0.525 (25%) | +0.000 [-0.800, +0.800] |" in lines["reuse_ppo_r2"]
+    # step 10: d = (0, 0, 0, -1): mean -0.25, sd 0.5, half-width 1.96 * 0.5 / 2 = 0.490
+    assert lines["reuse_ppo_r2"].endswith("| 0.275 (0%) | -0.250 [-0.740, +0.240] |")
     assert "| PPO epochs | 2 | 20 | 2,000 | 20,000 | 6,000 | 2.00e+13 | 20.0 | 0.00 | 5: 0.400, 10: 0.600 |" in lines["reuse_ppo_r2"]
-    assert "| TOPR replay | 4 |" in lines["reuse_topr_r4"] and "| 0.75 | 5: 0.300 | still training | - |" in lines["reuse_topr_r4"]
-    assert "| 0.525 (0%) | - |" in lines["real_sft_patient_grpo"]
+    assert "| TOPR replay | 4 |" in lines["reuse_topr_r4"] and "| 0.75 | 5: 0.300 | still training | - | - | - |" in lines["reuse_topr_r4"]
+    assert "| 0.525 (0%) | - | - | - |" in lines["real_sft_patient_grpo"]
     # equal end scores (0.525 >= 0.525): the r = 2 run goes on
-    assert "not computed here): reuse_ppo_r2 (reuse_ppo_r2 scores 0.525 >= the on-policy 0.525)" in text
+    assert "amended on 2026-11-29): reuse_ppo_r2 (reuse_ppo_r2 scores 0.525 >= the on-policy 0.525)" in text
     assert (out / "reuse_samples_vs_score_s0.png").stat().st_size > 0
 
 

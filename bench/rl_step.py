@@ -3,13 +3,15 @@
 The step is the study recipe's (``docs/results/countdown-real``: GRPO advantages, PPO-clip loss, sequence-mean
 aggregation, group filtering with up to 3 prompt batches, LoRA r=16 at lr 2e-4, 8 prompts x k=8 at T=1, 256 new
 tokens, ``--dtype auto``: bf16 sampling copy and autocast on a bf16 CPU), on Countdown-Tasks-3to4 training rows,
-from ``--model``. Two arms run in turn, each ``rlft rl`` for ``--steps`` steps in its own folder:
+from ``--model``. The arms run in turn, each ``rlft rl`` for ``--steps`` steps in its own folder:
 
 - ``before``: today's decoder before continuous batching (``HFEngine(decoder="drop")``: finished rows leave the
   batch, none join it), no loop stop (``--stop-repeats None``), and the loss's micro-batches in row order
   (``micro_batches(by_length=False)``: a group's k samples together, as before 2026-11-28);
 - ``after``: rlft's defaults (HFEngine's CPU default for sampling, ``refill``: a finished row's place goes to a
-  waiting job; ``--stop-repeats 5``; micro-batches by length, :func:`rlft.rl.batch.micro_batches`).
+  waiting job; ``--stop-repeats 5``; micro-batches by length, :func:`rlft.rl.batch.micro_batches`);
+- ``after-compile`` (with ``--compile-arm``): the after arm with ``--compile``: the loss passes run the decoder layers
+  through ``torch.compile`` (inductor: C++ kernels on a CPU), sampling runs them eager. Step 1 compiles.
 
 Each arm decodes ``--before-rows`` / ``--after-rows`` sequences together (``rlft rl --gen-batch-size``; 64 both by
 default, the study's setting; ``--before-rows 32`` is ``rlft rl``'s default before 2026-11-28).
@@ -34,6 +36,7 @@ import tempfile
 from pathlib import Path
 
 ARMS = ("before", "after")
+COMPILED = "after-compile"
 
 
 def run_arm(arm: str, args, out: Path) -> dict:
@@ -62,7 +65,8 @@ def run_arm(arm: str, args, out: Path) -> dict:
                           gen_batch_size=args.before_rows if arm == "before" else args.after_rows,
                           max_steps=args.steps, eval_every=0, eval_at_start=False, save_every=0, num_train=20000,
                           seed=args.seed, output_dir=str(out),
-                          stop_repeats=None if arm == "before" else SamplingOptions.stop_repeats))
+                          stop_repeats=None if arm == "before" else SamplingOptions.stop_repeats,
+                          compile=arm == COMPILED))
     finally:
         hf.HFEngine.__init__, rl_batch.micro_batches = original, original_micro_batches
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -93,26 +97,32 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--before-rows", type=int, default=64, help="the before arm's --gen-batch-size")
     parser.add_argument("--after-rows", type=int, default=64, help="the after arm's --gen-batch-size")
+    parser.add_argument("--compile-arm", action="store_true",
+                        help=f"a third arm, {COMPILED!r}: the after arm with --compile (decoder layers through torch.compile "
+                             "for the loss passes; step 1 compiles)")
     parser.add_argument("--output", type=Path, default=None, help="also write the printed lines here")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be >= 2 (step 1 is warm-up)")
     lines = [f"# bench/rl_step.py --model {args.model} --steps {args.steps} --rounds {args.rounds} "
-             f"--max-new-tokens {args.max_new_tokens} --before-rows {args.before_rows} --after-rows {args.after_rows}; "
+             f"--max-new-tokens {args.max_new_tokens} --before-rows {args.before_rows} --after-rows {args.after_rows}"
+             f"{' --compile-arm' if args.compile_arm else ''}; "
              f"{platform.processor() or platform.machine()}"]
-    per_arm: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    arms = ARMS + ((COMPILED,) if args.compile_arm else ())
+    per_arm: dict[str, list[dict]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for arm in ARMS:
+            for arm in arms:
                 steps = run_arm(arm, args, Path(tmp) / f"{arm}-{r}")
                 per_arm[arm] += steps
                 lines.append(f"round={r} " + summary(arm, steps))
                 print(lines[-1], flush=True)
-    for arm in ARMS:
+    for arm in arms:
         lines.append("all " + summary(arm, per_arm[arm]))
-    before, after = (statistics.median(r["time/step_s"] for r in per_arm[a]) for a in ARMS)
-    lines.append(f"before / after step time = {before:.2f} / {after:.2f} = {before / after:.2f}x")
-    print("\n".join(lines[-3:]))
+    medians = {arm: statistics.median(r["time/step_s"] for r in per_arm[arm]) for arm in arms}
+    for arm in arms[1:]:
+        lines.append(f"before / {arm} step time = {medians['before']:.2f} / {medians[arm]:.2f} = {medians['before'] / medians[arm]:.2f}x")
+    print("\n".join(lines[-2 * len(arms) + 1:]))
     if args.output is not None:
         args.output.write_text("\n".join(lines) + "\n")
 

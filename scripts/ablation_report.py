@@ -26,6 +26,7 @@ from ablation_archive import unpack_archive  # noqa: E402  (the unpack command)
 from countdown_ablation import CONFIGS, pairs_file  # noqa: E402  (the runner's folder layout)
 
 from rlft.eval.compare import check_same_tasks, compare_results, load as read  # noqa: E402
+from rlft.eval.stats import format_difference  # noqa: E402
 from rlft.recipes.pipeline import load_variants  # noqa: E402
 from rlft.script_io import ArgumentParser, fail, run_script  # noqa: E402
 
@@ -53,7 +54,7 @@ def paired(a: Path, b: Path) -> dict[str, dict]:
 
 
 def ci(d: dict | None) -> str:
-    return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" if d else "-"
+    return format_difference(d) if d else "-"
 
 
 def report(variants: dict, out: Path, n: int) -> str:
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "compare":
         d = paired(*args.pair)["all"]
         print(f"{args.pair[0]} ({d['mean_b']:.3f}) minus {args.pair[1]} ({d['mean_a']:.3f}) on {d['n']} tasks: "
-              f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], better/worse {d['better']}/{d['worse']}")
+              f"{format_difference(d)}, better/worse {d['better']}/{d['worse']}")
     elif args.command == "unpack":
         print(f"{unpack_archive(load_variants(args.configs), args.archive, args.out)} files copied from {args.archive} into {args.out}")
     elif args.command == "churn":

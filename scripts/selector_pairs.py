@@ -15,6 +15,7 @@ from __future__ import annotations
 from rlft.eval.best_of_n import available_selectors
 from rlft.eval.countdown import paired_difference, read_eval_file
 from rlft.eval.select import SELECTORS, selected_scores
+from rlft.eval.stats import format_difference
 from rlft.script_io import ArgumentParser, fail, run_script
 
 
@@ -60,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="the n's (default: 1 2 4 8 16 up to k)")
     args = parser.parse_args(argv)
     for r in pairs(args.sampled, args.a, args.b, args.sizes):
-        print(f"n={r['n']:2d} {args.a} {r['a_score']:.3f} minus {r['b']} {r['b_score']:.3f}: {r['diff']:+.3f} "
-              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] ({r['better']} / {r['worse']})")
+        print(f"n={r['n']:2d} {args.a} {r['a_score']:.3f} minus {r['b']} {r['b_score']:.3f}: "
+              f"{format_difference(r)} ({r['better']} / {r['worse']})")
 
 
 if __name__ == "__main__":

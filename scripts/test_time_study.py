@@ -38,6 +38,7 @@ from rlft.eval.best_of_n import (LABELS, available_selectors, check_same_tasks, 
 from rlft.eval.countdown import CountdownEvalResult, other_settings, other_weights, paired_difference, read_eval_file
 from rlft.eval.report import markdown_table
 from rlft.eval.select import SELECTORS, selected_scores
+from rlft.eval.stats import format_difference
 from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, run_script
 
 SIZES = (1, 2, 4, 8, 16)
@@ -115,7 +116,7 @@ def verdict(model: str, label: str, cmp: dict | None, point: dict, span: tuple[f
 def _cell(p: dict) -> str:
     if p["diff"] is None:
         return f"{p['score']:.3f}"
-    return f"{p['score']:.3f} ({p['diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}])"
+    return f"{p['score']:.3f} ({format_difference(p)})"
 
 
 def table(models: dict[str, dict], sizes) -> str:
@@ -235,11 +236,11 @@ def versus(models: dict[str, dict], names: list[str]) -> str:
             p, same = by_n.get(q["n"]), "-"
             if p is not None:
                 d = paired_difference([[x] for x in p["chosen"]], [[x] for x in q["chosen"]])
-                same = f"{p['score']:.3f} - {q['score']:.3f} = {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+                same = f"{p['score']:.3f} - {q['score']:.3f} = {format_difference(d)}"
             point = {"tokens": q["tokens_per_task"], "score": q["score"], "task_scores": [[x] for x in q["chosen"]]}
             cmp = None if sel == "oracle" else equal_cost_comparison({sel: a["curves"][sel]}, point)
             at = "-" if cmp is None else (f"{cmp['score']:.3f} (n={cmp['n_low']}-{cmp['n_high']}) - {q['score']:.3f} = "
-                                          f"{cmp['diff']:+.3f} [{cmp['ci_low']:+.3f}, {cmp['ci_high']:+.3f}]")
+                                          f"{format_difference(cmp)}")
             if p is not None or cmp is not None:  # else B's n is past A's samples and B's cost past A's curve
                 tokens = f"{p['tokens_per_task']:.0f}" if p is not None else "-"
                 rows.append([LABELS[sel], q["n"], same, f"{tokens} / {q['tokens_per_task']:.0f}", at])

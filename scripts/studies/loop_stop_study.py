@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlft.eval.countdown import paired_difference, read_eval_json
+from rlft.eval.stats import format_difference
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.loops import loop_cut
 
@@ -161,7 +162,7 @@ def main() -> None:
             rows.append({"group": group, "score_mismatches": mismatched, **r})
             print(f"| {group} | {n} | {r['completions']} | {sum(c.finished for c in completions)} | {r['mean_tokens']:.1f} | "
                   f"{r['stopped']} ({r['stopped_finished']}) | {r['saved_share']:.1%} | {r['changed']} "
-                  f"({r['lost_correct']}, {r['lost_format']}) | {d['diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}] |")
+                  f"({r['lost_correct']}, {r['lost_format']}) | {format_difference(d, 4)} |")
         if mismatched:
             print(f"note: {mismatched} recorded scores of group {group} differ from the scorer's on the full text")
     if args.output:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rlft.checkpoint import read_metrics
 from rlft.eval.compare import check_same_tasks, compare_results, load
+from rlft.eval.stats import format_difference
 from rlft.recipes.pipeline import read_yaml
 from rlft.script_io import ArgumentParser, fail, run_script
 
@@ -104,7 +105,7 @@ def paired_cell(reference: dict, result, path: Path) -> str:
     """``result`` (from ``path``) minus the reference's end evaluation, task by task: ``+d [low, high]``."""
     check_same_tasks(reference["result"], result, str(reference["end"]), str(path))
     d = compare_results(reference["result"], result)["all"]
-    return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+    return format_difference(d)
 
 
 def table(reference: dict, rows: list[dict]) -> str:

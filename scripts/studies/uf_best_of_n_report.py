@@ -32,6 +32,7 @@ from statistics import mean
 
 from rlft.data.files import read_jsonl
 from rlft.eval.countdown import paired_difference
+from rlft.eval.stats import format_difference
 from rlft.eval.winrate import winrate_label
 from rlft.script_io import ArgumentParser, check_outputs, run_script
 
@@ -125,7 +126,7 @@ def seed_report(runs: Path, n: int, seed: int, judge) -> dict:
 
 
 def fmt(d: dict) -> str:
-    return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] ({d['better']} / {d['worse']})"
+    return f"{format_difference(d)} ({d['better']} / {d['worse']})"
 
 
 def markdown(reports: list[dict], n: int, pooled: dict) -> str:

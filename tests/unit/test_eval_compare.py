@@ -11,7 +11,7 @@ import pytest
 
 from rlft.cli import main
 from rlft.eval.compare import compare_files
-from rlft.eval.stats import Z_95, holm, normal_p_value, z_for_level
+from rlft.eval.stats import Z_95, format_difference, holm, normal_p_value, z_for_level
 from rlft.validation import UsageError
 
 TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [2, 3, 4], "target": 9}, {"nums": [3, 4, 5], "target": 12},
@@ -153,6 +153,14 @@ def test_holm_by_hand():
     assert normal_p_value(0.0, 0.0) == 1.0 and normal_p_value(0.5, 0.0) == 0.0
     with pytest.raises(ValueError):
         holm([])
+
+
+def test_format_difference_by_hand():
+    d = {"diff": 0.025, "ci_low": 0.0019, "ci_high": 0.0486, "n": 500}
+    assert format_difference(d) == "+0.025 [+0.002, +0.049]"
+    assert format_difference({"diff": -0.00004, "ci_low": -0.0231, "ci_high": 0.02301}, 4) == "-0.0000 [-0.0231, +0.0230]"
+    with pytest.raises(KeyError):
+        format_difference({"diff": 0.1})
 
 
 def test_holm_intervals_of_a_batch(tmp_path, capsys):

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from rlft.eval.countdown import CountdownEvalResult, pass_at_k_sizes, paired_difference
 from rlft.eval.select import selected_scores
+from rlft.eval.stats import format_difference
 
 LABELS = {"majority": "majority", "self-certainty": "self-certainty", "self-certainty-vote": "self-certainty vote",
           "reward-model": "reward model", "oracle": "oracle = pass@n (upper bound)"}
@@ -173,10 +174,6 @@ def equal_cost_comparison(model_curves: dict[str, list[dict]], point: dict, same
     return best
 
 
-def _ci(row: dict) -> str:
-    return f"{row['diff']:+.3f} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]"
-
-
 def print_selection(selection: dict, title: str = "Best-of-N selection") -> None:
     """The ``selection`` dict of ``rlft eval countdown`` (``greedy`` and ``rows``) as a rich table."""
     from rich.console import Console
@@ -189,7 +186,7 @@ def print_selection(selection: dict, title: str = "Best-of-N selection") -> None
     table.add_row(f"greedy ({g['source']})", "1", f"{g['mean_score']:.4f}", f"{g['accuracy']:.4f}", "-", "-",
                   f"{g['tokens_per_task']:.1f}")
     for row in selection["rows"]:
-        table.add_row(row["label"], str(row["n"]), f"{row['score']:.4f}", f"{row['accuracy']:.4f}", _ci(row),
+        table.add_row(row["label"], str(row["n"]), f"{row['score']:.4f}", f"{row['accuracy']:.4f}", format_difference(row),
                       f"{row['better']} / {row['worse']}", f"{row['tokens_per_task']:.1f}")
     Console().print(table)
     for name, why in selection.get("skipped", {}).items():

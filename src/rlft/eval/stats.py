@@ -1,6 +1,6 @@
 """The confidence intervals' constants and tests the evaluations report (standard library only, so any evaluation can
 use them): the 95% quantile, the two-sided p-value that matches a normal-approximation interval, and Holm's step-down
-adjustment of a batch of comparisons (Holm 1979)."""
+adjustment of a batch of comparisons (Holm 1979), and the one way reports write a paired difference."""
 
 from __future__ import annotations
 
@@ -77,3 +77,14 @@ def holm(p_values: list[float], alpha: float = ALPHA) -> list[dict]:
         running = max(running, min(1.0, (m - i + 1) * p))
         out[j] = {"rank": i, "level": alpha / (m - min(i, stop) + 1), "p_adjusted": running, "rejected": running < alpha}
     return out
+
+
+def format_difference(d: dict, places: int = 3) -> str:
+    """A paired difference as reports write it, ``"+0.025 [+0.002, +0.049]"``: ``d["diff"]`` then its interval
+    ``[d["ci_low"], d["ci_high"]]``, each signed, to ``places`` decimals (the dict of
+    :func:`rlft.eval.countdown.paired_difference`, or any with those three keys).
+
+    Raises:
+        KeyError: a key missing from ``d``.
+    """
+    return f"{d['diff']:+.{places}f} [{d['ci_low']:+.{places}f}, {d['ci_high']:+.{places}f}]"

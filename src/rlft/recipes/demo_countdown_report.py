@@ -10,16 +10,13 @@ from rlft.eval.compare import check_same_tasks
 from rlft.eval.countdown import CountdownEvalResult, paired_difference, subset
 from rlft.eval.report import markdown_table, plot_curve, plot_grouped_bars, plot_samples_vs_score
 from rlft.eval.select import selected_scores
+from rlft.eval.stats import format_difference
 from rlft.recipes.demo_config import DemoConfig
 
 GREEDY, SAMPLED = "greedy", "sampled"
 SIZES = ((None, "mixed"), (3, "3 numbers"), (4, "4 numbers"))
 SELECTORS = (("majority", "majority@{k}"), ("self-certainty", "self-certainty@{k}"),
              ("self-certainty-vote", "self-certainty vote@{k}"), ("oracle", "oracle@{k} = pass@{k} (upper bound)"))
-
-
-def _ci(d: dict) -> str:
-    return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
 
 
 def _lora(r: int) -> str:
@@ -84,12 +81,12 @@ def paired_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResu
                 cells.append("-")
                 continue
             d = paired_difference(a, b)
-            cells.append(f"{_ci(d)} (n={d['n']})" if size is None else _ci(d))
+            cells.append(f"{format_difference(d)} (n={d['n']})" if size is None else format_difference(d))
         mixed = paired_difference(by[GREEDY].task_scores, base[GREEDY].task_scores)
         cells += [f"{mixed['better']} / {mixed['worse']}", f"{by[GREEDY].truncated_rate:.0%} / {base[GREEDY].truncated_rate:.0%}"]
         if cfg.passk:
             ok = SAMPLED in by and SAMPLED in base
-            cells.append(_ci(paired_difference(by[SAMPLED].task_scores, base[SAMPLED].task_scores)) if ok else "-")
+            cells.append(format_difference(paired_difference(by[SAMPLED].task_scores, base[SAMPLED].task_scores)) if ok else "-")
         rows.append(cells)
     return markdown_table(header, rows)
 
@@ -113,7 +110,7 @@ def selection_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalR
                 continue
             chosen = selected_scores(name, sampled.task_scores, sampled.task_values, sampled.task_certainty, sampled.k)
             d = paired_difference([[x] for x in chosen], base)
-            rows.append([model, label.format(k=sampled.k), sum(chosen) / n, _ci(d), f"{sampled_tokens:.0f}"])
+            rows.append([model, label.format(k=sampled.k), sum(chosen) / n, format_difference(d), f"{sampled_tokens:.0f}"])
     if not rows:
         return "none (no sampled evaluation)"
     return markdown_table(["model", "answer", "score", "minus greedy [95% CI]", "tokens generated per task"], rows)

@@ -1,6 +1,6 @@
 """The confidence intervals' constants and tests the evaluations report (standard library only, so any evaluation can
-use them): the 95% quantile, the two-sided p-value that matches a normal-approximation interval, and Holm's step-down
-adjustment of a batch of comparisons (Holm 1979), and the one way reports write a paired difference."""
+use them): the 95% quantile, the two-sided p-value that matches a normal-approximation interval, Holm's step-down
+adjustment of a batch of comparisons (Holm 1979), and the one text form of a paired difference with its interval."""
 
 from __future__ import annotations
 

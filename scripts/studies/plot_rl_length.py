@@ -25,23 +25,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlft.eval.countdown import paired_difference, read_eval_file
+from rlft.eval.report import save_panels
 from rlft.eval.stats import format_difference
-from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
-
-
-def parse_run(spec: str) -> tuple[str, Path, Path]:
-    """``LABEL=METRICS,EVAL`` -> (label, metrics path, eval path); ScriptError naming the option otherwise."""
-    label, sep, paths = spec.partition("=")
-    parts = [p.strip() for p in paths.split(",")]
-    if not sep or not label.strip() or len(parts) != 2 or not all(parts):
-        fail(f"--run {spec!r}: expected LABEL=METRICS.jsonl,EVAL.json")
-    return label.strip(), Path(parts[0]), Path(parts[1])
+from rlft.script_io import fail, parse_labelled_run, read_metrics, run_script, start_and_runs_args
 
 
 def load_run(spec: str, start) -> dict:
     """One run: label, step records (those with ``samples/total``), its end evaluation and the paired difference from
     ``start``. ScriptError naming the file when it is missing, holds no step records or is of other tasks."""
-    label, metrics, eval_path = parse_run(spec)
+    label, metrics, eval_path = parse_labelled_run(spec)
     if not metrics.is_file():
         fail(f"{metrics} does not exist")
     records = [r for r in read_metrics(metrics) if "samples/total" in r]
@@ -67,15 +59,7 @@ def table(start, runs: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--start", type=Path, required=True, help="the start model's greedy evaluation")
-    parser.add_argument("--run", action="append", required=True, help="LABEL=METRICS.jsonl,EVAL.json (repeat)")
-    parser.add_argument("--out", type=Path, required=True, help="the PNG (a new file)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    args = parser.parse_args(argv)
-    check_picture("--out", args.out)
-    check_outputs({"--out": args.out}, [args.start] + [p for spec in args.run for p in parse_run(spec)[1:]],
-                  overwrite=args.overwrite)
+    args = start_and_runs_args(__doc__.split("\n\n")[0], argv)
     start = read_eval_file(args.start)[0]
     runs = [load_run(spec, start) for spec in args.run]
     print(table(start, runs))
@@ -99,12 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     axes[1].set(xlabel="samples generated", ylabel="greedy score", title="in-loop score (the loop's held-out subset)")
     for ax in axes:
         ax.set_xlim(left=0)
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    print(f"wrote {save_panels(fig, axes, args.out)}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlft.eval.countdown import CountdownEvalResult, read_eval_file
-from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
+from rlft.eval.report import save_panels
+from rlft.script_io import fail, parse_labelled_run, read_metrics, run_script, start_and_runs_args
 
 
 def load_eval(path: Path) -> CountdownEvalResult:
@@ -32,18 +33,9 @@ def load_eval(path: Path) -> CountdownEvalResult:
     return read_eval_file(path)[0]
 
 
-def parse_run(spec: str) -> tuple[str, Path, Path]:
-    """``LABEL=METRICS,EVAL`` -> (label, metrics path, eval path); ScriptError naming the option otherwise."""
-    label, sep, paths = spec.partition("=")
-    parts = [p.strip() for p in paths.split(",")]
-    if not sep or not label.strip() or len(parts) != 2 or not all(parts):
-        fail(f"--run {spec!r}: expected LABEL=METRICS.jsonl,EVAL.json")
-    return label.strip(), Path(parts[0]), Path(parts[1])
-
-
 def load_run(spec: str) -> tuple[str, list[dict], Path]:
     """``LABEL=METRICS,EVAL`` -> (label, step records, eval path); ScriptError or ValueError naming what is wrong."""
-    label, metrics, eval_path = parse_run(spec)
+    label, metrics, eval_path = parse_labelled_run(spec)
     if not metrics.is_file():
         fail(f"{metrics} does not exist")
     records = [r for r in read_metrics(metrics) if "step" in r and "completion/truncated_frac" in r]
@@ -63,15 +55,7 @@ def table(rows: list[tuple[str, CountdownEvalResult]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--start", type=Path, required=True, help="the start model's greedy evaluation")
-    parser.add_argument("--run", action="append", required=True, help="LABEL=METRICS.jsonl,EVAL.json (repeat)")
-    parser.add_argument("--out", type=Path, required=True, help="the PNG (a new file)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    args = parser.parse_args(argv)
-    inputs = [args.start] + [p for spec in args.run for p in parse_run(spec)[1:]]
-    check_picture("--out", args.out)
-    check_outputs({"--out": args.out}, inputs, overwrite=args.overwrite)
+    args = start_and_runs_args(__doc__.split("\n\n")[0], argv)
     start = load_eval(args.start)
     runs = [load_run(spec) for spec in args.run]
     evals = [("start", start)]
@@ -99,13 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     axes[2].bar([i + 0.2 for i in x], [r.truncated_rate for _, r in evals], width=0.4, label="answers cut")
     axes[2].set_xticks(list(x), [label for label, _ in evals])
     axes[2].set(title=f"greedy, {start.num_tasks} tasks", ylim=(0, 1))
-    for ax in axes:
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    print(f"wrote {save_panels(fig, axes, args.out)}")
 
 
 if __name__ == "__main__":

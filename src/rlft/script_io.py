@@ -85,6 +85,40 @@ def check_picture(option: str, path: str | Path) -> None:
         fail(f"{option} {path}: name a {', '.join(PICTURES[:-1])} or {PICTURES[-1]} file (the format follows the name)")
 
 
+def parse_labelled_run(spec: str) -> tuple[str, Path, Path]:
+    """A study script's ``--run LABEL=METRICS.jsonl,EVAL.json`` -> (label, metrics path, evaluation path).
+
+    Raises:
+        ScriptError: naming the option: no ``=``, an empty label, or not exactly two non-empty paths.
+    """
+    label, sep, paths = spec.partition("=")
+    parts = [p.strip() for p in paths.split(",")]
+    if not sep or not label.strip() or len(parts) != 2 or not all(parts):
+        fail(f"--run {spec!r}: expected LABEL=METRICS.jsonl,EVAL.json")
+    return label.strip(), Path(parts[0]), Path(parts[1])
+
+
+def start_and_runs_args(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments of a script that draws RL runs against their start, checked before any work: ``--start`` (the
+    start's evaluation), ``--run LABEL=METRICS.jsonl,EVAL.json`` (repeatable, :func:`parse_labelled_run`), ``--out``
+    (a picture, :func:`check_picture`) and ``--overwrite``.
+
+    Raises:
+        ScriptError: a bad option, or an ``--out`` that is one of the inputs (:func:`check_outputs`).
+        rlft.run_folder.OutputPathError: ``--out`` exists and not ``--overwrite``.
+    """
+    parser = ArgumentParser(description=description)
+    parser.add_argument("--start", type=Path, required=True, help="the start model's greedy evaluation")
+    parser.add_argument("--run", action="append", required=True, help="LABEL=METRICS.jsonl,EVAL.json (repeat)")
+    parser.add_argument("--out", type=Path, required=True, help="the picture (a new .png, .pdf or .svg file)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    args = parser.parse_args(argv)
+    check_picture("--out", args.out)
+    inputs = [args.start] + [p for spec in args.run for p in parse_labelled_run(spec)[1:]]
+    check_outputs({"--out": args.out}, inputs, overwrite=args.overwrite)
+    return args
+
+
 def read_json(path: str | Path, what: str = "a JSON file") -> Any:
     """The JSON value in ``path``.
 

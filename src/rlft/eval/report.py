@@ -11,6 +11,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def save_panels(fig, axes, path: Path) -> Path:
+    """Finish a figure of panels and write it to ``path`` (the format follows its name): a legend and a light grid on
+    each of ``axes``, a tight layout, ``path``'s folder made; the figure is closed. Returns ``path``."""
+    for ax in axes:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_curve(records: list[dict], key: str, path: Path, *, title: str, smooth: int = 5) -> Path:
     """Plot ``key`` against ``step`` from metrics records (raw and a moving average); returns ``path``."""
     points = [(r["step"], r[key]) for r in records if key in r]

@@ -240,7 +240,7 @@ def versus(models: dict[str, dict], names: list[str]) -> str:
             point = {"tokens": q["tokens_per_task"], "score": q["score"], "task_scores": [[x] for x in q["chosen"]]}
             cmp = None if sel == "oracle" else equal_cost_comparison({sel: a["curves"][sel]}, point)
             at = "-" if cmp is None else (f"{cmp['score']:.3f} (n={cmp['n_low']}-{cmp['n_high']}) - {q['score']:.3f} = "
-                                          f"{format_difference(cmp)}")
+                                          + format_difference(cmp))
             if p is not None or cmp is not None:  # else B's n is past A's samples and B's cost past A's curve
                 tokens = f"{p['tokens_per_task']:.0f}" if p is not None else "-"
                 rows.append([LABELS[sel], q["n"], same, f"{tokens} / {q['tokens_per_task']:.0f}", at])

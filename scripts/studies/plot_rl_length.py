@@ -27,18 +27,13 @@ from pathlib import Path
 from rlft.eval.countdown import paired_difference, read_eval_file
 from rlft.eval.report import save_panels
 from rlft.eval.stats import format_difference
-from rlft.script_io import fail, parse_labelled_run, read_metrics, run_script, start_and_runs_args
+from rlft.script_io import fail, read_labelled_run, run_script, start_and_runs_args
 
 
 def load_run(spec: str, start) -> dict:
     """One run: label, step records (those with ``samples/total``), its end evaluation and the paired difference from
     ``start``. ScriptError naming the file when it is missing, holds no step records or is of other tasks."""
-    label, metrics, eval_path = parse_labelled_run(spec)
-    if not metrics.is_file():
-        fail(f"{metrics} does not exist")
-    records = [r for r in read_metrics(metrics) if "samples/total" in r]
-    if not records:
-        fail(f"{metrics}: no step records with samples/total (not an RL run's metrics?)")
+    label, records, eval_path = read_labelled_run(spec, "samples/total")
     end = read_eval_file(eval_path)[0]
     if end.tasks != start.tasks:
         fail(f"{eval_path}: other tasks than the start's evaluation (nums and target, in order)")

@@ -24,24 +24,13 @@ from pathlib import Path
 
 from rlft.eval.countdown import CountdownEvalResult, read_eval_file
 from rlft.eval.report import save_panels
-from rlft.script_io import fail, parse_labelled_run, read_metrics, run_script, start_and_runs_args
+from rlft.script_io import fail, read_labelled_run, run_script, start_and_runs_args
 
 
 def load_eval(path: Path) -> CountdownEvalResult:
     """A greedy evaluation file (:func:`rlft.eval.countdown.read_eval_file`); ValueError naming it when missing or not
     an evaluation."""
     return read_eval_file(path)[0]
-
-
-def load_run(spec: str) -> tuple[str, list[dict], Path]:
-    """``LABEL=METRICS,EVAL`` -> (label, step records, eval path); ScriptError or ValueError naming what is wrong."""
-    label, metrics, eval_path = parse_labelled_run(spec)
-    if not metrics.is_file():
-        fail(f"{metrics} does not exist")
-    records = [r for r in read_metrics(metrics) if "step" in r and "completion/truncated_frac" in r]
-    if not records:
-        fail(f"{metrics}: no step records with completion/truncated_frac (not an RL run's metrics?)")
-    return label, records, eval_path
 
 
 def table(rows: list[tuple[str, CountdownEvalResult]]) -> str:
@@ -57,7 +46,7 @@ def table(rows: list[tuple[str, CountdownEvalResult]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = start_and_runs_args(__doc__.split("\n\n")[0], argv)
     start = load_eval(args.start)
-    runs = [load_run(spec) for spec in args.run]
+    runs = [read_labelled_run(spec, "completion/truncated_frac") for spec in args.run]
     evals = [("start", start)]
     for label, _, path in runs:
         result = load_eval(path)

@@ -98,6 +98,23 @@ def parse_labelled_run(spec: str) -> tuple[str, Path, Path]:
     return label.strip(), Path(parts[0]), Path(parts[1])
 
 
+def read_labelled_run(spec: str, key: str) -> tuple[str, list[dict], Path]:
+    """A study script's ``--run LABEL=METRICS.jsonl,EVAL.json`` read: (label, the step records of the metrics file that
+    carry ``key``, the evaluation path; :func:`read_metrics`, so a last line cut short by a kill is left out).
+
+    Raises:
+        ScriptError: naming the option or the file: a malformed ``spec`` (:func:`parse_labelled_run`), a missing
+            metrics file, or one with no step record carrying ``key``.
+    """
+    label, metrics, eval_path = parse_labelled_run(spec)
+    if not metrics.is_file():
+        fail(f"{metrics} does not exist")
+    records = [r for r in read_metrics(metrics) if "step" in r and key in r]
+    if not records:
+        fail(f"{metrics}: no step records with {key} (not an RL run's metrics?)")
+    return label, records, eval_path
+
+
 def start_and_runs_args(description: str, argv: list[str] | None) -> argparse.Namespace:
     """The arguments of a script that draws RL runs against their start, checked before any work: ``--start`` (the
     start's evaluation), ``--run LABEL=METRICS.jsonl,EVAL.json`` (repeatable, :func:`parse_labelled_run`), ``--out``

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlft.eval.countdown import summarize
-from rlft.script_io import ScriptError
+from rlft.script_io import ScriptError, read_labelled_run
 from tests.conftest import load_script
 
 TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [4, 5, 6, 7], "target": 22}]
@@ -61,7 +61,7 @@ def test_a_last_metrics_line_cut_short_is_left_out(tmp_path, capsys):
     metrics.write_text(metrics.read_text() + '{"step": 3, "completion/trunc')
     run = f"rl={metrics},{write_eval(tmp_path / 'rl.json', [1.0, 0.0], [False, True], [90, 256])}"
     script = load_script("plot_truncation")
-    assert [r["step"] for r in script.load_run(run)[1]] == [1, 2]
+    assert [r["step"] for r in read_labelled_run(run, "completion/truncated_frac")[1]] == [1, 2]
     script.main(["--start", start, "--run", run, "--out", str(tmp_path / "t.png")])
     assert "m.jsonl: line 3 is cut short" in capsys.readouterr().err and (tmp_path / "t.png").stat().st_size > 1000
     lines = metrics.read_text().splitlines()

@@ -186,6 +186,13 @@ def all_reduce_sums(values: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def all_reduce_counted(sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:
+    """:func:`all_reduce_sums` of a step's summed metrics and its token count in one gather: returns ``(sums over
+    ranks, count over ranks)``; the inputs themselves when not distributed. ``count`` is an ``int`` (tokens seen)."""
+    summed = all_reduce_sums({**sums, "__count": count})
+    return {k: v for k, v in summed.items() if k != "__count"}, int(summed["__count"])
+
+
 def _comm_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 

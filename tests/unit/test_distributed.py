@@ -144,6 +144,7 @@ def test_one_process_helpers_are_identities(monkeypatch):
     parts = {"x": torch.arange(3.0)}
     assert distributed.gather_shards(parts, 3) is parts
     assert distributed.all_reduce_sum(3) == 3.0 and distributed.all_reduce_sums({"a": 1.0}) == {"a": 1.0}
+    assert distributed.all_reduce_counted({"loss": 0.5}, 7) == ({"loss": 0.5}, 7)
     distributed.barrier()
     model = torch.nn.Linear(2, 2)
     assert distributed.wrap_model(model, "ddp") is model
@@ -223,6 +224,7 @@ assert torch.equal(params[1].grad, torch.arange(4.0)), params[1].grad
 assert params[2].grad is None
 assert torch.equal(params[3].grad, torch.arange(6.0) * 3), params[3].grad
 assert distributed.all_reduce_sums({"a": 1.0, **({"b": 2.0} if rank else {})}) == {"a": 2.0, "b": 2.0}
+assert distributed.all_reduce_counted({"loss": 0.5 + rank}, 3 + 4 * rank) == ({"loss": 2.0}, 10)
 assert distributed.shard(list(range(5))) == list(range(5))[rank::2]
 got = distributed.gather_shards({"x": torch.tensor(distributed.shard([0.0, 1.0, 2.0, 3.0, 4.0]))}, 5)
 assert torch.equal(got["x"], torch.arange(5.0)), got

@@ -289,9 +289,7 @@ def train_dpo(cfg: DPOConfig) -> Path:
             t0 = time.perf_counter()
             indices = step_order(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed), lambda i: _longest_side(pairs[i]), cfg)
             sums, seen = preference_backward(model, pairs, indices, ref, loss_fn, cfg, tokenizer.pad_token_id, spec.device)
-            if distributed.active():
-                sums = distributed.all_reduce_sums({**sums, "__seen": seen})
-                seen = int(sums.pop("__seen"))
+            sums, seen = distributed.all_reduce_counted(sums, seen)
             step_info = optimizer_step(setup, cfg.max_grad_norm, loss=sums.get("loss"))  # stops on a non-finite loss or gradient
             elapsed = time.perf_counter() - t0
             record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,

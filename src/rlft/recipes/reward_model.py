@@ -356,9 +356,7 @@ def train_rm(cfg: RMConfig) -> Path:
                 for key, value in {"loss": loss.item(), **metrics}.items():
                     sums[key] = sums.get(key, 0.0) + weight * value
                 seen += sum(len(e.chosen.input_ids) + len(e.rejected.input_ids) for e in chunk)
-            if distributed.active():
-                sums = distributed.all_reduce_sums({**sums, "__seen": seen})
-                seen = int(sums.pop("__seen"))
+            sums, seen = distributed.all_reduce_counted(sums, seen)
             step_info = optimizer_step(setup, cfg.max_grad_norm, loss=sums.get("loss"))  # stops on a non-finite loss or gradient
             elapsed = time.perf_counter() - t0
             record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,

@@ -408,9 +408,8 @@ def train_sft(cfg: SFTConfig) -> Path:
             indices = batch_indices(step, len(examples), cfg.batch_size, cfg.seed)
             chosen = [examples[i] for i in step_order(indices, lambda i: len(examples[i].input_ids), cfg)]
             loss_total, seen = sft_backward(model, chosen, cfg, tokenizer.pad_token_id, spec.device)
-            if distributed.active():
-                summed = distributed.all_reduce_sums({"loss": loss_total, "seen": seen})
-                loss_total, seen = summed["loss"], int(summed["seen"])
+            summed, seen = distributed.all_reduce_counted({"loss": loss_total}, seen)
+            loss_total = summed["loss"]
             compute = totals.add(0, {"generated_tokens": 0.0, "trained_tokens": float(sum(sum(e.loss_mask) for e in chosen)),
                                      "trained_seq_tokens": float(seen), "scored_tokens": 0.0})
             step_info = optimizer_step(setup, cfg.max_grad_norm, loss=loss_total)  # stops on a non-finite loss or gradient

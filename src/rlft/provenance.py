@@ -48,6 +48,30 @@ def cpu_name(cpuinfo: str | None = None) -> str:
     return platform.processor() or platform.machine()
 
 
+CPU_ID_FIELDS = ("vendor_id", "cpu family", "model", "stepping")
+"""The ``/proc/cpuinfo`` fields that tell CPU generations apart where the ``model name`` does not: a cloud VM may name
+two generations alike ("Intel(R) Xeon(R) Processor"), and their bf16 kernels may round differently."""
+
+
+def cpu_id(cpuinfo: str | None = None) -> str | None:
+    """The first processor's :data:`CPU_ID_FIELDS` as ``"GenuineIntel family 6 model 167 stepping 1"``, from
+    ``cpuinfo`` (the text of ``/proc/cpuinfo``; None reads it); the fields present, in that order; None where none are
+    (not Linux, or Arm, which names others)."""
+    found: dict[str, str] = {}
+    for line in (read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if not sep:
+            if found:
+                break  # the end of the first processor's block
+            continue
+        if key in CPU_ID_FIELDS and key not in found:
+            found[key] = value.strip()
+    parts = [found["vendor_id"]] if "vendor_id" in found else []
+    parts += [f"{'family' if key == 'cpu family' else key} {found[key]}" for key in CPU_ID_FIELDS[1:] if key in found]
+    return " ".join(parts) or None
+
+
 BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_ne_convert", "bf16")
 """``/proc/cpuinfo`` flags that name a bf16 instruction set (x86 AMX and AVX-512, AVX-NE-CONVERT; ``bf16`` on Arm).
 bf16 matrix products round differently on each, so a bf16 training run rebuilt on another of them is another file
@@ -67,8 +91,9 @@ def cpu_bf16(cpuinfo: str | None = None) -> list[str]:
 
 def environment() -> dict:
     """What ran: ``rlft_commit`` and ``rlft_dirty`` (:func:`git_commit` of rlft's source), the versions of python,
-    torch and transformers, the ``cpu`` and its bf16 instruction sets (``cpu_bf16``, :func:`cpu_bf16`), the ``gpu``
-    (CUDA device 0's name, or None), the host and the command line."""
+    torch and transformers, the ``cpu``, its generation (``cpu_id``, :func:`cpu_id`) and bf16 instruction sets
+    (``cpu_bf16``, :func:`cpu_bf16`), torch's intra-op ``threads`` (a sum split over other threads rounds
+    differently), the ``gpu`` (CUDA device 0's name, or None), the host and the command line."""
     import torch
     import transformers
 
@@ -76,7 +101,8 @@ def environment() -> dict:
     cpuinfo = read_cpuinfo()
     return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rlft_commit": commit, "rlft_dirty": dirty,
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "cpu": cpu_name(cpuinfo), "cpu_bf16": cpu_bf16(cpuinfo),
+            "cpu": cpu_name(cpuinfo), "cpu_id": cpu_id(cpuinfo), "cpu_bf16": cpu_bf16(cpuinfo),
+            "threads": torch.get_num_threads(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "host": platform.node(), "argv": sys.argv}
 

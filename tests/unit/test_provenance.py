@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from rlft.provenance import ENVIRONMENT, cpu_bf16, git_commit
+from rlft.provenance import ENVIRONMENT, cpu_bf16, cpu_id, git_commit
 from rlft.run_folder import claim_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +34,7 @@ def test_each_opening_appends_the_code_and_machine(tmp_path):
     expected, _ = git_commit(REPO)
     assert env["rlft_commit"] == expected and env["torch"] == torch.__version__
     assert env["cpu"] and isinstance(env["cpu_bf16"], list) and env["gpu"] is None and isinstance(env["argv"], list)
+    assert env["threads"] == torch.get_num_threads() and (env["cpu_id"] is None or isinstance(env["cpu_id"], str))
     if expected is not None:  # a git checkout (tests and CI run in one)
         assert env["rlft_commit"] == git(REPO, "rev-parse", "HEAD") and isinstance(env["rlft_dirty"], bool)
     # the file alone does not make the folder hold a run: a second start is allowed, and adds its own line
@@ -64,3 +65,13 @@ def test_cpu_bf16_reads_the_flags_lines_by_hand():
     assert cpu_bf16(arm) == ["bf16"]
     assert cpu_bf16("flags\t: fpu sse avx2 amx_bf16x\n") == []  # whole flags only
     assert cpu_bf16("") == []
+
+
+def test_cpu_id_reads_the_first_processor_by_hand():
+    two = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) "
+           "Processor\nstepping\t: 8\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 167\n")
+    assert cpu_id(two) == "GenuineIntel family 6 model 143 stepping 8"  # "model name" is not "model"; CPU 1 not read
+    epyc = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+    assert cpu_id(epyc) == "AuthenticAMD family 25 model 17"
+    assert cpu_id("processor\t: 0\nFeatures\t: fp asimd bf16\n") is None  # Arm names other fields
+    assert cpu_id("") is None

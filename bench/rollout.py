@@ -37,6 +37,7 @@ run. ``cb`` costs ~3.5 minutes a round on 2 cores, so it is not in the default l
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import statistics
 import sys
@@ -96,8 +97,9 @@ def run_engine(engine, prompts, params) -> list[int]:
     return [len(s.completion_ids) for row in out for s in row]
 
 
-def run_cb(model, prompt_ids, params, eos_ids, pad_id, batch_size) -> list[int]:
-    """transformers' continuous batching; returns the completion lengths (the EOS counted, as rlft counts it)."""
+def run_cb(model, prompt_ids, params, eos_ids, pad_id, batch_size, cuda_graph: bool = False) -> list[int]:
+    """transformers' continuous batching; returns the completion lengths (the EOS counted, as rlft counts it).
+    ``cuda_graph``: let it capture CUDA graphs (a GPU; bench/rollout_gpu.py)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
@@ -118,9 +120,12 @@ def run_cb(model, prompt_ids, params, eos_ids, pad_id, batch_size) -> list[int]:
     # tens of seconds of zero-filling a call): pages for every row's prompt and completion, a batch of every prompt.
     page = 256
     longest = max(map(len, prompt_ids)) + params.max_new_tokens
-    cb = ContinuousBatchingConfig(max_requests_per_batch=batch_size, return_logprobs=True, use_cuda_graph=False,
-                                  page_size=page, num_blocks=batch_size * -(-longest // page) + batch_size,
-                                  max_batch_tokens=max(batch_size, sum(map(len, prompt_ids))))
+    options = dict(max_requests_per_batch=batch_size, return_logprobs=True, use_cuda_graph=cuda_graph, page_size=page,
+                   num_blocks=batch_size * -(-longest // page) + batch_size, max_batch_tokens=max(batch_size, sum(map(len, prompt_ids))))
+    accepted = inspect.signature(ContinuousBatchingConfig).parameters  # older transformers (5.17) name the page block_size
+    if "page_size" not in accepted and "block_size" in accepted:
+        options["block_size"] = options.pop("page_size")
+    cb = ContinuousBatchingConfig(**{k: v for k, v in options.items() if k in accepted})
     out = model.generate_batch(prompt_ids, generation_config=config, continuous_batching_config=cb,
                                max_new_tokens=params.max_new_tokens)
     if len(out) != len(prompt_ids) * params.k or any(o.error for o in out.values()):

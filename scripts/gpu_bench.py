@@ -10,7 +10,9 @@ Training: tokens/s and MFU of one SFT and one DPO optimizer step (the recipes' o
 [LENGTH/2, LENGTH], a quarter prompt; DPO: ROWS/2 pairs, so ROWS sequences), in the modes eager (padded),
 compile (``--compile``: rlft.recipes.memory.compile_layers) and compile+packing (``--packing``), micro-batches cut
 by ``--max-tokens-per-micro-batch``. MFU = 6 x parameters x real tokens / step seconds / ``--peak-tflops``
-(attention FLOPs not counted; tied embeddings counted once, as the LM head).
+(attention FLOPs not counted; tied embeddings counted once, as the LM head). ``--variants``: ``new`` (today's
+kernels) and ``old`` (those of 2026-11-27: right-padded batches keep their attention mask, AdamW its foreach
+kernels; :data:`rlft.ops.CAUSAL_RIGHT_PADDING_DEVICES`, :data:`rlft.recipes.common.FUSED_ADAMW_DEVICES` emptied).
 
 No run starts after ``--time-budget`` seconds (240: the whole script within 5 minutes on an H100; skipped runs
 are listed). Order: decoding, then eager, compile, compile+packing training (the first compiled step of each
@@ -40,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from rlft.data.tokenize import TokenizedExample  # noqa: E402
 from rlft.models import pick_device  # noqa: E402
 from rlft.precision import mark  # noqa: E402
+import rlft.ops as ops  # noqa: E402
+import rlft.recipes.common as common  # noqa: E402
 from rlft.recipes.common import optimizer_step, prepare_training, step_micro_batches, step_order  # noqa: E402
 from rlft.recipes.dpo import DPOConfig, build_preference_loss, pair_batch_tokens, preference_backward  # noqa: E402
 from rlft.recipes.dpo_data import TokenizedPair  # noqa: E402
@@ -118,7 +122,11 @@ def random_sequences(n: int, length: int, vocab: int, rng: random.Random, prompt
     return out
 
 
-def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args, n_params: int, run_dir: Path) -> dict:
+def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args, n_params: int, run_dir: Path,
+                variant: str = "new") -> dict:
+    old = variant == "old"  # the kernels of 2026-11-27 (module docstring)
+    ops.CAUSAL_RIGHT_PADDING_DEVICES = () if old else ("cuda",)
+    common.FUSED_ADAMW_DEVICES = () if old else ("cuda",)
     vocab = model.config.vocab_size
     rng = random.Random(rows * 100_003 + length)
     options = dict(model="random-init", device=str(spec.device), lr=1e-5, save_every=0, packing=mode == "compile+packing",
@@ -164,7 +172,7 @@ def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args,
             times.append(time.perf_counter() - t0)
     seconds = sorted(times)[len(times) // 2]
     peak = torch.cuda.max_memory_allocated() / 2**30 if spec.device.type == "cuda" else float("nan")
-    return {"kind": "train", "task": task, "mode": mode, "size": f"{rows}x{length}", "tokens": tokens, "micro_batches": passes,
+    return {"kind": "train", "task": task, "mode": mode + ("" if variant == "new" else f" ({variant})"), "size": f"{rows}x{length}", "tokens": tokens, "micro_batches": passes,
             "step_s": seconds, "tokens_per_s": tokens / seconds, "mfu": 6 * n_params * tokens / seconds / (args.peak_tflops * 1e12),
             "peak_gib": peak}
 
@@ -187,6 +195,7 @@ def parse_args(argv=None):
     parser.add_argument("--sizes", default="16x256,32x512,64x1024", help="training steps, ROWSxLENGTH")
     parser.add_argument("--tasks", default="sft,dpo")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--variants", default="new", help="new (today's kernels), old (2026-11-27's): see above")
     parser.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
     parser.add_argument("--logits-chunk-size", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation happens there)")
@@ -203,6 +212,8 @@ def parse_args(argv=None):
     check_outputs({"--output": args.output}, overwrite=args.overwrite)
     if unknown := [m for m in args.modes.split(",") if m not in MODES]:
         fail(f"--modes: unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    if unknown := [v for v in args.variants.split(",") if v not in ("new", "old")]:
+        fail(f"--variants: unknown variant(s) {', '.join(unknown)}; choose from new, old")
     if args.compile_backend:
         os.environ[COMPILE_BACKEND_ENV] = args.compile_backend
     return args
@@ -263,8 +274,10 @@ def main(argv=None) -> dict:
             for task in args.tasks.split(","):
                 for i, size in enumerate(args.sizes.split(",")):
                     rows, length = map(int, size.lower().split("x"))
-                    run_dir = Path(tmp) / f"{mode}-{task}-{i}"
-                    run(f"{task} {mode} {size}", lambda: bench_train(task, mode, rows, length, model, spec, args, n_params, run_dir))
+                    for variant in args.variants.split(","):
+                        run_dir = Path(tmp) / f"{mode}-{task}-{i}-{variant}"
+                        run(f"{task} {mode} {size} {variant}",
+                            lambda: bench_train(task, mode, rows, length, model, spec, args, n_params, run_dir, variant))
     meta["seconds"] = time.perf_counter() - start
     print_table(meta, results)
     print(f"total {meta['seconds']:.0f} s")

@@ -231,9 +231,33 @@ def pad_width(multiple: int, input_ids: torch.Tensor, attention_mask: torch.Tens
     return (pad(input_ids), pad(attention_mask), *(pad(m) for m in masks))
 
 
+CAUSAL_RIGHT_PADDING_DEVICES: tuple[str, ...] = ("cuda",)
+"""Device types on which a right-padded batch runs plain causal attention, without its mask
+(:func:`causal_attention_mask`). Not on CPU: there it would change the attention kernel, so every recorded CPU result
+(all computed with the mask) would stop being bit-reproducible."""
+
+
+def causal_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The ``attention_mask`` to give the decoder: None when every row is right padding (ones, then zeros) on a device
+    type of :data:`CAUSAL_RIGHT_PADDING_DEVICES`, else the mask unchanged.
+
+    Under causal attention a real token attends only to earlier positions, and right padding comes after every real
+    token, so the mask changes nothing at the real positions: their hidden states (and log-probs, and gradients) are
+    the masked ones up to kernel rounding, with positions 0..T-1 either way. Without the mask, transformers' SDPA
+    path runs ``is_causal`` (the flash kernel on CUDA) instead of an explicit ``(B, 1, T, T)`` mask, which
+    cuDNN ran 3x slower (``docs/results/gpu-bench-h100/``). The pad positions' outputs change; nothing reads them
+    (``loss_mask`` is 0 there). Left padding keeps its mask (the positions would differ). ``(B, T)`` in.
+    """
+    if attention_mask is None or attention_mask.device.type not in CAUSAL_RIGHT_PADDING_DEVICES:
+        return attention_mask
+    right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())  # rows never go 0 -> 1
+    return None if right_padded else attention_mask
+
+
 def _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):
     if position_ids is None:
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        mask = causal_attention_mask(attention_mask)
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
     else:
         if attention_mask is not None:
             raise ValueError("packed rows (position_ids given) take attention_mask=None: attention follows position_ids")

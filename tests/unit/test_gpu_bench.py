@@ -38,6 +38,13 @@ def test_quick_run_covers_every_decoder_and_mode(tmp_path):
     assert "decode rlft static" in report["stdout"] and "dpo compile+packing" in report["stdout"]
 
 
+def test_variants_run_each_training_step_with_todays_and_the_old_kernels(tmp_path):
+    report = run_bench(tmp_path, "--decode-rows", "4", "--decoders", "drop", "--sizes", "4x32", "--tasks", "sft",
+                       "--modes", "eager", "--variants", "new,old")
+    assert [r["mode"] for r in report["results"] if r["kind"] == "train"] == ["eager", "eager (old)"]
+    assert "sft eager (old)" in report["stdout"]
+
+
 def test_time_budget_skips_what_is_left(tmp_path):
     report = run_bench(tmp_path, "--time-budget", "0", "--decode-rows", "4", "--sizes", "4x32", "--tasks", "sft", "--modes", "eager")
     assert [r["kind"] for r in report["results"]] == ["skipped"] * 4

@@ -243,3 +243,37 @@ def test_pad_width_by_hand_and_logprobs_unchanged(tiny_model_dir):
     assert out.shape == (2, 3)
     ref = model(input_ids=ids, attention_mask=mask).logits.log_softmax(-1)
     assert torch.allclose(out[0, 1:], ref[0, :2].gather(-1, ids[0, 1:, None]).squeeze(-1), atol=1e-5)
+
+
+# --------------------------------------------------------------------------- right padding as plain causal attention
+
+
+def test_causal_attention_mask_by_hand(monkeypatch):
+    import rlft.ops as ops
+
+    right = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    left = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    holed = torch.tensor([[1, 0, 1]])
+    assert ops.causal_attention_mask(right) is right  # CPU is not in the default device types: unchanged
+    monkeypatch.setattr(ops, "CAUSAL_RIGHT_PADDING_DEVICES", ("cpu",))
+    assert ops.causal_attention_mask(right) is None
+    assert ops.causal_attention_mask(right.bool()) is None
+    assert ops.causal_attention_mask(left) is left and ops.causal_attention_mask(holed) is holed
+    assert ops.causal_attention_mask(None) is None
+
+
+def test_right_padding_without_mask_gives_the_masked_logprobs_and_gradients(monkeypatch):
+    import rlft.ops as ops
+
+    input_ids, attention_mask, loss_mask = _ragged_batch([9, 6, 11, 4], [3, 2, 5, 1], seed=4)
+    results = []
+    for devices in [(), ("cpu",)]:  # masked (the CPU default), then plain causal attention
+        monkeypatch.setattr(ops, "CAUSAL_RIGHT_PADDING_DEVICES", devices)
+        model = make_tiny_model(VOCAB, seed=1)
+        out = sequence_logprobs(model, input_ids, attention_mask, loss_mask)
+        out.sum().backward()
+        results.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (masked, masked_grads), (causal, causal_grads) = results
+    assert torch.allclose(causal, masked, atol=1e-5) and torch.all(causal[loss_mask == 0] == 0)
+    for name, grad in masked_grads.items():
+        assert torch.allclose(causal_grads[name], grad, atol=1e-5), name

@@ -151,6 +151,21 @@ OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
 
 
+FUSED_ADAMW_DEVICES: tuple[str, ...] = ("cuda",)
+"""Device types whose AdamW runs torch's fused kernel (one launch for every parameter, instead of the ``foreach``
+kernels' several per group); not on CPU, where it would change every recorded run's rounding."""
+
+
+def optimizer_kernels(name: str, params: list, sharded: bool) -> dict[str, bool]:
+    """Extra keyword arguments of optimizer ``name`` for ``params`` (tensors or parameter-group dicts):
+    ``{"fused": True}`` for AdamW when every parameter lies on a device type of :data:`FUSED_ADAMW_DEVICES` and
+    the model is not sharded (FSDP2's DTensors keep the default), as transformers' Trainer does with its default
+    ``adamw_torch_fused``; else ``{}`` (torch's default kernels). The update is AdamW's either way."""
+    tensors = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
+    on_device = bool(tensors) and all(p.device.type in FUSED_ADAMW_DEVICES for p in tensors)
+    return {"fused": True} if name == "adamw" and on_device and not sharded else {}
+
+
 @dataclass
 class TrainingSetup:
     model: torch.nn.Module
@@ -233,7 +248,8 @@ def prepare_training(
         params = param_groups(model)
     else:
         params = [p for p in model.parameters() if p.requires_grad]
-    optim = OPTIMIZERS[options.optimizer](params, lr=options.lr, weight_decay=options.weight_decay)
+    optim = OPTIMIZERS[options.optimizer](params, lr=options.lr, weight_decay=options.weight_decay,
+                                          **optimizer_kernels(options.optimizer, params, distributed.sharded(model)))
     scheduler = make_scheduler(options.schedule, optim, int(options.warmup_ratio * total_steps), total_steps)
     start_step = 0
     if ckpt is not None:

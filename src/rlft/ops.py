@@ -244,8 +244,8 @@ def causal_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor |
     Under causal attention a real token attends only to earlier positions, and right padding comes after every real
     token, so the mask changes nothing at the real positions: their hidden states (and log-probs, and gradients) are
     the masked ones up to kernel rounding, with positions 0..T-1 either way. Without the mask, transformers' SDPA
-    path runs ``is_causal`` (the flash kernel on CUDA) instead of an explicit ``(B, 1, T, T)`` mask, which
-    cuDNN ran 3x slower (``docs/results/gpu-bench-h100/``). The pad positions' outputs change; nothing reads them
+    path runs ``is_causal`` (the flash kernel on CUDA) instead of an explicit ``(B, 1, T, T)`` mask, with which
+    cuDNN's attention took twice the time or more (``docs/results/gpu-bench-h200/``). The pad positions' outputs change; nothing reads them
     (``loss_mask`` is 0 there). Left padding keeps its mask (the positions would differ). ``(B, T)`` in.
     """
     if attention_mask is None or attention_mask.device.type not in CAUSAL_RIGHT_PADDING_DEVICES:

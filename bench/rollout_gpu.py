@@ -57,7 +57,6 @@ def bias_eos(model, eos: int, rate: float) -> float:
     """Add ``b`` to the EOS logit (a hook on the LM head): P(EOS) ~= rate for near-uniform logits; returns ``b``."""
     vocab = model.config.vocab_size
     b = math.log(rate * (vocab - 1) / (1 - rate))
-
     bias = torch.zeros(vocab, device=model.device, dtype=model.dtype)  # made once: CUDA graph capture copies nothing
     bias[eos] = b
 
@@ -120,8 +119,7 @@ def main(argv=None) -> dict:
             for r in range(args.rounds):
                 sync()
                 t0 = time.perf_counter()
-                lengths = lengths_of(candidate, model, tokenizer, prompts, SamplingParams(
-                    k=args.k, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=1 + r), args.rows)
+                lengths = lengths_of(candidate, model, tokenizer, prompts, replace(params, seed=1 + r), args.rows)
                 sync()
                 seconds = time.perf_counter() - t0
                 results.append({"candidate": candidate, "round": r, "seconds": seconds, "tokens": sum(lengths),

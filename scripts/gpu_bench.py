@@ -63,6 +63,7 @@ SHAPES = {
 }
 DECODERS = {"drop": "rlft drop", "static": "rlft static", "generate": "hf generate (dynamic)"}
 MODES = ("eager", "compile", "compile+packing")
+TODAYS_DEVICES = (ops.CAUSAL_RIGHT_PADDING_DEVICES, common.FUSED_ADAMW_DEVICES)  # what --variants new restores
 
 
 class IdTokenizer:
@@ -124,9 +125,9 @@ def random_sequences(n: int, length: int, vocab: int, rng: random.Random, prompt
 
 def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args, n_params: int, run_dir: Path,
                 variant: str = "new") -> dict:
-    old = variant == "old"  # the kernels of 2026-11-27 (module docstring)
-    ops.CAUSAL_RIGHT_PADDING_DEVICES = () if old else ("cuda",)
-    common.FUSED_ADAMW_DEVICES = () if old else ("cuda",)
+    old = variant == "old"  # the kernels of 2026-11-27 (module docstring); new: rlft's own defaults
+    ops.CAUSAL_RIGHT_PADDING_DEVICES = () if old else TODAYS_DEVICES[0]
+    common.FUSED_ADAMW_DEVICES = () if old else TODAYS_DEVICES[1]
     vocab = model.config.vocab_size
     rng = random.Random(rows * 100_003 + length)
     options = dict(model="random-init", device=str(spec.device), lr=1e-5, save_every=0, packing=mode == "compile+packing",
@@ -172,7 +173,8 @@ def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args,
             times.append(time.perf_counter() - t0)
     seconds = sorted(times)[len(times) // 2]
     peak = torch.cuda.max_memory_allocated() / 2**30 if spec.device.type == "cuda" else float("nan")
-    return {"kind": "train", "task": task, "mode": mode + ("" if variant == "new" else f" ({variant})"), "size": f"{rows}x{length}", "tokens": tokens, "micro_batches": passes,
+    return {"kind": "train", "task": task, "mode": mode + ("" if variant == "new" else f" ({variant})"), "size": f"{rows}x{length}",
+            "tokens": tokens, "micro_batches": passes,
             "step_s": seconds, "tokens_per_s": tokens / seconds, "mfu": 6 * n_params * tokens / seconds / (args.peak_tflops * 1e12),
             "peak_gib": peak}
 

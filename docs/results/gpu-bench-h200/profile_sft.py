@@ -24,8 +24,8 @@ def option(name: str, default: int) -> int:
 
 
 quick, old = "--quick" in sys.argv, "--old" in sys.argv
-ops.CAUSAL_RIGHT_PADDING_DEVICES = () if old else ("cuda",)
-common.FUSED_ADAMW_DEVICES = () if old else ("cuda",)
+if old:  # else rlft's own defaults
+    ops.CAUSAL_RIGHT_PADDING_DEVICES, common.FUSED_ADAMW_DEVICES = (), ()
 args = gb.parse_args(["--quick"] if quick else [])
 spec = pick_device("auto", "auto")
 model = gb.build_model(args, spec)

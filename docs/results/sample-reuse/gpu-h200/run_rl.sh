@@ -5,7 +5,7 @@
 # as an ignored folder), and the toy rule reward uppercase_start (a random model never solves Countdown, so every
 # group would be filtered). Runs, 4 steps each, Countdown prompts, GRPO + group filtering + LoRA r=16: TOPR with
 # replay (--replay-size 8 --max-staleness 1), PPO epochs 2, and on-policy; then a check of their metrics.
-# TINY=1: a 2-layer model of the same vocabulary, for a CPU rehearsal.
+# TINY=1: a 2-layer model of the same vocabulary, for a CPU rehearsal; RUNS: which runs; MICRO_BATCH: rows a pass (8).
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
 ASSETS=${ASSETS:-.device_assets/smollm2-135m}
@@ -33,8 +33,9 @@ for f in src.iterdir():
 PY
 COMMON=(--model "$W/model" --reward uppercase_start --advantage grpo --filter-groups --lora-r 16 --lora-alpha 32
         --lr 2e-4 --max-steps 4 --prompts-per-step 8 --k 8 --max-new-tokens "${MAX_NEW_TOKENS:-128}" --save-every 2
-        --eval-every 0 --no-eval-at-start)
-for run in topr_replay ppo2 on_policy; do
+        --eval-every 0 --no-eval-at-start --micro-batch-size "${MICRO_BATCH:-8}")
+RUNS=${RUNS:-topr_replay ppo2 on_policy}
+for run in $RUNS; do
   case $run in
     topr_replay) extra=(--loss topr --replay-size 8 --max-staleness 1) ;;
     ppo2) extra=(--loss ppo --ppo-epochs 2) ;;
@@ -47,11 +48,11 @@ for run in topr_replay ppo2 on_policy; do
   cp "$W/$run/metrics.jsonl" "$OUT/${run}_metrics.jsonl"
   cp "$W/$run/environment.jsonl" "$OUT/${run}_environment.jsonl"
 done
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$RUNS" <<'PY'
 import json, math, sys
 out = sys.argv[1]
 failed = []
-for run in ("topr_replay", "ppo2", "on_policy"):
+for run in sys.argv[2].split():
     rows = [json.loads(line) for line in open(f"{out}/{run}_metrics.jsonl")]
     steps = [r for r in rows if "time/step_s" in r]
     bad = [k for r in steps for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)]

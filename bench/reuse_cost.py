@@ -101,11 +101,12 @@ def main(argv=None) -> dict:
     prompts = [" ".join(map(str, torch.randint(1, vocab - 1, (args.prompt_tokens,), generator=g).tolist()))
                for _ in range(args.prompts)]
     plan = PassPlan(1.0, args.micro_batch_size)
+    kept = args.train_groups or args.prompts  # groups each update trains on
     sampling = SamplingParams(k=args.k, temperature=1.0, max_new_tokens=args.max_new_tokens)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     decoder = engine.decoder_for(engine.sampler(), sampling)
-    print(f"{name}, shape {args.shape}, {args.prompts} prompts x k={args.k} ({args.train_groups or args.prompts} "
-          f"groups trained), <= {args.max_new_tokens} new tokens, {args.gen_batch_size} rows decoded together, "
+    print(f"{name}, shape {args.shape}, {args.prompts} prompts x k={args.k} ({kept} groups "
+          f"trained), <= {args.max_new_tokens} new tokens, {args.gen_batch_size} rows decoded together, "
           f"decoder {decoder}, micro-batch {args.micro_batch_size}, EOS bias {bias:.2f}", flush=True)
 
     def timed(fn):
@@ -128,7 +129,6 @@ def main(argv=None) -> dict:
     rounds = []
     for r in range(args.rounds + 1):  # round 0 warms up (compilation, allocator) and is not counted
         sample_s, samples = timed(lambda: sample(1 + r))
-        kept = args.train_groups or args.prompts
         batch = rollout_batch(tokenizer, prompts[:kept], samples[:kept]).to(device)
         update_s, _ = timed(lambda: update(batch))
         lengths = [len(s.completion_ids) for row in samples for s in row]
@@ -146,7 +146,7 @@ def main(argv=None) -> dict:
         print(f"r={c['r']}: {c['step_s']:.2f} s a step, {c['vs_on_policy']:.2f}x on-policy, "
               f"{c['samples_per_s']:.1f} generated samples/s")
     report = {"device": name, "torch": torch.__version__, "args": vars(args), "eos_bias": bias, "rounds": rounds,
-              "trained_samples": (args.train_groups or args.prompts) * args.k,
+              "trained_samples": kept * args.k,
               "sample_s": sample_s, "update_s": update_s, "costs": costs}
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=1))

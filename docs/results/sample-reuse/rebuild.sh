@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# A fresh machine's way back to the screens, from the repository root: the SFT start (countdown-real "Reproduce",
+# stopped at its step-350 checkpoint), real_sft_patient s0 (frozen tree 11717a2 with this study's 5_reuse.yaml), the
+# archived evaluations the report pairs against, then each screen named on the command line (validation, seed 0),
+# the evaluation of its kept step-10 model and the screens' table. Every stage that finished is skipped on a rerun.
+#   docs/results/sample-reuse/rebuild.sh reuse_ppo_r4 reuse_topr_r4      (RUNS=runs, FROZEN=../frozen by default)
+# Bit for bit only on an Intel CPU with AMX (the start hashes to 452f45f9e9c698ea, real_sft_patient to
+# 816279fd50aaa582); the AMD rebuilds differ (countdown-real/adapters/README.md). Its times: this folder's README.
+set -uo pipefail
+ROOT=$(pwd); RUNS=$(realpath -m "${RUNS:-runs}"); FROZEN=$(realpath -m "${FROZEN:-../frozen}")
+PY=$ROOT/.venv/bin/python; A=$RUNS/real/ablation; D=$ROOT/docs/results; CK=$RUNS/real/sft/checkpoints/step-00000350
+log() { echo "$(date -u +%FT%T) $*"; }
+if [ ! -f "$RUNS/real/sft/model/model.safetensors" ]; then
+  $ROOT/.venv/bin/rlft sft --data countdown --preset standard --heldout-data ../shared/data/countdown/train.parquet \
+      --num-train 8000 --heldout-size 1000 --trace-style bounded --give-up 0.6 --prompt-template short \
+      --batch-size 16 --micro-batch-size 8 --max-steps 800 --lr 1e-4 --schedule constant --warmup-ratio 0.03 \
+      --save-every 50 --keep-checkpoints 16 --output-dir "$RUNS/real/sft" $(ls -d "$RUNS"/real/sft/checkpoints/step-* \
+      >/dev/null 2>&1 && echo --resume || { [ -d "$RUNS/real/sft" ] && echo --overwrite; }) &
+  SFT=$!; until [ -f "$CK/model.safetensors" ]; do sleep 20; done; sleep 20; kill $SFT; wait $SFT
+  mkdir -p "$RUNS/real/sft/model" && cp -r "$CK/." "$RUNS/real/sft/model/"
+fi
+log "SFT start: $(sha256sum "$RUNS/real/sft/model/model.safetensors" | cut -c1-16)"
+[ -d "$FROZEN" ] || git worktree add --detach "$FROZEN" 11717a2
+cp configs/countdown/ablation/5_reuse.yaml "$FROZEN/configs/countdown/ablation/"
+# the archived runs: the on-policy reference, the start's validation evaluation, the screens already run
+unpack() {  # archived prefix, variant folder
+  local src=$1 dst=$A/$2/s0; mkdir -p "$dst/run"
+  cp "$src"_s0_metrics.jsonl "$dst/run/metrics.jsonl"; cp "$src"_s0_config.yaml "$dst/run/config.yaml"
+  zcat "$src"_s0_eval_validation_greedy.json.gz > "$dst/eval_val_greedy_500.json"
+  if [ -f "$src"_s0_step10_eval_validation_greedy.json.gz ]; then
+    mkdir -p "$dst/step10"
+    zcat "$src"_s0_step10_eval_validation_greedy.json.gz > "$dst/step10/eval_val_greedy_500.json"
+  fi
+}
+unpack "$D/countdown-real/data/sft_patient_grpo" real_sft_patient_grpo
+for f in "$D"/sample-reuse/data/reuse_*_s0_metrics.jsonl; do
+  v=$(basename "$f" _s0_metrics.jsonl); unpack "$D/sample-reuse/data/$v" "$v"
+done
+mkdir -p "$A/real_sft_patient/s0"  # its archived evaluation, placed once it trains (a placed one would skip the run)
+if [ ! -f "$A/real_sft_patient/s0/run/model/model.safetensors" ]; then
+  rm -f "$A/real_sft_patient/s0/eval_val_greedy_500.json"
+  M=$A/real_sft_patient/s0/run/metrics.jsonl; N=$(cat "$M" 2>/dev/null | wc -l)
+  ( until [ "$(cat "$M" 2>/dev/null | wc -l)" -gt "$N" ]; do sleep 10; done  # a step trained: past the run's check
+    zcat "$D/countdown-real/data/sft_patient_s0_eval_validation_greedy.json.gz" \
+        > "$A/real_sft_patient/s0/eval_val_greedy_500.json" ) &
+fi
+O="--setting real --tasks 500 --seeds 0 --steps 20 --no-start-eval --sft $RUNS/real/sft/model --out $A"
+O="$O --split validation"
+(cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py run $O --sft-step-s 6.8 \
+    --budget-from docs/results/countdown-real/data/rl_s0_metrics.jsonl --variants real_sft_patient)
+log "real_sft_patient: $(sha256sum "$A/real_sft_patient/s0/run/model/model.safetensors" | cut -c1-16)"
+for v in "$@"; do
+  ( until [ -d "$A/$v/s0/run/checkpoints/step-00000010" ] || [ -d "$A/$v/s0/step10_checkpoint" ]; do sleep 10; done
+    sleep 15; [ -d "$A/$v/s0/step10_checkpoint" ] ||
+        cp -r "$A/$v/s0/run/checkpoints/step-00000010" "$A/$v/s0/step10_checkpoint"
+  ) & KEEP=$!
+  log "$v"
+  (cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py run $O --variants "$v")
+  kill $KEEP 2>/dev/null; $PY scripts/countdown_ablation.py checkpoint $O --step 10 --variants "$v"
+  log "$v: $(sha256sum "$A/$v/s0/run/model/model.safetensors" | cut -c1-16)"
+done
+$PY scripts/studies/reuse_report.py --out "$A" --seed 0 --split validation --tasks 500

@@ -10,6 +10,10 @@ set -uo pipefail
 ROOT=$(pwd); RUNS=$(realpath -m "${RUNS:-runs}"); FROZEN=$(realpath -m "${FROZEN:-../frozen}")
 PY=$ROOT/.venv/bin/python; A=$RUNS/real/ablation; D=$ROOT/docs/results; CK=$RUNS/real/sft/checkpoints/step-00000350
 log() { echo "$(date -u +%FT%T) $*"; }
+unzip_eval() {  # an archived evaluation without its cache key (the key holds the weights' mtimes: stale once rebuilt)
+  $PY -c "import gzip, json, sys; d = json.load(gzip.open(sys.argv[1])); d.pop('cache_key', None)
+json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"
+}
 if [ ! -f "$RUNS/real/sft/model/model.safetensors" ]; then
   $ROOT/.venv/bin/rlft sft --data countdown --preset standard --heldout-data ../shared/data/countdown/train.parquet \
       --num-train 8000 --heldout-size 1000 --trace-style bounded --give-up 0.6 --prompt-template short \
@@ -26,10 +30,10 @@ cp configs/countdown/ablation/5_reuse.yaml "$FROZEN/configs/countdown/ablation/"
 unpack() {  # archived prefix, variant folder
   local src=$1 dst=$A/$2/s0; mkdir -p "$dst/run"
   cp "$src"_s0_metrics.jsonl "$dst/run/metrics.jsonl"; cp "$src"_s0_config.yaml "$dst/run/config.yaml"
-  zcat "$src"_s0_eval_validation_greedy.json.gz > "$dst/eval_val_greedy_500.json"
+  unzip_eval "$src"_s0_eval_validation_greedy.json.gz "$dst/eval_val_greedy_500.json"
   if [ -f "$src"_s0_step10_eval_validation_greedy.json.gz ]; then
     mkdir -p "$dst/step10"
-    zcat "$src"_s0_step10_eval_validation_greedy.json.gz > "$dst/step10/eval_val_greedy_500.json"
+    unzip_eval "$src"_s0_step10_eval_validation_greedy.json.gz "$dst/step10/eval_val_greedy_500.json"
   fi
 }
 unpack "$D/countdown-real/data/sft_patient_grpo" real_sft_patient_grpo
@@ -41,8 +45,8 @@ if [ ! -f "$A/real_sft_patient/s0/run/model/model.safetensors" ]; then
   rm -f "$A/real_sft_patient/s0/eval_val_greedy_500.json"
   M=$A/real_sft_patient/s0/run/metrics.jsonl; N=$(cat "$M" 2>/dev/null | wc -l)
   ( until [ "$(cat "$M" 2>/dev/null | wc -l)" -gt "$N" ]; do sleep 10; done  # a step trained: past the run's check
-    zcat "$D/countdown-real/data/sft_patient_s0_eval_validation_greedy.json.gz" \
-        > "$A/real_sft_patient/s0/eval_val_greedy_500.json" ) &
+    unzip_eval "$D/countdown-real/data/sft_patient_s0_eval_validation_greedy.json.gz" \
+        "$A/real_sft_patient/s0/eval_val_greedy_500.json" ) &
 fi
 O="--setting real --tasks 500 --seeds 0 --steps 20 --no-start-eval --sft $RUNS/real/sft/model --out $A"
 O="$O --split validation"

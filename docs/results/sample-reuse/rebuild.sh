@@ -38,7 +38,8 @@ unpack() {  # archived prefix, variant folder
 }
 unpack "$D/countdown-real/data/sft_patient_grpo" real_sft_patient_grpo
 for f in "$D"/sample-reuse/data/reuse_*_s0_metrics.jsonl; do
-  v=$(basename "$f" _s0_metrics.jsonl); unpack "$D/sample-reuse/data/$v" "$v"
+  v=$(basename "$f" _s0_metrics.jsonl)  # a finished screen: its end evaluation archived
+  [ -f "$D/sample-reuse/data/${v}_s0_eval_validation_greedy.json.gz" ] && unpack "$D/sample-reuse/data/$v" "$v"
 done
 mkdir -p "$A/real_sft_patient/s0"  # its archived evaluation, placed once it trains (a placed one would skip the run)
 if [ ! -f "$A/real_sft_patient/s0/run/model/model.safetensors" ]; then

@@ -12,8 +12,8 @@ pass@1/pass@4. ``scripts/ablation_report.py`` pairs each against the SFT start (
     python scripts/ablation_report.py report --out runs/ablation --tasks 200
 
 ``run`` is resumable: a finished variant/seed (its ``eval_*.json`` present) is skipped, an unfinished run resumes from
-its last checkpoint (one killed before its first checkpoint restarts; rlft moves the old folder aside), and evaluations are cached (:func:`rlft.recipes.pipeline.evaluate_cached`: a rebuilt model is
-evaluated again). ``pairs`` only samples the DPO variants' pairs; ``list`` prints the variants; ``sft-curve`` scores an
+its last checkpoint (one killed before its first checkpoint restarts; rlft moves the old folder aside), and evaluations are cached (:func:`rlft.recipes.pipeline.evaluate_cached`: a model
+rebuilt with other weights is evaluated again). ``pairs`` only samples the DPO variants' pairs; ``list`` prints the variants; ``sft-curve`` scores an
 SFT run's checkpoints; ``checkpoint`` evaluates the adapter an RL run kept at step ``--step``, merged into its
 start (the half-way model of the sample-reuse study). Runs go one after another (2 CPU cores: never two at once).
 """

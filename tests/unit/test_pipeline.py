@@ -145,7 +145,7 @@ def test_evaluate_cached_writes_the_eval_countdown_format_and_reuses_it(tmp_path
     data = json.loads(path.read_text())
     assert CountdownEvalResult.from_dict(data) == result
     assert data["model"] == str(model) and data["eval_s"] >= 0
-    assert data["cache_key"]["model_weights"] == [["model.safetensors", 4, (model / "model.safetensors").stat().st_mtime_ns]]
+    assert data["cache_key"]["weights"] == hashlib.sha256(b"0123").hexdigest()  # sha256sum model.safetensors
     assert data["cache_key"]["sampling"]["max_new_tokens"] == 8 and data["cache_key"]["prompt_template"] == "short"
     assert _evaluate(model, path) == result and FakeEngine.calls == 1  # reused: no generation
     _evaluate(model, path, reuse=False)
@@ -176,14 +176,44 @@ def test_a_rebuilt_model_other_sampling_or_other_tasks_evaluate_again(tmp_path, 
     _evaluate(model, path)
     _model_folder(model, weights=b"01234")  # a new run saved at the same path
     _evaluate(model, path)
-    assert FakeEngine.calls == 2 and "(model_weights differ)" in rlft_log.text
+    assert FakeEngine.calls == 2 and "(weights differ)" in rlft_log.text
     _evaluate(model, path, params=SamplingParams(k=1, temperature=0.0, max_new_tokens=16))
     assert FakeEngine.calls == 3 and "(sampling differ)" in rlft_log.text
     _evaluate(model, path, tasks=TASKS[::-1])
     assert FakeEngine.calls == 4 and "(sampling, tasks_sha256 differ)" in rlft_log.text  # back to 8 tokens, too
-    os.utime(model / "model.safetensors", ns=(1, 1))  # same size, other mtime: rebuilt too
+    _model_folder(model, weights=b"01243")  # same size, other bytes: another model
     _evaluate(model, path, tasks=TASKS[::-1])
     assert FakeEngine.calls == 5
+
+
+def test_a_model_rebuilt_bit_for_bit_reuses_its_evaluation(tmp_path, fake_loading):
+    """The key names the weights by their SHA-256, not their files' mtimes: a training run repeated at the same path
+    that writes the same bytes (a bit-for-bit rebuild) is the same model, and its cached scores are its own."""
+    model, path = _model_folder(tmp_path / "model"), tmp_path / "greedy.json"
+    _evaluate(model, path)
+    (model / "model.safetensors").unlink()
+    _model_folder(model)  # written again, same bytes
+    os.utime(model / "model.safetensors", ns=(1, 1))
+    _evaluate(model, path)
+    assert FakeEngine.calls == 1
+
+
+def test_a_key_written_with_mtimes_is_reused_while_the_weights_files_are_untouched(tmp_path, fake_loading, rlft_log):
+    """Keys written before 2026-12-02 name the weights files by ``[name, bytes, mtime_ns]``: such a file stays valid
+    while those files are untouched, and is stale once one of them is rewritten."""
+    model, path = _model_folder(tmp_path / "model"), tmp_path / "greedy.json"
+    _evaluate(model, path)
+    data = json.loads(path.read_text())
+    weights = model / "model.safetensors"
+    data["cache_key"].pop("weights")
+    data["cache_key"]["model_weights"] = [["model.safetensors", 4, weights.stat().st_mtime_ns]]
+    path.write_text(json.dumps(data))
+    _evaluate(model, path)
+    assert FakeEngine.calls == 1
+    os.utime(weights, ns=(1, 1))  # the old key cannot tell a touched file from a rebuilt one
+    _evaluate(model, path)
+    assert FakeEngine.calls == 2 and "(weights differ)" in rlft_log.text
+    assert json.loads(path.read_text())["cache_key"]["weights"] == hashlib.sha256(b"0123").hexdigest()
 
 
 def test_a_file_without_a_cache_key_is_reused_when_its_size_fits(tmp_path, fake_loading):

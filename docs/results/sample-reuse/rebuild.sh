@@ -10,7 +10,7 @@ set -uo pipefail
 ROOT=$(pwd); RUNS=$(realpath -m "${RUNS:-runs}"); FROZEN=$(realpath -m "${FROZEN:-../frozen}")
 PY=$ROOT/.venv/bin/python; A=$RUNS/real/ablation; D=$ROOT/docs/results; CK=$RUNS/real/sft/checkpoints/step-00000350
 log() { echo "$(date -u +%FT%T) $*"; }
-unzip_eval() {  # an archived evaluation without its cache key (the key holds the weights' mtimes: stale once rebuilt)
+unzip_eval() {  # an archived evaluation without its cache key (archived keys hold mtimes: stale once rebuilt)
   $PY -c "import gzip, json, sys; d = json.load(gzip.open(sys.argv[1])); d.pop('cache_key', None)
 json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"
 }

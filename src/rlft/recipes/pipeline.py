@@ -9,9 +9,10 @@ continues where it stopped. This module is their one home:
 - :func:`evaluate_cached` loads a model folder once, evaluates it on named Countdown task sets with given
   :class:`~rlft.rollout.base.SamplingParams` (HF engine) and writes each result as JSON in the ``rlft eval countdown``
   format (:class:`~rlft.eval.countdown.CountdownEvalResult` fields, plus ``eval_s``, ``model`` and ``cache_key``).
-  A cached result is reused only while its :func:`cache_key` matches: the model folder's weights files (name, size,
-  mtime: :func:`rlft.recipes.pairs.weights_fingerprint`), the sampling parameters, the prompt template and the tasks.
-  A rebuilt model at the same path is therefore evaluated again, never paired with its predecessor's scores;
+  A cached result is reused only while its :func:`cache_key` matches: the SHA-256 of the model folder's weights
+  (:func:`rlft.checkpoint.weights_sha256`), the sampling parameters, the prompt template and the tasks. A model
+  trained again at the same path is therefore evaluated again unless it is the same bytes (a bit-for-bit rebuild
+  reuses its predecessor's scores, which are its own), never paired with another model's scores;
 - a study's settings and variants as data (:func:`load_settings`, :func:`load_variants`: YAML files such as
   ``configs/countdown/ablation/``) and the held-out tasks a setting evaluates on (:func:`heldout_tasks`).
 """
@@ -135,22 +136,42 @@ class EvalJob:
     (:func:`evaluate_cached`'s ``ledger``; a cached result read back is not a new look)."""
 
 
-def cache_key(model: str | Path, job: EvalJob, prompt_template: str) -> dict:
-    """What a cached evaluation must share with the one asked for: the model folder's weights files
-    (``[[name, bytes, mtime_ns], ...]``; ``[]`` for a built-in name or Hub id), the sampling parameters, the prompt
-    template and a SHA-256 of the tasks (numbers and target of each, in order)."""
-    from rlft.recipes.pairs import weights_fingerprint
-
+def cache_key(model: str | Path, job: EvalJob, prompt_template: str, weights: str | list | None = None) -> dict:
+    """What a cached evaluation must share with the one asked for: the model's weights (``weights``, else
+    :func:`weights_id` of ``model``), the sampling parameters, the prompt template and a SHA-256 of the tasks
+    (numbers and target of each, in order)."""
     tasks = hashlib.sha256(json.dumps([[list(t.nums), t.target] for t in job.tasks]).encode()).hexdigest()
-    return {"model_weights": weights_fingerprint(str(model)), "sampling": asdict(job.params),
+    return {"weights": weights if weights is not None else weights_id(model), "sampling": asdict(job.params),
             "prompt_template": prompt_template, "tasks_sha256": tasks}
 
 
-def read_cached(path: Path, key: dict, job: EvalJob) -> CountdownEvalResult | None:
+def weights_id(model: str | Path, sha256: str | None = None) -> str | list:
+    """What names a model's weights in a cache key: their SHA-256 (``sha256``, else
+    :func:`rlft.checkpoint.weights_sha256`; reading the 135M model's 0.5 GB takes ~1 s), or, for a folder without
+    ``*.safetensors`` (``*.bin`` weights), ``[[name, bytes, mtime_ns], ...]``
+    (:func:`rlft.recipes.pairs.weights_fingerprint`); ``[]`` for a built-in name or Hub id."""
+    from rlft.checkpoint import weights_sha256
+    from rlft.recipes.pairs import weights_fingerprint
+
+    return sha256 or weights_sha256(model) or weights_fingerprint(str(model))
+
+
+def _legacy_weights_match(recorded: dict, model: str | Path | None) -> bool:
+    """A key written before 2026-12-02 names the weights files by ``[[name, bytes, mtime_ns], ...]``
+    (:func:`rlft.recipes.pairs.weights_fingerprint`) instead of their SHA-256: it still matches while those files are
+    untouched."""
+    from rlft.recipes.pairs import weights_fingerprint
+
+    return "weights" not in recorded and model is not None and \
+        recorded.get("model_weights") == weights_fingerprint(str(model))
+
+
+def read_cached(path: Path, key: dict, job: EvalJob, model: str | Path | None = None) -> CountdownEvalResult | None:
     """The result cached in ``path`` when it answers ``job``, else None (logged when a file is there but stale).
 
-    A file with a ``cache_key`` must match ``key``; a file without one (written before keys were recorded, or
-    archived) is taken as it is. Either way its samples per task and its number of tasks must be the job's.
+    A file with a ``cache_key`` must match ``key`` (an older key that names ``model``'s weights files by size and
+    mtime instead of their SHA-256 matches while they are untouched); a file without one (written before keys were
+    recorded, or archived) is taken as it is. Either way its samples per task and its number of tasks must be the job's.
 
     Raises:
         ValueError: naming ``path``: it is not JSON (damaged) or not an evaluation; deleting it evaluates again.
@@ -164,7 +185,9 @@ def read_cached(path: Path, key: dict, job: EvalJob) -> CountdownEvalResult | No
     if not isinstance(data, dict) or not isinstance(data.get("cache_key", {}), (dict, type(None))):
         raise ValueError(f"{path}: not {what}")
     recorded = data.get("cache_key")
-    stale = [name for name in key if recorded is not None and recorded.get(name) != key[name]]
+    legacy = recorded is not None and _legacy_weights_match(recorded, model)
+    stale = [name for name in key if recorded is not None and recorded.get(name) != key[name]
+             and not (legacy and name == "weights")]
     if data.get("k") != job.params.k or len(data.get("task_scores", [])) != len(job.tasks):
         stale.append("size")
     if stale:
@@ -203,17 +226,19 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
 
     results: dict[str, CountdownEvalResult] = {}
     precision = str(pick_device(device, dtype).for_inference().label)  # a bf16 evaluation is not a float32 one
-    keys = {name: {**cache_key(model, job, prompt_template), "precision": precision} for name, job in jobs.items()}
+    sha256 = weights_sha256(model)  # hashed once for every job's key and the written config
+    weights = weights_id(model, sha256)
+    keys = {name: {**cache_key(model, job, prompt_template, weights), "precision": precision} for name, job in jobs.items()}
     todo = []
     for name, job in jobs.items():
-        cached = read_cached(job.path, keys[name], job) if reuse else None
+        cached = read_cached(job.path, keys[name], job, model) if reuse else None
         if cached is None:
             todo.append(name)
         else:
             results[name] = cached
             log.info("reusing %s", job.path)
     if todo:
-        tokenizer, sha256 = load_tokenizer(str(model)), weights_sha256(model)
+        tokenizer = load_tokenizer(str(model))
         # evaluation only generates: weights in the compute dtype under mixed precision (DeviceSpec.for_inference)
         engine = HFEngine(load_model(str(model), pick_device(device, dtype).for_inference()), tokenizer, batch_size=batch_size,
                           show_progress=show_progress, add_special_tokens=adds_special_tokens(prompt_template))

@@ -209,3 +209,17 @@ def load_script(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def run_quick_bench(script: Path, tmp_path: Path, *extra: str) -> dict:
+    """Run ``script --quick --output <tmp_path>/bench.json *extra`` in a subprocess on one CPU thread in float32 (its
+    own HOME, no inherited environment) and return the JSON report it wrote, with its ``stdout``; a non-zero exit
+    fails the test with the end of its stderr."""
+    import subprocess
+
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(script), "--quick", "--output", str(out), *extra], capture_output=True,
+                          text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                                      "HOME": str(tmp_path), "RLFT_CPU_BF16": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()) | {"stdout": done.stdout}

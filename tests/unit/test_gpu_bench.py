@@ -3,23 +3,17 @@ random model, rows decode to full length, the JSON holds what the table shows, a
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_quick_bench
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_bench.py"
 
 
 def run_bench(tmp_path: Path, *extra: str) -> dict:
-    out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--output", str(out), *extra], capture_output=True, text=True,
-                          timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                                            "RLFT_CPU_BF16": "0"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text()) | {"stdout": done.stdout}
+    return run_quick_bench(SCRIPT, tmp_path, *extra)
 
 
 def test_quick_run_covers_every_decoder_and_mode(tmp_path):

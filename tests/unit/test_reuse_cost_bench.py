@@ -4,12 +4,11 @@ synthetic workload, the EOS bias keeps completions short, and the reported costs
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_quick_bench
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "reuse_cost.py"
 
@@ -31,12 +30,7 @@ def test_step_costs_by_hand():
 
 
 def test_quick_run_samples_and_updates(tmp_path):
-    out = tmp_path / "reuse_cost.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--output", str(out)], capture_output=True, text=True,
-                          timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                                            "RLFT_CPU_BF16": "0"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = run_quick_bench(SCRIPT, tmp_path)
     assert len(report["rounds"]) == 3  # a warm-up round and two timed ones
     for r in report["rounds"]:
         assert r["sample_s"] > 0 and r["update_s"] > 0

@@ -3,21 +3,15 @@ the roughly geometric lengths it claims (rate 0.1, at most 16 tokens: mean (1 - 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.conftest import run_quick_bench
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "rollout_gpu.py"
 
 
 def test_quick_run_decodes_with_every_candidate_and_biased_eos(tmp_path):
-    out = tmp_path / "rollout_gpu.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--output", str(out)], capture_output=True, text=True,
-                          timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                                            "RLFT_CPU_BF16": "0"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = run_quick_bench(SCRIPT, tmp_path)
     results = {r["candidate"]: r for r in report["results"]}
     assert sorted(results) == ["cb", "drop", "refill", "static"]
     for name, r in results.items():

@@ -228,7 +228,8 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     precision = str(pick_device(device, dtype).for_inference().label)  # a bf16 evaluation is not a float32 one
     sha256 = weights_sha256(model)  # hashed once for every job's key and the written config
     weights = weights_id(model, sha256)
-    keys = {name: {**cache_key(model, job, prompt_template, weights), "precision": precision} for name, job in jobs.items()}
+    keys = {name: {**cache_key(model, job, prompt_template, weights), "precision": precision}
+            for name, job in jobs.items()}
     todo = []
     for name, job in jobs.items():
         cached = read_cached(job.path, keys[name], job, model) if reuse else None

@@ -37,6 +37,10 @@ unpack() {  # archived prefix, variant folder
   fi
 }
 unpack "$D/countdown-real/data/sft_patient_grpo" real_sft_patient_grpo
+# the on-policy run's step-10 model (its first 10 steps rerun on 2026-12-02, equal at every step) on the same rows
+mkdir -p "$A/real_sft_patient_grpo/s0/step10"
+unzip_eval "$D/sample-reuse/data/real_sft_patient_grpo_s0_step10_eval_validation_greedy.json.gz" \
+    "$A/real_sft_patient_grpo/s0/step10/eval_val_greedy_500.json"
 for f in "$D"/sample-reuse/data/reuse_*_s0_metrics.jsonl; do
   v=$(basename "$f" _s0_metrics.jsonl)  # a finished screen: its end evaluation archived
   [ -f "$D/sample-reuse/data/${v}_s0_eval_validation_greedy.json.gz" ] && unpack "$D/sample-reuse/data/$v" "$v"

@@ -39,4 +39,4 @@ def test_quick_run_samples_and_updates(tmp_path):
     assert report["sample_s"] == pytest.approx(sum(r["sample_s"] for r in timed) / 2)  # median of two
     assert [c["step_s"] for c in report["costs"]] == pytest.approx(
         [report["sample_s"] + r * report["update_s"] for r in (1, 2, 4)])
-    assert "decoder refill" in done.stdout  # the CPU's sampling decoder at T=1
+    assert "decoder refill" in report["stdout"]  # the CPU's sampling decoder at T=1

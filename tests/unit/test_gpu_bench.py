@@ -12,12 +12,8 @@ from tests.conftest import run_quick_bench
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_bench.py"
 
 
-def run_bench(tmp_path: Path, *extra: str) -> dict:
-    return run_quick_bench(SCRIPT, tmp_path, *extra)
-
-
 def test_quick_run_covers_every_decoder_and_mode(tmp_path):
-    report = run_bench(tmp_path, "--decode-rows", "4", "--sizes", "4x32")
+    report = run_quick_bench(SCRIPT, tmp_path, "--decode-rows", "4", "--sizes", "4x32")
     meta, results = report["meta"], report["results"]
     assert meta["shape"] == "tiny" and meta["compile_backend"] == "aot_eager" and meta["peak_tflops"] == 790
     decode = [r for r in results if r["kind"] == "decode"]
@@ -33,14 +29,15 @@ def test_quick_run_covers_every_decoder_and_mode(tmp_path):
 
 
 def test_variants_run_each_training_step_with_todays_and_the_old_kernels(tmp_path):
-    report = run_bench(tmp_path, "--decode-rows", "4", "--decoders", "drop", "--sizes", "4x32", "--tasks", "sft",
-                       "--modes", "eager", "--variants", "new,old")
+    report = run_quick_bench(SCRIPT, tmp_path, "--decode-rows", "4", "--decoders", "drop", "--sizes", "4x32",
+                             "--tasks", "sft", "--modes", "eager", "--variants", "new,old")
     assert [r["mode"] for r in report["results"] if r["kind"] == "train"] == ["eager", "eager (old)"]
     assert "sft eager (old)" in report["stdout"]
 
 
 def test_time_budget_skips_what_is_left(tmp_path):
-    report = run_bench(tmp_path, "--time-budget", "0", "--decode-rows", "4", "--sizes", "4x32", "--tasks", "sft", "--modes", "eager")
+    report = run_quick_bench(SCRIPT, tmp_path, "--time-budget", "0", "--decode-rows", "4", "--sizes", "4x32",
+                             "--tasks", "sft", "--modes", "eager")
     assert [r["kind"] for r in report["results"]] == ["skipped"] * 4
 
 

@@ -136,24 +136,22 @@ class EvalJob:
     (:func:`evaluate_cached`'s ``ledger``; a cached result read back is not a new look)."""
 
 
-def cache_key(model: str | Path, job: EvalJob, prompt_template: str, weights: str | list | None = None) -> dict:
-    """What a cached evaluation must share with the one asked for: the model's weights (``weights``, else
-    :func:`weights_id` of ``model``), the sampling parameters, the prompt template and a SHA-256 of the tasks
-    (numbers and target of each, in order)."""
+def cache_key(weights: str | list, job: EvalJob, prompt_template: str) -> dict:
+    """What a cached evaluation must share with the one asked for: the model's weights (:func:`weights_id`), the
+    sampling parameters, the prompt template and a SHA-256 of the tasks (numbers and target of each, in order)."""
     tasks = hashlib.sha256(json.dumps([[list(t.nums), t.target] for t in job.tasks]).encode()).hexdigest()
-    return {"weights": weights if weights is not None else weights_id(model), "sampling": asdict(job.params),
-            "prompt_template": prompt_template, "tasks_sha256": tasks}
+    return {"weights": weights, "sampling": asdict(job.params), "prompt_template": prompt_template,
+            "tasks_sha256": tasks}
 
 
-def weights_id(model: str | Path, sha256: str | None = None) -> str | list:
-    """What names a model's weights in a cache key: their SHA-256 (``sha256``, else
-    :func:`rlft.checkpoint.weights_sha256`; reading the 135M model's 0.5 GB takes ~1 s), or, for a folder without
-    ``*.safetensors`` (``*.bin`` weights), ``[[name, bytes, mtime_ns], ...]``
-    (:func:`rlft.recipes.pairs.weights_fingerprint`); ``[]`` for a built-in name or Hub id."""
-    from rlft.checkpoint import weights_sha256
+def weights_id(model: str | Path, sha256: str | None) -> str | list:
+    """What names ``model``'s weights in a cache key: ``sha256``, their SHA-256 (:func:`rlft.checkpoint.weights_sha256`
+    of ``model``; reading the 135M model's 0.5 GB takes ~1 s), or, where that is None, ``[[name, bytes, mtime_ns],
+    ...]`` of a folder's ``*.bin`` weights (:func:`rlft.recipes.pairs.weights_fingerprint`; ``[]`` for a built-in
+    name or Hub id)."""
     from rlft.recipes.pairs import weights_fingerprint
 
-    return sha256 or weights_sha256(model) or weights_fingerprint(str(model))
+    return sha256 or weights_fingerprint(str(model))
 
 
 def _legacy_weights_match(recorded: dict, model: str | Path | None) -> bool:
@@ -228,7 +226,7 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     precision = str(pick_device(device, dtype).for_inference().label)  # a bf16 evaluation is not a float32 one
     sha256 = weights_sha256(model)  # hashed once for every job's key and the written config
     weights = weights_id(model, sha256)
-    keys = {name: {**cache_key(model, job, prompt_template, weights), "precision": precision}
+    keys = {name: {**cache_key(weights, job, prompt_template), "precision": precision}
             for name, job in jobs.items()}
     todo = []
     for name, job in jobs.items():

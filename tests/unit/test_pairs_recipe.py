@@ -251,9 +251,10 @@ def test_killed_pair_sampling_resumes_from_its_journal(tmp_path):
         make_countdown_pairs(replace(cfg, temperature=0.7), engine=KeyedEngine())
 
 
-def test_a_journal_from_a_model_rebuilt_at_the_same_path_is_refused(tmp_path, smol_tokenizer):
-    """The journal's meta holds the model folder's weights files (name, size, mtime): samples of an earlier model saved
-    at the same path are never mixed into a new run."""
+def test_a_journal_from_other_weights_at_the_same_path_is_refused(tmp_path, smol_tokenizer):
+    """The journal's meta names the model's weights by their SHA-256: the same weights, copied (a new mtime), continue
+    it; an earlier model's samples are never mixed into a run of other weights saved at the same path."""
+    import hashlib
     import os
 
     folder = tmp_path / "tiny"
@@ -261,13 +262,46 @@ def test_a_journal_from_a_model_rebuilt_at_the_same_path_is_refused(tmp_path, sm
     model.generation_config.eos_token_id = smol_tokenizer.eos_token_id
     model.save_pretrained(folder)
     smol_tokenizer.save_pretrained(folder)
+    weights = folder / "model.safetensors"
     assert [name for name, *_ in pairs_recipe.weights_fingerprint(str(folder))] == ["model.safetensors"]
     assert pairs_recipe.weights_fingerprint("smollm2-135m") == []
     cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4, dtype="float32")
     make_countdown_pairs(cfg)
+    meta = json.loads(pairs_recipe.journal_path(cfg.output).read_text().splitlines()[0])["meta"]
+    assert meta["model_weights"] == hashlib.sha256(weights.read_bytes()).hexdigest()
     Path(cfg.output).unlink()
-    make_countdown_pairs(cfg)  # the same model: everything read back from the journal
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # copied: a new mtime
+    make_countdown_pairs(cfg)  # the same weights: everything read back from the journal
+    Path(cfg.output).unlink()
+    other = make_tiny_model(len(smol_tokenizer), seed=1)
+    other.generation_config.eos_token_id = smol_tokenizer.eos_token_id
+    other.save_pretrained(folder)  # "rebuilt": other weights at the same path
+    with pytest.raises(ValueError, match="differs in model_weights"):
+        make_countdown_pairs(cfg)
+
+
+def test_a_journal_that_names_the_weights_by_mtime_is_continued_while_they_match(tmp_path, smol_tokenizer):
+    """A journal written before 2026-12-02 names the weights files by [name, bytes, mtime_ns]: it is continued while
+    those files are untouched, and refused (another run's) once they change."""
+    import os
+
+    folder = tmp_path / "tiny"
+    model = make_tiny_model(len(smol_tokenizer), seed=0)
+    model.generation_config.eos_token_id = smol_tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4, dtype="float32")
+    make_countdown_pairs(cfg)
+    journal = pairs_recipe.journal_path(cfg.output)
+    lines = journal.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["meta"]["model_weights"] = pairs_recipe.weights_fingerprint(str(folder))  # as written before 2026-12-02
+    journal.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    Path(cfg.output).unlink()
+    assert pairs_recipe.journal_meta(cfg, 4)["model_weights"] == first["meta"]["model_weights"]
+    make_countdown_pairs(cfg)  # continued: its samples read back
     weights = folder / "model.safetensors"
-    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "rebuilt"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    Path(cfg.output).unlink()
     with pytest.raises(ValueError, match="differs in model_weights"):
         make_countdown_pairs(cfg)

@@ -101,8 +101,8 @@ def journal_path(output: str | Path) -> Path:
 
 def weights_fingerprint(model: str) -> list[list]:
     """``[name, bytes, mtime_ns]`` of each weights file (``*.safetensors``, ``*.bin``) in a local model folder, sorted by
-    name; ``[]`` for a built-in name or Hub id. In a journal's meta it tells a model rebuilt at the same path (a new
-    SFT run) from the one that sampled the journal."""
+    name; ``[]`` for a built-in name or Hub id. What named the weights in a journal's meta before 2026-12-02
+    (:func:`model_weights_id`), and a folder of ``*.bin`` weights since."""
     folder = Path(model)
     if not folder.is_dir():
         return []
@@ -110,10 +110,26 @@ def weights_fingerprint(model: str) -> list[list]:
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
+def model_weights_id(model: str, journal: Path) -> str | list:
+    """What names ``model``'s weights in the meta of ``journal``: their SHA-256 (:func:`rlft.checkpoint.weights_sha256`;
+    reading the 135M model's 0.5 GB takes ~1 s), so a model rebuilt bit for bit, or copied, continues the journal and
+    other weights saved at the same path do not; :func:`weights_fingerprint` where there is no ``*.safetensors``. A
+    journal written before 2026-12-02 names them by :func:`weights_fingerprint`: that value is kept while it still
+    matches the files, so the journal is continued."""
+    from rlft.checkpoint import weights_sha256
+    from rlft.recipes.pipeline import weights_id
+    from rlft.rollout.journal import recorded_meta
+
+    fingerprint = weights_fingerprint(model)
+    if fingerprint and (recorded_meta(journal) or {}).get("model_weights") == fingerprint:
+        return fingerprint
+    return weights_id(model, weights_sha256(model))
+
+
 JOURNAL_KEYS = ("model", "data", "data_split", "data_heldout", "preset", "split_seed", "heldout_size", "start", "prompt_template",
                 "num_samples", "temperature", "top_p", "top_k", "seed", "dtype")
 """The options a journal must share with the run that continues it (with the resolved ``max_new_tokens`` and the
-model's :func:`weights_fingerprint`; each journalled prompt is also checked against this run's)."""
+model's :func:`model_weights_id`; each journalled prompt is also checked against this run's)."""
 
 
 def resolved_max_new_tokens(cfg: PairsConfig) -> int:
@@ -124,9 +140,9 @@ def resolved_max_new_tokens(cfg: PairsConfig) -> int:
 
 
 def journal_meta(cfg: PairsConfig, max_new_tokens: int) -> dict:
-    """The meta of ``cfg``'s journal: :data:`JOURNAL_KEYS`, the resolved ``max_new_tokens``, the model's weights files."""
+    """The meta of ``cfg``'s journal: :data:`JOURNAL_KEYS`, the resolved ``max_new_tokens``, the model's weights (:func:`model_weights_id`)."""
     return {**{key: getattr(cfg, key) for key in JOURNAL_KEYS}, "max_new_tokens": max_new_tokens,
-            "model_weights": weights_fingerprint(cfg.model)}
+            "model_weights": model_weights_id(cfg.model, journal_path(cfg.output))}
 
 
 def _own_stats(path: Path, output: str) -> bool:

@@ -83,23 +83,35 @@ def read_journal(path: Path, meta: dict, prompts: list[str], k: int) -> list[lis
     return samples
 
 
+def _first_line(path: Path) -> bytes | None:
+    """The journal's first line (at most :data:`MAX_META_BYTES`), stripped; None when there is no journal or it is empty."""
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        first = f.readline(MAX_META_BYTES).strip()
+    return first or None
+
+
+def recorded_meta(path: str | Path) -> dict | None:
+    """The meta on the first line of the journal at ``path``; None when there is no journal, an empty one, or a first
+    line that is no journal meta."""
+    first = _first_line(Path(path))
+    try:
+        old = json.loads(first).get("meta") if first else None
+    except (ValueError, AttributeError):
+        old = None
+    return old if isinstance(old, dict) else None
+
+
 def journal_differences(path: str | Path, meta: dict, chunk_prompts: int = CHUNK_PROMPTS) -> list[str] | None:
     """What a run with ``meta`` (and ``chunk_prompts``) would find in the journal at ``path`` before sampling, from its
     first line alone (at most :data:`MAX_META_BYTES` read): None when there is no journal (or an empty one), ``[]``
     when it is this run's (it will be continued), else the meta keys that differ (``["meta"]`` for a first line that
     is no journal meta). Lets a command refuse another run's journal at parse time, before loading a model."""
-    path = Path(path)
-    if not path.is_file():
+    if _first_line(Path(path)) is None:
         return None
-    with path.open("rb") as f:
-        first = f.readline(MAX_META_BYTES)
-    if not first.strip():
-        return None
-    try:
-        old = json.loads(first).get("meta")
-    except (ValueError, AttributeError):
-        old = None
-    if not isinstance(old, dict):
+    old = recorded_meta(path)
+    if old is None:
         return ["meta"]
     meta = {**meta, "chunk_prompts": chunk_prompts}
     return sorted(key for key in set(old) | set(meta) if old.get(key) != meta.get(key))

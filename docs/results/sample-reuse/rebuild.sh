@@ -7,13 +7,8 @@
 # Bit for bit only on an Intel CPU with AMX (the start hashes to 452f45f9e9c698ea, real_sft_patient to
 # 816279fd50aaa582); the AMD rebuilds differ (countdown-real/adapters/README.md). Its times: this folder's README.
 set -uo pipefail
-ROOT=$(pwd); RUNS=$(realpath -m "${RUNS:-runs}"); FROZEN=$(realpath -m "${FROZEN:-../frozen}")
-PY=$ROOT/.venv/bin/python; A=$RUNS/real/ablation; D=$ROOT/docs/results; CK=$RUNS/real/sft/checkpoints/step-00000350
-log() { echo "$(date -u +%FT%T) $*"; }
-unzip_eval() {  # an archived evaluation without its cache key (archived keys hold mtimes: stale once rebuilt)
-  $PY -c "import gzip, json, sys; d = json.load(gzip.open(sys.argv[1])); d.pop('cache_key', None)
-json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"
-}
+source docs/results/sample-reuse/common.sh
+CK=$RUNS/real/sft/checkpoints/step-00000350
 if [ ! -f "$RUNS/real/sft/model/model.safetensors" ]; then
   $ROOT/.venv/bin/rlft sft --data countdown --preset standard --heldout-data ../shared/data/countdown/train.parquet \
       --num-train 8000 --heldout-size 1000 --trace-style bounded --give-up 0.6 --prompt-template short \
@@ -27,42 +22,31 @@ log "SFT start: $(sha256sum "$RUNS/real/sft/model/model.safetensors" | cut -c1-1
 [ -d "$FROZEN" ] || git worktree add --detach "$FROZEN" 11717a2
 cp configs/countdown/ablation/5_reuse.yaml "$FROZEN/configs/countdown/ablation/"
 # the archived runs: the on-policy reference, the start's validation evaluation, the screens already run
+unpack_step10() {  # archived prefix, variant folder: the evaluation of its step-10 model, when archived
+  local src=$1_s0_step10_eval_validation_greedy.json.gz dst=$A/$2/s0/step10
+  if [ -f "$src" ]; then mkdir -p "$dst" && unzip_eval "$src" "$dst/eval_val_greedy_500.json"; fi
+}
 unpack() {  # archived prefix, variant folder
   local src=$1 dst=$A/$2/s0; mkdir -p "$dst/run"
   cp "$src"_s0_metrics.jsonl "$dst/run/metrics.jsonl"; cp "$src"_s0_config.yaml "$dst/run/config.yaml"
   unzip_eval "$src"_s0_eval_validation_greedy.json.gz "$dst/eval_val_greedy_500.json"
-  if [ -f "$src"_s0_step10_eval_validation_greedy.json.gz ]; then
-    mkdir -p "$dst/step10"
-    unzip_eval "$src"_s0_step10_eval_validation_greedy.json.gz "$dst/step10/eval_val_greedy_500.json"
-  fi
+  unpack_step10 "$src" "$2"
 }
 unpack "$D/countdown-real/data/sft_patient_grpo" real_sft_patient_grpo
 # the on-policy run's step-10 model (its first 10 steps rerun on 2026-12-02, equal at every step) on the same rows
-mkdir -p "$A/real_sft_patient_grpo/s0/step10"
-unzip_eval "$D/sample-reuse/data/real_sft_patient_grpo_s0_step10_eval_validation_greedy.json.gz" \
-    "$A/real_sft_patient_grpo/s0/step10/eval_val_greedy_500.json"
+unpack_step10 "$D/sample-reuse/data/real_sft_patient_grpo" real_sft_patient_grpo
 for f in "$D"/sample-reuse/data/reuse_*_s0_metrics.jsonl; do
   v=$(basename "$f" _s0_metrics.jsonl)  # a finished screen: its end evaluation archived
   [ -f "$D/sample-reuse/data/${v}_s0_eval_validation_greedy.json.gz" ] && unpack "$D/sample-reuse/data/$v" "$v"
 done
-mkdir -p "$A/real_sft_patient/s0"  # its archived evaluation, placed once it trains (a placed one would skip the run)
-if [ ! -f "$A/real_sft_patient/s0/run/model/model.safetensors" ]; then
-  rm -f "$A/real_sft_patient/s0/eval_val_greedy_500.json"
-  M=$A/real_sft_patient/s0/run/metrics.jsonl; N=$(cat "$M" 2>/dev/null | wc -l)
-  ( until [ "$(cat "$M" 2>/dev/null | wc -l)" -gt "$N" ]; do sleep 10; done  # a step trained: past the run's check
-    unzip_eval "$D/countdown-real/data/sft_patient_s0_eval_validation_greedy.json.gz" \
-        "$A/real_sft_patient/s0/eval_val_greedy_500.json" ) &
-fi
+place_start_eval 0  # the start's archived evaluation
 O="--setting real --tasks 500 --seeds 0 --steps 20 --no-start-eval --sft $RUNS/real/sft/model --out $A"
 O="$O --split validation"
 (cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py run $O --sft-step-s 6.8 \
     --budget-from docs/results/countdown-real/data/rl_s0_metrics.jsonl --variants real_sft_patient)
 log "real_sft_patient: $(sha256sum "$A/real_sft_patient/s0/run/model/model.safetensors" | cut -c1-16)"
 for v in "$@"; do
-  ( until [ -d "$A/$v/s0/run/checkpoints/step-00000010" ] || [ -d "$A/$v/s0/step10_checkpoint" ]; do sleep 10; done
-    sleep 15; [ -d "$A/$v/s0/step10_checkpoint" ] ||
-        cp -r "$A/$v/s0/run/checkpoints/step-00000010" "$A/$v/s0/step10_checkpoint"
-  ) & KEEP=$!
+  keep_step10 "$v" 0
   log "$v"
   (cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py run $O --variants "$v")
   kill $KEEP 2>/dev/null; $PY scripts/countdown_ablation.py checkpoint $O --step 10 --variants "$v"

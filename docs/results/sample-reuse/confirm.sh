@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The study's confirmation (README "Protocol", step 3), from the repository root, after rebuild.sh: the leader named on
+# the validation screens, greedy on the 500 test rows in seeds 0 and 1, paired task by task against the on-policy run
+# (its archived test evaluations, ../countdown-real's confirmation batch) at equal generated samples, and its step-10
+# model (half the samples) against the same. Every test evaluation appends a line to <RUNS>/real/ablation/test_looks.jsonl.
+#   docs/results/sample-reuse/confirm.sh reuse_ppo_r4            (RUNS=runs, FROZEN=../frozen by default)
+# Seed 1 rebuilds real_sft_patient s1 first (~1 h here); the archived on-policy s1 run started from 0d84fe346dda772a.
+# If the rebuild differs, the on-policy run is trained again from it and evaluated on the test rows as well.
+# Every stage that finished is skipped on a rerun.
+set -uo pipefail
+LEADER=${1:?name the leader (a variant of configs/countdown/ablation/5_reuse.yaml)}
+source docs/results/sample-reuse/common.sh
+O="--setting real --tasks 500 --steps 20 --no-start-eval --sft $RUNS/real/sft/model --out $A"
+frozen() { (cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py "$@"); }
+reference() {  # seed: the archived on-policy run (metrics, config, test evaluation) where reuse_report.py reads it
+  local src=$D/countdown-real/data/sft_patient_grpo_s$1 dst=$A/real_sft_patient_grpo/s$1
+  mkdir -p "$dst/run"; cp "${src}_metrics.jsonl" "$dst/run/metrics.jsonl"; cp "${src}_config.yaml" "$dst/run/config.yaml"
+  [ -f "$dst/eval_greedy_500.json" ] || unzip_eval "${src}_eval_test_greedy.json.gz" "$dst/eval_greedy_500.json"
+}
+leader_on_test() {  # seed: the leader trained (unless its model exists), then its end and step-10 models on test rows
+  [ -f "$A/$LEADER/s$1/run/model/model.safetensors" ] || keep_step10 "$LEADER" "$1"
+  log "$LEADER s$1"
+  frozen run $O --split test --seeds "$1" --variants "$LEADER"
+  kill ${KEEP:-} 2>/dev/null; unset KEEP
+  $PY scripts/countdown_ablation.py checkpoint $O --split test --seeds "$1" --step 10 --variants "$LEADER"
+  log "$LEADER s$1: $(sha16 "$A/$LEADER/s$1/run/model/model.safetensors")"
+  $PY scripts/studies/reuse_report.py --out "$A" --seed "$1" --split test --tasks 500
+}
+reference 0
+leader_on_test 0
+# seed 1: the start (its archived validation evaluation placed once a step trained, as rebuild.sh does for seed 0)
+place_start_eval 1
+frozen run $O --split validation --seeds 1 --sft-step-s 6.8 \
+    --budget-from docs/results/countdown-real/data/rl_s1_metrics.jsonl --variants real_sft_patient
+START=$(sha16 "$A/real_sft_patient/s1/run/model/model.safetensors"); log "real_sft_patient s1: $START"
+if [ "$START" = 0d84fe346dda772a ]; then
+  reference 1
+else  # not the archived start: the on-policy run from this one, its test evaluation a new look
+  log "real_sft_patient s1 differs from the archived 0d84fe346dda772a: the on-policy run trains again"
+  frozen run $O --split test --seeds 1 --variants real_sft_patient_grpo
+fi
+leader_on_test 1

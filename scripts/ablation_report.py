@@ -218,10 +218,7 @@ def plot_paired(variants: dict, out: Path, n: int) -> Path | None:
     difference with its 95% interval), against the samples it generated (:func:`samples_generated`; variants sharing
     an x are spread a little apart, seeds too), with the issue's +0.05 bar; ``out/paired_vs_samples.png`` (None when
     no run is finished)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from rlft.eval.report import plot_paired_vs_samples
 
     sft = out / "sft_start" / f"eval_greedy_{n}.json"
     if not sft.exists():
@@ -232,29 +229,12 @@ def plot_paired(variants: dict, out: Path, n: int) -> Path | None:
         if path.exists() and x is not None:
             d = paired(path, sft)["all"]
             points.setdefault(name, []).append((x, d["diff"], d["ci_low"], d["ci_high"]))
-    if not points:
-        return None
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    ax.set_prop_cycle(color=plt.cm.tab10.colors)
-    span = max(x for rows in points.values() for x, *_ in rows) or 1
-    total, drawn = sum(map(len, points.values())), 0
-    for name, rows in points.items():
-        xs, ys, lo, hi = zip(*rows)
-        xs = [x + (drawn + i - total / 2) * span / 100 for i, x in enumerate(xs)]  # every point its own x
-        drawn += len(rows)
-        ax.errorbar(xs, ys, yerr=[[y - l for y, l in zip(ys, lo)], [h - y for y, h in zip(ys, hi)]], fmt="o", capsize=3,
-                    label=f"{name} ({len(rows)} seed{'s' if len(rows) > 1 else ''})")
-    ax.axhline(0.0, color="grey", linestyle="--", linewidth=1, label="SFT start")
-    ax.axhline(0.05, color="black", linestyle=":", linewidth=1, label="issue's bar (+0.05)")
-    ax.set_xlabel("samples generated (continued SFT: 0, it trains on its dataset for RL's compute)")
-    ax.set_ylabel(f"greedy score - SFT start ({n} tasks, 95% CI)")
-    ax.set_title("Every run on the held-out tasks, paired against the SFT start")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    path = out / "paired_vs_samples.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    labelled = {f"{name} ({len(rows)} seed{'s' if len(rows) > 1 else ''})": rows for name, rows in points.items()}
+    return plot_paired_vs_samples(labelled, out / "paired_vs_samples.png",
+                                  title="Every run on the held-out tasks, paired against the SFT start",
+                                  xlabel="samples generated (continued SFT: 0, it trains on its dataset for RL's compute)",
+                                  ylabel=f"greedy score - SFT start ({n} tasks, 95% CI)",
+                                  hlines=((0.0, "SFT start", "--"), (0.05, "issue's bar (+0.05)", ":")))
 
 
 def main(argv: list[str] | None = None) -> None:

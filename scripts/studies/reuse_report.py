@@ -147,6 +147,30 @@ def plot(reference: dict, rows: list[dict], start_file: Path, path: Path) -> Pat
                                  title="Sample reuse: held-out score against samples generated")
 
 
+def samples_at(row: dict, step: int) -> int | None:
+    """``samples/total`` of the run's metrics record at ``step`` (None when it has none)."""
+    return next((r.get("samples/total") for r in row["records"] if r.get("step") == step), None)
+
+
+def paired_plot(reference: dict, rows: list[dict], tasks: int, split: str, path: Path) -> Path | None:
+    """Each run's step-10 and end models on the ``tasks`` end-evaluation rows, minus the on-policy run's end (mean
+    difference, 95% interval), against the samples each had generated (:func:`rlft.eval.report.plot_paired_vs_samples`):
+    the study's verdict axis. None when no evaluation is in."""
+    from rlft.eval.report import plot_paired_vs_samples
+
+    points = {}
+    for row in [reference, *rows]:
+        own = [(samples_at(row, HALF_STEP), row.get("half_result"), row.get("half_end")),
+               (row["samples"], row["result"], row["end"])]
+        points[f"{row['name']} (r={row['r']})"] = [
+            (x, d["diff"], d["ci_low"], d["ci_high"]) for x, result, end in own
+            if x is not None and result is not None and (d := compare_results(reference["result"], result)["all"])]
+    return plot_paired_vs_samples(points, path, connect=True, title=f"Sample reuse: step-{HALF_STEP} and end models, "
+                                  "paired against the on-policy run's end", xlabel="samples generated",
+                                  ylabel=f"greedy score - on-policy's ({tasks} {split} rows, 95% CI)",
+                                  hlines=((0.0, "on-policy run's end", "--"),))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("runs/real/ablation"), help="the ablation's run folder")
@@ -174,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
           f"on 2026-11-29): {name or 'none'} ({why})")
     start_file = args.out / args.start / seed / end_file
     print(plot(reference, rows, start_file, args.out / f"reuse_samples_vs_score_{seed}.png"))
+    print(paired_plot(reference, rows, args.tasks, args.split, args.out / f"reuse_paired_vs_samples_{args.split}_{seed}.png"))
 
 
 if __name__ == "__main__":  # a missing reference, a file that is not an evaluation: one line, exit 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from unittest import mock
 
+import pytest
+
 from rlft.eval import report
 
 
@@ -35,3 +37,22 @@ def test_samples_vs_score_starts_at_the_sft_score_unless_the_run_has_its_own_poi
 def test_samples_vs_score_without_evaluations_draws_nothing(tmp_path):
     assert report.plot_samples_vs_score({"a": [{"step": 1, "samples/total": 64}], "b": []}, tmp_path / "x.png", start=0.4) is None
     assert not (tmp_path / "x.png").exists()
+
+
+def test_paired_vs_samples_spreads_only_the_points_that_share_an_x(tmp_path):
+    """Error bars at (x, diff) with their intervals as distances from the point; two points at x = 200 move 1% of the
+    span (200) apart, the point alone at x = 100 stays; nothing to draw: None and no file."""
+    drawn = []
+
+    def spy(xs, ys, **kw):
+        drawn.append((kw["label"], list(xs), list(ys), kw["yerr"]))
+
+    with mock.patch("matplotlib.axes.Axes.errorbar", side_effect=spy):
+        path = report.plot_paired_vs_samples({"a": [(100, 0.02, -0.01, 0.05), (200, 0.03, 0.0, 0.06)],
+                                              "b": [(200, -0.01, -0.04, 0.02)]}, tmp_path / "p.png",
+                                             title="t", xlabel="x", ylabel="y", hlines=((0.0, "reference", "--"),))
+    assert path == tmp_path / "p.png" and path.stat().st_size > 1000
+    assert drawn[0][:3] == ("a", [100, 199.0], [0.02, 0.03]) and drawn[1][:3] == ("b", [201.0], [-0.01])
+    assert drawn[0][3] == [[pytest.approx(0.03), pytest.approx(0.03)], [pytest.approx(0.03), pytest.approx(0.03)]]
+    assert report.plot_paired_vs_samples({"a": []}, tmp_path / "none.png", title="t", xlabel="x", ylabel="y") is None
+    assert not (tmp_path / "none.png").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -98,9 +99,16 @@ def test_report_end_to_end(tmp_path, capsys):
     run_folder(out, "reuse_topr_r4", {5: 0.3}, None, replay=0.75)  # still training
     (out / "real_sft_patient" / "s0").mkdir(parents=True)
     eval_file(out / "real_sft_patient" / "s0" / "eval_val_greedy_4.json", [0.0, 0.0, 0.1, 1.0])
-    s = script()
-    s.main(["--out", str(out), "--tasks", "4", "--variants-file", str(variants_file(tmp_path / "v.yaml"))])
+    s, drawn = script(), []
+    spy = mock.Mock(side_effect=lambda xs, ys, **kw: drawn.append((kw["label"], xs, ys)))
+    with mock.patch("matplotlib.axes.Axes.errorbar", spy):
+        s.main(["--out", str(out), "--tasks", "4", "--variants-file", str(variants_file(tmp_path / "v.yaml"))])
     text = capsys.readouterr().out
+    # the paired plot: step-10 (1,000 samples) and end (2,000) models minus the reference's end; two points at 2,000
+    # are spread 1% of the span apart; the run still training has none
+    assert [(label, list(xs), [round(y, 3) for y in ys]) for label, xs, ys in drawn] == [
+        ("real_sft_patient_grpo (r=1)", [1990.0], [0.0]), ("reuse_ppo_r2 (r=2)", [1000, 2010.0], [-0.25, 0.0])]
+    assert (out / "reuse_paired_vs_samples_validation_s0.png").name in text
     lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     # d = (0, +1, 0, -1): mean 0, sd sqrt(2/3), half-width 1.96 * sqrt(2/3) / 2 = 0.800
     assert "| 0.525 (25%) | +0.000 [-0.800, +0.800] |" in lines["reuse_ppo_r2"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import matplotlib
@@ -74,6 +75,45 @@ def plot_samples_vs_score(runs: dict[str, list[dict]], path: Path, *, start: flo
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a line
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_paired_vs_samples(points: dict[str, list[tuple[float, float, float, float]]], path: Path, *, title: str,
+                           xlabel: str, ylabel: str, hlines: tuple[tuple[float, str, str], ...] = (),
+                           connect: bool = False) -> Path | None:
+    """Paired differences against samples generated, with their intervals: ``points[label]`` holds ``(x, diff, low,
+    high)`` per point (a mean difference and its 95% interval, e.g. :func:`rlft.eval.compare.compare_results`'s
+    ``"all"``), drawn as error bars; ``connect`` joins one label's points in order (a run's step-10 and end models).
+    Points sharing an x are spread a little apart (1% of the x span each), so none hides another; others stay put. ``hlines``: ``(y,
+    label, linestyle)`` reference lines (0 for the paired reference, a bar). Returns ``path``, or None when there is no
+    point (nothing written)."""
+    if not any(points.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.set_prop_cycle(color=plt.cm.tab10.colors)
+    span = max(x for rows in points.values() for x, *_ in rows) or 1
+    sharing = Counter(x for rows in points.values() for x, *_ in rows)  # how many points stand at each x
+    placed = Counter()
+    for label, rows in points.items():
+        if not rows:
+            continue
+        xs, ys, lo, hi = zip(*rows)
+        spread = []
+        for x in xs:  # the j-th of n points at one x: moved (j - (n - 1) / 2) % of the span
+            spread.append(x + (placed[x] - (sharing[x] - 1) / 2) * span / 100)
+            placed[x] += 1
+        xs = spread
+        ax.errorbar(xs, ys, yerr=[[y - low for y, low in zip(ys, lo)], [high - y for y, high in zip(ys, hi)]],
+                    fmt="o-" if connect else "o", capsize=3, label=label)
+    for y, label, style in hlines:
+        ax.axhline(y, color="grey" if style == "--" else "black", linestyle=style, linewidth=1, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -93,6 +93,24 @@ def weights_sha256(model: str | Path) -> str | None:
     return hashlib.sha256("".join(f"{f.name} {_sha256(f)}\n" for f in files).encode()).hexdigest()
 
 
+def weights_fingerprint(model: str | Path) -> list[list]:
+    """``[name, bytes, mtime_ns]`` of each weights file (``*.safetensors``, ``*.bin``) in a local model folder, sorted by
+    name; ``[]`` for a built-in name or Hub id. What named the weights in cache keys and journals before 2026-12-02,
+    and what names a folder of ``*.bin`` weights since (:func:`weights_id`)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return []
+    files = sorted(f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern))
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def weights_id(model: str | Path, sha256: str | None) -> str | list:
+    """What names ``model``'s weights in an evaluation's cache key or a sampling journal: ``sha256``, their SHA-256
+    (:func:`weights_sha256` of ``model``; reading the 135M model's 0.5 GB takes ~1 s), or, where that is None,
+    :func:`weights_fingerprint` (a folder of ``*.bin`` weights; ``[]`` for a built-in name or Hub id)."""
+    return sha256 or weights_fingerprint(model)
+
+
 def write_manifest(folder: Path) -> None:
     """Write ``folder/manifest.json``: every other file's relative path, size and SHA-256."""
     folder = Path(folder)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import rlft.recipes.pairs as pairs_recipe
+from rlft.checkpoint import weights_fingerprint
 from rlft.data.files import read_jsonl
 from rlft.recipes.dpo import DPOConfig
 from rlft.recipes.dpo_data import TextPair, load_text_pairs
@@ -263,8 +264,8 @@ def test_a_journal_from_other_weights_at_the_same_path_is_refused(tmp_path, smol
     model.save_pretrained(folder)
     smol_tokenizer.save_pretrained(folder)
     weights = folder / "model.safetensors"
-    assert [name for name, *_ in pairs_recipe.weights_fingerprint(str(folder))] == ["model.safetensors"]
-    assert pairs_recipe.weights_fingerprint("smollm2-135m") == []
+    assert [name for name, *_ in weights_fingerprint(str(folder))] == ["model.safetensors"]
+    assert weights_fingerprint("smollm2-135m") == []
     cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4, dtype="float32")
     make_countdown_pairs(cfg)
     meta = json.loads(pairs_recipe.journal_path(cfg.output).read_text().splitlines()[0])["meta"]
@@ -295,7 +296,7 @@ def test_a_journal_that_names_the_weights_by_mtime_is_continued_while_they_match
     journal = pairs_recipe.journal_path(cfg.output)
     lines = journal.read_text().splitlines()
     first = json.loads(lines[0])
-    first["meta"]["model_weights"] = pairs_recipe.weights_fingerprint(str(folder))  # as written before 2026-12-02
+    first["meta"]["model_weights"] = weights_fingerprint(str(folder))  # as written before 2026-12-02
     journal.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     Path(cfg.output).unlink()
     assert pairs_recipe.journal_meta(cfg, 4)["model_weights"] == first["meta"]["model_weights"]

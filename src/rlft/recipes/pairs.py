@@ -99,25 +99,13 @@ def journal_path(output: str | Path) -> Path:
     return Path(output).with_suffix(".samples.jsonl")
 
 
-def weights_fingerprint(model: str) -> list[list]:
-    """``[name, bytes, mtime_ns]`` of each weights file (``*.safetensors``, ``*.bin``) in a local model folder, sorted by
-    name; ``[]`` for a built-in name or Hub id. What named the weights in a journal's meta before 2026-12-02
-    (:func:`model_weights_id`), and a folder of ``*.bin`` weights since."""
-    folder = Path(model)
-    if not folder.is_dir():
-        return []
-    files = sorted(f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern))
-    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
-
-
 def model_weights_id(model: str, journal: Path) -> str | list:
-    """What names ``model``'s weights in the meta of ``journal``: their SHA-256 (:func:`rlft.checkpoint.weights_sha256`;
-    reading the 135M model's 0.5 GB takes ~1 s), so a model rebuilt bit for bit, or copied, continues the journal and
-    other weights saved at the same path do not; :func:`weights_fingerprint` where there is no ``*.safetensors``. A
-    journal written before 2026-12-02 names them by :func:`weights_fingerprint`: that value is kept while it still
-    matches the files, so the journal is continued."""
-    from rlft.checkpoint import weights_sha256
-    from rlft.recipes.pipeline import weights_id
+    """What names ``model``'s weights in the meta of ``journal``: :func:`rlft.checkpoint.weights_id`, their SHA-256
+    (reading the 135M model's 0.5 GB takes ~1 s), so a model rebuilt bit for bit, or copied, continues the journal
+    and other weights saved at the same path do not. A journal written before 2026-12-02 names them by
+    :func:`rlft.checkpoint.weights_fingerprint` (name, bytes, mtime): that value is kept while it still matches the
+    files, so the journal is continued."""
+    from rlft.checkpoint import weights_fingerprint, weights_id, weights_sha256
     from rlft.rollout.journal import recorded_meta
 
     fingerprint = weights_fingerprint(model)

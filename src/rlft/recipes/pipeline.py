@@ -137,28 +137,18 @@ class EvalJob:
 
 
 def cache_key(weights: str | list, job: EvalJob, prompt_template: str) -> dict:
-    """What a cached evaluation must share with the one asked for: the model's weights (:func:`weights_id`), the
+    """What a cached evaluation must share with the one asked for: the model's weights (:func:`rlft.checkpoint.weights_id`), the
     sampling parameters, the prompt template and a SHA-256 of the tasks (numbers and target of each, in order)."""
     tasks = hashlib.sha256(json.dumps([[list(t.nums), t.target] for t in job.tasks]).encode()).hexdigest()
     return {"weights": weights, "sampling": asdict(job.params), "prompt_template": prompt_template,
             "tasks_sha256": tasks}
 
 
-def weights_id(model: str | Path, sha256: str | None) -> str | list:
-    """What names ``model``'s weights in a cache key: ``sha256``, their SHA-256 (:func:`rlft.checkpoint.weights_sha256`
-    of ``model``; reading the 135M model's 0.5 GB takes ~1 s), or, where that is None, ``[[name, bytes, mtime_ns],
-    ...]`` of a folder's ``*.bin`` weights (:func:`rlft.recipes.pairs.weights_fingerprint`; ``[]`` for a built-in
-    name or Hub id)."""
-    from rlft.recipes.pairs import weights_fingerprint
-
-    return sha256 or weights_fingerprint(str(model))
-
-
 def _legacy_weights_match(recorded: dict, model: str | Path | None) -> bool:
     """A key written before 2026-12-02 names the weights files by ``[[name, bytes, mtime_ns], ...]``
-    (:func:`rlft.recipes.pairs.weights_fingerprint`) instead of their SHA-256: it still matches while those files are
+    (:func:`rlft.checkpoint.weights_fingerprint`) instead of their SHA-256: it still matches while those files are
     untouched."""
-    from rlft.recipes.pairs import weights_fingerprint
+    from rlft.checkpoint import weights_fingerprint
 
     return "weights" not in recorded and model is not None and \
         recorded.get("model_weights") == weights_fingerprint(str(model))
@@ -216,7 +206,7 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
         rlft.models.ModelNotFoundError: a job is left and the model cannot be loaded.
         ValueError: a job has no tasks.
     """
-    from rlft.checkpoint import weights_sha256
+    from rlft.checkpoint import weights_id, weights_sha256
     from rlft.eval.countdown import evaluate_countdown, print_result
     from rlft.models import load_model, load_tokenizer, pick_device
     from rlft.rollout.hf import HFEngine

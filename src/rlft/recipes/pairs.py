@@ -128,7 +128,8 @@ def resolved_max_new_tokens(cfg: PairsConfig) -> int:
 
 
 def journal_meta(cfg: PairsConfig, max_new_tokens: int) -> dict:
-    """The meta of ``cfg``'s journal: :data:`JOURNAL_KEYS`, the resolved ``max_new_tokens``, the model's weights (:func:`model_weights_id`)."""
+    """The meta of ``cfg``'s journal: :data:`JOURNAL_KEYS`, the resolved ``max_new_tokens``, the model's weights
+    (:func:`model_weights_id`)."""
     return {**{key: getattr(cfg, key) for key in JOURNAL_KEYS}, "max_new_tokens": max_new_tokens,
             "model_weights": model_weights_id(cfg.model, journal_path(cfg.output))}
 

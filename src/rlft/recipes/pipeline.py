@@ -137,8 +137,9 @@ class EvalJob:
 
 
 def cache_key(weights: str | list, job: EvalJob, prompt_template: str) -> dict:
-    """What a cached evaluation must share with the one asked for: the model's weights (:func:`rlft.checkpoint.weights_id`), the
-    sampling parameters, the prompt template and a SHA-256 of the tasks (numbers and target of each, in order)."""
+    """What a cached evaluation must share with the one asked for: the model's weights
+    (:func:`rlft.checkpoint.weights_id`), the sampling parameters, the prompt template and a SHA-256 of the tasks
+    (numbers and target of each, in order)."""
     tasks = hashlib.sha256(json.dumps([[list(t.nums), t.target] for t in job.tasks]).encode()).hexdigest()
     return {"weights": weights, "sampling": asdict(job.params), "prompt_template": prompt_template,
             "tasks_sha256": tasks}

@@ -14,7 +14,10 @@ validation rows, ``eval_greedy_<tasks>.json`` on test rows) paired task by task 
 paired against the reference's end. Then the protocol's leader rule
 (:func:`leader`) and ``<out>/reuse_samples_vs_score_s<seed>.png`` (:func:`rlft.eval.report.plot_samples_vs_score`, the start
 ``<start>/s<seed>``'s score on the same first rows drawn at 0 samples). A run still training (no end evaluation) is
-listed with its in-loop points. A missing reference or a file that is not an evaluation: one line, exit 2.
+listed with its in-loop points. ``--split test`` (the confirmation) lists only the runs with a test evaluation, and
+neither applies the leader rule nor draws the in-loop plot; both splits draw each run's step-10 and end models paired
+against the reference's end, against samples generated (``<out>/reuse_paired_vs_samples_<split>_s<seed>.png``). A
+missing reference or a file that is not an evaluation: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -190,14 +193,17 @@ def main(argv: list[str] | None = None) -> None:
     variants = read_yaml(args.variants_file)  # the one file: its start_from names variants of other files
     rows = [run_row(name, spec, args.out / name / seed, end_file) for name, spec in variants.items()
             if (args.out / name / seed).exists()]
+    if args.split == "test":  # the confirmation: the runs evaluated on the test rows, no leader rule, no in-loop plot
+        rows = [row for row in rows if row["end"] is not None or row["half_end"] is not None]
     config = ref_folder / "run" / "config.yaml"
     reference["eval_limit"] = read_yaml(config).get("eval_limit") if config.exists() else None
     print(table(reference, rows))
-    name, why = leader(reference, rows)
-    print(f"\nleader by the protocol's rule (the half-sample clause on the step-{HALF_STEP} model's evaluation, as amended "
-          f"on 2026-11-29): {name or 'none'} ({why})")
-    start_file = args.out / args.start / seed / end_file
-    print(plot(reference, rows, start_file, args.out / f"reuse_samples_vs_score_{seed}.png"))
+    if args.split == "validation":
+        name, why = leader(reference, rows)
+        print(f"\nleader by the protocol's rule (the half-sample clause on the step-{HALF_STEP} model's evaluation, as "
+              f"amended on 2026-11-29): {name or 'none'} ({why})")
+        start_file = args.out / args.start / seed / end_file
+        print(plot(reference, rows, start_file, args.out / f"reuse_samples_vs_score_{seed}.png"))
     print(paired_plot(reference, rows, args.tasks, args.split, args.out / f"reuse_paired_vs_samples_{args.split}_{seed}.png"))
 
 

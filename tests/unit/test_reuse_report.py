@@ -100,8 +100,11 @@ def test_report_end_to_end(tmp_path, capsys):
     (out / "real_sft_patient" / "s0").mkdir(parents=True)
     eval_file(out / "real_sft_patient" / "s0" / "eval_val_greedy_4.json", [0.0, 0.0, 0.1, 1.0])
     s, drawn = script(), []
-    spy = mock.Mock(side_effect=lambda xs, ys, **kw: drawn.append((kw["label"], xs, ys)))
-    with mock.patch("matplotlib.axes.Axes.errorbar", spy):
+
+    def spy(xs, ys, **kw):
+        drawn.append((kw["label"], xs, ys))
+
+    with mock.patch("matplotlib.axes.Axes.errorbar", side_effect=spy):
         s.main(["--out", str(out), "--tasks", "4", "--variants-file", str(variants_file(tmp_path / "v.yaml"))])
     text = capsys.readouterr().out
     # the paired plot: step-10 (1,000 samples) and end (2,000) models minus the reference's end; two points at 2,000
@@ -126,3 +129,22 @@ def test_missing_reference_is_one_line(tmp_path):
     s = script()
     with pytest.raises(ScriptError, match="real_sft_patient_grpo/s0/eval_val_greedy_4.json: the on-policy reference"):
         s.main(["--out", str(tmp_path), "--tasks", "4", "--variants-file", str(variants_file(tmp_path / "v.yaml"))])
+
+
+def test_on_the_test_rows_only_the_runs_evaluated_there_are_listed(tmp_path, capsys):
+    """--split test (the confirmation): a run with only validation evaluations is left out, and there is no leader
+    rule and no in-loop plot."""
+    out = tmp_path / "ablation"
+    run_folder(out, "real_sft_patient_grpo", {10: 0.5, 20: 0.5}, [1.0, 0.0, 0.1, 1.0])
+    run_folder(out, "reuse_ppo_r2", {5: 0.4}, [1.0, 1.0, 0.1, 0.0])
+    run_folder(out, "reuse_topr_r1", {5: 0.4}, [1.0, 1.0, 0.1, 0.0])
+    for name, scores in [("real_sft_patient_grpo", [1.0, 0.0, 0.1, 1.0]), ("reuse_ppo_r2", [0.0, 0.0, 0.1, 1.0])]:
+        eval_file(out / name / "s0" / "eval_greedy_4.json", scores)
+    script().main(["--out", str(out), "--tasks", "4", "--split", "test",
+                   "--variants-file", str(variants_file(tmp_path / "v.yaml"))])
+    text = capsys.readouterr().out
+    rows = [line.split(" | ")[0].strip("| ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["run", "real_sft_patient_grpo", "reuse_ppo_r2"]
+    assert "| 0.275 (0%) | -0.250 [-0.740, +0.240] |" in text  # d = (-1, 0, 0, 0), worked as in the test above
+    assert "leader" not in text and not (out / "reuse_samples_vs_score_s0.png").exists()
+    assert (out / "reuse_paired_vs_samples_test_s0.png").exists()

@@ -4,9 +4,10 @@
 # (its archived test evaluations, ../countdown-real's confirmation batch) at equal generated samples, and its step-10
 # model (half the samples) against the same. Every test evaluation appends a line to <RUNS>/real/ablation/test_looks.jsonl.
 #   docs/results/sample-reuse/confirm.sh reuse_ppo_r4            (RUNS=runs, FROZEN=../frozen by default)
-# Seed 1 rebuilds real_sft_patient s1 first (~1 h here); the archived on-policy s1 run started from 0d84fe346dda772a.
-# If the rebuild differs, the on-policy run is trained again from it and evaluated on the test rows as well.
-# Every stage that finished is skipped on a rerun.
+# A seed whose two test evaluations are archived (data/<leader>_s<seed>_*) is unpacked, not trained or evaluated again:
+# no new look. Seed 1 otherwise rebuilds real_sft_patient s1 first (~1 h here); the archived on-policy s1 run started
+# from 0d84fe346dda772a. If the rebuild differs, the on-policy run trains again from it and is evaluated on the test
+# rows as well. Every stage that finished is skipped on a rerun.
 set -uo pipefail
 LEADER=${1:?name the leader (a variant of configs/countdown/ablation/5_reuse.yaml)}
 source docs/results/sample-reuse/common.sh
@@ -17,6 +18,17 @@ reference() {  # seed: the archived on-policy run (metrics, config, test evaluat
   mkdir -p "$dst/run"; cp "${src}_metrics.jsonl" "$dst/run/metrics.jsonl"; cp "${src}_config.yaml" "$dst/run/config.yaml"
   [ -f "$dst/eval_greedy_500.json" ] || unzip_eval "${src}_eval_test_greedy.json.gz" "$dst/eval_greedy_500.json"
 }
+archived() {  # seed: whether both of the leader's test evaluations of that seed are archived
+  local src=$D/sample-reuse/data/${LEADER}_s$1
+  [ -f "${src}_eval_test_greedy.json.gz" ] && [ -f "${src}_step10_eval_test_greedy.json.gz" ]
+}
+unpack_archived() {  # seed: the leader's archived run files and test evaluations, where reuse_report.py reads them
+  local src=$D/sample-reuse/data/${LEADER}_s$1 dst=$A/$LEADER/s$1
+  mkdir -p "$dst/run" "$dst/step10"
+  [ -f "$dst/run/metrics.jsonl" ] || cp "${src}_metrics.jsonl" "$dst/run/metrics.jsonl"
+  unzip_eval "${src}_eval_test_greedy.json.gz" "$dst/eval_greedy_500.json"
+  unzip_eval "${src}_step10_eval_test_greedy.json.gz" "$dst/step10/eval_greedy_500.json"
+}
 leader_on_test() {  # seed: the leader trained (unless its model exists), then its end and step-10 models on test rows
   [ -f "$A/$LEADER/s$1/run/model/model.safetensors" ] || keep_step10 "$LEADER" "$1"
   log "$LEADER s$1"
@@ -24,19 +36,23 @@ leader_on_test() {  # seed: the leader trained (unless its model exists), then i
   kill ${KEEP:-} 2>/dev/null; unset KEEP
   $PY scripts/countdown_ablation.py checkpoint $O --split test --seeds "$1" --step 10 --variants "$LEADER"
   log "$LEADER s$1: $(sha16 "$A/$LEADER/s$1/run/model/model.safetensors")"
-  $PY scripts/studies/reuse_report.py --out "$A" --seed "$1" --split test --tasks 500
 }
 reference 0
-leader_on_test 0
-# seed 1: the start (its archived validation evaluation placed once a step trained, as rebuild.sh does for seed 0)
-place_start_eval 1
-frozen run $O --split validation --seeds 1 --sft-step-s 6.8 \
-    --budget-from docs/results/countdown-real/data/rl_s1_metrics.jsonl --variants real_sft_patient
-START=$(sha16 "$A/real_sft_patient/s1/run/model/model.safetensors"); log "real_sft_patient s1: $START"
-if [ "$START" = 0d84fe346dda772a ]; then
-  reference 1
-else  # not the archived start: the on-policy run from this one, its test evaluation a new look
-  log "real_sft_patient s1 differs from the archived 0d84fe346dda772a: the on-policy run trains again"
-  frozen run $O --split test --seeds 1 --variants real_sft_patient_grpo
+if archived 0; then unpack_archived 0; else leader_on_test 0; fi
+$PY scripts/studies/reuse_report.py --out "$A" --seed 0 --split test --tasks 500
+if archived 1; then
+  reference 1; unpack_archived 1
+else  # seed 1: the start (its archived validation evaluation placed once a step trained), then the leader
+  place_start_eval 1
+  frozen run $O --split validation --seeds 1 --sft-step-s 6.8 \
+      --budget-from docs/results/countdown-real/data/rl_s1_metrics.jsonl --variants real_sft_patient
+  START=$(sha16 "$A/real_sft_patient/s1/run/model/model.safetensors"); log "real_sft_patient s1: $START"
+  if [ "$START" = 0d84fe346dda772a ]; then
+    reference 1
+  else  # not the archived start: the on-policy run from this one, its test evaluation a new look
+    log "real_sft_patient s1 differs from the archived 0d84fe346dda772a: the on-policy run trains again"
+    frozen run $O --split test --seeds 1 --variants real_sft_patient_grpo
+  fi
+  leader_on_test 1
 fi
-leader_on_test 1
+$PY scripts/studies/reuse_report.py --out "$A" --seed 1 --split test --tasks 500

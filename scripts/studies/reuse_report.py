@@ -163,11 +163,11 @@ def paired_plot(reference: dict, rows: list[dict], tasks: int, split: str, path:
 
     points = {}
     for row in [reference, *rows]:
-        own = [(samples_at(row, HALF_STEP), row.get("half_result"), row.get("half_end")),
-               (row["samples"], row["result"], row["end"])]
-        points[f"{row['name']} (r={row['r']})"] = [
-            (x, d["diff"], d["ci_low"], d["ci_high"]) for x, result, end in own
-            if x is not None and result is not None and (d := compare_results(reference["result"], result)["all"])]
+        label = points.setdefault(f"{row['name']} (r={row['r']})", [])
+        for x, result in [(samples_at(row, HALF_STEP), row.get("half_result")), (row["samples"], row["result"])]:
+            if x is not None and result is not None:
+                d = compare_results(reference["result"], result)["all"]
+                label.append((x, d["diff"], d["ci_low"], d["ci_high"]))
     return plot_paired_vs_samples(points, path, connect=True, title=f"Sample reuse: step-{HALF_STEP} and end models, "
                                   "paired against the on-policy run's end", xlabel="samples generated",
                                   ylabel=f"greedy score - on-policy's ({tasks} {split} rows, 95% CI)",
@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
               f"amended on 2026-11-29): {name or 'none'} ({why})")
         start_file = args.out / args.start / seed / end_file
         print(plot(reference, rows, start_file, args.out / f"reuse_samples_vs_score_{seed}.png"))
-    print(paired_plot(reference, rows, args.tasks, args.split, args.out / f"reuse_paired_vs_samples_{args.split}_{seed}.png"))
+    paired_png = args.out / f"reuse_paired_vs_samples_{args.split}_{seed}.png"
+    print(paired_plot(reference, rows, args.tasks, args.split, paired_png))
 
 
 if __name__ == "__main__":  # a missing reference, a file that is not an evaluation: one line, exit 2

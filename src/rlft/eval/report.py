@@ -87,9 +87,9 @@ def plot_paired_vs_samples(points: dict[str, list[tuple[float, float, float, flo
     """Paired differences against samples generated, with their intervals: ``points[label]`` holds ``(x, diff, low,
     high)`` per point (a mean difference and its 95% interval, e.g. :func:`rlft.eval.compare.compare_results`'s
     ``"all"``), drawn as error bars; ``connect`` joins one label's points in order (a run's step-10 and end models).
-    Points sharing an x are spread a little apart (1% of the x span each), so none hides another; others stay put. ``hlines``: ``(y,
-    label, linestyle)`` reference lines (0 for the paired reference, a bar). Returns ``path``, or None when there is no
-    point (nothing written)."""
+    Points sharing an x are spread a little apart (1% of the x span each), so none hides another; the others stay
+    put. ``hlines``: ``(y, label, linestyle)`` reference lines (0 for the paired reference, a bar). Returns ``path``,
+    or None when there is no point (nothing written)."""
     if not any(points.values()):
         return None
     fig, ax = plt.subplots(figsize=(10, 4.5))

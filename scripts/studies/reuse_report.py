@@ -163,11 +163,11 @@ def paired_plot(reference: dict, rows: list[dict], tasks: int, split: str, path:
 
     points = {}
     for row in [reference, *rows]:
-        label = points.setdefault(f"{row['name']} (r={row['r']})", [])
+        own = points.setdefault(f"{row['name']} (r={row['r']})", [])
         for x, result in [(samples_at(row, HALF_STEP), row.get("half_result")), (row["samples"], row["result"])]:
             if x is not None and result is not None:
                 d = compare_results(reference["result"], result)["all"]
-                label.append((x, d["diff"], d["ci_low"], d["ci_high"]))
+                own.append((x, d["diff"], d["ci_low"], d["ci_high"]))
     return plot_paired_vs_samples(points, path, connect=True, title=f"Sample reuse: step-{HALF_STEP} and end models, "
                                   "paired against the on-policy run's end", xlabel="samples generated",
                                   ylabel=f"greedy score - on-policy's ({tasks} {split} rows, 95% CI)",

@@ -99,6 +99,8 @@ def test_report_end_to_end(tmp_path, capsys):
     run_folder(out, "reuse_topr_r4", {5: 0.3}, None, replay=0.75)  # still training
     (out / "real_sft_patient" / "s0").mkdir(parents=True)
     eval_file(out / "real_sft_patient" / "s0" / "eval_val_greedy_4.json", [0.0, 0.0, 0.1, 1.0])
+    import rlft.eval.report  # noqa: F401  (pyplot copies Axes.errorbar's docstring on import: import it before the patch)
+
     s, drawn = script(), []
 
     def spy(xs, ys, **kw):

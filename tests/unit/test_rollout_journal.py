@@ -8,7 +8,8 @@ import pytest
 
 from rlft.data.files import DataError
 from rlft.rollout import HFEngine, SamplingParams
-from rlft.rollout.journal import chunk_params, read_journal, sample_with_journal
+from rlft.rollout.journal import (CHUNK_PROMPTS, chunk_params, journal_differences, read_journal, recorded_meta,
+                                  sample_with_journal)
 from tests.conftest import make_scaled_tiny_model
 
 PROMPTS = [f"prompt number {i} with {'words ' * (i % 4)}" for i in range(7)]
@@ -115,3 +116,20 @@ def test_a_looped_sample_is_read_back_looped(tmp_path):
     read, _ = sample_with_journal(Fixed(), PROMPTS[:2], PARAMS, path, META, chunk_prompts=2)
     assert [[s.looped for s in row] for row in read] == [[True, False]] * 2 == [[s.looped for s in row] for row in written]
     assert '"looped": true' in path.read_text() and path.read_text().count("looped") == 2  # only where it is set
+
+
+def test_journal_differences_and_recorded_meta_read_the_first_line(tmp_path):
+    """No journal or an empty one: None (nothing to continue); a first line that is no meta: ["meta"]; else the keys
+    that differ from this run's meta (its chunk size included), [] when none does."""
+    path = tmp_path / "j.samples.jsonl"
+    assert journal_differences(path, META) is None and recorded_meta(path) is None
+    path.write_text("\n")
+    assert journal_differences(path, META) is None and recorded_meta(path) is None
+    for first in ("not json", json.dumps([1, 2]), json.dumps({"meta": "x"}), json.dumps({"index": 0})):
+        path.write_text(first + "\n")
+        assert journal_differences(path, META) == ["meta"] and recorded_meta(path) is None
+    path.write_text(json.dumps({"meta": {**META, "chunk_prompts": CHUNK_PROMPTS}}) + "\n" + json.dumps({"index": 0}) + "\n")
+    assert recorded_meta(path) == {**META, "chunk_prompts": CHUNK_PROMPTS}
+    assert journal_differences(path, META) == []
+    assert journal_differences(path, {**META, "seed": 4, "dtype": "bf16"}) == ["dtype", "seed"]
+    assert journal_differences(path, META, chunk_prompts=CHUNK_PROMPTS + 1) == ["chunk_prompts"]

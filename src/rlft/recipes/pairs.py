@@ -144,11 +144,12 @@ def _own_stats(path: Path, output: str) -> bool:
     return isinstance(data, dict) and data.get("output") == str(output)
 
 
-def check_pairs_outputs(cfg: PairsConfig) -> None:
+def check_pairs_outputs(cfg: PairsConfig) -> dict:
     """The files ``cfg`` writes may be written: the pairs file and its stats file are new (or ``--overwrite``; a stats
     file this command wrote for the same ``--output`` may be replaced), none is a folder or in a model folder
     (:func:`rlft.run_folder.check_output_file`), and a journal there is this run's (it is continued) or
-    ``--overwrite`` is given (it is then replaced). Reads only the journal's first line; writes nothing.
+    ``--overwrite`` is given (it is then replaced). Reads only the journal's first line (and hashes the model's
+    weights); writes nothing. Returns the journal meta it checked against (:func:`journal_meta`).
 
     Raises:
         OutputPathError: see above (a ValueError: the CLI exits with code 2).
@@ -159,12 +160,14 @@ def check_pairs_outputs(cfg: PairsConfig) -> None:
     journal, stats = journal_path(cfg.output), stats_path(cfg.output)
     if journal.is_dir():
         raise OutputPathError(f"--output {cfg.output}: its journal {journal} is a folder; choose another --output")
-    differ = journal_differences(journal, journal_meta(cfg, resolved_max_new_tokens(cfg)))
+    meta = journal_meta(cfg, resolved_max_new_tokens(cfg))
+    differ = journal_differences(journal, meta)
     if differ and not cfg.overwrite:
         raise OutputPathError(f"--output {cfg.output}: the journal {journal} was written by another sampling run (differs in "
                               f"{', '.join(differ)}); pass --overwrite to sample again, or choose another --output")
     also = () if stats.is_file() and _own_stats(stats, cfg.output) else (stats,)
     check_output_file(cfg.output, overwrite=cfg.overwrite, also=also)
+    return meta
 
 
 def _validate(cfg: PairsConfig) -> None:
@@ -278,7 +281,7 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
     require_one_process("rlft pairs countdown")
-    check_pairs_outputs(cfg)
+    meta = check_pairs_outputs(cfg)  # its resolved max_new_tokens and the model's weights, hashed once
     t0 = time.perf_counter()
     spec = pick_device(cfg.device, cfg.dtype)
     tasks = load_pair_tasks(cfg)
@@ -291,11 +294,9 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
                              add_special_tokens=adds_special_tokens(cfg.prompt_template))
     tokenizer = getattr(engine, "tokenizer", None)
     prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
-    max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
     params = SamplingParams(k=cfg.num_samples, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                            max_new_tokens=max_new_tokens, seed=cfg.seed)
+                            max_new_tokens=meta["max_new_tokens"], seed=cfg.seed)
     journal = journal_path(cfg.output)
-    meta = journal_meta(cfg, max_new_tokens)
     if cfg.overwrite and journal_differences(journal, meta):  # another run's samples: --overwrite samples again
         log.warning("--overwrite: removing %s (written by another sampling run)", journal)
         journal.unlink()

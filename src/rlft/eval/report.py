@@ -25,6 +25,19 @@ def save_panels(fig, axes, path: Path) -> Path:
     return path
 
 
+def save_with_legend_beside(fig, ax, path: Path, *, title: str, xlabel: str, ylabel: str) -> Path:
+    """Finish a one-axes figure and write it to ``path``: labels, title, the legend beside the axes (never over a
+    line), a tight layout; the figure is closed. Returns ``path``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_curve(records: list[dict], key: str, path: Path, *, title: str, smooth: int = 5) -> Path:
     """Plot ``key`` against ``step`` from metrics records (raw and a moving average); returns ``path``."""
     points = [(r["step"], r[key]) for r in records if key in r]
@@ -71,14 +84,7 @@ def plot_samples_vs_score(runs: dict[str, list[dict]], path: Path, *, start: flo
         return None
     if start is not None:
         ax.axhline(start, color="grey", linestyle="--", linewidth=1, label=start_label)
-    ax.set_xlabel("samples generated")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a line
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_with_legend_beside(fig, ax, path, title=title, xlabel="samples generated", ylabel=ylabel)
 
 
 def plot_paired_vs_samples(points: dict[str, list[tuple[float, float, float, float]]], path: Path, *, title: str,
@@ -110,14 +116,7 @@ def plot_paired_vs_samples(points: dict[str, list[tuple[float, float, float, flo
                     fmt="o-" if connect else "o", capsize=3, label=label)
     for y, label, style in hlines:
         ax.axhline(y, color="grey" if style == "--" else "black", linestyle=style, linewidth=1, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_with_legend_beside(fig, ax, path, title=title, xlabel=xlabel, ylabel=ylabel)
 
 
 def plot_grouped_bars(values: dict[str, dict[str, float]], path: Path, *, title: str, ylabel: str) -> Path:

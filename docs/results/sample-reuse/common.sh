@@ -1,5 +1,6 @@
-# Shared by rebuild.sh and confirm.sh (sourced from the repository root): paths, a log line, archived evaluations
-# unpacked, and the copy of a run's step-10 checkpoint made while it trains (its runs keep one checkpoint).
+# Shared by rebuild.sh and confirm.sh (sourced from the repository root): paths, a log line, the frozen tree's
+# ablation script, archived runs unpacked, and the copy of a run's step-10 checkpoint made while it trains (its runs
+# keep one checkpoint).
 ROOT=$(pwd); RUNS=$(realpath -m "${RUNS:-runs}"); FROZEN=$(realpath -m "${FROZEN:-../frozen}")
 PY=$ROOT/.venv/bin/python; A=$RUNS/real/ablation; D=$ROOT/docs/results
 log() { echo "$(date -u +%FT%T) $*"; }
@@ -7,6 +8,18 @@ sha16() { sha256sum "$1" | cut -c1-16; }
 unzip_eval() {  # an archived evaluation without its cache key (archived keys hold mtimes: stale once rebuilt)
   $PY -c "import gzip, json, sys; d = json.load(gzip.open(sys.argv[1])); d.pop('cache_key', None)
 json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"
+}
+frozen() { (cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py "$@"); }  # frozen tree 11717a2's script
+unpack() {  # archived prefix (<data folder>/<name>), variant, seed, split: the archived run files and evaluations on
+  # that split (the step-10 model's too), each where present, put where countdown_ablation.py and reuse_report.py read
+  local src=$1_s$3 dst=$A/$2/s$3 out=eval_greedy_500.json f
+  [ "$4" = validation ] && out=eval_val_greedy_500.json
+  mkdir -p "$dst/run"
+  for f in metrics.jsonl config.yaml; do if [ -f "${src}_$f" ]; then cp "${src}_$f" "$dst/run/$f"; fi; done
+  if [ -f "${src}_eval_$4_greedy.json.gz" ]; then unzip_eval "${src}_eval_$4_greedy.json.gz" "$dst/$out"; fi
+  if [ -f "${src}_step10_eval_$4_greedy.json.gz" ]; then
+    mkdir -p "$dst/step10"; unzip_eval "${src}_step10_eval_$4_greedy.json.gz" "$dst/step10/$out"
+  fi
 }
 keep_step10() {  # variant, seed: in the background, copy its step-10 checkpoint once written; sets KEEP (its pid)
   local f=$A/$1/s$2

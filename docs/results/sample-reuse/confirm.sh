@@ -13,22 +13,12 @@ set -uo pipefail
 LEADER=${1:?name the leader (a variant of configs/countdown/ablation/5_reuse.yaml)}
 source docs/results/sample-reuse/common.sh
 O="--setting real --tasks 500 --steps 20 --no-start-eval --sft $RUNS/real/sft/model --out $A"
-frozen() { (cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py "$@"); }
 reference() {  # seed: the archived on-policy run (metrics, config, test evaluation) where reuse_report.py reads it
-  local src=$D/countdown-real/data/sft_patient_grpo_s$1 dst=$A/real_sft_patient_grpo/s$1
-  mkdir -p "$dst/run"; cp "${src}_metrics.jsonl" "$dst/run/metrics.jsonl"; cp "${src}_config.yaml" "$dst/run/config.yaml"
-  [ -f "$dst/eval_greedy_500.json" ] || unzip_eval "${src}_eval_test_greedy.json.gz" "$dst/eval_greedy_500.json"
+  unpack "$D/countdown-real/data/sft_patient_grpo" real_sft_patient_grpo "$1" test
 }
 archived() {  # seed: whether both of the leader's test evaluations of that seed are archived
   local src=$D/sample-reuse/data/${LEADER}_s$1
   [ -f "${src}_eval_test_greedy.json.gz" ] && [ -f "${src}_step10_eval_test_greedy.json.gz" ]
-}
-unpack_archived() {  # seed: the leader's archived run files and test evaluations, where reuse_report.py reads them
-  local src=$D/sample-reuse/data/${LEADER}_s$1 dst=$A/$LEADER/s$1
-  mkdir -p "$dst/run" "$dst/step10"
-  [ -f "$dst/run/metrics.jsonl" ] || cp "${src}_metrics.jsonl" "$dst/run/metrics.jsonl"
-  unzip_eval "${src}_eval_test_greedy.json.gz" "$dst/eval_greedy_500.json"
-  unzip_eval "${src}_step10_eval_test_greedy.json.gz" "$dst/step10/eval_greedy_500.json"
 }
 leader_on_test() {  # seed: the leader trained (unless its model exists), then its end and step-10 models on test rows
   [ -f "$A/$LEADER/s$1/run/model/model.safetensors" ] || keep_step10 "$LEADER" "$1"
@@ -61,10 +51,10 @@ if new:
 PY
 }
 reference 0
-if archived 0; then unpack_archived 0; else leader_on_test 0; archive "$LEADER" 0; fi
+if archived 0; then unpack "$D/sample-reuse/data/$LEADER" "$LEADER" 0 test; else leader_on_test 0; archive "$LEADER" 0; fi
 $PY scripts/studies/reuse_report.py --out "$A" --seed 0 --split test --tasks 500
 if archived 1; then
-  reference 1; unpack_archived 1
+  reference 1; unpack "$D/sample-reuse/data/$LEADER" "$LEADER" 1 test
 else  # seed 1: the start (its archived validation evaluation placed once a step trained), then the leader
   place_start_eval 1
   frozen run $O --split validation --seeds 1 --sft-step-s 6.8 \

@@ -18,38 +18,28 @@ if [ ! -f "$RUNS/real/sft/model/model.safetensors" ]; then
   SFT=$!; until [ -f "$CK/model.safetensors" ]; do sleep 20; done; sleep 20; kill $SFT; wait $SFT
   mkdir -p "$RUNS/real/sft/model" && cp -r "$CK/." "$RUNS/real/sft/model/"
 fi
-log "SFT start: $(sha256sum "$RUNS/real/sft/model/model.safetensors" | cut -c1-16)"
+log "SFT start: $(sha16 "$RUNS/real/sft/model/model.safetensors")"
 [ -d "$FROZEN" ] || git worktree add --detach "$FROZEN" 11717a2
 cp configs/countdown/ablation/5_reuse.yaml "$FROZEN/configs/countdown/ablation/"
 # the archived runs: the on-policy reference, the start's validation evaluation, the screens already run
-unpack_step10() {  # archived prefix, variant folder: the evaluation of its step-10 model, when archived
-  local src=$1_s0_step10_eval_validation_greedy.json.gz dst=$A/$2/s0/step10
-  if [ -f "$src" ]; then mkdir -p "$dst" && unzip_eval "$src" "$dst/eval_val_greedy_500.json"; fi
-}
-unpack() {  # archived prefix, variant folder
-  local src=$1 dst=$A/$2/s0; mkdir -p "$dst/run"
-  cp "$src"_s0_metrics.jsonl "$dst/run/metrics.jsonl"; cp "$src"_s0_config.yaml "$dst/run/config.yaml"
-  unzip_eval "$src"_s0_eval_validation_greedy.json.gz "$dst/eval_val_greedy_500.json"
-  unpack_step10 "$src" "$2"
-}
-unpack "$D/countdown-real/data/sft_patient_grpo" real_sft_patient_grpo
+unpack "$D/countdown-real/data/sft_patient_grpo" real_sft_patient_grpo 0 validation
 # the on-policy run's step-10 model (its first 10 steps rerun on 2026-12-02, equal at every step) on the same rows
-unpack_step10 "$D/sample-reuse/data/real_sft_patient_grpo" real_sft_patient_grpo
+unpack "$D/sample-reuse/data/real_sft_patient_grpo" real_sft_patient_grpo 0 validation
 for f in "$D"/sample-reuse/data/reuse_*_s0_metrics.jsonl; do
   v=$(basename "$f" _s0_metrics.jsonl)  # a finished screen: its end evaluation archived
-  [ -f "$D/sample-reuse/data/${v}_s0_eval_validation_greedy.json.gz" ] && unpack "$D/sample-reuse/data/$v" "$v"
+  [ -f "$D/sample-reuse/data/${v}_s0_eval_validation_greedy.json.gz" ] && unpack "$D/sample-reuse/data/$v" "$v" 0 validation
 done
 place_start_eval 0  # the start's archived evaluation
 O="--setting real --tasks 500 --seeds 0 --steps 20 --no-start-eval --sft $RUNS/real/sft/model --out $A"
 O="$O --split validation"
-(cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py run $O --sft-step-s 6.8 \
-    --budget-from docs/results/countdown-real/data/rl_s0_metrics.jsonl --variants real_sft_patient)
-log "real_sft_patient: $(sha256sum "$A/real_sft_patient/s0/run/model/model.safetensors" | cut -c1-16)"
+frozen run $O --sft-step-s 6.8 \
+    --budget-from docs/results/countdown-real/data/rl_s0_metrics.jsonl --variants real_sft_patient
+log "real_sft_patient: $(sha16 "$A/real_sft_patient/s0/run/model/model.safetensors")"
 for v in "$@"; do
   keep_step10 "$v" 0
   log "$v"
-  (cd "$FROZEN" && PYTHONPATH=src $PY scripts/countdown_ablation.py run $O --variants "$v")
+  frozen run $O --variants "$v"
   kill $KEEP 2>/dev/null; $PY scripts/countdown_ablation.py checkpoint $O --step 10 --variants "$v"
-  log "$v: $(sha256sum "$A/$v/s0/run/model/model.safetensors" | cut -c1-16)"
+  log "$v: $(sha16 "$A/$v/s0/run/model/model.safetensors")"
 done
 $PY scripts/studies/reuse_report.py --out "$A" --seed 0 --split validation --tasks 500

@@ -92,10 +92,8 @@ def _first_line(path: Path) -> bytes | None:
     return first or None
 
 
-def recorded_meta(path: str | Path) -> dict | None:
-    """The meta on the first line of the journal at ``path``; None when there is no journal, an empty one, or a first
-    line that is no journal meta."""
-    first = _first_line(Path(path))
+def _meta_of(first: bytes | None) -> dict | None:
+    """The meta a journal's first line holds; None for no line or one that is no journal meta."""
     try:
         old = json.loads(first).get("meta") if first else None
     except (ValueError, AttributeError):
@@ -103,14 +101,21 @@ def recorded_meta(path: str | Path) -> dict | None:
     return old if isinstance(old, dict) else None
 
 
+def recorded_meta(path: str | Path) -> dict | None:
+    """The meta on the first line of the journal at ``path``; None when there is no journal, an empty one, or a first
+    line that is no journal meta."""
+    return _meta_of(_first_line(Path(path)))
+
+
 def journal_differences(path: str | Path, meta: dict, chunk_prompts: int = CHUNK_PROMPTS) -> list[str] | None:
     """What a run with ``meta`` (and ``chunk_prompts``) would find in the journal at ``path`` before sampling, from its
     first line alone (at most :data:`MAX_META_BYTES` read): None when there is no journal (or an empty one), ``[]``
     when it is this run's (it will be continued), else the meta keys that differ (``["meta"]`` for a first line that
     is no journal meta). Lets a command refuse another run's journal at parse time, before loading a model."""
-    if _first_line(Path(path)) is None:
+    first = _first_line(Path(path))
+    if first is None:
         return None
-    old = recorded_meta(path)
+    old = _meta_of(first)
     if old is None:
         return ["meta"]
     meta = {**meta, "chunk_prompts": chunk_prompts}

@@ -20,7 +20,7 @@ from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.tasks.countdown.generator import PRESETS, make_splits, task_key
 
-from tests.conftest import ASSETS, make_tiny_model, write_jsonl_rows
+from tests.conftest import ASSETS, make_tiny_model, save_model_dir, write_jsonl_rows
 
 torch.set_num_threads(1)
 
@@ -46,6 +46,14 @@ def cfg_for(tmp_path: Path, **overrides) -> PairsConfig:
     base = PairsConfig(model=str(tmp_path / "no-model-needed"), preset="tiny", num_prompts=4, device="cpu",
                        output=str(tmp_path / "pairs" / "countdown.jsonl"))
     return replace(base, **overrides)
+
+
+def save_tiny_model(folder: Path, tokenizer, seed: int = 0) -> Path:
+    """A tiny random model of ``seed`` (its end-of-sequence token the tokenizer's) saved with ``tokenizer`` in
+    ``folder`` (:func:`tests.conftest.save_model_dir`)."""
+    model = make_tiny_model(len(tokenizer), seed=seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return save_model_dir(folder, model, tokenizer)
 
 
 def correct(task) -> str:
@@ -186,11 +194,7 @@ def test_tasks_from_a_dataset_never_include_its_heldout_rows(tmp_path):
 
 
 def test_end_to_end_with_tiny_model_and_stubbed_scorer(tmp_path, smol_tokenizer, monkeypatch):
-    folder = tmp_path / "tiny"
-    model = make_tiny_model(len(smol_tokenizer), seed=0)
-    model.generation_config.eos_token_id = smol_tokenizer.eos_token_id
-    model.save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
+    folder = save_tiny_model(tmp_path / "tiny", smol_tokenizer)
     calls = []
 
     def alternating(prompts, completions, ground_truths):
@@ -258,11 +262,7 @@ def test_a_journal_from_other_weights_at_the_same_path_is_refused(tmp_path, smol
     import hashlib
     import os
 
-    folder = tmp_path / "tiny"
-    model = make_tiny_model(len(smol_tokenizer), seed=0)
-    model.generation_config.eos_token_id = smol_tokenizer.eos_token_id
-    model.save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
+    folder = save_tiny_model(tmp_path / "tiny", smol_tokenizer)
     weights = folder / "model.safetensors"
     assert [name for name, *_ in weights_fingerprint(str(folder))] == ["model.safetensors"]
     assert weights_fingerprint("smollm2-135m") == []
@@ -274,9 +274,7 @@ def test_a_journal_from_other_weights_at_the_same_path_is_refused(tmp_path, smol
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # copied: a new mtime
     make_countdown_pairs(cfg)  # the same weights: everything read back from the journal
     Path(cfg.output).unlink()
-    other = make_tiny_model(len(smol_tokenizer), seed=1)
-    other.generation_config.eos_token_id = smol_tokenizer.eos_token_id
-    other.save_pretrained(folder)  # "rebuilt": other weights at the same path
+    save_tiny_model(folder, smol_tokenizer, seed=1)  # "rebuilt": other weights at the same path
     with pytest.raises(ValueError, match="differs in model_weights"):
         make_countdown_pairs(cfg)
 
@@ -286,11 +284,7 @@ def test_a_journal_that_names_the_weights_by_mtime_is_continued_while_they_match
     those files are untouched, and refused (another run's) once they change."""
     import os
 
-    folder = tmp_path / "tiny"
-    model = make_tiny_model(len(smol_tokenizer), seed=0)
-    model.generation_config.eos_token_id = smol_tokenizer.eos_token_id
-    model.save_pretrained(folder)
-    smol_tokenizer.save_pretrained(folder)
+    folder = save_tiny_model(tmp_path / "tiny", smol_tokenizer)
     cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4, dtype="float32")
     make_countdown_pairs(cfg)
     journal = pairs_recipe.journal_path(cfg.output)

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rlft.compute import final_flops, model_parameter_count, summed_step_seconds
 from rlft.script_io import read_json
 
-if TYPE_CHECKING:
-    from countdown_ablation import Ablation
+
+class Ablation(Protocol):
+    """What a budget reads of ``countdown_ablation.Ablation`` (its invocation): the variants, the run folder,
+    ``--budget-from`` and ``--sft-step-s``."""
+
+    variants: dict[str, dict]
+    out: Path
+    budget_from: Path | None
+    sft_step_s: float
 
 
 def sft_budget(ab: Ablation, name: str, seed: int, start: Path) -> dict:

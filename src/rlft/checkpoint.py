@@ -104,6 +104,13 @@ def weights_fingerprint(model: str | Path) -> list[list]:
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
+def legacy_weights_match(recorded: object, model: str | Path) -> bool:
+    """Whether ``recorded``, the value that named ``model``'s weights in a cache key or sampling journal written before
+    2026-12-02 (:func:`weights_fingerprint`: name, bytes and mtime of each file), still matches its files: such a
+    record is honoured while they are untouched."""
+    return recorded == weights_fingerprint(model)
+
+
 def weights_id(model: str | Path, sha256: str | None) -> str | list:
     """What names ``model``'s weights in an evaluation's cache key or a sampling journal: ``sha256``, their SHA-256
     (:func:`weights_sha256` of ``model``; reading the 135M model's 0.5 GB takes ~1 s), or, where that is None,

@@ -138,7 +138,8 @@ class SpeedOptions(CompileOptions):
     as many as fit N padded tokens (rows x longest row; DPO and rm: 2 rows per pair) or, with --packing, N
     real tokens (a pair counts chosen + rejected); a longer example gets a micro-batch of its own. Steps and
     loss normalisers are unchanged (whole-step token and pair counts), so the gradient is the same up to
-    float rounding. DPO's reference pass is cut the same way. None: --micro-batch-size examples each."""
+    float rounding. DPO's reference pass is cut the same way, and RL cuts its sampled sequences so in every pass
+    (reference, pre-update and update). None: --micro-batch-size examples each."""
 
     def _check_micro_batches(self) -> None:
         """Refuse a step that micro-batches of ``micro_batch_size`` examples do not tile (call from ``__post_init__``

@@ -170,14 +170,15 @@ def test_filler_passes_run_forwards_with_a_zero_gradient(smol_tokenizer):
     # What a rank of a sharded model runs when it has fewer micro-batches than the busiest rank (here none at
     # all): forwards (and backwards) of the filler batch, with no effect on the log-probs or the gradient.
     from rlft.losses.pg import PolicyObjective
-    from rlft.rl.batch import LossContext, PassPlan, batch_logprobs, filler_batch, micro_batch_count, policy_loss_backward, rollout_batch, synced_passes
+    from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, micro_batch_rows, policy_loss_backward, rollout_batch,
+                               synced_passes)
     from tests.conftest import make_tiny_model
 
     model = make_tiny_model(len(smol_tokenizer))
     calls = []
     model.get_decoder().register_forward_hook(lambda *_: calls.append(1))  # sequence_logprobs runs the decoder itself
-    assert micro_batch_count(7, 3) == 3 and micro_batch_count(0, 3) == 0
-    assert synced_passes(model, 7, 3) is None  # not sharded: every rank runs its own micro-batches
+    assert [len(r) for r in micro_batch_rows(torch.ones(7), 3)] == [3, 3, 1] and micro_batch_rows(torch.ones(0), 3) == []
+    assert synced_passes(model, 3) is None  # not sharded: every rank runs its own micro-batches
     filler = filler_batch(smol_tokenizer, "cpu")
     assert filler.input_ids.shape == (1, 2) and filler.loss_mask.tolist() == [[0.0, 1.0]]
     empty = rollout_batch(smol_tokenizer, [], [])

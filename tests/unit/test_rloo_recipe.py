@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.losses.advantages import rloo_advantages
 from rlft.losses.pg import PolicyObjective, policy_gradient_loss
 from rlft.recipes.rl import train_rl
-from rlft.rl.batch import LossContext, PassPlan, batch_logprobs, gradient_rows, micro_batches, policy_loss_backward, rollout_batch, take_rows
+from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, gradient_rows, micro_batch_rows, micro_batches, policy_loss_backward,
+                           rollout_batch, take_rows)
 from rlft.rl.config import RLOO_DEFAULTS, RLConfig, rloo_config
 from rlft.rl.prompts import load_rl_tasks
 from rlft.rewards.registry import REWARD_FUNCTIONS
@@ -113,6 +116,43 @@ def test_micro_batches_take_rows_by_length_and_logprobs_come_back_in_row_order(s
     assert torch.allclose(batch_logprobs(model, batch, PassPlan(temperature=0.8, micro_batch_size=2)), whole, atol=1e-6)
     _, returned = policy_loss_backward(model, batch, torch.ones(6), REINFORCE, PassPlan(temperature=0.8, micro_batch_size=2))
     assert torch.allclose(returned, whole, atol=1e-6)
+
+
+def test_token_budget_cuts_length_sorted_rows_into_micro_batches_that_fit_it():
+    lengths = torch.tensor([5, 2, 9, 3, 2])  # by length: rows 1, 4 (2 tokens), 3 (3), 0 (5), 2 (9)
+    assert [r.tolist() for r in micro_batch_rows(lengths, 1, 8)] == [[1, 4], [3], [0], [2]]  # 3 x 3 > 8; 9 alone
+    assert [r.tolist() for r in micro_batch_rows(lengths, 1, 10)] == [[1, 4, 3], [0], [2]]  # 3 x 3 <= 10 < 4 x 5
+    assert [r.tolist() for r in micro_batch_rows(lengths, 2)] == [[1, 4], [3, 0], [2]]  # rows, not tokens
+    assert micro_batch_rows(torch.zeros(0, dtype=torch.long), 4, 8) == []  # a rank with no rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 50), max_size=40), st.integers(1, 120))
+def test_token_budget_micro_batches_cover_every_row_once_within_the_budget(lengths, budget):
+    parts = [r.tolist() for r in micro_batch_rows(torch.tensor(lengths, dtype=torch.long), 8, budget)]
+    assert sorted(i for rows in parts for i in rows) == list(range(len(lengths)))
+    assert all(len(rows) == 1 or len(rows) * max(lengths[i] for i in rows) <= budget for rows in parts)
+    # greedy over the sorted rows: no micro-batch could have taken the next one's first row
+    assert all(len(a + b[:1]) * max(lengths[i] for i in a + b[:1]) > budget for a, b in zip(parts, parts[1:]))
+
+
+def test_token_budget_plan_gives_the_gradient_and_logprobs_of_one_pass(smol_tokenizer):
+    tok = smol_tokenizer
+    batch = rollout_batch(tok, PROMPTS, fixed_samples(tok))
+    advantages = rloo_advantages(torch.tensor([[0.1, 0.5, 1.0], [1.0, 0.0, 0.2]])).flatten()
+    budget = 2 * int(batch.attention_mask.sum(dim=1).max())
+    assert 1 < len(PassPlan(0.8, 6, max_tokens=budget).micro_batches(batch)) < 6
+    model = make_tiny_model(len(tok), seed=7)
+    results = []
+    for plan in (PassPlan(temperature=0.8, micro_batch_size=6), PassPlan(temperature=0.8, micro_batch_size=6, max_tokens=budget)):
+        model.zero_grad()
+        metrics, logprobs = policy_loss_backward(model, batch, advantages, REINFORCE, plan)
+        results.append((metrics["loss/policy"], logprobs, grads(model), batch_logprobs(model, batch, plan)))
+    (loss, logprobs, g, no_grad), (loss_b, logprobs_b, g_b, no_grad_b) = results
+    assert loss == pytest.approx(loss_b, abs=1e-6) and torch.allclose(logprobs, logprobs_b, atol=1e-6)
+    assert torch.allclose(no_grad, no_grad_b, atol=1e-6) and torch.allclose(no_grad, logprobs, atol=1e-6)
+    assert g and all(torch.allclose(g[name], g_b[name], atol=1e-6) for name in g)
+    assert any(torch.count_nonzero(x) > 0 for x in g.values())
 
 
 def test_equal_rewards_give_zero_advantages_and_exactly_zero_gradient(smol_tokenizer):
@@ -377,6 +417,26 @@ def test_kl_is_zero_at_the_start_and_grows(tiny_model_dir, tmp_path, kl_mode, es
         assert "loss/kl" not in records[-1]
         # R - beta * KL: the shaped mean differs from the raw one once the policy moved
         assert records[-1]["reward/shaped_mean"] == pytest.approx(records[-1]["reward/mean"] - 0.1 * records[-1]["kl/mean"], abs=1e-5)
+
+
+def test_token_budget_run_takes_the_step_of_one_pass(tiny_model_dir, tmp_path, monkeypatch):
+    # a budget of 1 token puts every sampled sequence in a pass of its own: 32 passes against one of 32 rows, for the
+    # reference, pre-update and update log-probs alike; the first step's loss and gradient are the same
+    import rlft.rl.batch as batch_module
+
+    cuts, rows_of = [], batch_module.micro_batch_rows
+    monkeypatch.setattr(batch_module, "micro_batch_rows", lambda *a, **kw: cuts.append(rows_of(*a, **kw)) or cuts[-1])
+    options = dict(max_steps=1, ppo_epochs=2, loss="ppo", beta=0.05, kl_mode="loss")
+    train_rl(make_cfg(tiny_model_dir, tmp_path / "rows", micro_batch_size=32, **options))
+    assert cuts and {len(c) for c in cuts} == {1}
+    cuts.clear()
+    train_rl(make_cfg(tiny_model_dir, tmp_path / "tokens", max_tokens_per_micro_batch=1, **options))
+    assert len(cuts) >= 4 and all(len(c) > 1 and all(len(rows) == 1 for rows in c) for c in cuts)  # ref, old, 2 epochs
+    (a,), (b,) = read_metrics(tmp_path / "rows" / "metrics.jsonl"), read_metrics(tmp_path / "tokens" / "metrics.jsonl")
+    assert a["reward/mean"] == b["reward/mean"] and a["completion/mean_tokens"] == b["completion/mean_tokens"]
+    for key in ("loss/policy", "loss/kl", "grad_norm", "pg/ratio_mean"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    assert a["grad_norm"] > 0
 
 
 def test_ppo_epochs_clip_and_log(tiny_model_dir, tmp_path):

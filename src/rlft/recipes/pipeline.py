@@ -149,10 +149,9 @@ def _legacy_weights_match(recorded: dict, model: str | Path | None) -> bool:
     """A key written before 2026-12-02 names the weights files by ``[[name, bytes, mtime_ns], ...]``
     (:func:`rlft.checkpoint.weights_fingerprint`) instead of their SHA-256: it still matches while those files are
     untouched."""
-    from rlft.checkpoint import weights_fingerprint
+    from rlft.checkpoint import legacy_weights_match
 
-    return "weights" not in recorded and model is not None and \
-        recorded.get("model_weights") == weights_fingerprint(str(model))
+    return "weights" not in recorded and model is not None and legacy_weights_match(recorded.get("model_weights"), model)
 
 
 def read_cached(path: Path, key: dict, job: EvalJob, model: str | Path | None = None) -> CountdownEvalResult | None:

@@ -169,7 +169,7 @@ def update_policy(setup, cfg: RLConfig, batch: TokenBatch, weights: torch.Tensor
     rows = gradient_rows(weights, objective, batch.loss_mask)
     sub = take_rows(batch, rows)
     rows_total = int(distributed.all_reduce_sum(len(rows)))
-    update_plan = plan.synced(model, len(rows))  # passes: None unless sharded; 0: no rows anywhere
+    update_plan = plan.synced(model, sub)  # passes: None unless sharded; 0: no rows anywhere
     keep_old = (cfg.ppo_epochs > 1 or objective.behaviour_ratio) and context.old_logprobs is not None
     context = replace(context, old_logprobs=context.old_logprobs[rows] if keep_old else None,
                       ref_logprobs=context.ref_logprobs[rows] if context.ref_logprobs is not None else None,
@@ -273,7 +273,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
         if distributed.sharded(model):
             ref_model = distributed.wrap_model(ref_model, resolved_strategy(cfg, distributed.world()))
     # micro-batches, temperature, chunking; filler passes keep a sharded model's ranks in step
-    plan = PassPlan(cfg.temperature, cfg.micro_batch_size, cfg.logits_chunk_size, filler=filler_batch(tokenizer, spec.device))
+    plan = PassPlan(cfg.temperature, cfg.micro_batch_size, cfg.logits_chunk_size, filler=filler_batch(tokenizer, spec.device),
+                    max_tokens=cfg.max_tokens_per_micro_batch)
 
     def reference_logprobs(batch: TokenBatch, step_plan: PassPlan) -> torch.Tensor:
         if ref_model is not None:
@@ -330,7 +331,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
             # has an empty batch (FSDP2: it still runs the busiest rank's number of passes, on a filler).
             batch = got.batch.to(spec.device)
             sampled = sampler_logprobs(batch, got.samples)  # (N, T) or None: what the sampler itself computed
-            step_plan = plan.synced(model, len(local) * k)  # passes: None unless sharded
+            step_plan = plan.synced(model, batch)  # passes: None unless sharded
             ref_logprobs = reference_logprobs(batch, step_plan) if use_ref else None
             # the pre-update policy: for later epochs, the KL in the reward, or as the replayed samples' behaviour policy
             # when the engine reports no log-probs

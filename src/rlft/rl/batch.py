@@ -62,38 +62,56 @@ def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *,
     return collate(examples, pad_id)
 
 
-def micro_batches(batch: TokenBatch, size: int, *, by_length: bool = True) -> Iterator[tuple[torch.Tensor, TokenBatch]]:
-    """``(rows, micro_batch)`` pairs covering the batch's N rows once: ``rows`` is a ``(n,)`` long tensor of row
-    indices (``n <= size``), ``micro_batch`` those rows trimmed to their own longest sequence.
+def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int | None = None, *,
+                     by_length: bool = True) -> list[torch.Tensor]:
+    """The ``(n,)`` long tensors of row indices, one per micro-batch, that :func:`micro_batches` cuts rows of these
+    ``lengths`` (``(N,)``, attention-mask sums) into, covering each row once.
 
-    With ``by_length`` (the default) and more than ``size`` rows, the rows are taken in order of length (stable
-    sort of ``attention_mask.sum(1)``), so each micro-batch pads only to lengths like its own: a group's k samples
-    sit in consecutive rows, and one answer cut at the token limit would otherwise widen its whole micro-batch
-    (the SFT and DPO recipes group by length the same way, :func:`rlft.recipes.common.length_grouped`). The
-    passes weight every micro-batch by the whole batch's normalisers (:class:`LossContext`), so the order changes
-    the padding (compute) and float rounding only. ``by_length=False``: consecutive rows, as before 2026-11-28.
+    Without ``max_tokens``: ``size`` rows each (the last fewer). With it (``--max-tokens-per-micro-batch``): each
+    micro-batch as many rows as fit ``max_tokens`` padded tokens (rows x its longest row), a longer row alone, so
+    short completions go many to a pass and long ones few. With ``by_length`` (the default) the rows are taken in
+    order of length (stable sort) whenever there is more than one micro-batch to cut, so each pads only to lengths
+    like its own; ``by_length=False``: consecutive rows, as before 2026-11-28.
+    """
+    count = lengths.shape[0]
+    sort = by_length and (count > size or max_tokens is not None)
+    order = torch.argsort(lengths, stable=True) if sort else torch.arange(count, device=lengths.device)
+    if max_tokens is None:
+        return [order[start : start + size] for start in range(0, count, size)]
+    cuts, start, longest = [], 0, 0
+    for i, length in enumerate(lengths[order].tolist()):
+        if i > start and (i + 1 - start) * max(longest, length) > max_tokens:
+            cuts.append(order[start:i])
+            start, longest = i, 0
+        longest = max(longest, length)
+    return cuts + ([order[start:]] if start < count else [])
+
+
+def micro_batches(batch: TokenBatch, size: int, max_tokens: int | None = None, *,
+                  by_length: bool = True) -> Iterator[tuple[torch.Tensor, TokenBatch]]:
+    """``(rows, micro_batch)`` pairs covering the batch's N rows once: ``rows`` is a ``(n,)`` long tensor of row
+    indices (:func:`micro_batch_rows`: ``n <= size``, or within ``max_tokens`` padded tokens), ``micro_batch``
+    those rows trimmed to their own longest sequence.
+
+    Taking rows in order of length (``by_length``) matters because a group's k samples sit in consecutive rows,
+    and one answer cut at the token limit would otherwise widen its whole micro-batch (the SFT and DPO recipes
+    group by length the same way, :func:`rlft.recipes.common.length_grouped`). The passes weight every
+    micro-batch by the whole batch's normalisers (:class:`LossContext`), so the cut changes the padding (compute)
+    and float rounding only.
     """
     lengths = batch.attention_mask.sum(dim=1)
-    count = lengths.shape[0]
-    order = torch.argsort(lengths, stable=True) if by_length and count > size else torch.arange(count, device=lengths.device)
-    for start in range(0, count, size):
-        rows = order[start : start + size]
+    for rows in micro_batch_rows(lengths, size, max_tokens, by_length=by_length):
         width = int(lengths[rows].max())
         yield rows, TokenBatch(batch.input_ids[rows, :width], batch.attention_mask[rows, :width], batch.loss_mask[rows, :width])
 
 
-def micro_batch_count(rows: int, size: int) -> int:
-    """How many micro-batches of at most ``size`` rows :func:`micro_batches` makes of ``rows`` rows."""
-    return -(-rows // size)
-
-
-def synced_passes(model, rows: int, size: int) -> int | None:
-    """The number of passes every rank runs over its ``rows`` rows in micro-batches of ``size`` when ``model`` is
-    sharded (FSDP2: the largest :func:`micro_batch_count` over the ranks; collective, so every rank must call it);
-    None when it is not (each rank runs its own micro-batches only)."""
+def synced_passes(model, count: int) -> int | None:
+    """The number of passes every rank runs when ``model`` is sharded (FSDP2: the largest of the ranks' ``count``,
+    each its own number of micro-batches; collective, so every rank must call it); None when it is not (each rank
+    runs its own micro-batches only)."""
     if not distributed.sharded(model):
         return None
-    return int(distributed.most(micro_batch_count(rows, size)))
+    return int(distributed.most(count))
 
 
 def filler_batch(tokenizer, device: torch.device | str) -> TokenBatch:
@@ -103,17 +121,17 @@ def filler_batch(tokenizer, device: torch.device | str) -> TokenBatch:
                       torch.tensor([[0.0, 1.0]])).to(device)
 
 
-def _fillers(passes: int | None, filler: TokenBatch | None, rows: int, size: int) -> int:
-    """Filler passes to run after the real micro-batches of ``rows`` rows so that there are ``passes`` in all.
+def _fillers(passes: int | None, filler: TokenBatch | None, count: int) -> int:
+    """Filler passes to run after ``count`` real micro-batches so that there are ``passes`` in all.
 
     Raises:
-        ValueError: ``passes`` below the real micro-batch count, or fillers needed and no ``filler``.
+        ValueError: ``passes`` below ``count``, or fillers needed and no ``filler``.
     """
     if passes is None:
         return 0
-    n = passes - micro_batch_count(rows, size)
+    n = passes - count
     if n < 0:
-        raise ValueError(f"passes={passes} is fewer than the {micro_batch_count(rows, size)} micro-batches of {rows} rows")
+        raise ValueError(f"passes={passes} is fewer than the {count} micro-batches of this rank's rows")
     if n and filler is None:
         raise ValueError("filler passes need a filler batch (filler_batch)")
     return n
@@ -137,7 +155,7 @@ class PassPlan:
     temperature: float
     """Log-probs are of ``softmax(logits / temperature)`` (the sampling temperature)."""
     micro_batch_size: int
-    """Rows per forward (and backward)."""
+    """Rows per forward (and backward), without ``max_tokens``."""
     logits_chunk_size: int = 0
     """:func:`rlft.ops.sequence_logprobs`'s chunking of the LM head (0: all at once)."""
     passes: int | None = None
@@ -145,11 +163,21 @@ class PassPlan:
     None: the micro-batches only."""
     filler: TokenBatch | None = None
     """The input of filler passes (:func:`filler_batch`)."""
+    max_tokens: int | None = None
+    """``--max-tokens-per-micro-batch``: micro-batches of at most this many padded tokens instead of
+    ``micro_batch_size`` rows (:func:`micro_batch_rows`)."""
 
-    def synced(self, model, rows: int) -> "PassPlan":
-        """This plan for ``rows`` rows of ``model``: ``passes`` from :func:`synced_passes` (collective when the model
-        is sharded: every rank must call it; None otherwise)."""
-        return replace(self, passes=synced_passes(model, rows, self.micro_batch_size))
+    def micro_batches(self, batch: TokenBatch) -> list[tuple[torch.Tensor, TokenBatch]]:
+        """:func:`micro_batches` of ``batch`` by this plan's rule."""
+        return list(micro_batches(batch, self.micro_batch_size, self.max_tokens))
+
+    def synced(self, model, batch: TokenBatch) -> "PassPlan":
+        """This plan for this rank's ``batch`` of ``model``: ``passes`` from :func:`synced_passes` of its number of
+        micro-batches (collective when the model is sharded: every rank must call it; None otherwise)."""
+        if not distributed.sharded(model):
+            return replace(self, passes=None)
+        count = len(micro_batch_rows(batch.attention_mask.sum(dim=1), self.micro_batch_size, self.max_tokens))
+        return replace(self, passes=synced_passes(model, count))
 
 
 @dataclass(frozen=True)
@@ -182,9 +210,10 @@ def batch_logprobs(model, batch: TokenBatch, plan: PassPlan) -> torch.Tensor:
     Raises:
         ValueError: see :func:`_fillers`.
     """
-    fillers = _fillers(plan.passes, plan.filler, batch.input_ids.shape[0], plan.micro_batch_size)
+    parts = plan.micro_batches(batch)
+    fillers = _fillers(plan.passes, plan.filler, len(parts))
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for rows, mb in micro_batches(batch, plan.micro_batch_size):
+    for rows, mb in parts:
         out[rows, : mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, plan.temperature,
                                                                logits_chunk_size=plan.logits_chunk_size)
     _filler_passes(model, plan.filler, fillers, plan.temperature, plan.logits_chunk_size, backward=False)
@@ -217,13 +246,14 @@ def policy_loss_backward(model, batch: TokenBatch, advantages: torch.Tensor, obj
     """
     if objective.kl_coef > 0 and context.ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
-    fillers = _fillers(plan.passes, plan.filler, batch.input_ids.shape[0], plan.micro_batch_size)
+    parts = plan.micro_batches(batch)
+    fillers = _fillers(plan.passes, plan.filler, len(parts))
     num_sequences = batch.input_ids.shape[0] if context.num_sequences is None else context.num_sequences
     num_tokens = float(batch.loss_mask.sum()) if context.num_tokens is None else float(context.num_tokens)
     own_tokens = float(batch.loss_mask.sum())
     metrics = {"loss/policy": 0.0, "loss/kl": 0.0, "loss/entropy": 0.0, "pg/clipfrac": 0.0, "pg/ratio_mean": 0.0}
     logprobs_out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for rows, mb in micro_batches(batch, plan.micro_batch_size):
+    for rows, mb in parts:
         width = mb.input_ids.shape[1]
         entropy = None
         if objective.entropy_coef > 0:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from rlft.lora import LoRAOptions
 from rlft.models import DEFAULT_MODEL
-from rlft.options import CompileOptions, DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions
+from rlft.options import DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions, SpeedOptions
 from rlft.rl.options import (AdvantageName, BucketingName, ChatPromptOptions, CurriculumOptions, GroupFilterOptions,
                              ImportanceOptions, InLoopEvalOptions, ISMode, KLEstimatorName, KLMode, KLOptions, LossMode,
                              PolicyLossName, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions, ShapingOptions)
@@ -31,7 +31,7 @@ __all__ = ["RLConfig", "RLOO_DEFAULTS", "rloo_config",  # and the choice types o
 
 
 @dataclass(frozen=True)
-class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, CompileOptions, DistributedOptions,
+class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, SpeedOptions, DistributedOptions,
                RewardOptions, ChatPromptOptions, InLoopEvalOptions, ShapingOptions, CurriculumOptions, GroupFilterOptions,
                ReplayOptions, ImportanceOptions, KLOptions, PolicyLossOptions, SamplingOptions, CountdownTrainingOptions):
     """RL fine-tuning (one loop; advantage estimator and policy loss chosen by name) on Countdown prompts with the
@@ -51,7 +51,9 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Compile
     schedule: Literal["cosine", "linear", "constant"] = "constant"
     """Learning-rate decay after warmup."""
     micro_batch_size: int = 8
-    """Sequences per forward/backward pass; gradients accumulate exactly over the step's samples."""
+    """Sequences per forward/backward pass; gradients accumulate exactly over the step's samples. On a GPU, 8 leaves
+    the update launch-bound: raise it, or set --max-tokens-per-micro-batch (many short completions to a pass, few
+    long ones)."""
     save_every: int = 25
     """Write a resumable checkpoint every this many steps (0: only the final model)."""
     seed: int = 0

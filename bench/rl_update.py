@@ -7,11 +7,13 @@ One batch of real samples (``--prompts`` Countdown prompts x ``--k``, T=1, ``--m
   LoRA r=16, ``--micro-batch-size`` rows a pass) with micro-batches of consecutive rows, a group's k samples
   together (``micro_batches(by_length=False)``, as before 2026-11-28);
 - ``length``: the same with rows taken in order of length (``rlft rl``'s default since 2026-11-28);
+- ``tokens`` (with ``--max-tokens N``): the same in micro-batches of at most N padded tokens, as many rows as fit
+  (``rlft rl --max-tokens-per-micro-batch``, 2026-12-02);
 - ``sync``: ``HFEngine.sync_weights`` then ``HFEngine.sampler()``: the merge of the LoRA policy into the bfloat16
   sampling copy after each update (``sync_weights`` only forgets the copy; the next sampling builds it).
 
-Printed: seconds per candidate (median over rounds), padded tokens each pass computed, and real (unpadded, prompt
-included) tokens per second. ``--profile`` also prints torch.profiler's top operators of one ``length`` pass.
+Printed: seconds per candidate (median over rounds), its passes and the padded tokens they computed, and real
+(unpadded, prompt included) tokens per second. ``--profile`` also prints torch.profiler's top operators of one ``length`` pass.
 
     python bench/rl_update.py --model <an RL start> --rounds 3 --output docs/results/speed/data/rl_update_<date>.txt
 """
@@ -35,6 +37,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=None, help="also time micro-batches of at most N padded tokens")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="also print the top operators of one 'length' pass")
@@ -75,20 +78,20 @@ def main() -> None:
         f"{real:.0f} real tokens ({loss_tokens:.0f} in the loss), lengths "
         f"{int(batch.attention_mask.sum(1).min())}-{int(batch.attention_mask.sum(1).max())}")
 
-    def padded(by_length: bool) -> int:
-        return sum(mb.input_ids.numel() for _, mb in micro_batches(batch, args.micro_batch_size, by_length=by_length))
+    def cut(name: str) -> list:
+        max_tokens = args.max_tokens if name == "tokens" else None
+        return list(micro_batches(batch, args.micro_batch_size, max_tokens, by_length=name != "rows"))
 
     import rlft.rl.batch as rl_batch
 
     original = rl_batch.micro_batches
-    plan = PassPlan(1.0, args.micro_batch_size)
 
-    def loss_pass(by_length: bool) -> float:
+    def loss_pass(by_length: bool, max_tokens: int | None = None) -> float:
         rl_batch.micro_batches = functools.partial(original, by_length=by_length)
         try:
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
-            policy_loss_backward(model, batch, advantages, objective, plan)
+            policy_loss_backward(model, batch, advantages, objective, PassPlan(1.0, args.micro_batch_size, max_tokens=max_tokens))
             return time.perf_counter() - start
         finally:
             rl_batch.micro_batches = original
@@ -99,7 +102,10 @@ def main() -> None:
         engine.sampler()
         return time.perf_counter() - start
 
-    candidates = {"rows": functools.partial(loss_pass, False), "length": functools.partial(loss_pass, True), "sync": sync}
+    candidates = {"rows": functools.partial(loss_pass, False), "length": functools.partial(loss_pass, True)}
+    if args.max_tokens:
+        candidates["tokens"] = functools.partial(loss_pass, True, args.max_tokens)
+    candidates["sync"] = sync
     for run in candidates.values():  # warm-up
         run()
     seconds: dict[str, list[float]] = {name: [] for name in candidates}
@@ -112,8 +118,9 @@ def main() -> None:
         median = statistics.median(seconds[name])
         extra = ""
         if name != "sync":
-            tokens = padded(name == "length")
-            extra = f", {tokens} padded tokens computed, {real / median:.1f} real tokens/s"
+            parts = cut(name)
+            extra = (f", {len(parts)} passes, {sum(mb.input_ids.numel() for _, mb in parts)} padded tokens computed, "
+                     f"{real / median:.1f} real tokens/s")
         say(f"{name:>6}: {median:.2f} s (median of {', '.join(f'{s:.2f}' for s in seconds[name])}){extra}")
     say(f"rows / length = {statistics.median(seconds['rows']) / statistics.median(seconds['length']):.2f}x")
     if args.profile:

@@ -45,8 +45,9 @@ for _command in ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown
     HELP_REWORDED[_command] = HELP_REWORDED.get(_command, set()) | {"--dtype"}
 HELP_REWORDED["demo"] |= {"--rl-steps", "--pairs-samples", "--rl-eval-every"}  # they start from the filtered SFT model
 HELP_REWORDED["demo"] |= {"--eval-batch-size"}  # it sets RL's sampling batch too
-HELP_REWORDED["rl"] |= {"--gen-batch-size"}  # why 64
-HELP_REWORDED["rloo"] |= {"--gen-batch-size"}
+HELP_REWORDED["sft"] |= {"--max-tokens-per-micro-batch"}  # one help text with rl's since 2026-12-02
+HELP_REWORDED["rl"] |= {"--gen-batch-size", "--micro-batch-size"}  # why 64; what to set on a GPU
+HELP_REWORDED["rloo"] |= {"--gen-batch-size", "--micro-batch-size"}
 DEFAULT_CHANGED: dict[str, dict[str, str]] = {"demo": {"--sft-steps": "(default: 40)", "--passk": "(default: 0)",
                                                        "--pairs-prompts": "(default: 128)",
                                                        "--eval-batch-size": "(default: 256)"},
@@ -57,14 +58,15 @@ its filtered SFT stage and skips the sampled evaluation; 2026-11-28, to fit 45 m
 prompts, 256 sequences decoded together; rl's sampler decodes a default step's 64 samples together, not 32)."""
 
 
-ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1},
+ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1,
+                     "max_tokens_per_micro_batch": None},
          "EvalCountdownConfig": {"ledger": None, "stop_repeats": None}, "SFTConfig": {"max_tokens": None}}
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets it)."""
 SET_SINCE = {"real_sft_correct_grpo": {"stop_repeats": None}}
 """Added options a variant (in every setting) sets explicitly, with its value: the recipe as named, before the
 option's default changed the sampling (configs/countdown/ablation/4_real.yaml)."""
-ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats"},
-               "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats"},
+ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats", "--max-tokens-per-micro-batch"},
+               "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats", "--max-tokens-per-micro-batch"},
                "eval countdown": {"--ledger", "--stop-repeats"}, "demo": {"--filtered-steps"}, "sft": {"--max-tokens"}}
 
 

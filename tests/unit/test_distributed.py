@@ -170,8 +170,8 @@ def test_filler_passes_run_forwards_with_a_zero_gradient(smol_tokenizer):
     # What a rank of a sharded model runs when it has fewer micro-batches than the busiest rank (here none at
     # all): forwards (and backwards) of the filler batch, with no effect on the log-probs or the gradient.
     from rlft.losses.pg import PolicyObjective
-    from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, micro_batch_rows, policy_loss_backward, rollout_batch,
-                               synced_passes)
+    from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, micro_batch_rows, policy_loss_backward,
+                               rollout_batch, synced_passes)
     from tests.conftest import make_tiny_model
 
     model = make_tiny_model(len(smol_tokenizer))

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from rlft.cli import main
-from rlft.options import CompileOptions
+from rlft.options import SpeedOptions
 from rlft.rl.config import RLConfig, rloo_config
 from rlft.rl.options import (ChatPromptOptions, CurriculumOptions, GroupFilterOptions, ImportanceOptions, InLoopEvalOptions,
                              KLOptions, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions, ShapingOptions)
@@ -16,7 +16,7 @@ from rlft.tasks.countdown.options import CountdownTrainingOptions
 from rlft.validation import OptionError
 
 BLOCKS = (SamplingOptions, PolicyLossOptions, KLOptions, ImportanceOptions, GroupFilterOptions, CurriculumOptions,
-          ShapingOptions, InLoopEvalOptions, ChatPromptOptions, RewardOptions, CountdownTrainingOptions, CompileOptions,
+          ShapingOptions, InLoopEvalOptions, ChatPromptOptions, RewardOptions, CountdownTrainingOptions, SpeedOptions,
           ReplayOptions)
 
 
@@ -26,8 +26,9 @@ def test_rl_config_is_its_blocks():
     own = set(RLConfig.__dict__["__annotations__"])
     from_blocks = {f.name for block in BLOCKS for f in dataclasses.fields(block)}
     assert not own & from_blocks  # a field lives in one place
-    # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty, --replay-size, --max-staleness
-    assert len(dataclasses.fields(RLConfig)) == 90
+    # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty, --replay-size, --max-staleness,
+    # --max-tokens-per-micro-batch
+    assert len(dataclasses.fields(RLConfig)) == 91
     assert RLConfig().compile is False and RLConfig(compile=True).compile is True
 
 

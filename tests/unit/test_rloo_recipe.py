@@ -21,8 +21,8 @@ from rlft.checkpoint import latest_checkpoint, read_metrics
 from rlft.losses.advantages import rloo_advantages
 from rlft.losses.pg import PolicyObjective, policy_gradient_loss
 from rlft.recipes.rl import train_rl
-from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, gradient_rows, micro_batch_rows, micro_batches, policy_loss_backward,
-                           rollout_batch, take_rows)
+from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, gradient_rows, micro_batch_rows, micro_batches,
+                           policy_loss_backward, rollout_batch, take_rows)
 from rlft.rl.config import RLOO_DEFAULTS, RLConfig, rloo_config
 from rlft.rl.prompts import load_rl_tasks
 from rlft.rewards.registry import REWARD_FUNCTIONS
@@ -144,7 +144,8 @@ def test_token_budget_plan_gives_the_gradient_and_logprobs_of_one_pass(smol_toke
     assert 1 < len(PassPlan(0.8, 6, max_tokens=budget).micro_batches(batch)) < 6
     model = make_tiny_model(len(tok), seed=7)
     results = []
-    for plan in (PassPlan(temperature=0.8, micro_batch_size=6), PassPlan(temperature=0.8, micro_batch_size=6, max_tokens=budget)):
+    one_pass = PassPlan(temperature=0.8, micro_batch_size=6)
+    for plan in (one_pass, replace(one_pass, max_tokens=budget)):
         model.zero_grad()
         metrics, logprobs = policy_loss_backward(model, batch, advantages, REINFORCE, plan)
         results.append((metrics["loss/policy"], logprobs, grads(model), batch_logprobs(model, batch, plan)))

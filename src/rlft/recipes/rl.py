@@ -273,8 +273,8 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
         if distributed.sharded(model):
             ref_model = distributed.wrap_model(ref_model, resolved_strategy(cfg, distributed.world()))
     # micro-batches, temperature, chunking; filler passes keep a sharded model's ranks in step
-    plan = PassPlan(cfg.temperature, cfg.micro_batch_size, cfg.logits_chunk_size, filler=filler_batch(tokenizer, spec.device),
-                    max_tokens=cfg.max_tokens_per_micro_batch)
+    plan = PassPlan(cfg.temperature, cfg.micro_batch_size, cfg.logits_chunk_size,
+                    filler=filler_batch(tokenizer, spec.device), max_tokens=cfg.max_tokens_per_micro_batch)
 
     def reference_logprobs(batch: TokenBatch, step_plan: PassPlan) -> torch.Tensor:
         if ref_model is not None:

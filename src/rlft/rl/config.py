@@ -4,7 +4,8 @@
 (:class:`rlft.tasks.countdown.options.CountdownTrainingOptions`, shared with sft, pairs and eval countdown), the
 parts of the loop (:mod:`rlft.rl.options`: sampling, policy loss, KL, importance correction, replay, group
 filtering, curriculum, shaping, in-loop evaluation, chat prompts, reward) and the shared training blocks of
-:mod:`rlft.options` (run folder, optimizer, memory, ``--compile``, torchrun) and LoRA.
+:mod:`rlft.options` (run folder, optimizer, memory, ``--compile`` and ``--max-tokens-per-micro-batch``, torchrun) and
+LoRA.
 
 The choices of ``--advantage``, ``--loss`` and ``--loss-mode`` are read from the registries
 (:data:`rlft.losses.advantages.ADVANTAGES`, :data:`rlft.losses.pg.POLICY_LOSSES`,

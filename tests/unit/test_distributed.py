@@ -564,11 +564,13 @@ def rl_fsdp2_options(model_dir: Path) -> dict:
             "distributed": "fsdp2"}
 
 
-def test_rl_fsdp2_two_processes_equal_one_given_the_same_samples(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("max_tokens", [None, 80], ids=["rows", "token-budget"])
+def test_rl_fsdp2_two_processes_equal_one_given_the_same_samples(tiny_model_dir, tmp_path, max_tokens):
     # Every forward is collective under FSDP2: generation (synced_gpus, filler generate calls), the reference
     # and pre-update log-prob passes and the update (filler micro-batches), evaluation (every rank its shard)
     # and the checkpoints (gathered). The HF engine really generates (then the hashing engine's samples are used).
-    options = rl_fsdp2_options(tiny_model_dir)
+    # With a token budget each rank cuts its own rows into passes by their lengths, so the ranks' counts differ.
+    options = {**rl_fsdp2_options(tiny_model_dir), "max_tokens_per_micro_batch": max_tokens}
     run_rl_script(tmp_path, {**options, "output_dir": str(tmp_path / "one")}, 1, sample=True)
     done = run_rl_script(tmp_path, {**options, "output_dir": str(tmp_path / "two")}, 2, sample=True)
     assert (done.stdout + done.stderr).count("FSDP2: 2 decoder layers sharded over 2 ranks") == 2  # policy and reference

@@ -105,11 +105,12 @@ def model_weights_id(model: str, journal: Path) -> str | list:
     and other weights saved at the same path do not. A journal written before 2026-12-02 names them by
     :func:`rlft.checkpoint.weights_fingerprint` (name, bytes, mtime): that value is kept while it still matches the
     files, so the journal is continued."""
-    from rlft.checkpoint import legacy_weights_match, weights_fingerprint, weights_id, weights_sha256
+    from rlft.checkpoint import legacy_weights_match, weights_id, weights_sha256
     from rlft.rollout.journal import recorded_meta
 
-    if legacy_weights_match((recorded_meta(journal) or {}).get("model_weights"), model):
-        return weights_fingerprint(model)  # [] for a built-in name or Hub id, as weights_id gives
+    recorded = (recorded_meta(journal) or {}).get("model_weights")
+    if legacy_weights_match(recorded, model):
+        return recorded  # the files' fingerprint ([] for a built-in name or Hub id, as weights_id gives)
     return weights_id(model, weights_sha256(model))
 
 

@@ -63,7 +63,7 @@ RULES: dict[str, Rule] = {
         "batch_size", "steps", "max_steps", "limit", "k", "num_train", "num_rows", "best_of_n", "num_prompts", "num_samples", "samples",
         "prompts", "max_length", "max_new_tokens", "max_prompt_length", "max_prompt_tokens", "max_concurrency",
         "ppo_epochs", "prompts_per_step", "keep_checkpoints", "train_layers", "train_pairs", "max_prompt_batches",
-        "max_tries", "max_tokens_per_micro_batch", "max_tokens",
+        "max_tries", "max_tokens_per_micro_batch", "max_tokens", "seeds",
     )},
     # counts where 0 means "off" / "none"
     **{name: NON_NEGATIVE for name in (

@@ -110,7 +110,7 @@ def test_refuses_other_tasks_of_the_same_count(tmp_path, capsys):
 def test_refuses_bad_files_and_other_settings(tmp_path, capsys):
     a = eval_file(tmp_path / "a.json", A_SCORES)
     assert "no such file" in refused(capsys, a, str(tmp_path / "missing.json"))
-    assert "two evaluation files or more" in refused(capsys, a)
+    assert "two models or more are needed, as A.json B.json (B minus A): got 1 file" in refused(capsys, a)
     assert "named twice" in refused(capsys, a, a)
     (tmp_path / "junk.json").write_text("{not json")
     assert "junk.json: not an `rlft eval countdown` JSON" in refused(capsys, a, str(tmp_path / "junk.json"))
@@ -203,3 +203,41 @@ def test_allow_setting_choices_are_the_checked_settings():
     from rlft.eval.compare import SETTINGS, Setting
 
     assert set(typing.get_args(Setting)) == set(SETTINGS)
+
+
+A1_SCORES = [0.1, 0.0, 1.0, 1.0, 0.1, 0.0]  # model A's second seed
+
+
+def test_seeds_pool_each_model_by_task(tmp_path, capsys):
+    a0, a1 = eval_file(tmp_path / "a0.json", A_SCORES, A_CUT), eval_file(tmp_path / "a1.json", A1_SCORES)
+    b0, b1 = eval_file(tmp_path / "b0.json", B_SCORES, B_CUT), eval_file(tmp_path / "b1.json", Y_SCORES)
+    report = compare_files([a0, a1, b0, b1], seeds=2)
+    (c,) = report["comparisons"]
+    assert (c["a"], c["b"], report["seeds"]) == (f"{a0} + {a1}", f"{b0} + {b1}", 2)
+    # seed means A = [0.55, 0, 0.55, 1, 0.05, 0.05], B = [1, 1, 1, 0.55, 0.5, 1]; d = [0.45, 1, 0.45, -0.45, 0.45, 0.95]
+    # mean 2.85 / 6 = 0.475; squared deviations sum 1.35875, / 5 = 0.27175, sd 0.521296, se 0.212818,
+    # half = 1.959964 * 0.212818 = 0.417115 -> [+0.057885, +0.892115]
+    m = c["slices"]["all"]
+    assert (m["mean_a"], m["mean_b"], m["diff"]) == (pytest.approx(2.2 / 6), pytest.approx(5.05 / 6), pytest.approx(0.475))
+    assert (m["ci_low"], m["ci_high"]) == (pytest.approx(0.057885, abs=1e-5), pytest.approx(0.892115, abs=1e-5))
+    assert (m["better"], m["worse"], m["equal"]) == (5, 1, 0)
+    assert (m["cut_a"], m["cut_b"]) == (pytest.approx(2 / 12), pytest.approx(1 / 12))
+    assert c["slices"]["3"]["diff"] == pytest.approx(1.9 / 3) and c["slices"]["4"]["diff"] == pytest.approx(0.95 / 3)
+    # one seed a model is the plain comparison
+    assert compare_files([a0, b0], seeds=1)["comparisons"][0]["slices"] == compare_files([a0, b0])["comparisons"][0]["slices"]
+    main(["eval", "compare", "--seeds", "2", a0, a1, b0, b1])
+    text = capsys.readouterr().out
+    assert "mean over its 2 seed files" in text and f"B = {b0} + {b1}" in text and "+0.475  [+0.058, +0.892]" in text
+
+
+def test_seeds_refuses_files_that_are_not_one_model(tmp_path, capsys):
+    a0, a1 = eval_file(tmp_path / "a0.json", A_SCORES), eval_file(tmp_path / "a1.json", A1_SCORES)
+    b0 = eval_file(tmp_path / "b0.json", B_SCORES)
+    assert "2 files a model (--seeds 2)" in refused(capsys, "--seeds", "2", a0, a1, b0)
+    assert "got 2 files" in refused(capsys, "--seeds", "2", a0, a1)
+    other = eval_file(tmp_path / "other.json", A1_SCORES, tasks=[*TASKS[:5], {"nums": [3, 4, 5, 6], "target": 17}])
+    err = refused(capsys, "--seeds", "2", a0, other, b0, eval_file(tmp_path / "b1.json", B_SCORES))
+    assert "different tasks" in err and a0 in err and other in err
+    long = eval_file(tmp_path / "long.json", A1_SCORES, max_new_tokens=1024)  # a model's seeds share every setting
+    err = refused(capsys, a0, long, b0, str(tmp_path / "b1.json"), "--seeds", "2", "--allow-setting", "max_new_tokens")
+    assert "different max_new_tokens (256 and 1024)" in err

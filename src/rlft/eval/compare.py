@@ -15,6 +15,12 @@ p-value has rank i (1 = smallest) is the paired interval at error rate ``0.05 / 
 rank's rate once Holm's step-down stops (its levels never decrease with rank), so that it excludes 0 exactly when the
 Holm-adjusted p-value is below 0.05.
 
+With ``--seeds N``, each model is given as N consecutive files, its evaluations at N training seeds (``rlft eval
+compare --seeds 2 A_s0.json A_s1.json B_s0.json B_s1.json``): per task, a model's score is the mean over its seeds
+(:func:`pool_seeds`), and the difference and interval are those of these per-task seed means, so the interval covers
+the tasks' variation given these runs, not the spread of a new seed. The seed files of one model must be of the
+same tasks and settings (``--allow-setting`` does not apply within a model).
+
 Refusals (one line, exit 2, naming the files): a file that is not an evaluation; two files of different task lists
 (the ``tasks`` lists themselves, nums and target in order, are compared, not only their count); a file without a task
 list (an older evaluation) unless ``--allow-unrecorded-tasks``, which pairs by position; and files whose evaluation
@@ -65,6 +71,9 @@ class EvalCompareConfig:
     stop_repeats, max_new_tokens, prompt_template. An allowed difference is named in the output."""
     allow_unrecorded_tasks: bool = False
     """Pair files that record no task list (older evaluations) by position, checking only their number of tasks."""
+    seeds: int = 1
+    """Evaluation files per model: the files are N consecutive files of each model, one per training seed (A_s0 A_s1
+    B_s0 B_s1 ...), and each model's per-task score is its mean over them."""
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -79,8 +88,10 @@ class EvalCompareConfig:
         """
         from rlft.script_io import check_outputs
 
-        if len(self.files) < 2:
-            raise OptionError(f"two evaluation files or more are needed (A.json B.json: B minus A), got {len(self.files)}")
+        if len(self.files) < 2 * self.seeds or len(self.files) % self.seeds:
+            per = f"{self.seeds} files a model (--seeds {self.seeds}), " if self.seeds > 1 else ""
+            raise OptionError(f"two models or more are needed, {per}as A.json B.json (B minus A): got {len(self.files)} "
+                              f"file{'s' * (len(self.files) != 1)}")
         seen: dict[Path, str] = {}
         for name in self.files:
             path = Path(name).expanduser()
@@ -141,6 +152,40 @@ def check_same_tasks(a: CountdownEvalResult, b: CountdownEvalResult, name_a: str
                          f"{i} is nums {key[0][i][0]} target {key[0][i][1]} in {name_a}, nums {key[1][i][0]} target "
                          f"{key[1][i][1]} in {name_b}): compare evaluations of the same tasks in the same order")
     return True
+
+
+def pool_seeds(runs: list[tuple[CountdownEvalResult, dict]], names: list[str], *,
+               unrecorded_ok: bool = False) -> tuple[CountdownEvalResult, dict]:
+    """One model's evaluations at N training seeds, ``runs`` (:func:`load` of each of ``names``), as one: per task, the
+    samples of each seed in turn (k = N x each file's k), so a task's mean score is the mean of its seeds' means. The
+    scores and cut flags are pooled, the rates recomputed from them; the other per-task lists are not carried. Returns
+    ``(result, the first file's config)``; one run is returned as it is.
+
+    Raises:
+        UsageError: a seed file of other tasks than the first (:func:`check_same_tasks`, with ``unrecorded_ok``) or
+            of other settings, k included (:func:`check_settings`, nothing allowed to differ).
+    """
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0][0]
+    for run, name in zip(runs[1:], names[1:]):
+        check_same_tasks(first, run[0], names[0], name, unrecorded_ok=unrecorded_ok)
+        check_settings(runs[0], run, names[0], name)
+    results = [r for r, _ in runs]
+
+    def joined(rows: list[list[list]]) -> list[list]:
+        return [[x for row in per_task for x in row] for per_task in zip(*rows)]
+
+    scores = joined([r.task_scores for r in results])
+    cut = joined([r.task_truncated for r in results]) if all(r.task_truncated for r in results) else []
+    flat, flat_cut = [x for row in scores for x in row], [x for row in cut for x in row]
+    pooled = CountdownEvalResult(
+        num_tasks=len(scores), k=len(scores[0]), mode=first.mode, mean_score=sum(flat) / len(flat),
+        accuracy=sum(x == 1.0 for x in flat) / len(flat), format_rate=sum(x >= 0.1 for x in flat) / len(flat),
+        pass_at_k={}, mean_completion_tokens=float("nan"),
+        truncated_rate=sum(flat_cut) / len(flat_cut) if flat_cut else float("nan"),
+        task_scores=scores, tasks=first.tasks, task_truncated=cut)
+    return pooled, runs[0][1]
 
 
 def resolved_max_new_tokens(result: CountdownEvalResult, config: dict) -> int | None:
@@ -237,18 +282,25 @@ def add_holm(pairs: list[tuple[CountdownEvalResult, CountdownEvalResult]], compa
 
 
 def compare_files(paths: list[str], *, allow_setting: tuple[str, ...] = (), holm_adjust: bool = True,
-                  unrecorded_tasks: bool = False) -> dict:
-    """Each of ``paths[1:]`` minus ``paths[0]`` (the BASE): ``{"convention", "alpha", "base", "holm" (m when the
-    intervals are Holm-adjusted, else None), "comparisons": [{"a", "b", "tasks_checked", "notes", "slices"}]}``
-    (``slices``: :func:`compare_results`, with ``holm`` when adjusted). Every file is read and checked before any
+                  unrecorded_tasks: bool = False, seeds: int = 1) -> dict:
+    """Each model minus the first (the BASE): ``{"convention", "alpha", "base", "seeds", "holm" (m when the intervals
+    are Holm-adjusted, else None), "comparisons": [{"a", "b", "tasks_checked", "notes", "slices"}]}`` (``slices``:
+    :func:`compare_results`, with ``holm`` when adjusted). A model is one file, or with ``seeds`` N its N consecutive
+    files pooled by :func:`pool_seeds` (named ``"a_s0.json + a_s1.json"``). Every file is read and checked before any
     difference is computed.
 
     Raises:
-        UsageError: a file is not an evaluation, or one of ``paths[1:]`` is of other tasks or settings than BASE
-            (:func:`check_same_tasks`, :func:`check_settings`).
+        UsageError: a file is not an evaluation; a model's seed files differ (:func:`pool_seeds`); or a model is of
+            other tasks or settings than BASE (:func:`check_same_tasks`, :func:`check_settings`).
+        ValueError: ``len(paths)`` is not a multiple of ``seeds``.
     """
-    loaded = [load(p) for p in paths]
-    out = {"convention": SIGN, "alpha": ALPHA, "base": paths[0], "holm": None, "comparisons": []}
+    if seeds < 1 or len(paths) % seeds:
+        raise ValueError(f"{len(paths)} files are not whole models of {seeds} seed files each")
+    runs = [load(p) for p in paths]
+    groups = [range(i, i + seeds) for i in range(0, len(paths), seeds)]
+    loaded = [pool_seeds([runs[i] for i in g], [paths[i] for i in g], unrecorded_ok=unrecorded_tasks) for g in groups]
+    paths = [" + ".join(paths[i] for i in g) for g in groups]  # a model's name: its files
+    out = {"convention": SIGN, "alpha": ALPHA, "base": paths[0], "seeds": seeds, "holm": None, "comparisons": []}
     for path, other in zip(paths[1:], loaded[1:]):
         checked = check_same_tasks(loaded[0][0], other[0], paths[0], path, unrecorded_ok=unrecorded_tasks)
         notes = check_settings(loaded[0], other, paths[0], path, allow_setting)
@@ -275,7 +327,8 @@ def format_comparison(report: dict) -> str:
     the cut shares) and its notes."""
     m = report["holm"]
     lines = [f"paired difference {SIGN}; 95% intervals" +
-             (f", Holm-adjusted across the batch of {m} comparisons beside the raw ones" if m else "")]
+             (f", Holm-adjusted across the batch of {m} comparisons beside the raw ones" if m else "")
+             + (f"; a model's score on a task is its mean over its {report['seeds']} seed files" if report.get("seeds", 1) > 1 else "")]
     header = (f"{'tasks':<10} {'n':>5} {'mean A':>7} {'mean B':>7} {'B - A':>7}  {'95% CI':<18}"
               + (f" {'Holm 95% CI':<18} {'Holm p':>7}" if m else "") + f" {'better/worse/equal':>18} {'cut A':>6} {'cut B':>6}")
     for c in report["comparisons"]:
@@ -300,7 +353,7 @@ def run_eval_compare(cfg: EvalCompareConfig) -> dict:
 
     cfg.check_outputs()
     report = compare_files(list(cfg.files), allow_setting=cfg.allow_setting, holm_adjust=cfg.holm,
-                           unrecorded_tasks=cfg.allow_unrecorded_tasks)
+                           unrecorded_tasks=cfg.allow_unrecorded_tasks, seeds=cfg.seeds)
     print(format_comparison(report))
     if cfg.json is not None:
         path = Path(cfg.json).expanduser()

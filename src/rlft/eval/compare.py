@@ -299,14 +299,14 @@ def compare_files(paths: list[str], *, allow_setting: tuple[str, ...] = (), holm
     runs = [load(p) for p in paths]
     groups = [range(i, i + seeds) for i in range(0, len(paths), seeds)]
     loaded = [pool_seeds([runs[i] for i in g], [paths[i] for i in g], unrecorded_ok=unrecorded_tasks) for g in groups]
-    paths = [" + ".join(paths[i] for i in g) for g in groups]  # a model's name: its files
-    out = {"convention": SIGN, "alpha": ALPHA, "base": paths[0], "seeds": seeds, "holm": None, "comparisons": []}
-    for path, other in zip(paths[1:], loaded[1:]):
-        checked = check_same_tasks(loaded[0][0], other[0], paths[0], path, unrecorded_ok=unrecorded_tasks)
-        notes = check_settings(loaded[0], other, paths[0], path, allow_setting)
+    names = [" + ".join(paths[i] for i in g) for g in groups]  # a model's name: its files
+    out = {"convention": SIGN, "alpha": ALPHA, "base": names[0], "seeds": seeds, "holm": None, "comparisons": []}
+    for name, other in zip(names[1:], loaded[1:]):
+        checked = check_same_tasks(loaded[0][0], other[0], names[0], name, unrecorded_ok=unrecorded_tasks)
+        notes = check_settings(loaded[0], other, names[0], name, allow_setting)
         if not checked:
             notes.append("no task list recorded: paired by position")
-        out["comparisons"].append({"a": paths[0], "b": path, "tasks_checked": checked, "notes": notes})
+        out["comparisons"].append({"a": names[0], "b": name, "tasks_checked": checked, "notes": notes})
     pairs = [(loaded[0][0], other[0]) for other in loaded[1:]]
     slices = [compare_results(a, b) for a, b in pairs]
     if holm_adjust and len(pairs) > 1:
@@ -325,10 +325,10 @@ def format_comparison(report: dict) -> str:
     """The report as plain text: the sign convention, then per comparison a row per slice (tasks, mean A, mean B,
     B - A with its 95% interval, the Holm-adjusted interval and p-value when the report has them, better/worse/equal,
     the cut shares) and its notes."""
-    m = report["holm"]
+    m, seeds = report["holm"], report.get("seeds", 1)
     lines = [f"paired difference {SIGN}; 95% intervals" +
              (f", Holm-adjusted across the batch of {m} comparisons beside the raw ones" if m else "")
-             + (f"; a model's score on a task is its mean over its {report['seeds']} seed files" if report.get("seeds", 1) > 1 else "")]
+             + (f"; a model's score on a task is its mean over its {seeds} seed files" if seeds > 1 else "")]
     header = (f"{'tasks':<10} {'n':>5} {'mean A':>7} {'mean B':>7} {'B - A':>7}  {'95% CI':<18}"
               + (f" {'Holm 95% CI':<18} {'Holm p':>7}" if m else "") + f" {'better/worse/equal':>18} {'cut A':>6} {'cut B':>6}")
     for c in report["comparisons"]:

@@ -233,7 +233,7 @@ def test_seeds_pool_each_model_by_task(tmp_path, capsys):
 def test_seeds_refuses_files_that_are_not_one_model(tmp_path, capsys):
     a0, a1 = eval_file(tmp_path / "a0.json", A_SCORES), eval_file(tmp_path / "a1.json", A1_SCORES)
     b0 = eval_file(tmp_path / "b0.json", B_SCORES)
-    assert "2 files a model (--seeds 2)" in refused(capsys, "--seeds", "2", a0, a1, b0)
+    assert "3 files a model (--seeds 3; BASE one or 3)" in refused(capsys, "--seeds", "3", a0, a1, b0, a0 + ".x", b0 + ".y")
     assert "got 2 files" in refused(capsys, "--seeds", "2", a0, a1)
     other = eval_file(tmp_path / "other.json", A1_SCORES, tasks=[*TASKS[:5], {"nums": [3, 4, 5, 6], "target": 17}])
     err = refused(capsys, "--seeds", "2", a0, other, b0, eval_file(tmp_path / "b1.json", B_SCORES))
@@ -241,3 +241,22 @@ def test_seeds_refuses_files_that_are_not_one_model(tmp_path, capsys):
     long = eval_file(tmp_path / "long.json", A1_SCORES, max_new_tokens=1024)  # a model's seeds share every setting
     err = refused(capsys, a0, long, b0, str(tmp_path / "b1.json"), "--seeds", "2", "--allow-setting", "max_new_tokens")
     assert "different max_new_tokens (256 and 1024)" in err
+
+
+def test_seeds_a_one_file_base_stands_for_each_seed(tmp_path, capsys):
+    a0 = eval_file(tmp_path / "a0.json", A_SCORES, A_CUT)
+    b0, b1 = eval_file(tmp_path / "b0.json", B_SCORES, B_CUT), eval_file(tmp_path / "b1.json", Y_SCORES)
+    report = compare_files([a0, b0, b1], seeds=2)
+    (c,) = report["comparisons"]
+    assert (c["a"], c["b"]) == (a0, f"{b0} + {b1}")
+    # B's seed means [1, 1, 1, 0.55, 0.5, 1] minus A's one run [1, 0, 0.1, 1, 0, 0.1]: d = [0, 1, 0.9, -0.45, 0.5, 0.9],
+    # mean 2.85 / 6 = 0.475, better / worse / equal 4 / 1 / 1
+    m = c["slices"]["all"]
+    assert (m["mean_a"], m["diff"]) == (pytest.approx(2.2 / 6), pytest.approx(0.475))
+    assert (m["better"], m["worse"], m["equal"]) == (4, 1, 1)
+    assert m["cut_a"] == pytest.approx(2 / 6)
+    copy = tmp_path / "a0_copy.json"  # the same as giving BASE's file once per seed
+    copy.write_text((tmp_path / "a0.json").read_text())
+    assert compare_files([a0, str(copy), b0, b1], seeds=2)["comparisons"][0]["slices"] == c["slices"]
+    main(["eval", "compare", "--seeds", "2", a0, b0, b1])
+    assert f"A = {a0}\n" in capsys.readouterr().out

@@ -18,8 +18,9 @@ Holm-adjusted p-value is below 0.05.
 With ``--seeds N``, each model is given as N consecutive files, its evaluations at N training seeds (``rlft eval
 compare --seeds 2 A_s0.json A_s1.json B_s0.json B_s1.json``): per task, a model's score is the mean over its seeds
 (:func:`pool_seeds`), and the difference and interval are those of these per-task seed means, so the interval covers
-the tasks' variation given these runs, not the spread of a new seed. The seed files of one model must be of the
-same tasks and settings (``--allow-setting`` does not apply within a model).
+the tasks' variation given these runs, not the spread of a new seed. BASE may be one file (the start every seed
+began from: ``--seeds 2 START.json B_s0.json B_s1.json``), which then stands for each seed. The seed files of one
+model must be of the same tasks and settings (``--allow-setting`` does not apply within a model).
 
 Refusals (one line, exit 2, naming the files): a file that is not an evaluation; two files of different task lists
 (the ``tasks`` lists themselves, nums and target in order, are compared, not only their count); a file without a task
@@ -73,7 +74,7 @@ class EvalCompareConfig:
     """Pair files that record no task list (older evaluations) by position, checking only their number of tasks."""
     seeds: int = 1
     """Evaluation files per model: the files are N consecutive files of each model, one per training seed (A_s0 A_s1
-    B_s0 B_s1 ...), and each model's per-task score is its mean over them."""
+    B_s0 B_s1 ...), and each model's per-task score is its mean over them; BASE may be one file (a shared start)."""
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -88,8 +89,9 @@ class EvalCompareConfig:
         """
         from rlft.script_io import check_outputs
 
-        if len(self.files) < 2 * self.seeds or len(self.files) % self.seeds:
-            per = f"{self.seeds} files a model (--seeds {self.seeds}), " if self.seeds > 1 else ""
+        if not base_group(len(self.files), self.seeds):
+            n = self.seeds
+            per = f"{n} files a model (--seeds {n}; BASE one or {n}), " if n > 1 else ""
             raise OptionError(f"two models or more are needed, {per}as A.json B.json (B minus A): got {len(self.files)} "
                               f"file{'s' * (len(self.files) != 1)}")
         seen: dict[Path, str] = {}
@@ -152,6 +154,17 @@ def check_same_tasks(a: CountdownEvalResult, b: CountdownEvalResult, name_a: str
                          f"{i} is nums {key[0][i][0]} target {key[0][i][1]} in {name_a}, nums {key[1][i][0]} target "
                          f"{key[1][i][1]} in {name_b}): compare evaluations of the same tasks in the same order")
     return True
+
+
+def base_group(count: int, seeds: int) -> int:
+    """How many of ``count`` files are BASE's when each other model has ``seeds`` files: ``seeds`` when the count is a
+    multiple of it, 1 when one more (a shared start; only for ``seeds`` > 1); 0 when neither, or fewer than two
+    models."""
+    if seeds >= 1 and count >= 2 * seeds and count % seeds == 0:
+        return seeds
+    if seeds > 1 and count >= 1 + seeds and count % seeds == 1:
+        return 1
+    return 0
 
 
 def pool_seeds(runs: list[tuple[CountdownEvalResult, dict]], names: list[str], *,
@@ -286,20 +299,24 @@ def compare_files(paths: list[str], *, allow_setting: tuple[str, ...] = (), holm
     """Each model minus the first (the BASE): ``{"convention", "alpha", "base", "seeds", "holm" (m when the intervals
     are Holm-adjusted, else None), "comparisons": [{"a", "b", "tasks_checked", "notes", "slices"}]}`` (``slices``:
     :func:`compare_results`, with ``holm`` when adjusted). A model is one file, or with ``seeds`` N its N consecutive
-    files pooled by :func:`pool_seeds` (named ``"a_s0.json + a_s1.json"``). Every file is read and checked before any
-    difference is computed.
+    files pooled by :func:`pool_seeds` (named ``"a_s0.json + a_s1.json"``); BASE may then be one file
+    (:func:`base_group`), pooled as N copies of itself (the same per-task means). Every file is read and checked
+    before any difference is computed.
 
     Raises:
         UsageError: a file is not an evaluation; a model's seed files differ (:func:`pool_seeds`); or a model is of
             other tasks or settings than BASE (:func:`check_same_tasks`, :func:`check_settings`).
-        ValueError: ``len(paths)`` is not a multiple of ``seeds``.
+        ValueError: the number of files is not BASE's one or ``seeds`` plus whole models of ``seeds``
+            (:func:`base_group`).
     """
-    if seeds < 1 or len(paths) % seeds:
-        raise ValueError(f"{len(paths)} files are not whole models of {seeds} seed files each")
+    first = base_group(len(paths), seeds)
+    if not first:
+        raise ValueError(f"{len(paths)} files are not BASE (1 or {seeds}) and other models of {seeds} seed files each")
     runs = [load(p) for p in paths]
-    groups = [range(i, i + seeds) for i in range(0, len(paths), seeds)]
+    groups = [[0] * seeds if first == 1 else list(range(seeds))]  # a one-file BASE stands for each seed
+    groups += [list(range(i, i + seeds)) for i in range(first, len(paths), seeds)]
     loaded = [pool_seeds([runs[i] for i in g], [paths[i] for i in g], unrecorded_ok=unrecorded_tasks) for g in groups]
-    names = [" + ".join(paths[i] for i in g) for g in groups]  # a model's name: its files
+    names = [" + ".join(paths[i] for i in dict.fromkeys(g)) for g in groups]  # a model's name: its files
     out = {"convention": SIGN, "alpha": ALPHA, "base": names[0], "seeds": seeds, "holm": None, "comparisons": []}
     for name, other in zip(names[1:], loaded[1:]):
         checked = check_same_tasks(loaded[0][0], other[0], names[0], name, unrecorded_ok=unrecorded_tasks)

@@ -23,3 +23,4 @@ PY
   ev "$O/rl_s$s/model" "rl_s${s}_val"
 done
 $R eval compare "$O/filtered_val.json" "$O"/rl_s{0,1,2}_val.json
+$R eval compare --seeds 3 "$O/filtered_val.json" "$O"/rl_s{0,1,2}_val.json  # their mean by task

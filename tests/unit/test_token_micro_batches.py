@@ -200,7 +200,10 @@ def test_dpo_reference_pass_cut_by_tokens_keeps_pair_order(tiny_model_dir, tmp_p
     for packing in (False, True):
         cut = compute_reference_logprobs(model, pairs, pad, "cpu", 1, max_tokens=120, packing=packing)
         for key, values in one_by_one.items():
-            assert torch.allclose(cut[key], values, atol=1e-5, rtol=0), (packing, key)
+            # sums of up to ~100 token log-probs near -100: float32 resolves ~1e-5 there, and the cut's other padding
+            # (another GEMM blocking) moves the last bits on some CPUs, so the bound is relative to the magnitude;
+            # a pair out of order differs by whole units
+            torch.testing.assert_close(cut[key], values, rtol=1e-5, atol=1e-6, msg=f"{packing=}, {key=}")
 
 
 def rm_rows(n: int = 8) -> list[dict]:

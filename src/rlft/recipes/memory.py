@@ -71,9 +71,25 @@ def compile_layers(model: torch.nn.Module, backend: str | None = None) -> int:
     for layer in layers:
         cls = type(layer)
         if cls not in compiled:
-            compiled[cls] = torch.compile(cls.forward, backend=backend, dynamic=True)
+            compiled[cls] = _checkpoint_tolerant(torch.compile(cls.forward, backend=backend, dynamic=True))
         layer.forward = types.MethodType(compiled[cls], layer)
     return len(layers)
+
+
+_CHECKPOINT_SIDE_EFFECTS = "skip_fwd_side_effects_in_bwd_under_checkpoint"
+
+
+def _checkpoint_tolerant(compiled: Callable) -> Callable:
+    """``compiled``, traced with dynamo's ``skip_fwd_side_effects_in_bwd_under_checkpoint`` on (where this torch has
+    it). Since transformers 5 a layer's ``forward`` is itself the gradient-checkpointing wrapper, so with
+    ``--gradient-checkpointing`` dynamo traces ``torch.utils.checkpoint`` as a higher-order op; the output-capturing
+    hooks inside it set a module-level variable (transformers' ``CompileableContextVar``), a side effect dynamo
+    refuses by default, and the whole layer fell back to eager without a word (0 graphs). That variable only matters
+    when hidden states are collected (``output_hidden_states``), which rlft's loss path never asks for, so its
+    replay in the backward's recomputation can be skipped."""
+    if not hasattr(torch._dynamo.config, _CHECKPOINT_SIDE_EFFECTS):
+        return compiled
+    return torch._dynamo.config.patch(**{_CHECKPOINT_SIDE_EFFECTS: True})(compiled)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import sys
 import traceback
 from contextlib import redirect_stderr
@@ -167,50 +166,68 @@ SAMPLING_COMMANDS = ("eval countdown", "eval winrate", "pairs countdown")
 the same files)."""
 
 
-_BOX = re.compile(r"^[\s\u2500-\u257f]+|[\s\u2500-\u257f]+$")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+class _TyroRefusal(Exception):
+    """Raised by :func:`_refuse` inside tyro: its parse failure, as one line."""
 
 
-def _tyro_message(text: str) -> str:
-    """The first line inside a tyro error panel: its title (in the top border, or alone on the first
-    line when the stream cannot draw boxes), frame and rules dropped."""
-    lines = [line for line in _ANSI.sub("", text).splitlines() if line.strip()]
-    body = [_BOX.sub("", line.strip(" |+")) for line in lines[1:]]  # lines[0]: the title
-    return next((line for line in body if line.strip("-=_ ")), "invalid arguments")
+def _tyro_error_line(event: Any) -> str:
+    """One line for a tyro parse failure, from the event's fields (tyro's ``_errors`` hook, not its rendered
+    panel): an unknown option, a missing or short value, a choice outside the allowed ones, a value that does not
+    convert, a failed construction (e.g. a field check), two options of one group. An event of a kind tyro adds
+    later is named by its class."""
+    from tyro import _errors as tyro_errors
+
+    def flag(argument: Any) -> str:
+        return argument.display_name()
+
+    if isinstance(event, tyro_errors.UnrecognizedArgs):
+        return f"Unrecognized options: {', '.join(event.tokens)}"
+    if isinstance(event, tyro_errors.MissingArgs):
+        return "missing required option(s): " + ", ".join(flag(a.arg) for a in event.missing_arguments)
+    if isinstance(event, tyro_errors.InvalidChoice):
+        return f"invalid choice {event.value!r} for argument {flag(event.argument)!r}. Expected one of {event.choices}."
+    if isinstance(event, tyro_errors.BadValue):
+        got = f", got {event.offending_value!r}" if event.offending_value is not None else ""
+        return f"{flag(event.argument)}: expected a value{got}"
+    if isinstance(event, tyro_errors.InstantiationFailure):
+        if event.argument is None or event.message.startswith(flag(event.argument)):
+            return event.message
+        return f"Error parsing {flag(event.argument)}: {event.message}"
+    if isinstance(event, tyro_errors.MutexConflict):
+        return f"{event.first_token} and {event.second_token} cannot be given together"
+    return f"invalid arguments ({type(event).__name__})"
+
+
+def _refuse(event: Any) -> None:
+    """tyro's parse-error hook: take the failure over as one line (:func:`_tyro_error_line`)."""
+    raise _TyroRefusal(" ".join(_tyro_error_line(event).split()))
 
 
 def parse_config(cls: type, rest: list[str], name: str, help_: str, default: Any = None):
     """Parse ``rest`` into ``cls`` with tyro (``default`` from ``--config``).
 
     Raises:
-        OptionError: tyro refused the flags (its panel reduced to one line), or the config's validation
-            refused the values.
+        OptionError: tyro refused the flags (read from its parse-error event: :func:`_tyro_error_line`), or the
+            config's validation refused the values.
     """
     import tyro
+    from tyro import _errors as tyro_errors
 
     kwargs = {"default": default} if default is not None else {}
-    captured = io.StringIO()
-    columns = os.environ.get("COLUMNS")
-    if not {"-h", "--help"} & set(rest):
-        os.environ["COLUMNS"] = "4000"  # tyro's error panel on one line per message
+    captured = io.StringIO()  # tyro's own prints (help, warnings): shown for --help only
     try:
-        with redirect_stderr(captured):
+        with tyro_errors.on_parse_error(_refuse), redirect_stderr(captured):
             return tyro.cli(cls, args=rest, prog=f"rlft {name}", description=help_, **kwargs)
     except SystemExit as e:
         if not e.code:  # --help
             sys.stderr.write(captured.getvalue())
-            raise
-        message = _tyro_message(captured.getvalue())
-        raise OptionError(re.sub(rf"^Error parsing {cls.__name__}: ", "", message)) from None
+        raise
+    except _TyroRefusal as e:
+        raise OptionError(str(e)) from None
     except UsageError:
         raise
     except ValueError as e:  # a config's __post_init__ check across options
         raise OptionError(str(e)) from None
-    finally:
-        if columns is None:
-            os.environ.pop("COLUMNS", None)
-        else:
-            os.environ["COLUMNS"] = columns
 
 
 def _one_line(error: BaseException) -> str:

@@ -58,12 +58,23 @@ OPTION_CASES = [
     (["sft", "--preset", "hard"], "rlft sft: error: --preset: expected one of 'cog_behav', 'easy3', 'medium3', 'standard', 'tiny', got 'hard'"),
     (["eval", "countdown", "--dtype", "float64"], "rlft eval countdown: error: --dtype: expected one of 'auto', 'float32', 'bfloat16', 'float16', got 'float64'"),
     (["sft", "--no-such-option", "1"], "rlft sft: error: Unrecognized options: --no-such-option, 1"),
+    (["sft", "--lr"], "rlft sft: error: --lr: expected a value"),
+    (["sft", "--batch-size", "1.5"], "rlft sft: error: Error parsing --batch-size: invalid literal for int() with base 10: '1.5'"),
 ]
 
 
 @pytest.mark.parametrize("args, message", OPTION_CASES, ids=[" ".join(a) for a, _ in OPTION_CASES])
 def test_bad_options_exit_2_with_one_line(capsys, args, message):
     assert_error(capsys, args, 2, message)
+
+
+@pytest.mark.parametrize("columns", ["20", "4000"])
+def test_tyro_errors_are_read_from_its_events_not_its_panel(capsys, monkeypatch, columns):
+    """The message comes from tyro's parse-error event, so a narrow terminal (whose panel wraps every message)
+    gives the same whole line."""
+    monkeypatch.setenv("COLUMNS", columns)
+    for args, message in OPTION_CASES[-5:]:
+        assert_error(capsys, args, 2, message)
 
 
 YAML_CASES = [

@@ -10,7 +10,7 @@ from statistics import NormalDist
 import pytest
 
 from rlft.cli import main
-from rlft.eval.compare import compare_files
+from rlft.eval.compare import compare_files, compare_results, load
 from rlft.eval.stats import Z_95, format_difference, holm, normal_p_value, z_for_level
 from rlft.validation import UsageError
 
@@ -53,14 +53,20 @@ def test_hand_computed_pair(tmp_path):
     assert (m["ci_low"], m["ci_high"]) == (pytest.approx(-0.285134, abs=1e-5), pytest.approx(0.918468, abs=1e-5))
     assert (m["better"], m["worse"], m["equal"]) == (3, 1, 2)
     assert (m["cut_a"], m["cut_b"]) == (pytest.approx(2 / 6), pytest.approx(1 / 6))
+    # the 3- and 4-number slices have 3 tasks each, fewer than MIN_SLICE_TASKS: `rlft eval compare` gives them no
+    # interval; compare_results without `sized` (the study scripts') still does, checked by hand below
+    assert [(s[k]["n"], s[k]["ci_low"], s[k]["ci_high"], s[k]["p"]) for k in ("3", "4")] == [(3, None, None, None)] * 2
+    raw = compare_results(load(a)[0], load(b)[0])
+    assert raw["all"] == m and {k: v for k, v in raw["3"].items() if not k.startswith(("ci_", "p"))} == {
+        k: v for k, v in s["3"].items() if not k.startswith(("ci_", "p"))}
     # 3 numbers: d = [0, 1, 0.9], mean 0.633333; squares of deviations 0.401111 + 0.134444 + 0.071111 = 0.606667;
     # / 2 = 0.303333, sd 0.550757, se 0.317980, half 0.623229 -> [+0.010104, +1.256562]
-    t = s["3"]
+    t = raw["3"]
     assert (t["n"], t["diff"]) == (3, pytest.approx(0.633333, abs=1e-6))
     assert (t["ci_low"], t["ci_high"]) == (pytest.approx(0.010104, abs=1e-5), pytest.approx(1.256562, abs=1e-5))
     assert (t["better"], t["worse"], t["equal"], t["cut_a"], t["cut_b"]) == (2, 0, 1, pytest.approx(1 / 3), 0.0)
     # 4 numbers: d = [-0.9, 0, 0.9], mean 0, sd 0.9, se 0.519615, half 1.018427
-    f = s["4"]
+    f = raw["4"]
     assert (f["diff"], f["ci_low"], f["ci_high"]) == (pytest.approx(0.0), pytest.approx(-1.018427, abs=1e-5), pytest.approx(1.018427, abs=1e-5))
     assert (f["better"], f["worse"], f["equal"], f["p"]) == (1, 1, 1, pytest.approx(1.0))
     # swapping the files flips the sign, not the width

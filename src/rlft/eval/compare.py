@@ -20,14 +20,26 @@ compare --seeds 2 A_s0.json A_s1.json B_s0.json B_s1.json``): per task, a model'
 (:func:`pool_seeds`), and the difference and interval are those of these per-task seed means, so the interval covers
 the tasks' variation given these runs, not the spread of a new seed. BASE may be one file (the start every seed
 began from: ``--seeds 2 START.json B_s0.json B_s1.json``), which then stands for each seed. The seed files of one
-model must be of the same tasks and settings (``--allow-setting`` does not apply within a model).
+model must be of the same tasks and settings (``--allow-setting`` does not apply within a model). The files are
+grouped by count alone: N x models files (BASE of N), or 1 + N x models (a one-file BASE); any other count is refused,
+naming the counts. A forgotten file can still leave a count that fits (``--seeds 2 A_s0 A_s1 B_s0`` reads as BASE
+A_s0 and a model A_s1 + B_s0), so the grouping is checked by name (:func:`check_seed_groups`): a model whose seed
+files differ in name once the seed (``s0``, ``seed1``, ``seed-2``, ...) is taken out, one of them matching a file of
+another model, is refused, by file name and by the ``config.model`` the file evaluated. Two files of one model with
+the same weights (equal ``config.model_sha256``) are not two seeds and are refused.
 
-Refusals (one line, exit 2, naming the files): a file that is not an evaluation; two files of different task lists
-(the ``tasks`` lists themselves, nums and target in order, are compared, not only their count); a file without a task
-list (an older evaluation) unless ``--allow-unrecorded-tasks``, which pairs by position; and files whose evaluation
-settings differ (:data:`SETTINGS`: mode, k, temperature and top_p when both are sampled, max_new_tokens,
-prompt_template) unless each differing setting is named in ``--allow-setting``: a difference is then the model's only
-when everything else is held fixed. A setting a file does not record is not checked (the output says so).
+A slice with fewer tasks than :data:`MIN_SLICE_TASKS` (the mixed slice: fewer than 2) gets no interval and no
+p-value ("n too small"; null in ``--json``) and stays out of the Holm batch of its slice: with so few tasks the
+normal approximation says nothing (one task gave a zero-width interval with p = 0). Its means and counts are reported.
+
+Refusals (one line, exit 2, naming the files; the input checks are :mod:`rlft.eval.compare_inputs`'s): a file that is
+not an evaluation; one file given twice under any path (a symlink, ``..``, a hard link: the same device and inode); a
+score that is not a finite number in [0, 1] (named by file, task and sample: ``task_scores[i][j]``); two files of
+different task lists (the ``tasks`` lists themselves, nums and target in order, are compared, not only their count); a
+file without a task list (an older evaluation) unless ``--allow-unrecorded-tasks``, which pairs by position; and files
+whose evaluation settings differ (:data:`SETTINGS`: mode, k, temperature and top_p when both are sampled,
+max_new_tokens, prompt_template) unless each differing setting is named in ``--allow-setting``: a difference is then the
+model's only when everything else is held fixed. A setting a file does not record is not checked (the output says so).
 """
 
 from __future__ import annotations
@@ -39,7 +51,8 @@ from typing import Annotated, Literal
 
 import tyro
 
-from rlft.eval.countdown import PAIRED_SETTINGS, CountdownEvalResult, paired_difference, read_eval_file, size_summary
+from rlft.eval.compare_inputs import base_group, check_distinct_files, check_seed_groups, count_error, load
+from rlft.eval.countdown import PAIRED_SETTINGS, CountdownEvalResult, paired_difference, size_summary
 from rlft.eval.stats import ALPHA, Z_95, holm, normal_p_value, z_for_level
 from rlft.validation import OptionError, UsageError, validate_options
 
@@ -52,6 +65,9 @@ the sampling (``stop_repeats``: the loop stop, "off" when a file does not record
 was recorded), and :data:`rlft.eval.countdown.PAIRED_SETTINGS` (the prompt template and the token budget, which a
 ``--greedy-from`` baseline must share too)."""
 SLICE_NAMES = {"all": "mixed", "3": "3 numbers", "4": "4 numbers"}
+MIN_SLICE_TASKS = 10
+"""The fewest tasks a count-of-numbers slice needs for an interval, p-value and Holm entry (below: "n too small", null
+in --json); the mixed slice needs 2 (a standard deviation). At 1 task the interval had zero width and p = 0."""
 
 
 @dataclass(frozen=True)
@@ -74,56 +90,30 @@ class EvalCompareConfig:
     """Pair files that record no task list (older evaluations) by position, checking only their number of tasks."""
     seeds: int = 1
     """Evaluation files per model: the files are N consecutive files of each model, one per training seed (A_s0 A_s1
-    B_s0 B_s1 ...), and each model's per-task score is its mean over them; BASE may be one file (a shared start)."""
+    B_s0 B_s1 ...), and each model's per-task score is its mean over them; BASE may be one file (a shared start). The
+    count must be N x models or 1 + N x models; a model whose files' names (seed taken out) shift into another model's,
+    or two files of one model with the same weights, are refused."""
 
     def __post_init__(self) -> None:
         validate_options(self)
 
     def check_outputs(self) -> None:
-        """Before reading anything: at least two files, each an existing file, none named twice; a --json that may be
-        written and is none of the inputs, even with --overwrite (:func:`rlft.script_io.check_outputs`, the rule of
-        every output).
+        """Before reading anything: a number of files :func:`base_group` can group, each an existing file, none named
+        twice under any path (:func:`check_distinct_files`); a --json that may be written and is none of the inputs,
+        even with --overwrite (:func:`rlft.script_io.check_outputs`, the rule of every output).
 
         Raises:
-            UsageError: the message names the file.
+            UsageError: the message names the file, or the counts (:func:`count_error`).
         """
         from rlft.script_io import check_outputs
 
         if not base_group(len(self.files), self.seeds):
-            n = self.seeds
-            per = f"{n} files a model (--seeds {n}; BASE one or {n}), " if n > 1 else ""
-            raise OptionError(f"two models or more are needed, {per}as A.json B.json (B minus A): got {len(self.files)} "
-                              f"file{'s' * (len(self.files) != 1)}")
-        seen: dict[Path, str] = {}
+            raise OptionError(count_error(len(self.files), self.seeds))
         for name in self.files:
-            path = Path(name).expanduser()
-            if not path.is_file():
+            if not Path(name).expanduser().is_file():
                 raise OptionError(f"{name}: no such file (an `rlft eval countdown --output` JSON)")
-            key = path.resolve()
-            if key in seen:
-                raise OptionError(f"{name} is named twice (as {seen[key]} too): compare each file once")
-            seen[key] = name
+        check_distinct_files(self.files)
         check_outputs({"--json": self.json}, self.files, overwrite=self.overwrite)
-
-
-def load(path: str) -> tuple[CountdownEvalResult, dict]:
-    """``read_eval_file(path)``, its per-task lists checked to be of one length.
-
-    Raises:
-        UsageError: not an evaluation file, or per-task lists of different lengths (naming ``path``).
-    """
-    try:
-        result, config = read_eval_file(path)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    n = len(result.task_scores)
-    if n == 0 or any(not row for row in result.task_scores):
-        raise UsageError(f"{path}: no per-task scores (task_scores) to pair")
-    for name in ("tasks", "task_truncated"):
-        rows = getattr(result, name)
-        if rows and len(rows) != n:
-            raise UsageError(f"{path}: {name} lists {len(rows)} tasks, task_scores {n}")
-    return result, config
 
 
 def check_same_tasks(a: CountdownEvalResult, b: CountdownEvalResult, name_a: str, name_b: str, *,
@@ -154,17 +144,6 @@ def check_same_tasks(a: CountdownEvalResult, b: CountdownEvalResult, name_a: str
                          f"{i} is nums {key[0][i][0]} target {key[0][i][1]} in {name_a}, nums {key[1][i][0]} target "
                          f"{key[1][i][1]} in {name_b}): compare evaluations of the same tasks in the same order")
     return True
-
-
-def base_group(count: int, seeds: int) -> int:
-    """How many of ``count`` files are BASE's when each other model has ``seeds`` files: ``seeds`` when the count is a
-    multiple of it, 1 when one more (a shared start; only for ``seeds`` > 1); 0 when neither, or fewer than two
-    models."""
-    if seeds >= 1 and count >= 2 * seeds and count % seeds == 0:
-        return seeds
-    if seeds > 1 and count >= 1 + seeds and count % seeds == 1:
-        return 1
-    return 0
 
 
 def pool_seeds(runs: list[tuple[CountdownEvalResult, dict]], names: list[str], *,
@@ -263,18 +242,31 @@ def _finite(x: float) -> float | None:
     return None if x is None or math.isnan(x) else x
 
 
-def compare_results(a: CountdownEvalResult, b: CountdownEvalResult, *, z: float = Z_95) -> dict[str, dict]:
+def min_tasks(name: str) -> int:
+    """The fewest tasks slice ``name`` needs for an interval: 2 for the mixed slice (``"all"``; a standard deviation),
+    :data:`MIN_SLICE_TASKS` for a count of numbers."""
+    return 2 if name == "all" else MIN_SLICE_TASKS
+
+
+def compare_results(a: CountdownEvalResult, b: CountdownEvalResult, *, z: float = Z_95,
+                    sized: bool = False) -> dict[str, dict]:
     """B minus A on each slice of :func:`slice_rows` (the caller has checked the tasks): ``{slice: {n, mean_a, mean_b,
     diff, ci_low, ci_high, p, better, worse, equal, cut_a, cut_b}}``. ``diff``/``ci_*``/``better``/``worse`` are
-    :func:`rlft.eval.countdown.paired_difference` of B's and A's task scores (B better: d_i > 0); ``equal`` the tasks
-    with d_i == 0; ``mean_*`` and ``cut_*`` (share of samples truncated; None when not recorded) are
-    :func:`rlft.eval.countdown.size_summary`'s; ``p`` the two-sided p-value of d = 0 (:func:`rlft.eval.stats.normal_p_value`)."""
+    :func:`rlft.eval.countdown.paired_difference` of B's and A's task scores (B better: d_i > 0); ``equal`` the
+    tasks with d_i == 0; ``mean_*`` and ``cut_*`` (share of samples truncated; None when not recorded) are
+    :func:`rlft.eval.countdown.size_summary`'s; ``p`` the two-sided p-value of d = 0
+    (:func:`rlft.eval.stats.normal_p_value`). With ``sized`` (``rlft eval compare``), ``ci_low``, ``ci_high`` and
+    ``p`` are None in a slice of fewer tasks than :func:`min_tasks` ("n too small"); without, every slice gets them
+    (the study scripts' tables)."""
     sums = size_summary(a), size_summary(b)
     out = {}
     for name, rows in slice_rows(a, b).items():
         d = paired_difference([b.task_scores[i] for i in rows], [a.task_scores[i] for i in rows], z=z)
+        if sized and d["n"] < min_tasks(name):
+            d["ci_low"] = d["ci_high"] = None
+        p = None if d["ci_high"] is None else normal_p_value(d["diff"], d["ci_high"] - d["diff"], z)
         out[name] = {"n": d["n"], "mean_a": sums[0][name]["score"], "mean_b": sums[1][name]["score"], "diff": d["diff"],
-                     "ci_low": d["ci_low"], "ci_high": d["ci_high"], "p": normal_p_value(d["diff"], d["ci_high"] - d["diff"], z),
+                     "ci_low": d["ci_low"], "ci_high": d["ci_high"], "p": p,
                      "better": d["better"], "worse": d["worse"], "equal": d["n"] - d["better"] - d["worse"],
                      "cut_a": _finite(sums[0][name]["truncated_rate"]), "cut_b": _finite(sums[1][name]["truncated_rate"])}
     return out
@@ -283,11 +275,15 @@ def compare_results(a: CountdownEvalResult, b: CountdownEvalResult, *, z: float 
 def add_holm(pairs: list[tuple[CountdownEvalResult, CountdownEvalResult]], comparisons: list[dict[str, dict]],
              alpha: float = ALPHA) -> None:
     """Add ``holm`` (``{rank, level, p_adjusted, rejected, ci_low, ci_high}``) to every slice of ``comparisons`` (the
-    :func:`compare_results` of each ``(A, B)`` in ``pairs``): per slice name, the comparisons that have it form one
-    batch (:func:`rlft.eval.stats.holm`); the adjusted interval is the paired interval at the Holm level's quantile."""
+    :func:`compare_results` of each ``(A, B)`` in ``pairs``): per slice name, the comparisons that have it with a
+    p-value form one batch (:func:`rlft.eval.stats.holm`); the adjusted interval is the paired interval at the Holm
+    level's quantile. A slice without a p-value (too few tasks) gets ``holm`` None and is not counted in m."""
     for name in dict.fromkeys(s for c in comparisons for s in c):
-        batch = [j for j, c in enumerate(comparisons) if name in c]
-        for j, h in zip(batch, holm([comparisons[j][name]["p"] for j in batch], alpha)):
+        batch = [j for j, c in enumerate(comparisons) if name in c and c[name]["p"] is not None]
+        for c in comparisons:
+            if name in c and c[name]["p"] is None:
+                c[name]["holm"] = None
+        for j, h in zip(batch, holm([comparisons[j][name]["p"] for j in batch], alpha) if batch else []):
             a, b = pairs[j]
             rows = slice_rows(a, b)[name]
             d = paired_difference([b.task_scores[i] for i in rows], [a.task_scores[i] for i in rows], z=z_for_level(h["level"]))
@@ -304,17 +300,20 @@ def compare_files(paths: list[str], *, allow_setting: tuple[str, ...] = (), holm
     before any difference is computed.
 
     Raises:
-        UsageError: a file is not an evaluation; a model's seed files differ (:func:`pool_seeds`); or a model is of
-            other tasks or settings than BASE (:func:`check_same_tasks`, :func:`check_settings`).
-        ValueError: the number of files is not BASE's one or ``seeds`` plus whole models of ``seeds``
-            (:func:`base_group`).
+        UsageError: a number of files that is not BASE's one or ``seeds`` plus whole models of ``seeds``
+            (:func:`count_error`); one file given twice (:func:`check_distinct_files`); a file is not an evaluation
+            or holds a bad score (:func:`load`); a grouping a missing file shifted, or one model's weights as two seeds
+            (:func:`check_seed_groups`); a model's seed files differ (:func:`pool_seeds`); or a model is of other tasks
+            or settings than BASE (:func:`check_same_tasks`, :func:`check_settings`).
     """
     first = base_group(len(paths), seeds)
     if not first:
-        raise ValueError(f"{len(paths)} files are not BASE (1 or {seeds}) and other models of {seeds} seed files each")
+        raise UsageError(count_error(len(paths), seeds))
+    check_distinct_files(paths)
     runs = [load(p) for p in paths]
     groups = [[0] * seeds if first == 1 else list(range(seeds))]  # a one-file BASE stands for each seed
     groups += [list(range(i, i + seeds)) for i in range(first, len(paths), seeds)]
+    check_seed_groups(paths, [config for _, config in runs], groups)
     loaded = [pool_seeds([runs[i] for i in g], [paths[i] for i in g], unrecorded_ok=unrecorded_tasks) for g in groups]
     names = [" + ".join(paths[i] for i in dict.fromkeys(g)) for g in groups]  # a model's name: its files
     out = {"convention": SIGN, "alpha": ALPHA, "base": names[0], "seeds": seeds, "holm": None, "comparisons": []}
@@ -325,7 +324,7 @@ def compare_files(paths: list[str], *, allow_setting: tuple[str, ...] = (), holm
             notes.append("no task list recorded: paired by position")
         out["comparisons"].append({"a": names[0], "b": name, "tasks_checked": checked, "notes": notes})
     pairs = [(loaded[0][0], other[0]) for other in loaded[1:]]
-    slices = [compare_results(a, b) for a, b in pairs]
+    slices = [compare_results(a, b, sized=True) for a, b in pairs]
     if holm_adjust and len(pairs) > 1:
         add_holm(pairs, slices)
         out["holm"] = len(pairs)
@@ -334,14 +333,14 @@ def compare_files(paths: list[str], *, allow_setting: tuple[str, ...] = (), holm
     return out
 
 
-def _ci(low: float, high: float) -> str:
-    return f"[{low:+.3f}, {high:+.3f}]"
+def _ci(low: float | None, high: float | None) -> str:
+    return "n too small" if low is None or high is None else f"[{low:+.3f}, {high:+.3f}]"
 
 
 def format_comparison(report: dict) -> str:
     """The report as plain text: the sign convention, then per comparison a row per slice (tasks, mean A, mean B,
     B - A with its 95% interval, the Holm-adjusted interval and p-value when the report has them, better/worse/equal,
-    the cut shares) and its notes."""
+    the cut shares) and its notes; "n too small" instead of the intervals of a slice of too few tasks."""
     m, seeds = report["holm"], report.get("seeds", 1)
     lines = [f"paired difference {SIGN}; 95% intervals" +
              (f", Holm-adjusted across the batch of {m} comparisons beside the raw ones" if m else "")
@@ -351,7 +350,9 @@ def format_comparison(report: dict) -> str:
     for c in report["comparisons"]:
         lines += ["", f"B = {c['b']}", f"A = {c['a']}", header]
         for name, s in c["slices"].items():
-            holm_cells = f" {_ci(s['holm']['ci_low'], s['holm']['ci_high']):<18} {s['holm']['p_adjusted']:>7.3g}" if m else ""
+            h = s.get("holm") or {"ci_low": None, "ci_high": None}
+            p_adjusted = f"{h['p_adjusted']:>7.3g}" if "p_adjusted" in h else f"{'-':>7}"
+            holm_cells = f" {_ci(h['ci_low'], h['ci_high']):<18} {p_adjusted}" if m else ""
             cut = " ".join(f"{'-' if x is None else f'{x:.3f}':>6}" for x in (s["cut_a"], s["cut_b"]))
             counts = f"{s['better']}/{s['worse']}/{s['equal']}"
             lines.append(f"{SLICE_NAMES.get(name, f'{name} numbers'):<10} {s['n']:>5} {s['mean_a']:>7.3f} {s['mean_b']:>7.3f} "

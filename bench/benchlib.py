@@ -65,6 +65,9 @@ class Report:
         self.lines.append(text)
 
     def write(self, path) -> None:
-        """Write the kept lines to ``path``, its folder made when missing."""
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text("\n".join(self.lines) + "\n")
+        """Write the kept lines to ``path`` atomically (:mod:`rlft.fsio`), its folder made when missing. The script
+        checks ``path`` first (:func:`rlft.script_io.check_outputs`)."""
+        from rlft.fsio import atomic_write_text
+
+        Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(path).expanduser(), "\n".join(self.lines) + "\n")

@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlft.fsio import atomic_write_text
+from rlft.script_io import ArgumentParser, check_outputs, run_script
+
 
 def parse_assignments(items: list[str]) -> dict[str, str]:
     """``["NAME=VALUE", ...]`` as a dict; SystemExit naming an item without ``=`` or with an empty name."""
@@ -56,13 +59,15 @@ def run_once(command: list[str], env: dict[str, str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="B's extra environment variable")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of A and B (A B, B A, ...)")
     parser.add_argument("--tail", type=int, default=3, help="lines of each process's output to print")
     parser.add_argument("--output", type=Path, default=None, help="also write the printed lines here")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)  # before any work
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise SystemExit("no command: env_ab.py [options] -- COMMAND ...")
@@ -98,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             f"({len(rs)} processes)")
     say(f"B / A wall time: {wall['B'] / wall['A']:.3f} (A / B: {wall['A'] / wall['B']:.2f}x)")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text("\n".join(lines) + "\n")
+        args.output.expanduser().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.output.expanduser(), "\n".join(lines) + "\n")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a bad option, an existing --output: one line, exit 2
+    run_script(lambda argv: sys.exit(main(argv)))

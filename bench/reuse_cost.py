@@ -43,6 +43,9 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "scripts"), str(ROOT / "bench")]
 import gpu_bench  # noqa: E402
 from rollout_gpu import BiasedEosTokenizer, bias_eos  # noqa: E402
 
+from rlft.fsio import atomic_write_json  # noqa: E402
+from rlft.script_io import ArgumentParser, check_outputs, run_script  # noqa: E402
+
 REUSE = (1, 2, 4)
 
 
@@ -55,7 +58,7 @@ def step_costs(sample_s: float, update_s: float, reuse=REUSE, samples: int = 1) 
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(gpu_bench.SHAPES), default="smollm2-135m")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--k", type=int, default=8)
@@ -69,7 +72,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="tiny shape, 2 prompts x 4, 16 tokens: a CPU smoke test")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)  # before any work
     if args.quick:
         args.shape, args.prompts, args.k, args.prompt_tokens, args.max_new_tokens = "tiny", 2, 4, 8, 16
         args.eos_rate, args.rounds = 0.1, 2
@@ -149,9 +154,9 @@ def main(argv=None) -> dict:
               "trained_samples": kept * args.k,
               "sample_s": sample_s, "update_s": update_s, "costs": costs}
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=1))
+        atomic_write_json(Path(args.output).expanduser(), report, indent=1)
     return report
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad option, an existing --output: one line, exit 2
+    run_script(main)

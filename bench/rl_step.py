@@ -35,6 +35,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from rlft.fsio import atomic_write_text
+from rlft.script_io import ArgumentParser, check_outputs, run_script
+
 ARMS = ("before", "after")
 COMPILED = "after-compile"
 
@@ -87,8 +90,8 @@ def summary(arm: str, steps: list[dict]) -> str:
             f"trained_tokens_per_update_s={trained / update_s:.1f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="the RL start (a model folder)")
     parser.add_argument("--data", default="../shared/data/countdown/train.parquet", help="Countdown-Tasks-3to4 rows")
     parser.add_argument("--steps", type=int, default=3, help="steps per arm; step 1 is warm-up")
@@ -101,7 +104,9 @@ def main() -> None:
                         help=f"a third arm, {COMPILED!r}: the after arm with --compile (decoder layers through torch.compile "
                              "for the loss passes; step 1 compiles)")
     parser.add_argument("--output", type=Path, default=None, help="also write the printed lines here")
-    args = parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)  # before any work
     if args.steps < 2:
         parser.error("--steps must be >= 2 (step 1 is warm-up)")
     lines = [f"# bench/rl_step.py --model {args.model} --steps {args.steps} --rounds {args.rounds} "
@@ -124,8 +129,8 @@ def main() -> None:
         lines.append(f"before / {arm} step time = {medians['before']:.2f} / {medians[arm]:.2f} = {medians['before'] / medians[arm]:.2f}x")
     print("\n".join(lines[-2 * len(arms) + 1:]))
     if args.output is not None:
-        args.output.write_text("\n".join(lines) + "\n")
+        atomic_write_text(args.output.expanduser(), "\n".join(lines) + "\n")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad option, an existing --output: one line, exit 2
+    run_script(main)

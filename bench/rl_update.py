@@ -28,9 +28,11 @@ import time
 
 import torch
 
+from rlft.script_io import ArgumentParser, check_outputs, run_script
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="the RL start (a model folder)")
     parser.add_argument("--data", default="../shared/data/countdown/train.parquet", help="Countdown-Tasks-3to4 rows")
     parser.add_argument("--prompts", type=int, default=8)
@@ -42,7 +44,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="also print the top operators of one 'length' pass")
     parser.add_argument("--output", default=None, help="also write the printed lines here")
-    args = parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)  # before any work
 
     from rlft.lora import apply_lora
     from rlft.losses.pg import make_objective
@@ -133,5 +137,5 @@ def main() -> None:
         report.write(args.output)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad option, an existing --output: one line, exit 2
+    run_script(main)

@@ -49,6 +49,7 @@ import torch
 
 from rlft import provenance
 from rlft.rl.options import SamplingOptions
+from rlft.script_io import ArgumentParser, check_outputs, run_script
 
 CANDIDATES = ("drop", "refill", "cb", "generate")
 STOP_REPEATS = SamplingOptions.stop_repeats
@@ -139,8 +140,8 @@ def distribution(lengths: list[int], limit: int) -> str:
             f"at the {limit}-token limit {sum(x >= limit for x in lengths) / len(lengths):.0%}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="a model folder or the built-in smollm2-135m")
     parser.add_argument("--data", default="../shared/data/countdown/train.parquet")
     parser.add_argument("--prompt-template", default="short")
@@ -154,7 +155,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--output", default=None, help="also write the report to this file")
-    args = parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)  # before any work
     candidates = args.candidates.split(",")
     try:
         specs = {text: parse_candidate(text, args.batch_size) for text in candidates}
@@ -229,5 +232,5 @@ def main() -> None:
         report.write(args.output)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad option, an existing --output: one line, exit 2
+    run_script(main)

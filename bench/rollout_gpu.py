@@ -42,7 +42,9 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "scripts"), str(ROOT / "bench")]
 import gpu_bench  # noqa: E402
 from rlft.models import pick_device  # noqa: E402
 from rlft.rollout.base import SamplingParams  # noqa: E402
+from rlft.fsio import atomic_write_json  # noqa: E402
 from rlft.rollout.hf import HFEngine  # noqa: E402
+from rlft.script_io import ArgumentParser, check_outputs, run_script  # noqa: E402
 
 
 class BiasedEosTokenizer(gpu_bench.IdTokenizer):
@@ -80,7 +82,7 @@ def lengths_of(candidate: str, model, tokenizer, prompts: list[str], params: Sam
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(gpu_bench.SHAPES), default="smollm2-135m")
     parser.add_argument("--candidates", default="static,refill,cb,drop")
     parser.add_argument("--prompts", type=int, default=128)
@@ -92,7 +94,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="tiny shape, 4 prompts x 4, 16 tokens: a CPU smoke test")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)  # before any work
     if args.quick:
         args.shape, args.prompts, args.k, args.rows, args.prompt_tokens, args.max_new_tokens = "tiny", 4, 4, 8, 8, 16
         args.eos_rate = 0.1
@@ -138,9 +142,9 @@ def main(argv=None) -> dict:
             print(f"{r['candidate']:>8}: failed: {r['failed']}")
     report = {"device": name, "torch": torch.__version__, "args": vars(args), "eos_bias": b, "results": results}
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=1))
+        atomic_write_json(Path(args.output).expanduser(), report, indent=1)
     return report
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad option, an existing --output: one line, exit 2
+    run_script(main)

@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from rlft.script_io import ArgumentParser, check_outputs, run_script
+
 
 def transformers_warpers(params):
     """:func:`rlft.rollout.decode.logits_warpers` with transformers' ``TopPLogitsWarper`` as its top-p filter."""
@@ -43,8 +45,8 @@ def transformers_warpers(params):
 CANDIDATES = ("transformers", "rlft")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="a model folder or the built-in smollm2-135m")
     parser.add_argument("--data", default="../shared/data/countdown/train.parquet")
     parser.add_argument("--prompt-template", default="short")
@@ -58,7 +60,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--output", default=None, help="also write the report to this file")
-    args = parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    args = parser.parse_args(argv)
+    check_outputs({"--output": args.output}, overwrite=args.overwrite)  # before any work
 
     import transformers
 
@@ -125,5 +129,5 @@ def main() -> None:
         report.write(args.output)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad option, an existing --output: one line, exit 2
+    run_script(main)

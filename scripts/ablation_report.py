@@ -4,6 +4,7 @@ Every finished variant/seed is paired against the SFT start task by task (mean d
 better/worse), from the ``eval_*.json`` files of ``--out/<variant>/s<seed>/`` and ``--out/sft_start/``:
 
     python scripts/ablation_report.py report --out runs/ablation --tasks 500   # table, samples_vs_score.png, paired_vs_samples.png
+    python scripts/ablation_report.py report --out runs/ablation --overwrite   # ... replacing earlier plots
     python scripts/ablation_report.py churn --out runs/ablation --tasks 500    # which tasks each run flips
     python scripts/ablation_report.py compare --pair A.json B.json             # A minus B, paired (rlft eval compare B A)
     python scripts/ablation_report.py unpack --out runs/bounded/archive        # an archive's files, laid out for report
@@ -28,8 +29,10 @@ from countdown_ablation import CONFIGS, pairs_file  # noqa: E402  (the runner's 
 from rlft.eval.compare import check_same_tasks, compare_results, load as read  # noqa: E402
 from rlft.eval.stats import format_difference  # noqa: E402
 from rlft.recipes.pipeline import load_variants  # noqa: E402
-from rlft.script_io import ArgumentParser, fail, run_script  # noqa: E402
+from rlft.script_io import ArgumentParser, check_outputs, fail, run_script  # noqa: E402
 
+PLOTS = ("samples_vs_score.png", "paired_vs_samples.png")
+"""The pictures ``report`` writes in ``--out`` (an existing one is replaced only with ``--overwrite``)."""
 UNCHECKED: set[tuple[str, str]] = set()  # files paired by position (one records no task list): main's note
 
 
@@ -184,7 +187,7 @@ def plot_samples_vs_score(variants: dict, out: Path, n_curve: int = 100) -> Path
                 start = sum(row[0] for row in scores[:n_curve]) / n_curve
                 break
     runs = {f"{name} s{folder.name[1:]}": read_metrics(folder / "run" / "metrics.jsonl") for name, folder in folders}
-    return plot_runs(runs, out / "samples_vs_score.png", start=start, ylabel=f"greedy score ({n_curve} held-out tasks)",
+    return plot_runs(runs, out / PLOTS[0], start=start, ylabel=f"greedy score ({n_curve} held-out tasks)",
                      title="Held-out score against samples seen")
 
 
@@ -230,7 +233,7 @@ def plot_paired(variants: dict, out: Path, n: int) -> Path | None:
             d = paired(path, sft)["all"]
             points.setdefault(name, []).append((x, d["diff"], d["ci_low"], d["ci_high"]))
     labelled = {f"{name} ({len(rows)} seed{'s' if len(rows) > 1 else ''})": rows for name, rows in points.items()}
-    return plot_paired_vs_samples(labelled, out / "paired_vs_samples.png",
+    return plot_paired_vs_samples(labelled, out / PLOTS[1],
                                   title="Every run on the held-out tasks, paired against the SFT start",
                                   xlabel="samples generated (continued SFT: 0, it trains on its dataset for RL's compute)",
                                   ylabel=f"greedy score - SFT start ({n} tasks, 95% CI)",
@@ -251,7 +254,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="unpack: the folder of archived <variant>_s<seed>_<file> run files")
     parser.add_argument("--pair", nargs=2, type=Path, metavar=("A", "B"),
                         help="compare: two eval_*.json files of the same tasks; prints A minus B, paired, with its 95%% CI")
+    parser.add_argument("--overwrite", action="store_true", help="report: replace the plots of an earlier report")
     args = parser.parse_args(argv)
+    if args.command == "report":  # its plots (in --out): checked before anything is read
+        for name in PLOTS:
+            check_outputs({"--out": args.out / name}, overwrite=args.overwrite)
     if args.command == "compare" and not args.pair:
         parser.error("compare needs --pair A B")
     if args.command == "compare":

@@ -22,12 +22,12 @@ an existing one needs --overwrite). A user error is one line, exit status 2 (:mo
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 
+from rlft.fsio import atomic_write_json
 from rlft.script_io import ArgumentParser, check_outputs, run_script
 
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  greedy mismatch, prompt {m['prompt']} from token {m['first_divergence']}: vllm={m['vllm'][:80]!r} hf={m['hf'][:80]!r}")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(report, indent=2))
+        atomic_write_json(Path(args.output).expanduser(), report)
     return 0 if ok else 1
 
 

@@ -21,7 +21,6 @@ start (the half-way model of the sample-reuse study). Runs go one after another 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass, fields, replace
@@ -29,8 +28,9 @@ from pathlib import Path
 
 from rlft.checkpoint import checkpoint_folders
 from rlft.console import setup_logging
+from rlft.fsio import atomic_write_json
 from rlft.recipes.pipeline import Setting, heldout_tasks, load_settings, load_variants
-from rlft.script_io import ArgumentParser, fail, run_script
+from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ablation_budget import sft_budget  # noqa: E402  (a continued-SFT variant's length)
@@ -104,8 +104,8 @@ def checkpoint_eval(ab: Ablation, name: str, seed: int, step: int) -> dict:
     <step, 8 digits>``, still there when ``keep_checkpoints`` kept it), merged into the model the variant started from
     (:func:`start_model`) by :func:`rlft.lora.merge_adapter`. The merged model and the evaluation files go to
     ``<out>/<name>/s<seed>/step<step>/``; both are reused when present (evaluations are cached by the model's hash).
-    SystemExit when the kept checkpoint is missing."""
-    from rlft.lora import merge_adapter
+    SystemExit: no kept checkpoint; UsageError: the start is not the adapter's own (:func:`rlft.lora.check_base`)."""
+    from rlft.lora import check_base, merge_adapter
 
     folder = ab.out / name / f"s{seed}"
     kept = next((c for c in (folder / f"step{step}_checkpoint", folder / "run" / "checkpoints" / f"step-{step:08d}")
@@ -113,9 +113,8 @@ def checkpoint_eval(ab: Ablation, name: str, seed: int, step: int) -> dict:
     if kept is None:
         raise SystemExit(f"{folder}: no LoRA checkpoint of step {step} kept (step{step}_checkpoint/ or "
                          f"run/checkpoints/step-{step:08d}/; --keep-checkpoints keeps a run's own)")
-    model = folder / f"step{step}" / "model"
-    if not (model / "config.json").is_file():
-        merge_adapter(start_model(ab, name, seed), kept, model)
+    model, start = folder / f"step{step}" / "model", start_model(ab, name, seed)
+    merge_adapter(start, kept, model) if not (model / "config.json").is_file() else check_base(start, kept)
     return evaluate(ab, model, folder / f"step{step}", seed)
 
 
@@ -206,14 +205,14 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
             train_sft(SFTConfig(**{**s.tasks, **s.sft_continued, **traces, **recipe_options(SFTConfig, name, spec)},
                                 model=str(start), output_dir=str(run),
                                 **sft_budget(ab, name, seed, start), seed=seed, **restart, **device))
-        (folder / "train_time.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+        atomic_write_json(folder / "train_time.json", {"seconds": time.perf_counter() - t0})
     evaluate(ab, model_dir, folder, seed)
 
 
 def sft_curve(ab: Ablation, run: Path, every: int) -> list[dict]:
     """Greedy score on ``ab.tasks`` tasks of ``ab.split`` (screen on validation) of an SFT run's checkpoints (every
     ``every`` steps) and final model: the convergence curve. Cached per checkpoint in ``ab.out/sft_curve/step-N``;
-    plotted to ``ab.out/sft_curve.png``."""
+    written to ``ab.out/sft_curve.json`` and plotted to ``ab.out/sft_curve.png`` (main checks both first)."""
     from rlft.checkpoint import read_metrics
     from rlft.eval.report import plot_curve
 
@@ -224,7 +223,7 @@ def sft_curve(ab: Ablation, run: Path, every: int) -> list[dict]:
     greedy = replace(ab, sampled=False, real=0)
     curve = [{"step": step, "score": r.mean_score, "accuracy": r.accuracy, "truncated": r.truncated_rate} for step, folder in points
              for r in [evaluate(greedy, folder, ab.out / "sft_curve" / f"step-{step}")["greedy"]]]
-    (ab.out / "sft_curve.json").write_text(json.dumps(curve, indent=2))
+    atomic_write_json(ab.out / "sft_curve.json", curve)
     plot_curve([{"step": c["step"], "eval/score": c["score"]} for c in curve], "eval/score", ab.out / "sft_curve.png",
                title=f"SFT on {ab.setting.tasks['preset']} traces: greedy score on {ab.tasks} {ab.split} tasks", smooth=10**6)
     return curve
@@ -255,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step", type=int, default=10,
                         help="checkpoint: evaluate each variant's kept step-N adapter (<out>/<variant>/s<seed>/stepN_checkpoint) "
                              "merged into its start")
+    parser.add_argument("--overwrite", action="store_true", help="sft-curve: replace <out>/sft_curve.json and .png")
     args = parser.parse_args(argv)
     for option, value, low in (("--tasks", args.tasks, 1), ("--every", args.every, 1), ("--step", args.step, 1), ("--steps", args.steps or 1, 1), ("--real", args.real, 0)):
         if value < low:
@@ -273,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "list":
         print("\n".join(f"{k}: {v}" for k, v in variants.items()))
     elif args.command == "sft-curve":
+        for name in ("sft_curve.json", "sft_curve.png"):  # before any evaluation
+            check_outputs({"--out": args.out / name}, overwrite=args.overwrite)
         for point in sft_curve(ab, args.sft_run, args.every):
             print(point)
     elif args.command == "checkpoint":

@@ -51,6 +51,7 @@ from rlft.recipes.memory import COMPILE_BACKEND_ENV, compile_layers  # noqa: E40
 from rlft.recipes.sft import SFTConfig, micro_batch_tokens, sft_backward  # noqa: E402
 from rlft.rollout.base import SamplingParams  # noqa: E402
 from rlft.rollout.hf import HFEngine  # noqa: E402
+from rlft.fsio import atomic_write_json  # noqa: E402
 from rlft.script_io import ArgumentParser, check_outputs, fail, run_script  # noqa: E402
 
 SHAPES = {
@@ -285,7 +286,7 @@ def main(argv=None) -> dict:
     print(f"total {meta['seconds']:.0f} s")
     report = {"meta": meta, "results": results}
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=1))
+        atomic_write_json(Path(args.output).expanduser(), report, indent=1)
     return report
 
 

@@ -39,6 +39,7 @@ from rlft.eval.countdown import CountdownEvalResult, other_settings, other_weigh
 from rlft.eval.report import markdown_table
 from rlft.eval.select import SELECTORS, selected_scores
 from rlft.eval.stats import format_difference
+from rlft.fsio import atomic_write_text
 from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, run_script
 
 SIZES = (1, 2, 4, 8, 16)
@@ -289,10 +290,9 @@ def main(argv: list[str] | None = None) -> None:
     inputs = [p for _, paths, _ in specs for p in paths] + [p for _, p in point_specs]
     out = check_outputs({"--markdown": args.markdown, "--plot": args.plot}, inputs, overwrite=args.overwrite)
     models, points, sizes = build(args)
-    text = report(models, points, sizes, args.versus)
-    print(text)
+    print(text := report(models, points, sizes, args.versus))
     if "--markdown" in out:
-        out["--markdown"].expanduser().write_text(text)
+        atomic_write_text(out["--markdown"].expanduser(), text)
     print(f"plot: {plot(models, points, out['--plot'].expanduser())}")
 
 

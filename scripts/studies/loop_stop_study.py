@@ -23,6 +23,11 @@ Duplicate (prompt, completion) texts are counted once. Token counts are the reco
 else the SmolLM2 tokenizer's count of the text (+1 for the EOS of a finished completion).
 
     python scripts/studies/loop_stop_study.py                   # prints the tables (markdown)
+    python scripts/studies/loop_stop_study.py --output rows.json  # and every row as JSON (a new file; --overwrite)
+
+The files are read from ``--results`` (default ``docs/results``). ``--output`` is checked before anything is read
+(:func:`rlft.script_io.check_outputs`: never one of the files read, never an existing file without ``--overwrite``) and
+written atomically; a bad option or an unreadable input file is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ from pathlib import Path
 
 from rlft.eval.countdown import paired_difference, read_eval_json
 from rlft.eval.stats import format_difference
+from rlft.fsio import atomic_write_text
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.loops import loop_cut
+from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
-EVAL_DIRS = (RESULTS / "countdown-real" / "data", RESULTS / "test-time" / "data")
 RL_FILE = re.compile(r"^rl_")
 SFT_FILE = re.compile(r"^(sft_start|sft_correct|sft_rebuilt|sft_continued)_")
 QUERY = re.compile(r"Using the numbers \[([\d, ]+)\], create an equation that equals (\d+)")
@@ -64,31 +70,56 @@ def ground_truth(c: Completion) -> dict:
     return {"target": c.target, "numbers": list(c.nums)}
 
 
-def eval_examples() -> list[Completion]:
-    """The ``examples`` of the RL and SFT evaluation files, with their recorded tokens, truncation and score."""
+def input_files(results: Path) -> dict[str, list[Path]]:
+    """The files read under ``results`` (``docs/results``): ``eval`` (the RL and SFT evaluation files of countdown-real
+    and test-time), ``sft_start_pairs`` and ``bounded_pairs`` (the pair files), each sorted by name."""
+    evals = [path for folder in (results / "countdown-real" / "data", results / "test-time" / "data")
+             for path in sorted([*folder.glob("*_eval_*.json"), *folder.glob("*_eval_*.json.gz")])
+             if RL_FILE.match(path.name) or SFT_FILE.match(path.name)]
+    return {"eval": evals, "sft_start_pairs": sorted((results / "countdown-real" / "data").glob("dpo_s*_pairs.jsonl")),
+            "bounded_pairs": sorted((results / "countdown-bounded" / "data").glob("pairs_*.jsonl"))}
+
+
+def eval_examples(paths: list[Path]) -> list[Completion]:
+    """The ``examples`` of the RL and SFT evaluation files ``paths``, with their recorded tokens, truncation and score.
+    ScriptError naming the file when one lacks a field."""
     out = []
-    for folder in EVAL_DIRS:
-        for path in sorted([*folder.glob("*_eval_*.json"), *folder.glob("*_eval_*.json.gz")]):
-            group = "rl" if RL_FILE.match(path.name) else "sft" if SFT_FILE.match(path.name) else None
-            if group is None:
-                continue
-            data = read_eval_json(path)
+    for path in paths:
+        group = "rl" if RL_FILE.match(path.name) else "sft"
+        data, t = read_eval_json(path), 0
+        try:
             for t, ex in enumerate(data.get("examples", [])):
                 trunc, tokens = data["task_truncated"][t][0], data["task_tokens"][t][0]
                 out.append(Completion(group, ex["prompt_tail"], ex["completion"], ex["nums"], ex["target"],
                                       data["task_scores"][t][0], not trunc, tokens))
+        except (KeyError, IndexError, TypeError) as e:
+            fail(f"{path}: example {t}: {missing(e)} (not an `rlft eval countdown` file with examples?)")
     return out
 
 
 def pair_completions(paths: list[Path], group: str) -> list[Completion]:
+    """Both completions of every pair in the ``rlft pairs countdown`` files ``paths``. ScriptError naming the file and
+    line when a line is not JSON or lacks a field."""
     out = []
     for path in paths:
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            for side in ("chosen", "rejected"):
-                out.append(Completion(group, row["prompt"], row[side], row["nums"], row["target"], row[f"score_{side}"],
-                                      row[f"{side}_finish_reason"] == "stop", None))
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                for side in ("chosen", "rejected"):
+                    out.append(Completion(group, row["prompt"], row[side], row["nums"], row["target"],
+                                          row[f"score_{side}"], row[f"{side}_finish_reason"] == "stop", None))
+            except json.JSONDecodeError as e:
+                fail(f"{path}: line {i}: not JSON ({e.msg})")
+            except (KeyError, TypeError) as e:
+                fail(f"{path}: line {i}: {missing(e)} (not a pairs file of `rlft pairs countdown`?)")
     return out
+
+
+def missing(error: Exception) -> str:
+    """What a record lacks: ``no field 'x'`` for a KeyError, else the error's message."""
+    return f"no field {error}" if isinstance(error, KeyError) else f"malformed ({error})"
 
 
 def unique(completions: list[Completion]) -> list[Completion]:
@@ -132,11 +163,28 @@ def check_scores(completions: list[Completion]) -> int:
     return sum(score_completions([c.prompt], [c.text], [ground_truth(c)])[0] != c.score for c in completions)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_repeats(text: str) -> list[int]:
+    """``--repeats 3,4,5``: the N values, each a whole number >= 2 (ScriptError naming the option otherwise)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 2:
+        fail(f"--repeats {text!r}: expected comma-separated whole numbers >= 2 (e.g. 3,4,5,6)")
+    return values
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", default="3,4,5,6", help="the N values to simulate")
-    parser.add_argument("--output", default=None, help="also write the JSON of every row here")
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the folder of the studies' files (docs/results)")
+    parser.add_argument("--output", type=Path, default=None, help="also write the JSON of every row here (a new file)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    args = parser.parse_args(argv)
+    repeats, files = parse_repeats(args.repeats), input_files(args.results)
+    check_outputs({"--output": args.output}, [p for paths in files.values() for p in paths], overwrite=args.overwrite)
+    if not any(files.values()):
+        fail(f"--results {args.results}: no evaluation or pair files found (countdown-real/data, test-time/data, ...)")
     from rlft.models import load_embedded_tokenizer
 
     tokenizer = load_embedded_tokenizer()
@@ -144,11 +192,9 @@ def main() -> None:
     def count_tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    real_pairs = sorted((RESULTS / "countdown-real" / "data").glob("dpo_s*_pairs.jsonl"))
-    bounded_pairs = sorted((RESULTS / "countdown-bounded" / "data").glob("pairs_*.jsonl"))
     groups: dict[str, list[Completion]] = {}
-    for c in unique(eval_examples() + pair_completions(real_pairs, "sft_start_pairs")
-                    + pair_completions(bounded_pairs, "bounded_pairs")):
+    for c in unique(eval_examples(files["eval"]) + pair_completions(files["sft_start_pairs"], "sft_start_pairs")
+                    + pair_completions(files["bounded_pairs"], "bounded_pairs")):
         groups.setdefault(c.group, []).append(c)
     rows = []
     print("| group | N | completions | finished | mean tokens | stopped (finished) | tokens saved | scores changed "
@@ -156,7 +202,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for group, completions in groups.items():
         mismatched = check_scores(completions)
-        for n in (int(x) for x in args.repeats.split(",")):
+        for n in repeats:
             r = simulate(completions, n, count_tokens)
             d = r["diff"]
             rows.append({"group": group, "score_mismatches": mismatched, **r})
@@ -166,8 +212,8 @@ def main() -> None:
         if mismatched:
             print(f"note: {mismatched} recorded scores of group {group} differ from the scorer's on the full text")
     if args.output:
-        Path(args.output).write_text(json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(args.output.expanduser(), json.dumps(rows, indent=1) + "\n")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad option, an --output that exists or is an input, an unreadable file: one line, exit 2
+    run_script(main)

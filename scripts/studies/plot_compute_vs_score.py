@@ -3,14 +3,16 @@
 Reads only the archived files of ``docs/results/countdown-medium3/data`` and writes
 ``docs/results/countdown-medium3/compute_vs_score.png``:
 
-    python scripts/plot_compute_vs_score.py [--data DIR] [--out PNG] [--sft-step-s 6.5]
+    python scripts/studies/plot_compute_vs_score.py [--data DIR] [--out PNG] [--sft-step-s 6.5] [--overwrite]
 
 x: CPU seconds of training counted from the SFT start's own first step (SFT steps at ``--sft-step-s``
 each; an RL run at its summed ``time/step_s``, in-loop evaluation included). y: greedy mean score on the
 500 protocol tasks with the 95% interval of the mean (unpaired: :func:`rlft.eval.countdown.paired_difference`
 against a zero score; paired differences, in the write-up and ``rlft eval compare``, are tighter). The SFT start's
 own curve was scored on the first 200 tasks only and is drawn dashed. A missing or unreadable archived file: one line
-naming it, exit 2 (:mod:`rlft.script_io`). (``converged_2026-11-24/``, ``rl60_2026-11-24/``, ``dpo4x_2026-11-25/`` are the archive's folders.)
+naming it, exit 2 (:mod:`rlft.script_io`); so is an ``--out`` that is not a picture, is one of the archived files, or
+exists without ``--overwrite`` (the default ``--out`` exists: rebuilding it takes ``--overwrite``).
+(``converged_2026-11-24/``, ``rl60_2026-11-24/``, ``dpo4x_2026-11-25/`` are the archive's folders.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from rlft.checkpoint import read_metrics
 from rlft.compute import summed_step_seconds  # the continued-SFT budget's own sum
 from rlft.eval.countdown import paired_difference
-from rlft.script_io import ArgumentParser, fail, read_json, run_script
+from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, read_json, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"
@@ -55,7 +57,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=DATA.parent / "compute_vs_score.png")
     parser.add_argument("--sft-step-s", type=float, default=6.5)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
+    check_picture("--out", args.out)
+    data = args.data.expanduser()
+    inputs = sorted(p for p in data.rglob("*") if p.is_file()) if data.is_dir() else []  # never the picture
+    check_outputs({"--out": args.out}, inputs, overwrite=args.overwrite)
     d, step_s = args.data, args.sft_step_s
     s10, s11, s12 = (d / n for n in ("converged_2026-11-24", "rl60_2026-11-24", "dpo4x_2026-11-25"))
     start_x = START_STEPS * step_s

@@ -17,7 +17,8 @@ paired against the reference's end. Then the protocol's leader rule
 listed with its in-loop points. ``--split test`` (the confirmation) lists only the runs with a test evaluation, and
 neither applies the leader rule nor draws the in-loop plot; both splits draw each run's step-10 and end models paired
 against the reference's end, against samples generated (``<out>/reuse_paired_vs_samples_<split>_s<seed>.png``). A
-missing reference or a file that is not an evaluation: one line, exit 2.
+missing reference or a file that is not an evaluation: one line, exit 2; so is a plot that exists already, checked
+before anything is read (:func:`rlft.script_io.check_outputs`; ``--overwrite`` replaces it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rlft.checkpoint import read_metrics
 from rlft.eval.compare import check_same_tasks, compare_results, load
 from rlft.eval.stats import format_difference
 from rlft.recipes.pipeline import read_yaml
-from rlft.script_io import ArgumentParser, fail, run_script
+from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ROOT / "configs" / "countdown" / "ablation" / "5_reuse.yaml"
@@ -183,9 +184,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference", default="real_sft_patient_grpo", help="the on-policy run (r = 1)")
     parser.add_argument("--start", default="real_sft_patient", help="the variant every run starts from")
     parser.add_argument("--variants-file", type=Path, default=VARIANTS, help="the reuse variants (their order)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the plots of an earlier report")
     args = parser.parse_args(argv)
     end_file = f"eval_{'val_' if args.split == 'validation' else ''}greedy_{args.tasks}.json"
     seed = f"s{args.seed}"
+    paired_png = args.out / f"reuse_paired_vs_samples_{args.split}_{seed}.png"
+    curve_png = args.out / f"reuse_samples_vs_score_{seed}.png"  # validation only
+    for png in (paired_png, curve_png) if args.split == "validation" else (paired_png,):
+        check_outputs({"--out": png}, overwrite=args.overwrite)
     ref_folder = args.out / args.reference / seed
     reference = run_row(args.reference, {}, ref_folder, end_file)
     if reference["end"] is None:
@@ -203,8 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nleader by the protocol's rule (the half-sample clause on the step-{HALF_STEP} model's evaluation, as "
               f"amended on 2026-11-29): {name or 'none'} ({why})")
         start_file = args.out / args.start / seed / end_file
-        print(plot(reference, rows, start_file, args.out / f"reuse_samples_vs_score_{seed}.png"))
-    paired_png = args.out / f"reuse_paired_vs_samples_{args.split}_{seed}.png"
+        print(plot(reference, rows, start_file, curve_png))
     print(paired_plot(reference, rows, args.tasks, args.split, paired_png))
 
 

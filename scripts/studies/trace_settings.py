@@ -27,6 +27,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from rlft.fsio import atomic_write_text
 from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [(setting, measure(setting, args.num_train, tokenizer, args.heldout_data)) for setting in SETTINGS]
     print(table(rows))
     shown = HELDOUT if Path(args.heldout_data).resolve() == (ROOT / HELDOUT).resolve() else args.heldout_data
-    args.markdown.write_text(report(rows, args.num_train, shown, date.today().isoformat()))
+    atomic_write_text(args.markdown.expanduser(), report(rows, args.num_train, shown, date.today().isoformat()))
     print(f"wrote {args.markdown}")
 
 

@@ -34,6 +34,7 @@ from rlft.data.files import read_jsonl
 from rlft.eval.countdown import paired_difference
 from rlft.eval.stats import format_difference
 from rlft.eval.winrate import winrate_label
+from rlft.fsio import atomic_write_json, atomic_write_text
 from rlft.script_io import ArgumentParser, check_outputs, run_script
 
 
@@ -197,10 +198,10 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown(reports, args.n, pooled)
     print(table)
     if args.markdown:
-        args.markdown.write_text(table)
+        atomic_write_text(args.markdown.expanduser(), table)
     if args.json:
         clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in reports]
-        args.json.write_text(json.dumps({"seeds": clean, "pooled": pooled}, indent=1) + "\n")
+        atomic_write_json(args.json.expanduser(), {"seeds": clean, "pooled": pooled}, indent=1)
 
 
 if __name__ == "__main__":

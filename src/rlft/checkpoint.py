@@ -192,6 +192,8 @@ def save_model_folder(folder: Path, model, tokenizer, extra: dict[str, object] |
         model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if (base := getattr(model, "rlft_adapter_base", None)) is not None:  # rlft.lora: the adapter's base model
+            atomic_write_text(tmp / "base_model.json", json.dumps(base, indent=1) + "\n")
         for name, obj in (extra or {}).items():
             torch.save(obj, tmp / name)
         if manifest:

@@ -47,3 +47,45 @@ def test_a_missing_sft_start_is_refused_before_the_start_is_evaluated(ablation, 
     monkeypatch.setattr(ablation, "evaluate", lambda *args, **kwargs: evaluated.append(args))
     err = errors(ablation, ["run", "--setting", "direct", "--out", str(tmp_path / "out")], capsys)
     assert "no model folder (config.json) there" in err and evaluated == []
+
+
+def test_checkpoint_merges_the_kept_adapter_into_its_own_start_only(ablation, tmp_path, capsys, monkeypatch,
+                                                                   tiny_model_dir, smol_tokenizer):
+    """`checkpoint --sft M`: M must hold the weights the kept adapter was trained from (its recorded SHA-256). Another
+    model of the same shape, or of another shape, is one line (exit 2) naming the hashes, and nothing is merged; the
+    adapter's own start merges and is evaluated; a merged model kept from before is checked again when reused."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlft.checkpoint import save_model_folder, weights_sha256
+    from rlft.lora import LoRASettings, apply_lora
+
+    from tests.conftest import make_tiny_model, save_model_dir
+
+    start = shutil.copytree(tiny_model_dir, tmp_path / "sft")
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(start), LoRASettings(4, 8.0, 0.0, "all-linear"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.01)
+    out, variant = tmp_path / "out", "grpo_filter_lora_2e4"
+    save_model_folder(out / variant / "s0" / "step10_checkpoint", model, smol_tokenizer)
+    evaluated = []
+    monkeypatch.setattr(ablation, "evaluate", lambda ab, model, folder, seed: evaluated.append(model) or {})
+    argv = ["checkpoint", "--variants", variant, "--step", "10", "--out", str(out), "--sft"]
+    other = save_model_dir(tmp_path / "other", make_tiny_model(len(smol_tokenizer), seed=1), smol_tokenizer)
+    wide = save_model_dir(tmp_path / "wide", make_tiny_model(len(smol_tokenizer), hidden=64), smol_tokenizer)
+    capsys.readouterr()  # apply_lora's log line
+    for sft in (other, wide):
+        err = errors(ablation, argv + [str(sft)], capsys)
+        assert f"holds other weights (SHA-256 {weights_sha256(sft)})" in err and weights_sha256(start) in err
+        assert str(start) in err and str(sft) in err
+    assert evaluated == [] and not (out / variant / "s0" / "step10").exists()
+    ablation.run_script(ablation.main, argv + [str(start)], prog="countdown_ablation.py")
+    merged = out / variant / "s0" / "step10" / "model"
+    assert evaluated == [merged] and (merged / "config.json").is_file()
+    capsys.readouterr()
+    errors(ablation, argv + [str(other)], capsys)  # the merged model exists now: the start is still checked
+    assert evaluated == [merged]

@@ -11,6 +11,8 @@ One generic check, driven by the field's type and name, so a new config gets it 
   ``head_lr`` follow ``lr``, ``sft_steps`` follows ``steps``): see :data:`RULES`;
 - **choices** of string options whose values live elsewhere (``--preset``, ``--prompt-template``,
   ``--device``, ``--dtype``): see :data:`CHOICES`;
+- **step counts**: ``--max-steps`` at most :data:`MAX_STEPS`; the recipes check the counts they derive (from
+  ``--epochs``, ``--max-tokens``, ``--ppo-epochs``) with :func:`check_step_count` before the run folder is made;
 - **packages**: ``--report-to wandb|trackio|tensorboard`` needs its package installed (:func:`check_tracker`).
 
 A violation raises :class:`OptionError` naming the option as a flag (``--max-steps``); the command line
@@ -56,6 +58,26 @@ POSITIVE_INT = _at_least(1)
 NON_NEGATIVE = _at_least(0)
 POSITIVE = (lambda v: v > 0, "must be > 0")
 PROBABILITY = (lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]")
+
+MAX_STEPS = 10_000_000
+"""The most optimizer steps a training run may have, however they are set: ``--max-steps``, or derived from
+``--epochs``, ``--max-tokens`` (sft) or ``--ppo-epochs`` (rl). Ten million steps is four months at one step a
+second: a count beyond it is a mistake (a budget with too many zeros), refused with one line before the run folder is
+made (:func:`check_step_count`), not left to count or train for ever."""
+
+
+def check_step_count(steps: float, source: str) -> None:
+    """Refuse a run of more than :data:`MAX_STEPS` optimizer steps; ``source`` says what sets them (``"--epochs 1e+09
+    (2 steps an epoch)"``). ``steps`` may be a float (``inf`` included) or a lower bound of the count.
+
+    Raises:
+        OptionError: ``steps > MAX_STEPS`` (the message names ``source`` and the limit).
+    """
+    if not steps <= MAX_STEPS:
+        shown = f"{steps:,}" if isinstance(steps, int) else f"{steps:.3g}"
+        raise OptionError(f"{source} makes {shown} optimizer steps, more than the {MAX_STEPS:,} a run may have "
+                          "(rlft.validation.MAX_STEPS)")
+
 
 RULES: dict[str, Rule] = {
     # counts: at least one
@@ -192,6 +214,8 @@ def validate_options(cfg: Any) -> None:
         if rule is not None and not rule[0](value):
             unset = " (or unset)" if type_matches(None, annotation) else ""
             raise OptionError(f"{flag(f.name)} {rule[1]}{unset}, got {value!r}")
+        if f.name == "max_steps":
+            check_step_count(value, f"{flag(f.name)} {value}")
     if getattr(cfg, "resume", False) is True and getattr(cfg, "overwrite", False) is True:
         raise OptionError("--resume and --overwrite contradict each other: pass one of them")
     check_tracker(getattr(cfg, "report_to", "none"))

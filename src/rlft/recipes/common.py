@@ -5,8 +5,8 @@ The supervised recipes (sft, dpo, rm) start the same way::
 
     run, spec, tokenizer = begin_run(cfg)          # claims the output folder; writes nothing
     examples, stats = ...                          # read and tokenize the data (the recipe's own)
+    steps_per_epoch, total_steps = step_plan(len(examples), cfg)   # refuses an absurd count: no folder made yet
     run_dir = run.open(); write_data_stats(run_dir, stats)
-    steps_per_epoch, total_steps = step_plan(len(examples), cfg)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     ...                                            # the loop: batch_indices, optimizer_step, checkpoint_if_due
     return finish_run(run_dir, setup.model, tokenizer, cfg, tracker, "SFT")
@@ -39,6 +39,7 @@ from rlft.precision import NonFiniteError, check_training_dtype, is_finite, non_
 from rlft.recipes.memory import check_scale_options, compile_layers, cut_by_tokens, enable_gradient_checkpointing
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
 from rlft.tracking import Tracker, attach_tracker
+from rlft.validation import check_step_count
 
 if TYPE_CHECKING:
     from rlft.lora import LoRASettings
@@ -79,9 +80,13 @@ def write_data_stats(run_dir: Path, stats: dict) -> None:
 
 def step_plan(num_examples: int, cfg) -> tuple[int, int]:
     """``(steps_per_epoch, total_steps)``: ``ceil(num_examples / cfg.batch_size)`` optimizer steps an epoch;
-    ``cfg.max_steps`` steps in all when set, else ``cfg.epochs`` epochs (fractions rounded up; at least 1 step)."""
+    ``cfg.max_steps`` steps in all when set, else ``cfg.epochs`` epochs (fractions rounded up; at least 1 step).
+    Call it before the run folder is opened. Raises OptionError: more than :data:`rlft.validation.MAX_STEPS` steps."""
     steps_per_epoch = math.ceil(num_examples / cfg.batch_size)
-    return steps_per_epoch, cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    if cfg.max_steps:
+        return steps_per_epoch, cfg.max_steps
+    check_step_count(cfg.epochs * steps_per_epoch, f"--epochs {cfg.epochs:g} ({steps_per_epoch:,} steps an epoch)")
+    return steps_per_epoch, max(1, math.ceil(cfg.epochs * steps_per_epoch))
 
 
 def make_scheduler(name: str, optimizer, warmup_steps: int, total_steps: int):

@@ -274,11 +274,11 @@ def train_dpo(cfg: DPOConfig) -> Path:
     loss_fn = build_preference_loss(cfg)
     run, spec, tokenizer = begin_run(cfg)  # refuses a folder holding another run; writes nothing yet
     pairs, stats = load_tokenized_pairs(cfg, tokenizer)
+    steps_per_epoch, total_steps = step_plan(len(pairs), cfg)  # refuses an absurd count before the folder is made
     run_dir = run.open()
     write_data_stats(run_dir, stats)
     ref = reference_logprobs(cfg, pairs, tokenizer.pad_token_id, spec, run_dir)
 
-    steps_per_epoch, total_steps = step_plan(len(pairs), cfg)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
     log.info("%s: %d pairs, %d steps of %d pairs (%s) on %s (%s), beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, spec.label, cfg.beta)

@@ -319,9 +319,9 @@ def train_rm(cfg: RMConfig) -> Path:
     if not heldout:
         log.warning("no held-out pairs: pairwise accuracy is not evaluated (set --eval-fraction, --eval-split or --eval-data)")
     pad_id = tokenizer.pad_token_id
+    steps_per_epoch, total_steps = step_plan(len(train), cfg)  # refuses an absurd count before the folder is made
     run_dir = run.open()
 
-    steps_per_epoch, total_steps = step_plan(len(train), cfg)
     setup, tracker = _start_training(cfg, run_dir, spec, tokenizer, total_steps)
     model, start_step = setup.model, setup.start_step
     log.info("RM: %d train / %d held-out pairs, %d steps of %d pairs (%s) on %s (%s)",

@@ -29,6 +29,7 @@ counts also go to ``output_dir/data_stats.json``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,7 @@ from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, fi
 from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.ops import sequence_logprobs
 from rlft.types import CountdownTask, PromptCompletion
-from rlft.validation import OptionError, validate_options
+from rlft.validation import OptionError, check_step_count, validate_options
 
 log = logging.getLogger("rlft")
 
@@ -137,6 +138,9 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
         self._check_countdown()
         if self.max_tokens is not None and self.max_steps is not None:
             raise OptionError("--max-tokens sets the number of steps: pass it or --max-steps, not both")
+        setter = "--max-steps" if self.max_steps is not None else "--max-tokens" if self.max_tokens else None
+        if setter and self.epochs != type(self).__dataclass_fields__["epochs"].default:
+            raise OptionError(f"--epochs {self.epochs:g} is never read: {setter} sets the number of steps; pass one")
 
 
 def countdown_train_tasks(cfg: SFTConfig) -> list[CountdownTask]:
@@ -371,14 +375,31 @@ def sft_backward(model, examples: list[TokenizedExample], cfg: SFTConfig, pad_to
     return loss_total, seen
 
 
-def steps_for_tokens(lengths: list[int], batch_size: int, seed: int, budget: int) -> int:
+def steps_for_tokens(lengths: list[int], batch_size: int, seed: int, budget: int, capped: bool = False) -> int:
     """The fewest optimizer steps whose batches (:func:`rlft.recipes.common.batch_indices` of ``seed``) hold at least
-    ``budget`` tokens in all, ``lengths[i]`` being example i's (prompt + completion): ``--max-tokens``' step count."""
-    steps, tokens = 0, 0
-    while tokens < budget:
-        tokens += sum(lengths[i] for i in batch_indices(steps, len(lengths), batch_size, seed))
-        steps += 1
-    return steps
+    ``budget`` tokens in all, ``lengths[i]`` being example i's (prompt + completion): ``--max-tokens``' step count.
+
+    Every epoch is a permutation of all the examples, so it holds ``sum(lengths)`` tokens: the whole epochs before the
+    budget is met come by division, and only the last one is walked, batch by batch (at most ``ceil(len(lengths) /
+    batch_size)``). ``capped``: refuse a count over :data:`rlft.validation.MAX_STEPS` (OptionError naming
+    ``--max-tokens``), before walking. Raises ValueError: ``lengths`` hold no token."""
+    if budget <= 0:
+        return 0
+    per_epoch, epoch_tokens = math.ceil(len(lengths) / batch_size), sum(lengths)
+    if epoch_tokens <= 0:
+        raise ValueError("steps_for_tokens: the examples hold no token")
+    epochs = (budget - 1) // epoch_tokens  # whole epochs that stay below the budget
+    source = f"--max-tokens {budget} ({budget / epoch_tokens:.3g} epochs of {epoch_tokens:,} tokens)"
+    if capped:
+        check_step_count(epochs * per_epoch + 1, source)  # a lower bound: refused before the walk
+    order = batch_indices(epochs, len(lengths), len(lengths), seed)  # the last epoch's order: one batch of them all
+    left, pos, tokens = budget - epochs * epoch_tokens, 0, 0
+    while tokens < left:  # ends within the epoch: it holds epoch_tokens >= left
+        tokens += sum(lengths[i] for i in order[pos * batch_size : (pos + 1) * batch_size])
+        pos += 1
+    if capped:
+        check_step_count(epochs * per_epoch + pos, source)
+    return epochs * per_epoch + pos
 
 
 def train_sft(cfg: SFTConfig) -> Path:
@@ -389,12 +410,12 @@ def train_sft(cfg: SFTConfig) -> Path:
     equals the one-process run (up to float rounding); rank 0 writes every file."""
     run, spec, tokenizer = begin_run(cfg)  # refuses a folder holding another run; writes nothing yet
     examples, stats = load_sft_examples(cfg, tokenizer)
+    steps_per_epoch, total_steps = step_plan(len(examples), cfg)  # refuses an absurd count before the folder is made
+    if cfg.max_tokens is not None:
+        lengths = [len(e.input_ids) for e in examples]
+        total_steps = steps_for_tokens(lengths, cfg.batch_size, cfg.seed, cfg.max_tokens, capped=True)
     run_dir = run.open()
     write_data_stats(run_dir, stats)
-
-    steps_per_epoch, total_steps = step_plan(len(examples), cfg)
-    if cfg.max_tokens is not None:
-        total_steps = steps_for_tokens([len(e.input_ids) for e in examples], cfg.batch_size, cfg.seed, cfg.max_tokens)
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
     history = read_metrics(run_dir / "metrics.jsonl") if start_step else []

@@ -25,7 +25,7 @@ from rlft.rl.options import (AdvantageName, BucketingName, ChatPromptOptions, Cu
                              ImportanceOptions, InLoopEvalOptions, ISMode, KLEstimatorName, KLMode, KLOptions, LossMode,
                              PolicyLossName, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions, ShapingOptions)
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownTrainingOptions
-from rlft.validation import require, validate_options
+from rlft.validation import check_step_count, require, validate_options
 
 __all__ = ["RLConfig", "RLOO_DEFAULTS", "rloo_config",  # and the choice types of rlft.rl.options, re-exported
            "AdvantageName", "BucketingName", "ISMode", "KLEstimatorName", "KLMode", "LossMode", "PolicyLossName"]
@@ -72,6 +72,10 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, SpeedOp
         self._check_curriculum()
         self._check_importance()
         self._check_replay()
+        self._check_kl()
+        self._check_chat_prompts()
+        steps = f"--max-steps {self.max_steps} x --ppo-epochs {self.ppo_epochs}"
+        check_step_count(self.max_steps * self.ppo_epochs, steps)  # optimizer steps
         require(self.prompts_data is not None or self.data is not None or self.prompts_per_step <= self.num_train,
                 f"--prompts-per-step ({self.prompts_per_step}) is more than the {self.num_train} training tasks (--num-train)")
         self._check_in_loop_eval()

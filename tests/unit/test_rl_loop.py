@@ -220,3 +220,33 @@ def test_lora_options_are_validated():
         RLConfig(lora_r=4, lora_dropout=1.5)
     with pytest.raises(ValueError, match="--lora-target-modules"):
         RLConfig(lora_r=4, lora_target_modules=" ")
+
+
+# --------------------------------------------------------------------------- in-loop evaluation on test rows
+
+
+def test_each_in_loop_evaluation_of_test_rows_is_a_counted_look(tiny_model_dir, tmp_path):
+    from rlft.eval.ledger import read_looks
+    from rlft.tasks.countdown.generator import PRESETS, generate_tasks
+
+    from tests.conftest import write_jsonl_rows
+
+    tasks = generate_tasks(PRESETS["standard"], 1600, seed=9)  # 500 rows held out: validation and test
+    data = write_jsonl_rows(tmp_path / "tasks.jsonl", [{"target": t.target, "nums": list(t.nums)} for t in tasks])
+    cfg = make_cfg(tiny_model_dir, tmp_path / "test", reward="countdown", preset="standard", data=str(data),
+                   num_train=8, prompts_per_step=4, max_steps=2, eval_every=1, eval_limit=3, eval_max_new_tokens=2,
+                   eval_rows="test")
+    train_rl(cfg)
+    records = [r for r in read_metrics(tmp_path / "test" / "metrics.jsonl") if "eval/score" in r]
+    looks = read_looks(tmp_path / "test" / "test_looks.jsonl")
+    # one look per evaluation: before the first step, after each of the two
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [look["label"] for look in looks] == ["rlft rl in-loop, step 0", "rlft rl in-loop, step 1",
+                                                 "rlft rl in-loop, step 2"]
+    for look, record in zip(looks, records):
+        assert look["score"] == record["eval/score"] and look["num_tasks"] == 3
+        assert (look["split"], look["data"], look["model"]) == ("test", str(data), str(tmp_path / "test"))
+        assert (look["mode"], look["k"], look["model_sha256"]) == ("greedy", 1, None)
+    # validation rows are no look at the test set: no ledger
+    train_rl(replace(cfg, output_dir=str(tmp_path / "validation"), eval_rows="validation"))
+    assert not (tmp_path / "validation" / "test_looks.jsonl").exists()

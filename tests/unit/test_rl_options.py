@@ -27,8 +27,8 @@ def test_rl_config_is_its_blocks():
     from_blocks = {f.name for block in BLOCKS for f in dataclasses.fields(block)}
     assert not own & from_blocks  # a field lives in one place
     # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty, --replay-size, --max-staleness,
-    # --max-tokens-per-micro-batch
-    assert len(dataclasses.fields(RLConfig)) == 91
+    # --max-tokens-per-micro-batch, --positive-weight
+    assert len(dataclasses.fields(RLConfig)) == 92
     assert RLConfig().compile is False and RLConfig(compile=True).compile is True
 
 
@@ -56,6 +56,24 @@ REFUSED = [
     ({"replay_size": 8, "loss": "topr", "is_correction": "token_truncate"}, "--is-correction with --replay-size: the ratio"),
     ({"loss": "topr", "is_correction": "sequence_mask"}, "--is-correction with --loss topr: the ratio already divides"),
     ({"replay_size": 8, "loss": "ppo", "is_correction": "token_mask"}, "--is-correction with --replay-size"),
+    # dead: the sampler stops a sample at its 5th identical line (--stop-repeats 5), so none repeats a line 6 times
+    ({"repetition_limit": 6}, "--repetition-limit 6 can never act: --stop-repeats 5 stops a sample at its 5th "),
+    ({"repetition_limit": 4, "stop_repeats": 3, "repetition_penalty": -0.5}, "--repetition-limit 4 can never act: "
+     "--stop-repeats 3"),
+    # the buffer holds --max-staleness x --prompts-per-step groups: 2 x 8 = 16
+    ({"replay_size": 17, "max_staleness": 2, "loss": "topr"},
+     r"--replay-size 17 can never be drawn: the buffer holds at most 16 groups \(--max-staleness 2 x"),
+    ({"raft_threshold": 1.0}, "--raft-threshold is only read by --advantage raft; --advantage grpo selects no samples"),
+    ({"beta": 0.0, "ref_model": "other"}, "--ref-model is only read with --beta > 0: --beta 0 loads no reference"),
+    ({"beta": 0.0, "kl_mode": "loss"}, "--kl-mode is only read with --beta > 0"),
+    ({"beta": 0.0, "kl_estimator": "k3"}, "--kl-estimator is only read with --beta > 0"),
+    ({"eval_split": "test_prefs"}, r"--eval-split is only read with --prompts-data \(chat prompts\)"),
+    ({"eval_prompts": 10}, "--eval-prompts is only read with --prompts-data"),
+    ({"max_prompt_tokens": 256}, "--max-prompt-tokens is only read with --prompts-data"),
+    ({"prompts_limit": 100}, "--prompts-limit is only read with --prompts-data"),
+    ({"judge_timeout": 5.0}, r"--judge-timeout is only read with --reward remote \(the remote judge\)"),
+    ({"base_url": "http://localhost:8000/v1"}, "--base-url is only read with --reward remote"),
+    ({"eval_rows": "test"}, "--eval-rows test is only read with --data"),
 ]
 
 
@@ -77,6 +95,18 @@ def test_the_same_options_are_accepted_where_they_are_read():
     RLConfig(loss="ppo", replay_size=8)
     RLConfig(loss="raft++", advantage="raft", replay_size=8)
     RLConfig(loss="topr")  # TOPR alone: the behaviour ratio on fresh samples
+    RLConfig(repetition_limit=5)  # = --stop-repeats: the looped samples hold their line 5 times, so it acts on them
+    RLConfig(repetition_limit=8, stop_repeats=None)  # no loop stop: any limit can act
+    RLConfig(repetition_limit=8, stop_repeats=8)
+    RLConfig(loss="topr", replay_size=16, max_staleness=2)  # exactly what the buffer holds
+    RLConfig(advantage="raft", loss="raft", raft_threshold=1.0)
+    RLConfig(beta=0.01, kl_mode="loss", kl_estimator="k3", ref_model="other")
+    RLConfig(beta=0.0, kl_mode="reward", kl_estimator="k1")  # the defaults, given
+    RLConfig(prompts_data="prefs.jsonl", reward_model="rm", eval_split="test_prefs", eval_prompts=10, prompts_limit=100,
+             max_prompt_tokens=256)
+    RLConfig(prompts_data="prefs.jsonl", reward="remote", judge_timeout=5.0, base_url="http://localhost:8000/v1")
+    RLConfig(data="rows.parquet", eval_rows="test")
+    RLConfig(eval_at_start=False)  # harmless without --eval-every: not refused (bench/rl_step.py passes it)
     rloo_config()  # the defaults of every block are consistent, rloo's too
     # explicitly given at its default, an option is not "set": the same as leaving it out
     RLConfig(loss="reinforce", clip_low=0.2, clip_high=None, is_cap=3.0, curriculum_tau=1.0, overlong_penalty=1.0)
@@ -94,6 +124,9 @@ def test_the_same_options_are_accepted_where_they_are_read():
     (["--is-correction", "token_mask", "--is-cap", "0.5"], "--is-cap must be >= 1"),
     (["--max-staleness", "2"], "--max-staleness is only read with --replay-size"),
     (["--replay-size", "8"], "--replay-size trains on stale samples"),
+    (["--repetition-limit", "6"], "--repetition-limit 6 can never act: --stop-repeats 5"),
+    (["--beta", "0", "--kl-estimator", "k3"], "--kl-estimator is only read with --beta > 0"),
+    (["--max-steps", "100", "--ppo-epochs", "200000"], "--max-steps 100 x --ppo-epochs 200000 makes 20,000,000"),
 ])
 @pytest.mark.parametrize("command", ["rl", "rloo"])
 def test_the_command_line_refuses_them_in_one_line(capsys, tmp_path, monkeypatch, command, args, message):

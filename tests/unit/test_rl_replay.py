@@ -255,6 +255,24 @@ def test_resuming_with_replay_from_a_checkpoint_without_a_buffer_is_refused(tiny
         train_rl(replace(cfg, resume=True, replay_size=4, resume_override=("replay_size",)))
 
 
+def test_resuming_with_replay_and_another_k_is_refused_in_one_line(tiny_model_dir, tmp_path, monkeypatch):
+    # the buffer holds groups of k=4 samples; resumed with --resume-override k and k=2, the step's draw would stack
+    # them as (groups, 2) rewards: a shape error in the loop. It is refused before the first step instead.
+    cfg = make_cfg(tiny_model_dir, tmp_path / "k", replay_size=4, prompts_per_step=4, max_steps=3, save_every=1)
+    with monkeypatch.context() as mp:
+        interrupt_after_checkpoints(mp, 1)
+        with pytest.raises(KeyboardInterrupt):
+            train_rl(cfg)
+    assert [g["step"] for g in read_trainer_state(latest_checkpoint(tmp_path / "k"))["replay"]["groups"]] == [0] * 4
+    refusal = (r"^--resume with --replay-size: checkpoint .*step-00000001's replay buffer holds groups of k=4 samples, "
+               r"this run samples k=2; resume with --k 4")
+    with pytest.raises(UsageError, match=refusal):
+        train_rl(replace(cfg, k=2, resume=True, resume_override=("k",)))
+    assert len(read_metrics(tmp_path / "k" / "metrics.jsonl")) == 1  # nothing trained or logged after the refusal
+    train_rl(replace(cfg, resume=True))  # the same k resumes
+    assert [r["step"] for r in read_metrics(tmp_path / "k" / "metrics.jsonl")] == [1, 2, 3]
+
+
 # --------------------------------------------------------------------------- the non-finite guard
 
 

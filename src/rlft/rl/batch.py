@@ -297,14 +297,20 @@ def gradient_rows(advantages: torch.Tensor, objective: PolicyObjective, loss_mas
     return keep.nonzero().squeeze(1)
 
 
-def without_rows(batch: TokenBatch, advantages: torch.Tensor, dropped: torch.Tensor) -> tuple[TokenBatch, torch.Tensor]:
-    """``batch`` and its ``(N,)`` ``advantages`` with the rows where ``dropped`` (``(N,)`` bool) is True left out of
-    the loss: their ``loss_mask`` is zeroed and their advantage set to 0, so they add nothing to the loss, its
-    gradient or its token count (``--mask-truncated``). The rows stay (same shapes, row-aligned with the step's
-    log-probs); pass the normalisers of the remaining rows (:class:`LossContext`). New tensors."""
+def masked_rows(batch: TokenBatch, dropped: torch.Tensor) -> TokenBatch:
+    """``batch`` with the rows where ``dropped`` (``(N,)`` bool) is True left out of the loss: their ``loss_mask`` is
+    zeroed, so they add nothing to the loss, its gradient or its token count, and :func:`gradient_rows` skips them
+    (``--mask-truncated``, :func:`rlft.rl.logprobs.step_logprobs`). The rows stay (same shapes, row-aligned with the
+    step's log-probs); pass the normalisers of the remaining rows (:class:`LossContext`). A new ``loss_mask``."""
     keep = (~dropped.bool()).to(batch.loss_mask.device)
-    masked = TokenBatch(batch.input_ids, batch.attention_mask, batch.loss_mask * keep.unsqueeze(1).to(batch.loss_mask.dtype))
-    return masked, advantages * keep.to(advantages.dtype)
+    loss_mask = batch.loss_mask * keep.unsqueeze(1).to(batch.loss_mask.dtype)
+    return TokenBatch(batch.input_ids, batch.attention_mask, loss_mask)
+
+
+def without_rows(batch: TokenBatch, advantages: torch.Tensor, dropped: torch.Tensor) -> tuple[TokenBatch, torch.Tensor]:
+    """:func:`masked_rows` of ``batch``, and its ``(N,)`` ``advantages`` with the dropped rows' set to 0."""
+    keep = (~dropped.bool()).to(advantages.device)
+    return masked_rows(batch, dropped), advantages * keep.to(advantages.dtype)
 
 
 def sampler_logprobs(batch: TokenBatch, samples: list[list[Sample]]) -> torch.Tensor | None:

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from rlft.rl.records import RLPrompt
+from rlft.rl.records import RLPrompt, StepSamples
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,11 @@ class CurriculumSampler:
         record.update({f"curriculum/n_{name}": n for name, n in zip(self.names, self.step_given)})
         self.step_given = [0] * len(self.names)
         return record
+
+    def learn(self, got: StepSamples, advantages: torch.Tensor) -> dict[str, float]:
+        """:meth:`update` after the step ``got`` with its ``(B, k)`` advantages: the signal of each group its draws
+        tried (:func:`group_abs_advantages` of the fresh groups; replayed ones, after them, were drawn before)."""
+        return self.update(got.tried, group_abs_advantages(advantages[: got.fresh], got.kept, len(got.tried)))
 
     def restore(self, history: Sequence[dict]) -> None:
         """Continue a run from its logged steps (``metrics.jsonl`` records up to the resumed step): the values of

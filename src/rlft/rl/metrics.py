@@ -1,23 +1,32 @@
 """Step 7 of the RL loop: one ``metrics.jsonl`` record per step (the names are listed in :mod:`rlft.recipes.rl`).
 
-Under torchrun a rank sees its own rows only: :func:`step_counts` gives the rank's counts and sums, which the
-loop sums over ranks (:func:`rlft.distributed.all_reduce_sums`) before :func:`sample_metrics` and
-:func:`update_metrics` turn them into means; :func:`reduce_loss_metrics` combines the loss metrics the same
-way. The rewards and advantages are every rank's already (:class:`rlft.compute.RunTotals` keeps the cumulative counts:
-samples, tokens, estimated FLOPs); :func:`replay_log_ratios` feeds the ``replay/*`` metrics
+:func:`step_record` builds it from the step's records (:class:`rlft.rl.records.StepSamples`,
+:class:`rlft.rl.logprobs.StepLogprobs`, :class:`rlft.rl.records.StepUpdate`) and holds the rank reductions: under
+torchrun a rank sees its own rows only, so :func:`step_counts` gives the rank's counts and sums, which are summed over
+ranks (:func:`rlft.distributed.all_reduce_sums`) before :func:`sample_metrics` and :func:`update_metrics` turn them into
+means; :func:`reduce_loss_metrics` combines the loss metrics the same way, and :func:`mismatch_metrics` its sums. The
+rewards and advantages are every rank's already (:class:`rlft.compute.RunTotals` keeps the cumulative counts: samples,
+tokens, estimated FLOPs); :func:`replay_log_ratios` feeds the ``replay/*`` metrics
 (:meth:`rlft.rl.replay.ReplayBuffer.metrics`). Shape legend: B kept groups (with ``--replay-size``: fresh and
 replayed), k samples per prompt, G >= B groups tried, N = B * k rows (this rank's: ``len(local) * k``), T tokens.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from rlft import distributed
 from rlft.losses.pg import PolicyObjective, sequence_kl
 from rlft.ops import masked_sum
-from rlft.rl.records import StepSamples
+from rlft.rl.records import StepSamples, StepUpdate
+from rlft.rl.shaping import shaping_metrics
 from rlft.types import TokenBatch
+
+if TYPE_CHECKING:
+    from rlft.compute import RunTotals
+    from rlft.rl.logprobs import StepLogprobs
 
 LOSS_KEYS = ("loss/policy", "loss/kl", "loss/entropy", "pg/clipfrac", "pg/ratio_mean", "grad_norm")
 """The update's metrics, averaged over the step's ``ppo_epochs`` optimizer steps."""
@@ -174,6 +183,45 @@ def mismatch_metrics(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.
     if values:
         out["mismatch/abs_logp_p99"] = float(torch.quantile(torch.tensor(values), 0.99))
     return out
+
+
+def step_record(got: StepSamples, logprobs: StepLogprobs, advantages: torch.Tensor, update: StepUpdate,
+                objective: PolicyObjective, totals: RunTotals, cfg, *, reward_kind: str,
+                update_s: float) -> dict[str, float]:
+    """The step's metrics, before the replay, curriculum, evaluation and step-time ones: :func:`sample_metrics`, the
+    run's totals (:meth:`rlft.compute.RunTotals.add`: tokens, FLOPs), with kept groups :func:`update_metrics` and
+    :func:`rlft.rl.shaping.shaping_metrics`, :func:`loss_metrics`, ``time/generate_s`` and ``time/update_s``, and when
+    every rank has the sampler's log-probs :func:`mismatch_metrics` of the fresh rows.
+
+    Args:
+        advantages: ``(B, k)``, every rank's.
+        cfg: the run's :class:`rlft.rl.config.RLConfig` (``ppo_epochs``, ``mask_truncated``, the shaping options).
+        reward_kind: :attr:`rlft.rl.records.Reward.kind` (a rule reward also logs accuracy and format rate).
+        update_s: seconds from the end of sampling to the end of the update.
+    Collective under torchrun: every rank must call it.
+    """
+    counts = distributed.all_reduce_sums(step_counts(
+        logprobs.train, update.rows, logprobs.old, logprobs.ref, update.logprobs, objective.kl_estimator,
+        got.generated_tokens, epochs=cfg.ppo_epochs, no_grad_passes=logprobs.no_grad_passes))
+    record = {**sample_metrics(got, counts, reward_kind), **totals.add(got.samples_tried, counts)}
+    if got.groups:
+        record.update(update_metrics(got, logprobs.rewards, advantages, counts, logprobs.step_tokens, update_s,
+                                     cfg.mask_truncated))
+        record.update(shaping_metrics(cfg, got.lengths, got.raw, got.repeated))
+    record.update({**loss_metrics(update.epoch_metrics, objective), "time/generate_s": got.generate_s,
+                   "time/update_s": update_s})
+    if logprobs.sampled_everywhere:
+        fresh_rows = got.fresh * got.raw.shape[1] if cfg.replay_size else None
+        record.update(mismatch_metrics(logprobs.train, update.rows, logprobs.old, update.logprobs, logprobs.sampled,
+                                       fresh_rows=fresh_rows))
+    return record
+
+
+def progress_line(record: dict[str, float], groups: bool = False) -> str:
+    """The progress bar's text for a step's ``record``: the mean reward, the KL when logged, and with ``groups``
+    (``--filter-groups``) the kept groups of those tried."""
+    info = f"reward {record['reward/mean']:.3f}" + (f"  kl {record['kl/mean']:.4f}" if "kl/mean" in record else "")
+    return info + (f"  groups {record['groups/kept']}/{record['groups/tried']}" if groups else "")
 
 
 def take_first(batch: TokenBatch, n: int) -> TokenBatch:

@@ -22,7 +22,12 @@ An option that does nothing in the chosen setup is refused when it is set, i.e. 
 ``rlft eval countdown`` refuses ``--select-n`` without ``--select``): ``--clip-low``/``--clip-high`` with a loss that
 does not clip, ``--is-cap`` without ``--is-correction``, ``--max-staleness`` without ``--replay-size``, the
 ``--curriculum-*`` values without ``--curriculum sec``, ``--overlong-penalty`` without ``--overlong-buffer``,
-``--repetition-penalty`` without ``--repetition-limit``.
+``--repetition-penalty`` without ``--repetition-limit``, ``--raft-threshold`` without ``--advantage raft``,
+``--ref-model``, ``--kl-mode`` or ``--kl-estimator`` with ``--beta 0``, the chat track's prompt options without
+``--prompts-data``, the remote judge's without ``--reward remote``, ``--eval-rows`` without ``--data``. So is a value
+that cannot act: a ``--repetition-limit`` above ``--stop-repeats`` (the sampler stops a sample at its
+``--stop-repeats``-th identical line, so none writes a line more often), a ``--replay-size`` above what the buffer
+holds (``--max-staleness`` x ``--prompts-per-step`` groups). Each refusal names the option that makes the other dead.
 """
 
 from __future__ import annotations
@@ -118,6 +123,10 @@ class PolicyLossOptions:
     raft_threshold: float | None = None
     """--advantage raft: select samples with reward >= this (Countdown: 1.0, correct); None: each group's best
     samples (none when the group's rewards are all equal)."""
+    positive_weight: float = 1.0
+    """W-REINFORCE (Zhu et al. 2025, arXiv 2506.01347): the loss weight of every sample with a positive advantage is
+    multiplied by this (the paper: 0.1), negative ones keep theirs (rlft.losses.wreinforce). 1: off; 0:
+    negative samples only (the paper's NSR)."""
 
     def _check_policy_loss(self) -> None:
         """k large enough for the estimator; a clip range only for a loss that clips, and inside (0, 1) below."""
@@ -128,6 +137,8 @@ class PolicyLossOptions:
         require(POLICY_LOSSES[self.loss].clips or not clipping,
                 f"--{clipping[0].replace('_', '-') if clipping else ''} is only read by a loss that clips "
                 f"({', '.join(n for n, s in POLICY_LOSSES.items() if s.clips)}); --loss {self.loss} does not")
+        require(self.raft_threshold is None or self.advantage == "raft",
+                f"--raft-threshold is only read by --advantage raft; --advantage {self.advantage} selects no samples")
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,13 @@ class KLOptions:
     kl_estimator: KLEstimatorName = "k1"
     """Per-token KL estimator: k1 = logp - ref_logp (the paper's log-ratio), k3 = exp(ref-logp) - (ref-logp) - 1
     (>= 0, lower variance). Use k3 with --kl-mode loss: k1's expected gradient as a loss is zero."""
+
+    def _check_kl(self) -> None:
+        """``--beta 0`` loads no reference model and computes no KL: the options of the KL are then refused when set."""
+        names = ("ref_model", "kl_mode", "kl_estimator")
+        set_ = [name for name in names if getattr(self, name) != _default(KLOptions, name)]
+        require(self.beta > 0 or not set_, f"--{set_[0].replace('_', '-') if set_ else ''} is only read with "
+                "--beta > 0: --beta 0 loads no reference model and computes no KL")
 
 
 @dataclass(frozen=True)
@@ -191,6 +209,10 @@ class ReplayOptions:
                 f"--max-staleness must be >= 1 (a replayed group is at least one step old), got {self.max_staleness}")
         require(self.replay_size > 0 or self.max_staleness == _default(ReplayOptions, "max_staleness"),
                 "--max-staleness is only read with --replay-size (the groups kept for replay)")
+        staleness, per_step = self.max_staleness, self.prompts_per_step  # the buffer holds staleness x per_step groups
+        require(self.replay_size <= staleness * per_step, f"--replay-size {self.replay_size} can never be drawn: the "
+                f"buffer holds at most {staleness * per_step} groups (--max-staleness {staleness} x --prompts-per-step "
+                f"{per_step})")
         spec = POLICY_LOSSES[self.loss]
         require(self.replay_size == 0 or spec.clips or spec.behaviour,
                 f"--replay-size trains on stale samples, whose importance ratio is unbounded under --loss {self.loss}: use "
@@ -282,6 +304,10 @@ class ShapingOptions:
                 f"--repetition-limit must be >= 2 (the times one line is written), got {self.repetition_limit}")
         require(self.repetition_penalty is None or self.repetition_limit is not None,
                 "--repetition-penalty is only read with --repetition-limit (how many times a line must repeat)")
+        limit, stop = self.repetition_limit, self.stop_repeats
+        require(limit is None or stop is None or limit <= stop,
+                f"--repetition-limit {limit} can never act: --stop-repeats {stop} stops a sample at its {stop}th "
+                f"identical line; pass --repetition-limit <= {stop}, or --stop-repeats None (off) or larger")
         require(self.repetition_penalty is None or self.repetition_penalty <= 0,
                 f"--repetition-penalty must be <= 0 (it is added to the reward), got {self.repetition_penalty}")
         require(self.repetition_limit is None or self.repetition_penalty is not None
@@ -309,6 +335,8 @@ class InLoopEvalOptions:
     def _check_in_loop_eval(self) -> None:
         require(not (self.eval_every and self.prompts_data is None and self.data is None and self.eval_limit > self.heldout_size),
                 f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on")
+        require(self.eval_rows == _default(InLoopEvalOptions, "eval_rows") or self.data is not None,
+                f"--eval-rows {self.eval_rows} is only read with --data (a Countdown dataset's held-out rows)")
 
 
 @dataclass(frozen=True)
@@ -339,6 +367,12 @@ class ChatPromptOptions:
     """Chat track: held-out prompts of each evaluation (mean reward of greedy responses, eval/reward; every
     eval_every steps, at step 0 and at the end; 0: off)."""
 
+    def _check_chat_prompts(self) -> None:
+        names = ("prompts_split", "prompts_limit", "max_prompt_tokens", "eval_split", "eval_prompts")
+        set_ = [name for name in names if getattr(self, name) != _default(ChatPromptOptions, name)]
+        require(self.prompts_data is not None or not set_,
+                f"--{set_[0].replace('_', '-') if set_ else ''} is only read with --prompts-data (chat prompts)")
+
 
 @dataclass(frozen=True)
 class RewardOptions:
@@ -368,3 +402,7 @@ class RewardOptions:
                 f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
         require(self.prompts_data is not None or (self.reward_model is None and self.reward != "remote"),
                 "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")
+        names = ("base_url", "judge_model", "api_key_env", "judge_timeout", "judge_max_retries")
+        set_ = [name for name in names if getattr(self, name) != _default(RewardOptions, name)]
+        require(self.reward == "remote" or not set_,
+                f"--{set_[0].replace('_', '-') if set_ else ''} is only read with --reward remote (the remote judge)")

@@ -1,5 +1,6 @@
-"""Records the RL loop's parts hand each other: a prompt (:class:`RLPrompt`), the reward (:class:`Reward`) and one
-sampled step (:class:`StepSamples`, what :func:`rlft.rl.sampling.sample_step` returns and the loop reads).
+"""Records the RL loop's parts hand each other: a prompt (:class:`RLPrompt`), the reward (:class:`Reward`), one
+sampled step (:class:`StepSamples`, what :func:`rlft.rl.sampling.sample_step` returns and the loop reads) and what one
+update did (:class:`StepUpdate`).
 
 A leaf of :mod:`rlft.rl`: it imports nothing from it, so the prompt sources, the rewards, the curriculum, sampling
 and the metrics all import their records from here without a cycle (``rl/config`` imports ``rl/curriculum``, which
@@ -95,6 +96,26 @@ class StepSamples:
         return self.raw.shape[0]
 
     @property
+    def fresh(self) -> int:
+        """The step's own kept groups, every rank's (``len(kept)``): B, or with ``--replay-size`` the first of the B
+        groups, the replayed ones coming after them (:func:`rlft.rl.sampling.with_replayed`)."""
+        return len(self.kept)
+
+    @property
     def samples_tried(self) -> int:
         """G * k: samples generated this step, every rank's (``samples/step``)."""
         return self.all_raw.numel()
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """What step 6 of the loop did (:func:`rlft.recipes.rl.update_policy`): the rows it trained on, its metrics and
+    the log-probs its first epoch computed. M rows of this rank's N."""
+
+    rows: torch.Tensor
+    """``(M,)`` long: the indices of this rank's batch rows that went through a forward and backward."""
+    epoch_metrics: list[dict[str, float]]
+    """One dict per optimizer step (``ppo_epochs`` of them): the losses reduced over ranks, ``grad_norm``, ``lr``."""
+    logprobs: torch.Tensor | None
+    """``(M, T)`` the first epoch's log-probs of the updated rows (the sampling policy's); None when none was
+    updated."""

@@ -1,7 +1,7 @@
 """Steps 1-2 of the RL loop: sample this step's groups, score and shape their rewards, and build this rank's
 teacher-forcing batch (:func:`sample_step`, which returns one :class:`rlft.rl.records.StepSamples`); with
 ``--replay-size``, add the groups drawn from the replay buffer to the step (:func:`with_replayed`) and hand the
-fresh ones to it (:func:`fresh_groups`).
+fresh ones to it (:func:`fresh_groups`), both for :class:`rlft.rl.reuse.Replay`.
 
 Shape legend: B kept groups (prompts) of the step, k samples per prompt, G >= B groups tried.
 """

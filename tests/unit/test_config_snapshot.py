@@ -45,6 +45,7 @@ for _command in ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown
     HELP_REWORDED[_command] = HELP_REWORDED.get(_command, set()) | {"--dtype"}
 HELP_REWORDED["demo"] |= {"--rl-steps", "--pairs-samples", "--rl-eval-every"}  # they start from the filtered SFT model
 HELP_REWORDED["demo"] |= {"--eval-batch-size"}  # it sets RL's sampling batch too
+HELP_REWORDED["demo"] |= {"--rows", "--num-rows"}  # 'auto' reads the rows that ship with rlft since 2026-12-06
 HELP_REWORDED["sft"] |= {"--max-tokens-per-micro-batch"}  # one help text with rl's since 2026-12-02
 HELP_REWORDED["rl"] |= {"--gen-batch-size", "--micro-batch-size"}  # why 64; what to set on a GPU
 HELP_REWORDED["rloo"] |= {"--gen-batch-size", "--micro-batch-size"}
@@ -59,14 +60,16 @@ prompts, 256 sequences decoded together; rl's sampler decodes a default step's 6
 
 
 ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1,
-                     "max_tokens_per_micro_batch": None},
+                     "max_tokens_per_micro_batch": None, "positive_weight": 1.0},
          "EvalCountdownConfig": {"ledger": None, "stop_repeats": None}, "SFTConfig": {"max_tokens": None}}
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets it)."""
 SET_SINCE = {"real_sft_correct_grpo": {"stop_repeats": None}}
 """Added options a variant (in every setting) sets explicitly, with its value: the recipe as named, before the
 option's default changed the sampling (configs/countdown/ablation/4_real.yaml)."""
-ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats", "--max-tokens-per-micro-batch"},
-               "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats", "--max-tokens-per-micro-batch"},
+ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats", "--max-tokens-per-micro-batch",
+                      "--positive-weight"},
+               "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats",
+                        "--max-tokens-per-micro-batch", "--positive-weight"},
                "eval countdown": {"--ledger", "--stop-repeats"}, "demo": {"--filtered-steps"}, "sft": {"--max-tokens"}}
 
 

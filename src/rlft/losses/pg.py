@@ -17,6 +17,8 @@ References:
   (the same with the importance ratio and clipping).
 - Le Roux, Bellemare et al. 2025, "Tapered Off-Policy REINFORCE" (arXiv 2503.14286): TOPR, in
   :mod:`rlft.losses.topr` (no ratio on positive samples, the sequence ratio truncated to [0, 1] on negative ones).
+- Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning" (arXiv 2506.01347):
+  W-REINFORCE, ``lambda * L_PSR + L_NSR``, in :mod:`rlft.losses.wreinforce` (``PolicyObjective.positive_weight``).
 
 Advantage estimators live in :mod:`rlft.losses.advantages`.
 """
@@ -30,6 +32,7 @@ import torch
 
 from rlft.losses.importance import IS_MODES, importance_weights
 from rlft.losses.topr import topr_loss
+from rlft.losses.wreinforce import positive_weighting
 from rlft.ops import AggregationMode, aggregate, masked_mean, masked_sum
 
 KLEstimator = Literal["k1", "k3"]
@@ -303,6 +306,8 @@ class PolicyObjective:
     """The ratio is clipped at ``1 + clip_high`` (DAPO's clip-higher: larger than ``clip_low``)."""
     select: bool = False
     """RAFT: train on the samples with A > 0, each with weight 1 (:func:`raft_selection`)."""
+    positive_weight: float = 1.0
+    """W-REINFORCE's lambda: the weight of every sample with weight > 0 is multiplied by it (1: off)."""
     kl_placement: Literal["reward", "loss"] | None = None
     """'reward': ``beta * sum_t kl_t`` is subtracted from each reward before the advantages (the RLOO paper);
     'loss': ``beta * aggregate(kl_t)`` is added to the loss (OpenRLHF/verl); None: no KL (beta 0)."""
@@ -334,6 +339,7 @@ class PolicyObjective:
             raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
         if self.is_mode not in IS_MODES:
             raise ValueError(f"unknown importance-sampling mode {self.is_mode!r}; expected one of {', '.join(IS_MODES)}")
+        positive_weighting(torch.zeros(0), self.positive_weight)  # ValueError for a negative weight
 
     @property
     def kl_in_reward(self) -> bool:
@@ -352,8 +358,9 @@ class PolicyObjective:
         return self.kl_coef > 0 or self.entropy_coef > 0
 
     def weights(self, advantages: torch.Tensor) -> torch.Tensor:
-        """The per-sample loss weights: the advantages, or RAFT's 0/1 selection of them. Same shape."""
-        return raft_selection(advantages) if self.select else advantages
+        """The per-sample loss weights: the advantages, or RAFT's 0/1 selection of them, those > 0 times
+        ``positive_weight`` (W-REINFORCE, :func:`rlft.losses.wreinforce.positive_weighting`). Same shape."""
+        return positive_weighting(raft_selection(advantages) if self.select else advantages, self.positive_weight)
 
     def loss(
         self,
@@ -417,7 +424,8 @@ def make_objective(cfg) -> PolicyObjective:
     """The run's objective from its config (an :class:`rlft.rl.config.RLConfig`; read, never changed): the loss
     ``cfg.loss`` of :data:`POLICY_LOSSES` aggregated by ``cfg.loss_mode``; its clip range when it clips
     (``clip_high`` None: ``clip_low``), else none; the KL at ``cfg.kl_mode`` when ``cfg.beta > 0``, else none;
-    ``cfg.entropy_coef``; the behaviour ratio when the loss asks for it or ``cfg.replay_size > 0``.
+    ``cfg.entropy_coef``; ``cfg.positive_weight`` (W-REINFORCE); the behaviour ratio when the loss asks for it or
+    ``cfg.replay_size > 0``.
 
     Raises:
         ValueError: an unknown ``cfg.loss``.
@@ -431,4 +439,5 @@ def make_objective(cfg) -> PolicyObjective:
                            kl_placement=cfg.kl_mode if use_kl else None, beta=cfg.beta if use_kl else 0.0,
                            kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef,
                            is_mode=cfg.is_correction, is_cap=cfg.is_cap,
+                           positive_weight=getattr(cfg, "positive_weight", 1.0),
                            behaviour_ratio=spec.behaviour or getattr(cfg, "replay_size", 0) > 0)

@@ -4,7 +4,10 @@
 - :class:`CountdownOptions`: ``--preset``, ``--split-seed``, ``--heldout-size``, ``--prompt-template``,
   ``--data-split`` (all four; :meth:`CountdownOptions.generated_tasks` is the generated train/held-out split);
 - :class:`CountdownDataOptions`: ``--data``, a Countdown file or Hub dataset instead of generated tasks
-  (:meth:`CountdownDataOptions.row_split`: its fixed held-out rows; eval countdown, pairs countdown, rl);
+  (:meth:`CountdownDataOptions.row_split`: its fixed held-out rows; eval countdown, pairs countdown, rl). The held-out
+  block follows the data: ``pool.parquet`` (recognised by its rows) has the fresh 1,000 test + 1,000 validation
+  rows, any other file the original 500 + 500 (:mod:`rlft.tasks.countdown.splits`), so ``--data <pool.parquet>
+  --split test`` reads the fresh test rows and ``rl --data <pool.parquet>`` trains on the pool's other rows;
 - :class:`CountdownTrainingOptions`: ``--data-heldout`` (pairs countdown, rl), and
   :meth:`CountdownTrainingOptions.training_tasks`, the tasks a training command may use.
 
@@ -122,9 +125,12 @@ class CountdownDataOptions(CountdownOptions):
 
     data: str | None = None
     """None: generated tasks of --preset (split by --split-seed and --heldout-size); else a Countdown
-    .jsonl/.json/.parquet file or Hub dataset with target + nums/numbers (e.g. ../shared/data/countdown/train.parquet,
-    Jiayi-Pan/Countdown-Tasks-3to4), split by rlft.tasks.countdown.splits into training rows and a held-out block
-    (500 validation + 500 test rows) that never trains."""
+    .jsonl/.json/.parquet file or Hub dataset with target + nums/numbers (e.g. countdown-3to4: the 10,240
+    Countdown-Tasks-3to4 rows that ship with rlft; Jiayi-Pan/Countdown-Tasks-3to4), split by
+    rlft.tasks.countdown.splits into training rows and a held-out block
+    that never trains: 500 validation + 500 test rows (the 'original' block; its test rows are now a development set),
+    or for ../shared/data/countdown/pool.parquet (recognised by its rows) 1,000 fresh validation + 1,000 fresh test
+    rows, the rest its training pool."""
 
     def row_split(self) -> "RowSplit":
         """The train / validation / test rows of ``--data`` (:func:`rlft.tasks.countdown.splits.load_split`)."""
@@ -133,6 +139,20 @@ class CountdownDataOptions(CountdownOptions):
         if self.data is None:
             raise ValueError("row_split needs --data (a Countdown file or Hub dataset)")
         return load_split(self.data, data_split=self.data_split)
+
+    def heldout_block(self) -> str | None:
+        """The name of ``--data``'s held-out block, ``'original'`` or ``'fresh'`` (:func:`rlft.tasks.countdown.splits.
+        block_of`: reads the rows); None for generated tasks. The test-look ledger records it (``heldout``).
+
+        Raises:
+            rlft.data.files.DataError: a malformed row.
+        """
+        from rlft.tasks.countdown.loaders import load_countdown
+        from rlft.tasks.countdown.splits import FRESH_POOL_ROWS, block_of
+
+        if self.data is None:
+            return None
+        return block_of(load_countdown(self.data, split=self.data_split, limit=FRESH_POOL_ROWS + 1)).name
 
 
 @dataclass(frozen=True)

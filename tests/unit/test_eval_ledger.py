@@ -89,11 +89,45 @@ def test_concurrent_appends_never_interleave(tmp_path):
 def test_a_damaged_line_is_named(tmp_path, capsys):
     ledger = tmp_path / LEDGER_NAME
     ledger.write_text('{"model_sha256": "aa", "score": 0.5}\n{"model_sha2')
-    with pytest.raises(UsageError, match=r"test_looks.jsonl: line 2 is not JSON"):
+    with pytest.raises(UsageError, match=r"test_looks.jsonl: line 2 is not JSON .*: cut \(no newline at its end"):
         count_test_looks(ledger)
     with pytest.raises(SystemExit) as e:
         main(["eval", "ledger", str(ledger)])
     assert e.value.code == 2 and "line 2 is not JSON" in capsys.readouterr().err
+
+
+def test_a_look_after_a_cut_line_starts_on_its_own_line(tmp_path, caplog):
+    """A ledger whose last line a write did not finish: the next look is not glued onto it (it would be lost in the
+    damaged line); it is appended whole on the next line, and the reader names the damaged line 2."""
+    ledger = tmp_path / LEDGER_NAME
+    ledger.write_text('{"time": "t0", "score": 0.5}\n{"time": "t1", "sco')
+    record = record_test_look(eval_file(tmp_path / "e.json", [1.0, 0.0], "aa" * 32), None, ledger)
+    lines = ledger.read_text().splitlines()
+    assert lines[1] == '{"time": "t1", "sco' and json.loads(lines[2]) == record and len(lines) == 3
+    with pytest.raises(UsageError, match=r"line 2 is not JSON .*: damaged"):
+        read_looks(ledger)
+    assert "its last line is cut (no newline at its end); this look starts on a new line" in caplog.text
+
+
+def test_model_sha256_takes_a_unique_prefix(tmp_path, capsys):
+    """`rlft eval ledger --model-sha256` with the 12 digits its own table prints counts that model's looks; a prefix
+    of two models is refused naming both, one under 8 digits is refused at parse time; the full hash as before."""
+    ledger = tmp_path / LEDGER_NAME
+    a, b, c = "ab12" * 16, "ab12ab12" + "cd" * 28, "ff" * 32  # a and b share their first 8 digits, not 9
+    for sha in (a, b, a, c):
+        record_test_look(eval_file(tmp_path / "e.json", [1.0, 0.0], sha), None, ledger)
+    capsys.readouterr()
+    for given, count in ((a[:12], 2), (a[:12].upper(), 2), (b[:9], 1), (a, 2), (c[:8], 1), ("12345678", 0)):
+        main(["eval", "ledger", str(ledger), "--model-sha256", given])
+        out = capsys.readouterr().out
+        assert out.startswith(f"{ledger}: {count} test look"), (given, out)
+    for given, message in (("ab12", "at least its first 8 hex digits"), ("ab12xyz9", "at least its first 8 hex"),
+                           ("ab12ab12", "ambiguous")):
+        with pytest.raises(SystemExit) as e:
+            main(["eval", "ledger", str(ledger), "--model-sha256", given])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert a[:16] in err and b[:16] in err
 
 
 def test_command_prints_the_count_and_a_table_per_model(tmp_path, capsys):

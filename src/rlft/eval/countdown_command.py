@@ -78,7 +78,8 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
     ledger: str | None = None
     """--split test: the test-look ledger this evaluation appends one line to (rlft.eval.ledger: the weights'
     SHA-256, date, rlft commit, score); None: test_looks.jsonl in --output's folder (without --output the look is
-    not recorded, with a warning). `rlft eval ledger PATH` counts the looks."""
+    not recorded, with a warning). A .jsonl file of looks only, never an input or the --output (refused with another
+    --split). `rlft eval ledger PATH` counts the looks."""
     seed: int = 0
     """Sampling seed."""
     select: tuple[Selector, ...] = ()
@@ -104,6 +105,9 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
                 f"--mode sampled needs --temperature > 0: at 0 the --k {self.k} samples of a task are copies of the greedy "
                 "answer (use --mode greedy)")
         self._check_selection()
+        require(self.ledger is None or self.split == "test",
+                f"--ledger needs --split test: --split {self.split} is not a look at the test rows, so it would record "
+                "nothing; drop --ledger")
         if self.data is None and self.split == "test":
             n = self.limit if self.limit is not None else self.heldout_size
             require(n <= self.heldout_size, f"--limit {n} is more than --heldout-size {self.heldout_size}: "
@@ -129,21 +133,41 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
 
     def check_outputs(self) -> None:
         """Refuse an --output that would replace a file (unless --overwrite), name a folder, or lie in a model folder
-        (:func:`rlft.run_folder.check_output_file`), a --greedy-from that is not a file, and a --select-reward-model
+        (:func:`rlft.run_folder.check_output_file`), a test-look ledger that is not one or cannot be written
+        (:func:`rlft.eval.ledger.check_ledger_target`: --ledger, else the one beside --output; never an input or the
+        --output), a --greedy-from that is not a file, and a --select-reward-model
         that is not a reward model (:func:`rlft.rewards.reward_model.check_reward_model`); writes nothing. Run at parse time and before any
         model is loaded."""
         if self.output is not None:
             from rlft.run_folder import check_output_file
 
             check_output_file(self.output, overwrite=self.overwrite)
-        if self.ledger is not None and Path(self.ledger).expanduser().is_dir():
-            raise OptionError(f"--ledger {self.ledger} is a folder: name the ledger file (e.g. test_looks.jsonl)")
+        if (ledger := self.ledger_path()) is not None:
+            from rlft.eval.ledger import check_ledger_target
+
+            check_ledger_target(ledger, inputs=self.input_paths(), outputs={"--output": self.output},
+                                option="--ledger" if self.ledger else "the ledger beside --output")
         if self.greedy_from is not None and not Path(self.greedy_from).expanduser().is_file():
             raise OptionError(f"--greedy-from {self.greedy_from}: no such file")
         if self.select_reward_model is not None:
             from rlft.rewards.reward_model import check_reward_model
 
             check_reward_model(self.select_reward_model, "--select-reward-model")
+
+    def ledger_path(self) -> str | Path | None:
+        """The test-look ledger this evaluation appends to: ``--ledger``, else (``--split test`` with ``--output``)
+        :func:`rlft.eval.ledger.default_ledger_path`; None: no look is recorded."""
+        if self.split != "test" or not (self.ledger or self.output):
+            return None
+        from rlft.eval.ledger import default_ledger_path
+
+        return self.ledger or default_ledger_path(self.output)
+
+    def input_paths(self) -> dict[str, str | None]:
+        """The files and folders this evaluation reads, by option (built-in names and Hub ids included: they name
+        no local path)."""
+        return {"--model": self.model, "--data": self.data, "--greedy-from": self.greedy_from,
+                "--select-reward-model": self.select_reward_model}
 
 
 def training_overlap(preset: str, split_seed: int, heldout_size: int, n: int) -> str:
@@ -286,6 +310,7 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     spec = pick_device(cfg.device, cfg.dtype)
     max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
     tasks = load_eval_tasks(cfg)
+    heldout = cfg.heldout_block() if cfg.split in ("test", "validation") else None  # 'original' / 'fresh' rows
     model_sha256 = weights_sha256(cfg.model)
     greedy = (load_greedy_baseline(cfg.greedy_from, tasks, max_new_tokens, model_sha256, cfg.prompt_template)
               if cfg.greedy_from else None)
@@ -318,14 +343,16 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     if cfg.output:
         path = Path(cfg.output).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {**result.to_dict(), "config": {**asdict(cfg), "model_sha256": model_sha256},
+        atomic_write_json(path, {**result.to_dict(), "config": {**asdict(cfg), "model_sha256": model_sha256,
+                                                                      "heldout": heldout},
                                  "environment": environment()})
     if cfg.split == "test":  # a look at the held-out test tasks: counted (rlft.eval.ledger)
-        from rlft.eval.ledger import default_ledger_path, record_test_look
+        from rlft.eval.ledger import record_test_look
 
-        if cfg.output or cfg.ledger:
-            ledger = cfg.ledger or default_ledger_path(cfg.output)
-            record_test_look(result, {**asdict(cfg), "model_sha256": model_sha256}, ledger, eval_path=cfg.output)
+        if (ledger := cfg.ledger_path()) is not None:
+            record_test_look(result, {**asdict(cfg), "model_sha256": model_sha256, "heldout": heldout}, ledger,
+                             eval_path=cfg.output,
+                             inputs=cfg.input_paths())
             log.info("test look recorded in %s", ledger)
         else:
             log.warning("an evaluation of the test rows without --output or --ledger: this look is not recorded")

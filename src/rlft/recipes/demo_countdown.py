@@ -10,13 +10,16 @@ mean score, pass@k, and the best-of-N selectors majority@k and self-certainty@k)
 (default ``runs/demo``) gets the tables, the paired table (each stage against its own start, task by task), the RL
 run's validation score against samples generated, and plots (:mod:`rlft.recipes.demo_countdown_report`).
 
-Rows: a local copy of Countdown-Tasks-3to4 (``../shared/data/countdown/train.parquet``), a file or Hub id given with
-``--rows``, or, on a machine with neither, a generated stand-in of the same distribution. Its held-out block (500
+Rows: the Countdown-Tasks-3to4 rows that ship with rlft (``countdown-3to4``, :mod:`rlft.tasks.countdown.shipped`), a
+file or Hub id given with ``--rows``, or (``--rows None``) a generated stand-in of the same distribution. Its held-out
+block (500
 test + 500 validation rows, :mod:`rlft.tasks.countdown.splits`) is never trained on: SFT's generated tasks equal to
 one are dropped, RL and pairs sample training rows only.
 
 Every finished evaluation is saved as JSON; ``--resume`` reuses those and resumes each stage from its last
-checkpoint, so a killed demo continues where it stopped. Time of the defaults: see the README.
+checkpoint, so a killed demo continues where it stopped. Time of the defaults: see the README. Every fresh test
+evaluation appends a line to ``<output_dir>/eval/test_looks.jsonl`` (:mod:`rlft.eval.ledger`); the file is only
+appended to: ``--overwrite`` moves the earlier run aside but carries its looks into the new ledger first.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from rlft.console import console
 from rlft.eval.countdown import CountdownEvalResult
+from rlft.eval.ledger import LEDGER_NAME, append_line, check_ledger_target, read_looks
 from rlft.recipes.demo_config import DemoConfig
 from rlft.recipes.demo_countdown_report import write_report
 from rlft.recipes.dpo import DPOConfig, train_dpo
@@ -38,36 +42,36 @@ from rlft.recipes.sft import SFTConfig, train_sft
 from rlft.rl.config import RLConfig
 from rlft.rollout.base import SamplingParams
 from rlft.run_folder import claim_run_dir, write_run_config
+from rlft.tasks.countdown.shipped import SHIPPED_NAME
 from rlft.tasks.countdown.splits import RowSplit, load_split
 from rlft.types import CountdownTask
 
 log = logging.getLogger("rlft")
 
-REAL_DATA_CANDIDATES = ("../shared/data/countdown/train.parquet", "shared/data/countdown/train.parquet")
 GREEDY = "greedy"
 SAMPLED = "sampled"
 
 
 def rows_source(cfg: DemoConfig, run_dir: Path) -> tuple[str, str]:
-    """``(path or Hub id, description)`` of the Countdown rows: ``cfg.rows``, else a local Countdown-Tasks-3to4
-    copy, else a generated stand-in written to ``run_dir/data/rows.jsonl`` (the same seed gives the same rows)."""
-    if cfg.rows not in (None, "auto"):
+    """``(rows, description)`` of the Countdown rows (a path, a Hub id or a shipped name): ``cfg.rows``; ``"auto"``:
+    the rows that ship with rlft (``countdown-3to4``: the first 10,240 rows of Countdown-Tasks-3to4, the same as
+    ``../shared/data/countdown/train.parquet``); None: a generated stand-in written to ``run_dir/data/rows.jsonl``
+    (the same seed gives the same rows)."""
+    if cfg.rows == "auto":
+        return SHIPPED_NAME, f"Countdown-Tasks-3to4 (real rows: the first 10,240, shipped with rlft: `{SHIPPED_NAME}`)"
+    if cfg.rows is not None:
         return cfg.rows, f"Countdown-Tasks-3to4 rows from `{cfg.rows}`"
-    found = next((Path(p) for p in REAL_DATA_CANDIDATES if Path(p).is_file()), None) if cfg.rows == "auto" else None
-    if found is not None:
-        return str(found), f"Countdown-Tasks-3to4 (real rows: the first 10,240, local copy `{found}`)"
     path = run_dir / "data" / "rows.jsonl"
     if not path.is_file():
         from rlft.data.files import write_jsonl
         from rlft.tasks.countdown.generator import PRESETS, generate_tasks
 
-        log.info("no Countdown-Tasks-3to4 copy found (%s): generating %d stand-in rows of the standard preset",
-                 ", ".join(REAL_DATA_CANDIDATES), cfg.num_rows)
+        log.info("--rows None: generating %d stand-in rows of the standard preset", cfg.num_rows)
         tasks = generate_tasks(PRESETS["standard"], cfg.num_rows, seed=f"demo-rows-{cfg.split_seed}")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(path, [{"target": t.target, "nums": list(t.nums)} for t in tasks])
     return str(path), (f"a generated stand-in for Countdown-Tasks-3to4 ({cfg.num_rows:,} `standard`-preset tasks, the same "
-                       "distribution; no local copy of the real rows was found)")
+                       "distribution; --rows None)")
 
 
 def eval_file(out_dir: Path, label: str, name: str) -> Path:
@@ -89,7 +93,21 @@ def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoC
         jobs[SAMPLED] = EvalJob(eval_file(out_dir, label, SAMPLED), test[: cfg.passk_limit], params, test_look=True)
     return evaluate_cached(model, jobs, prompt_template=cfg.prompt_template, batch_size=cfg.eval_batch_size,
                            device=cfg.device, dtype=cfg.dtype, reuse=cfg.resume, label=label, show_progress=True,
-                           ledger=out_dir / "test_looks.jsonl")
+                           ledger=out_dir / LEDGER_NAME)
+
+
+def earlier_looks(ledger: Path, overwrite: bool) -> list[dict]:
+    """The test looks an ``--overwrite`` would move aside with the earlier run (its ``eval/test_looks.jsonl``), to be
+    carried into the new run's ledger; [] without ``--overwrite`` (``--resume`` appends to the same file) or ledger.
+
+    Raises:
+        UsageError: the earlier ledger is not one (:func:`rlft.eval.ledger.check_ledger_target`; a damaged line is
+            named), before anything is moved.
+    """
+    if not overwrite or not ledger.is_file():
+        return []
+    check_ledger_target(ledger, option="the earlier run's ledger")
+    return read_looks(ledger)
 
 
 def pairs_stats(pairs_path: Path) -> dict:
@@ -126,7 +144,11 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
     """Run the Countdown demo; returns the report path. With --resume, stages whose output exists are skipped and
     evaluations whose cache still answers them are read back (:mod:`rlft.recipes.pipeline`)."""
     cfg = cfg.effective()
-    run_dir = claim_run_dir(cfg).open()  # an earlier demo: --resume or --overwrite
+    folder = claim_run_dir(cfg)  # an earlier demo: --resume or --overwrite
+    earlier = earlier_looks(folder.path / "eval" / LEDGER_NAME, folder.overwrite)
+    run_dir = folder.open()
+    for look in earlier:  # the test rows were looked at before: the count goes on
+        append_line(run_dir / "eval" / LEDGER_NAME, look)
     write_run_config(run_dir, cfg)
     rows, rows_note = rows_source(cfg, run_dir)
     split: RowSplit = load_split(rows)

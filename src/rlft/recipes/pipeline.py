@@ -200,10 +200,13 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     ``scripts/merge_sampled_evals.py`` can refuse another model file), and its metrics printed under
     ``"<label> on <job name>"``. ``batch_size``: sequences generated together.
     ``ledger``: the test-look ledger (:mod:`rlft.eval.ledger`) that every fresh evaluation of a job with
-    ``test_look`` appends a line to (the weights' SHA-256, ``label``, date, commit, score); None: not recorded.
+    ``test_look`` appends a line to (the weights' SHA-256, ``label``, date, commit, score); None: not recorded. It is
+    checked first, before anything is hashed or evaluated (:func:`rlft.eval.ledger.check_ledger_target`: a ``.jsonl``
+    file of looks that can be written, not inside the model folder nor a job's file) and only ever appended to.
 
     Raises:
         rlft.models.ModelNotFoundError: a job is left and the model cannot be loaded.
+        UsageError: the ledger is not one or cannot be written (one line naming it).
         ValueError: a job has no tasks.
     """
     from rlft.checkpoint import weights_id, weights_sha256
@@ -212,6 +215,11 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     from rlft.rollout.hf import HFEngine
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
+    if ledger is not None and any(job.test_look for job in jobs.values()):
+        from rlft.eval.ledger import check_ledger_target
+
+        check_ledger_target(ledger, inputs={"model": model},
+                            outputs={f"{name} file": job.path for name, job in jobs.items()})
     results: dict[str, CountdownEvalResult] = {}
     precision = str(pick_device(device, dtype).for_inference().label)  # a bf16 evaluation is not a float32 one
     sha256 = weights_sha256(model)  # hashed once for every job's key and the written config
@@ -247,7 +255,7 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
                 from rlft.eval.ledger import record_test_look
 
                 record_test_look(result, {**data["config"], "model": str(model), "split": "test"},
-                                 ledger, label=f"{label or model} {name}", eval_path=job.path)
+                                 ledger, label=f"{label or model} {name}", eval_path=job.path, inputs={"model": model})
             print_result(result, title=f"{label or model} on {name}")
             log.info("%s on %s (%d tasks): score %.4f", label or model, name, len(job.tasks), result.mean_score)
             results[name] = result

@@ -55,6 +55,8 @@ def describe_data(name: str) -> str:
     """Where a dataset option would read from, without reading it."""
     if name == "countdown":
         return "generated Countdown tasks"
+    if name == "countdown-3to4":  # rlft.tasks.countdown.shipped.SHIPPED_NAME (a higher layer: named, not imported)
+        return "the Countdown-Tasks-3to4 rows that ship with rlft (rlft/tasks/countdown/data/countdown_3to4.parquet)"
     path = Path(name).expanduser()
     if path.is_file():
         return f"local file {path}"

@@ -30,7 +30,7 @@ non-finite weights about to be saved, raise :class:`NonFiniteError` (one line: t
 optimizer applies the update, so no non-finite weight is ever written and the last checkpoint stays the run's last good
 state.
 
-Measured on this project's 2-core CPU (``bench/precision.py``): see the README's speed section.
+Measured on this project's 2-core CPU (``bench/precision.py``): see docs/scale.md's speed section.
 """
 
 from __future__ import annotations

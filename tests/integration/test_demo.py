@@ -103,8 +103,8 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
 
 
 def test_demo_defaults_are_the_countdown_real_setting():
-    """The defaults: bounded standard-preset traces, real rows when found, 256 tokens; the RL loop's GRPO + filtering +
-    LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 80 SFT steps then 40 filtered ones; the sampled evaluation
+    """The defaults: bounded standard-preset traces, the real rows that ship with rlft, 256 tokens; the RL loop's GRPO +
+    filtering + LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 80 SFT steps then 40 filtered ones; the sampled evaluation
     (pass@k and best-of-N) only when asked for; a stage is skipped with 0."""
     cfg = DemoConfig()
     assert (cfg.rows, cfg.preset, cfg.prompt_template, cfg.trace_style, cfg.max_new_tokens) == ("auto", "standard", "short", "bounded", 256)

@@ -325,13 +325,14 @@ class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOption
     quick: bool = False
     """A few-minute smoke version: tiny data, a handful of steps, short evaluations."""
     rows: str | None = "auto"
-    """Countdown-Tasks-3to4 rows (a .parquet/.jsonl file or Hub id such as Jiayi-Pan/Countdown-Tasks-3to4): RL and
-    pair prompts are its training rows, every evaluation its held-out test rows (rlft.tasks.countdown.splits: 500
-    test + 500 validation rows that no stage trains on). 'auto': ../shared/data/countdown/train.parquet when present,
-    else a generated stand-in (--num-rows tasks of the `standard` preset: the same distribution), written to
-    <output-dir>/data/rows.jsonl; the report says which."""
+    """Countdown-Tasks-3to4 rows (a .parquet/.jsonl file, a Hub id such as Jiayi-Pan/Countdown-Tasks-3to4, or
+    countdown-3to4): RL and pair prompts are its training rows, every evaluation its held-out test rows
+    (rlft.tasks.countdown.splits: 500 test + 500 validation rows that no stage trains on). 'auto': countdown-3to4, the
+    first 10,240 rows that ship with rlft (rlft.tasks.countdown.shipped; the rows of ../shared/data/countdown/
+    train.parquet). None: a generated stand-in (--num-rows tasks of the `standard` preset: the same distribution),
+    written to <output-dir>/data/rows.jsonl. The report says which."""
     num_rows: int = 10240
-    """Rows of the generated stand-in (when no Countdown-Tasks-3to4 copy is found)."""
+    """Rows of the generated stand-in (--rows None)."""
     update_micro_batch_size: int = 8
     """Sequences per forward/backward pass of the RL and DPO updates (gradient accumulation is exact, so this trades
     memory for speed only; 8 keeps 256-token runs within 24 GB)."""

@@ -11,6 +11,9 @@ Supported layouts, detected from the columns of the first row:
   and query and completion are kept on the record (its completions are not all correct, so no
   ``solution`` is taken from them).
 
+The name ``countdown-3to4`` reads the rows that ship with rlft (:mod:`rlft.tasks.countdown.shipped`: rows
+0..10239 of Countdown-Tasks-3to4, target and nums).
+
 Invalid rows raise ValueError naming the file, the 0-based row and the field; with
 ``skip_invalid=True`` they are skipped and a warning says how many. Nothing is dropped silently.
 """
@@ -24,6 +27,7 @@ from typing import Any
 
 from rlft.data.files import DataError, file_columns, read_rows
 from rlft.tasks.countdown.prompts import parse_query
+from rlft.tasks.countdown.shipped import resolve_rows
 from rlft.types import CountdownTask
 
 COLUMNS = ["target", "nums", "numbers", "solution", "answer", "reward_model", "query", "completion"]
@@ -114,7 +118,8 @@ def load_countdown(
     start: int = 0,
     skip_invalid: bool = False,
 ) -> list[CountdownTask]:
-    """Countdown tasks from a local ``.jsonl``/``.json``/``.parquet`` file or a Hub dataset id.
+    """Countdown tasks from a local ``.jsonl``/``.json``/``.parquet`` file, a Hub dataset id, or ``countdown-3to4``
+    (the rows that ship with rlft, :func:`rlft.tasks.countdown.shipped.resolve_rows`).
 
     ``start``/``limit`` select source rows ``[start, start + limit)`` before validation (row
     numbers in errors count from the file's first row). ``split`` applies to Hub datasets only.
@@ -123,6 +128,7 @@ def load_countdown(
     needs network access; offline it raises ``HubUnavailableError`` (a ConnectionError) suggesting
     a local file.
     """
+    source = resolve_rows(source)
     rows = list(read_rows(source, split=split, start=start, limit=limit, columns=COLUMNS))
     first = next(((i, r) for i, r in rows if isinstance(r, dict)), None)
     layout = _detect(set(first[1])) if first is not None else ""

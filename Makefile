@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo demo-quick test test-slow bench clean
+.PHONY: install demo demo-quick lint test test-slow bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,7 +26,10 @@ demo: install
 demo-quick: install
 	$(BIN)/rlft demo --quick --output-dir runs/countdown-quick
 
-test: install
+lint: install
+	$(BIN)/ruff check src tests scripts bench examples
+
+test: install lint
 	$(BIN)/python -m pytest -m "not slow" -q
 
 test-slow: install

@@ -42,10 +42,13 @@ def step_timer(device: torch.device, times: list[float]):
 
 def add_precision_options(parser) -> None:
     """``--dtype`` (rlft's: auto or float32) and ``--trl-precision`` (default, bf16 or float32): see :func:`trl_precision`."""
-    parser.add_argument("--dtype", choices=["auto", "float32"], default="auto",
-                        help="rlft's --dtype (auto: bf16 weights on CUDA; bf16 autocast over float32 weights on a CPU with native bf16)")
-    parser.add_argument("--trl-precision", choices=["default", "bf16", "float32"], default="default",
-                        help="TRL's bf16 flag: default leaves it unset (TRL then turns it on unless fp16 is), bf16 / float32 set it")
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32"], default="auto",
+        help="rlft's --dtype (auto: bf16 weights on CUDA; bf16 autocast over float32 weights on a CPU with native bf16)"
+    )
+    parser.add_argument(
+        "--trl-precision", choices=["default", "bf16", "float32"], default="default",
+        help="TRL's bf16 flag: default leaves it unset (TRL then turns it on unless fp16 is), bf16 / float32 set it")
 
 
 def trl_precision(args) -> dict:

@@ -75,11 +75,19 @@ def main() -> None:
     print(f"{args.batch}x{args.length} tokens ({tokens} targets), vocab {args.vocab}: full logits = "
           f"{tokens * args.vocab * 4 / 2**30:.2f} GiB per float32 copy")
     for chunk in args.chunks:
-        cmd = [sys.executable, __file__, "--chunk", str(chunk), "--batch", str(args.batch), "--length", str(args.length),
-               "--vocab", str(args.vocab)]
-        r = json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1])
-        print(f"logits_chunk_size={chunk:>5}: peak {r['peak_gib']:.2f} GiB (before the step {r['before_gib']:.2f} GiB) "
-              f"step {r['seconds']:.2f} s  loss {r['loss']:.6f}  grad_norm {r['grad_norm']:.6f}  device={r['device']}", flush=True)
+        cmd = [
+            sys.executable, __file__, "--chunk",
+            str(chunk), "--batch",
+            str(args.batch), "--length",
+            str(args.length), "--vocab",
+            str(args.vocab)
+        ]
+        r = json.loads(
+            subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1])
+        print(
+            f"logits_chunk_size={chunk:>5}: peak {r['peak_gib']:.2f} GiB (before the step {r['before_gib']:.2f} GiB) "
+            f"step {r['seconds']:.2f} s  loss {r['loss']:.6f}  grad_norm {r['grad_norm']:.6f}  device={r['device']}",
+            flush=True)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ def main() -> None:
     model = load_model(args.model, spec)
     tasks, _ = make_splits(PRESETS[args.preset], args.prompts, 1000, 1234)
     prompts = [render_prompt(args.prompt_template, task, tokenizer) for task in tasks]
-    engine = HFEngine(model, tokenizer, batch_size=args.batch_size, add_special_tokens=adds_special_tokens(args.prompt_template),
+    engine = HFEngine(model, tokenizer, batch_size=args.batch_size,
+                      add_special_tokens=adds_special_tokens(args.prompt_template),
                       decoder="drop" if args.path == "rlft" else "generate")
     params = SamplingParams(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     engine.generate(prompts[:2], SamplingParams(k=1, temperature=0.0, max_new_tokens=4))  # warm-up
@@ -56,10 +57,11 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     lengths = [len(s.completion_ids) for row in out for s in row]
     truncated = sum(s.finish_reason == "length" for row in out for s in row)
-    print(f"{args.path}: {len(lengths)} completions in {seconds:.1f} s on {spec.device}/{spec.dtype}: "
-          f"{len(lengths) / seconds:.2f} completions/s, {sum(lengths) / seconds:.1f} generated tokens/s "
-          f"(mean {sum(lengths) / len(lengths):.1f} tokens, longest {max(lengths)}, {truncated} cut at {args.max_new_tokens}); "
-          f"peak memory {peak_memory(spec.device)}")
+    print(
+        f"{args.path}: {len(lengths)} completions in {seconds:.1f} s on {spec.device}/{spec.dtype}: "
+        f"{len(lengths) / seconds:.2f} completions/s, {sum(lengths) / seconds:.1f} generated tokens/s "
+        f"(mean {sum(lengths) / len(lengths):.1f} tokens, longest {max(lengths)}, {truncated} cut at {args.max_new_tokens}); "
+        f"peak memory {peak_memory(spec.device)}")
 
 
 if __name__ == "__main__":

@@ -39,18 +39,24 @@ def select_pairs(args, tokenizer) -> list[dict]:
     """The first ``steps * batch_size`` rows of --data (flattened prompt/chosen/rejected text) that fit whole."""
     rows = []
     for _, row in read_rows(args.data):
-        if not isinstance(row, dict) or not all(isinstance(row.get(f), str) and row[f] for f in ("prompt", "chosen", "rejected")):
+        if not isinstance(row, dict) or not all(
+                isinstance(row.get(f), str) and row[f] for f in ("prompt", "chosen", "rejected")):
             continue
         if row["chosen"] == row["rejected"]:
             continue
-        rendered = [render_chat(tokenizer, [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row[side]}],
-                                train_on="last_assistant", max_length=args.max_length - 8)  # margin for template differences
-                    for side in ("chosen", "rejected")]  # fmt: skip
+        rendered = [
+            render_chat(tokenizer,
+                        [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row[side]}],
+                        train_on="last_assistant", max_length=args.max_length - 8)  # margin for template differences
+            for side in ("chosen", "rejected")
+        ]  # fmt: skip
         if all(r is not None and not r.truncated for r in rendered):
             rows.append({"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]})
         if len(rows) == args.steps * args.batch_size:
             return rows
-    raise SystemExit(f"only {len(rows)} pairs of {args.data} fit --max-length {args.max_length}; need {args.steps * args.batch_size}")
+    raise SystemExit(
+        f"only {len(rows)} pairs of {args.data} fit --max-length {args.max_length}; need {args.steps * args.batch_size}"
+    )
 
 
 def run_rlft(args, pairs_file: Path, out: Path) -> list[dict]:
@@ -78,24 +84,42 @@ def run_trl(args, pairs_file: Path, out: Path) -> list[dict]:
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, spec)
     rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
-    dataset = Dataset.from_list([
-        {"prompt": [{"role": "user", "content": r["prompt"]}], "chosen": [{"role": "assistant", "content": r["chosen"]}],
-         "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in rows
-    ])  # fmt: skip
+    dataset = Dataset.from_list([{
+        "prompt": [{"role": "user", "content": r["prompt"]}], "chosen": [{"role": "assistant", "content": r["chosen"]}],
+        "rejected": [{"role": "assistant", "content": r["rejected"]}]
+    } for r in rows])  # fmt: skip
     times: list[float] = []
     config = DPOConfig(
-        output_dir=str(out), max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
-        per_device_train_batch_size=args.micro_batch_size, gradient_accumulation_steps=args.batch_size // args.micro_batch_size,
-        max_length=args.max_length, beta=0.1, loss_type=["sigmoid"], precompute_ref_log_probs=True,
-        gradient_checkpointing=False, use_cpu=spec.device.type != "cuda", logging_steps=1, save_strategy="no", report_to=[],
-        seed=0, max_grad_norm=1.0, weight_decay=0.0, **trl_precision(args),
+        output_dir=str(out),
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        per_device_train_batch_size=args.micro_batch_size,
+        gradient_accumulation_steps=args.batch_size // args.micro_batch_size,
+        max_length=args.max_length,
+        beta=0.1,
+        loss_type=["sigmoid"],
+        precompute_ref_log_probs=True,
+        gradient_checkpointing=False,
+        use_cpu=spec.device.type != "cuda",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        **trl_precision(args),
     )  # fmt: skip
     args.precision = f"trl bf16={config.bf16} (weights {spec.dtype})"
-    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[step_timer(spec.device, times)])
+    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=[step_timer(spec.device, times)])
     trainer.train()
     data = trainer.train_dataset
-    total = sum(2 * len(p) + len(c) + len(r) for p, c, r in zip(data["prompt_ids"], data["chosen_ids"], data["rejected_ids"]))
-    return [{"step_s": t, "pairs": args.batch_size, "tokens": total / len(times)} for t in times]  # one epoch: mean tokens per step
+    total = sum(
+        2 * len(p) + len(c) + len(r) for p, c, r in zip(data["prompt_ids"], data["chosen_ids"], data["rejected_ids"]))
+    return [{"step_s": t, "pairs": args.batch_size, "tokens": total / len(times)} for t in times
+            ]  # one epoch: mean tokens per step
 
 
 def main() -> None:
@@ -103,7 +127,8 @@ def main() -> None:
     parser.add_argument("--path", choices=["rlft", "trl"], required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--data", default="../shared/data/ultrafeedback/train_clean.jsonl")
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps = one epoch over steps x batch-size pairs")
+    parser.add_argument("--steps", type=int, default=4,
+                        help="optimizer steps = one epoch over steps x batch-size pairs")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=512)
@@ -121,10 +146,11 @@ def main() -> None:
         pairs_file.write_text("".join(json.dumps(p) + "\n" for p in pairs))
         records = (run_rlft if args.path == "rlft" else run_trl)(args, pairs_file, Path(tmp) / "run")
     total_s = sum(r["step_s"] for r in records)
-    print(f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] pairs/step={args.batch_size} steps={len(records)} "
-          f"step_s={statistics.median(r['step_s'] for r in records):.2f} (median) pairs/s={sum(r['pairs'] for r in records) / total_s:.2f} "
-          f"tokens/s={sum(r['tokens'] for r in records) / total_s:.0f} tokens/pair={sum(r['tokens'] for r in records) / sum(r['pairs'] for r in records):.0f} "
-          f"peak_memory={peak_memory(spec.device)}")
+    print(
+        f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] pairs/step={args.batch_size} steps={len(records)} "
+        f"step_s={statistics.median(r['step_s'] for r in records):.2f} (median) pairs/s={sum(r['pairs'] for r in records) / total_s:.2f} "
+        f"tokens/s={sum(r['tokens'] for r in records) / total_s:.0f} tokens/pair={sum(r['tokens'] for r in records) / sum(r['pairs'] for r in records):.0f} "
+        f"peak_memory={peak_memory(spec.device)}")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ def run_once(command: list[str], env: dict[str, str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="B's extra environment variable")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="B's extra environment variable")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of A and B (A B, B A, ...)")
     parser.add_argument("--tail", type=int, default=3, help="lines of each process's output to print")
     parser.add_argument("--output", type=Path, default=None, help="also write the printed lines here")

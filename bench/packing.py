@@ -99,11 +99,12 @@ def run_side(args) -> dict:
         if step > 0:  # step 0 warms up
             records.append({"step_s": time.perf_counter() - t0, "tokens": tokens})
     total_s = sum(r["step_s"] for r in records)
-    return {"side": args.side, "task": args.task, "device": str(spec.device), "steps": len(records),
-            "step_s": statistics.median(r["step_s"] for r in records),
-            "tokens_per_s": sum(r["tokens"] for r in records) / total_s,
-            "tokens_per_step": sum(r["tokens"] for r in records) / len(records), "peak_memory": peak_memory(spec.device),
-            "computed_per_step": computed / len(records)}
+    return {
+        "side": args.side, "task": args.task, "device": str(spec.device), "steps": len(records),
+        "step_s": statistics.median(r["step_s"] for r in records), "tokens_per_s": sum(r["tokens"] for r in records) /
+        total_s, "tokens_per_step": sum(r["tokens"] for r in records) / len(records),
+        "peak_memory": peak_memory(spec.device), "computed_per_step": computed / len(records)
+    }
 
 
 def computed_tokens(mb, args, model, packing: bool) -> int:
@@ -123,13 +124,15 @@ def main() -> None:
     parser.add_argument("--task", choices=["dpo", "sft"], required=True)
     parser.add_argument("--side", choices=["padded", "packed", "both"], default="both")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--data", default="../shared/data/ultrafeedback/train_clean.jsonl", help="dpo: preference pairs")
+    parser.add_argument("--data", default="../shared/data/ultrafeedback/train_clean.jsonl",
+                        help="dpo: preference pairs")
     parser.add_argument("--preset", default="easy3", help="sft: Countdown preset")
     parser.add_argument("--steps", type=int, default=2, help="timed optimizer steps (after one warm-up step)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=512)
-    parser.add_argument("--pack-length", type=int, default=None, help="most tokens per packed row (default: one row per micro-batch)")
+    parser.add_argument("--pack-length", type=int, default=None,
+                        help="most tokens per packed row (default: one row per micro-batch)")
     args = parser.parse_args()
     if args.side != "both":
         print(json.dumps(run_side(args)))
@@ -140,11 +143,14 @@ def main() -> None:
         out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
         results[side] = json.loads(out)
         r = results[side]
-        print(f"{args.task} {side:>6}: step_s={r['step_s']:.2f} (median of {r['steps']}) tokens/step={r['tokens_per_step']:.0f} "
-              f"computed/step={r['computed_per_step']:.0f} "
-              f"tokens/s={r['tokens_per_s']:.0f} peak_memory={r['peak_memory']} device={r['device']}", flush=True)
-    print(f"{args.task}: packed/padded tokens/s = {results['packed']['tokens_per_s'] / results['padded']['tokens_per_s']:.2f}x "
-          f"(pack_length={args.pack_length}, batch {args.batch_size}, micro-batch {args.micro_batch_size}, max_length {args.max_length})")
+        print(
+            f"{args.task} {side:>6}: step_s={r['step_s']:.2f} (median of {r['steps']}) tokens/step={r['tokens_per_step']:.0f} "
+            f"computed/step={r['computed_per_step']:.0f} "
+            f"tokens/s={r['tokens_per_s']:.0f} peak_memory={r['peak_memory']} device={r['device']}", flush=True)
+    print(
+        f"{args.task}: packed/padded tokens/s = {results['packed']['tokens_per_s'] / results['padded']['tokens_per_s']:.2f}x "
+        f"(pack_length={args.pack_length}, batch {args.batch_size}, micro-batch {args.micro_batch_size}, max_length {args.max_length})"
+    )
 
 
 if __name__ == "__main__":

@@ -111,8 +111,8 @@ def decode_bench(args, tokenizer, spec) -> tuple[float, list[list[int]]]:
     """``(tokens/s of --rows rows x --new-tokens tokens, the greedy completions stopping at EOS)``. The sampler is what
     the RL loop and evaluation use: the model itself in float32, a bfloat16 copy under mixed precision."""
     model = load_model(args.model, spec)
-    engine = HFEngine(model, tokenizer, batch_size=args.rows, decoder="drop", copy_weights=spec.compute_dtype is not None,
-                      copy_dtype=spec.compute_dtype)
+    engine = HFEngine(model, tokenizer, batch_size=args.rows, decoder="drop", copy_weights=spec.compute_dtype
+                      is not None, copy_dtype=spec.compute_dtype)
     tasks = generate_tasks(PRESETS["standard"], args.rows, seed=4)
     prompts = [render_prompt("short", t, tokenizer) for t in tasks]
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=args.new_tokens)
@@ -122,7 +122,8 @@ def decode_bench(args, tokenizer, spec) -> tuple[float, list[list[int]]]:
     input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(i)) + i for i in ids])
     attention_mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
     with torch.no_grad():
-        decode(sampler, input_ids[:4], attention_mask[:4], SamplingParams(k=1, temperature=0.0, max_new_tokens=4), [-1])  # warm-up
+        decode(sampler, input_ids[:4], attention_mask[:4], SamplingParams(k=1, temperature=0.0, max_new_tokens=4),
+               [-1])  # warm-up
         t0 = time.perf_counter()
         rows = decode(sampler, input_ids, attention_mask, params, [-1])  # no EOS: every row runs to --new-tokens
         seconds = time.perf_counter() - t0
@@ -139,19 +140,23 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.model)
-    print(f"threads {torch.get_num_threads()}, RLFT_CPU_BF16={os.environ.get('RLFT_CPU_BF16', 'unset')}, model {args.model}")
+    print(
+        f"threads {torch.get_num_threads()}, RLFT_CPU_BF16={os.environ.get('RLFT_CPU_BF16', 'unset')}, model {args.model}"
+    )
     results = {}
     for name, spec in SPECS.items():
         sft, sft_loss0 = sft_bench(args, tokenizer, spec)
         dpo, dpo_loss0 = dpo_bench(args, tokenizer, spec)
         dec, ids = decode_bench(args, tokenizer, spec)
         results[name] = dict(sft=sft, dpo=dpo, decode=dec, ids=ids)
-        print(f"{name:>10}: SFT {sft:8.1f} tok/s (first loss {sft_loss0:.4f})  DPO {dpo:8.1f} tok/s (first loss {dpo_loss0:.4f})  "
-              f"decode {dec:7.1f} tok/s   peak {peak_memory(CPU)}")
+        print(
+            f"{name:>10}: SFT {sft:8.1f} tok/s (first loss {sft_loss0:.4f})  DPO {dpo:8.1f} tok/s (first loss {dpo_loss0:.4f})  "
+            f"decode {dec:7.1f} tok/s   peak {peak_memory(CPU)}")
     a, b = results["float32"], results["bf16 mixed"]
     same = sum(x == y for x, y in zip(a["ids"], b["ids"])) / len(a["ids"])
-    print(f"bf16 / float32: SFT {b['sft'] / a['sft']:.2f}x  DPO {b['dpo'] / a['dpo']:.2f}x  decode {b['decode'] / a['decode']:.2f}x; "
-          f"greedy rows identical: {same:.0%}")
+    print(
+        f"bf16 / float32: SFT {b['sft'] / a['sft']:.2f}x  DPO {b['dpo'] / a['dpo']:.2f}x  decode {b['decode'] / a['decode']:.2f}x; "
+        f"greedy rows identical: {same:.0%}")
 
 
 if __name__ == "__main__":

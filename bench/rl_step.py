@@ -61,15 +61,14 @@ def run_arm(arm: str, args, out: Path) -> dict:
         hf.HFEngine.__init__ = drop_decoder
         rl_batch.micro_batches = functools.partial(original_micro_batches, by_length=False)
     try:
-        train_rl(RLConfig(model=args.model, data=args.data, prompt_template="short", preset="standard", heldout_size=1000,
-                          advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, max_prompt_batches=3,
-                          lora_r=16, lora_alpha=32.0, lr=2e-4, k=8, prompts_per_step=8, temperature=1.0, beta=0.0,
-                          max_new_tokens=args.max_new_tokens, micro_batch_size=8,
-                          gen_batch_size=args.before_rows if arm == "before" else args.after_rows,
-                          max_steps=args.steps, eval_every=0, eval_at_start=False, save_every=0, num_train=20000,
-                          seed=args.seed, output_dir=str(out),
-                          stop_repeats=None if arm == "before" else SamplingOptions.stop_repeats,
-                          compile=arm == COMPILED))
+        train_rl(
+            RLConfig(model=args.model, data=args.data, prompt_template="short", preset="standard", heldout_size=1000,
+                     advantage="grpo", loss="ppo", loss_mode="seq_mean", filter_groups=True, max_prompt_batches=3,
+                     lora_r=16, lora_alpha=32.0, lr=2e-4, k=8, prompts_per_step=8, temperature=1.0, beta=0.0,
+                     max_new_tokens=args.max_new_tokens, micro_batch_size=8, gen_batch_size=args.before_rows
+                     if arm == "before" else args.after_rows, max_steps=args.steps, eval_every=0, eval_at_start=False,
+                     save_every=0, num_train=20000, seed=args.seed, output_dir=str(out),
+                     stop_repeats=None if arm == "before" else SamplingOptions.stop_repeats, compile=arm == COMPILED))
     finally:
         hf.HFEngine.__init__, rl_batch.micro_batches = original, original_micro_batches
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -100,9 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--before-rows", type=int, default=64, help="the before arm's --gen-batch-size")
     parser.add_argument("--after-rows", type=int, default=64, help="the after arm's --gen-batch-size")
-    parser.add_argument("--compile-arm", action="store_true",
-                        help=f"a third arm, {COMPILED!r}: the after arm with --compile (decoder layers through torch.compile "
-                             "for the loss passes; step 1 compiles)")
+    parser.add_argument(
+        "--compile-arm", action="store_true",
+        help=f"a third arm, {COMPILED!r}: the after arm with --compile (decoder layers through torch.compile "
+        "for the loss passes; step 1 compiles)")
     parser.add_argument("--output", type=Path, default=None, help="also write the printed lines here")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)
@@ -126,7 +126,9 @@ def main(argv: list[str] | None = None) -> None:
         lines.append("all " + summary(arm, per_arm[arm]))
     medians = {arm: statistics.median(r["time/step_s"] for r in per_arm[arm]) for arm in arms}
     for arm in arms[1:]:
-        lines.append(f"before / {arm} step time = {medians['before']:.2f} / {medians[arm]:.2f} = {medians['before'] / medians[arm]:.2f}x")
+        lines.append(
+            f"before / {arm} step time = {medians['before']:.2f} / {medians[arm]:.2f} = {medians['before'] / medians[arm]:.2f}x"
+        )
     print("\n".join(lines[-2 * len(arms) + 1:]))
     if args.output is not None:
         atomic_write_text(args.output.expanduser(), "\n".join(lines) + "\n")

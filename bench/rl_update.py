@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--micro-batch-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=None, help="also time micro-batches of at most N padded tokens")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="also time micro-batches of at most N padded tokens")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="also print the top operators of one 'length' pass")
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
-            policy_loss_backward(model, batch, advantages, objective, PassPlan(1.0, args.micro_batch_size, max_tokens=max_tokens))
+            policy_loss_backward(model, batch, advantages, objective,
+                                 PassPlan(1.0, args.micro_batch_size, max_tokens=max_tokens))
             return time.perf_counter() - start
         finally:
             rl_batch.micro_batches = original

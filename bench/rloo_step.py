@@ -44,10 +44,25 @@ def rloo_config(args, out: Path):
     from rlft.rl.config import rloo_config as rlft_rloo_config
 
     return rlft_rloo_config(
-        model=args.model, preset=args.preset, num_train=args.num_train, split_seed=args.split_seed, prompt_template=args.prompt_template,
-        output_dir=str(out), k=args.k, prompts_per_step=args.prompts_per_step, max_steps=args.steps + 1, lr=args.lr, beta=0.0,
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size,
-        gen_batch_size=args.prompts_per_step * args.k, save_every=0, eval_every=0, seed=args.seed, dtype=args.dtype,
+        model=args.model,
+        preset=args.preset,
+        num_train=args.num_train,
+        split_seed=args.split_seed,
+        prompt_template=args.prompt_template,
+        output_dir=str(out),
+        k=args.k,
+        prompts_per_step=args.prompts_per_step,
+        max_steps=args.steps + 1,
+        lr=args.lr,
+        beta=0.0,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        micro_batch_size=args.micro_batch_size,
+        gen_batch_size=args.prompts_per_step * args.k,
+        save_every=0,
+        eval_every=0,
+        seed=args.seed,
+        dtype=args.dtype,
     )  # fmt: skip
 
 
@@ -58,7 +73,8 @@ def run_rlft(args, out: Path) -> list[dict]:
     train_rl(rloo_config(args, out))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     n = args.prompts_per_step * args.k
-    return [{"step_s": r["time/step_s"], "completions": n, "completion_tokens": r["completion/mean_tokens"] * n} for r in rows]
+    return [{"step_s": r["time/step_s"], "completions": n, "completion_tokens": r["completion/mean_tokens"] * n}
+            for r in rows]
 
 
 def run_trl(args, out: Path) -> list[dict]:
@@ -76,8 +92,11 @@ def run_trl(args, out: Path) -> list[dict]:
     model = load_model(args.model, spec)
     cfg = rloo_config(args, out)
     prompts, _, _ = load_prompts(cfg, tokenizer)
-    order = [i for step in range(cfg.max_steps) for i in batch_indices(step, len(prompts), cfg.prompts_per_step, cfg.seed)]
-    dataset = Dataset.from_list([{"prompt": prompts[i].text, **prompts[i].ground_truth} for i in order])  # prompt, target, numbers
+    order = [
+        i for step in range(cfg.max_steps) for i in batch_indices(step, len(prompts), cfg.prompts_per_step, cfg.seed)
+    ]
+    dataset = Dataset.from_list([{"prompt": prompts[i].text, **prompts[i].ground_truth} for i in order
+                                 ])  # prompt, target, numbers
 
     def countdown_reward(prompts, completions, target, numbers, **_) -> list[float]:
         truths = [{"target": t, "numbers": n} for t, n in zip(target, numbers)]
@@ -92,16 +111,34 @@ def run_trl(args, out: Path) -> list[dict]:
                 lengths.append(logs["completions/mean_length"])
 
     config = RLOOConfig(
-        output_dir=str(out), max_steps=args.steps + 1, learning_rate=args.lr, lr_scheduler_type="constant", beta=0.0,
-        num_generations=args.k, per_device_train_batch_size=args.micro_batch_size,
+        output_dir=str(out),
+        max_steps=args.steps + 1,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        num_generations=args.k,
+        per_device_train_batch_size=args.micro_batch_size,
         gradient_accumulation_steps=args.prompts_per_step * args.k // args.micro_batch_size,
-        max_completion_length=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
-        gradient_checkpointing=False, use_cpu=spec.device.type != "cuda", shuffle_dataset=False, logging_steps=1,
-        save_strategy="no", report_to=[], seed=args.seed, max_grad_norm=1.0, weight_decay=0.0, warmup_steps=0, **trl_precision(args),
+        max_completion_length=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=1.0,
+        top_k=0,
+        gradient_checkpointing=False,
+        use_cpu=spec.device.type != "cuda",
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=args.seed,
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        warmup_steps=0,
+        **trl_precision(args),
     )  # fmt: skip
     args.precision = f"trl bf16={config.bf16} (weights {spec.dtype})"
-    RLOOTrainer(model=model, reward_funcs=countdown_reward, args=config, train_dataset=dataset, processing_class=tokenizer,
-                callbacks=[step_timer(spec.device, times), CompletionLengths()]).train()
+    RLOOTrainer(model=model, reward_funcs=countdown_reward, args=config, train_dataset=dataset,
+                processing_class=tokenizer, callbacks=[step_timer(spec.device, times),
+                                                       CompletionLengths()]).train()
     n = args.prompts_per_step * args.k
     return [{"step_s": t, "completions": n, "completion_tokens": length * n} for t, length in zip(times, lengths)]
 
@@ -138,10 +175,11 @@ def main() -> None:
     total_s = sum(r["step_s"] for r in timed)
     tokens = sum(r["completion_tokens"] for r in timed)
     completions = sum(r["completions"] for r in timed)
-    print(f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] prompts/step={args.prompts_per_step} k={args.k} "
-          f"steps={len(timed)} step_s={step_s:.2f} (median) completions/s={completions / total_s:.2f} "
-          f"generated_tokens/s={tokens / total_s:.1f} mean_completion_tokens={tokens / completions:.1f} "
-          f"peak_memory={peak_memory(spec.device)}")
+    print(
+        f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] prompts/step={args.prompts_per_step} k={args.k} "
+        f"steps={len(timed)} step_s={step_s:.2f} (median) completions/s={completions / total_s:.2f} "
+        f"generated_tokens/s={tokens / total_s:.1f} mean_completion_tokens={tokens / completions:.1f} "
+        f"peak_memory={peak_memory(spec.device)}")
 
 
 if __name__ == "__main__":

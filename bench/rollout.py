@@ -115,15 +115,18 @@ def run_cb(model, prompt_ids, params, eos_ids, pad_id, batch_size, cuda_graph: b
         same_threads.same_threads = True
         ContinuousBatchingManager._run_generation_loop = same_threads
     torch.manual_seed(params.seed)
-    config = GenerationConfig(do_sample=True, temperature=params.temperature, top_k=0, top_p=1.0, max_new_tokens=params.max_new_tokens,
-                              eos_token_id=eos_ids, pad_token_id=pad_id, num_return_sequences=params.k)
+    config = GenerationConfig(do_sample=True, temperature=params.temperature, top_k=0, top_p=1.0,
+                              max_new_tokens=params.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
+                              num_return_sequences=params.k)
     # Sized for the workload (left to itself on a CPU it sizes a cache and a dense varlen mask from free memory,
     # tens of seconds of zero-filling a call): pages for every row's prompt and completion, a batch of every prompt.
     page = 256
     longest = max(map(len, prompt_ids)) + params.max_new_tokens
     options = dict(max_requests_per_batch=batch_size, return_logprobs=True, use_cuda_graph=cuda_graph, page_size=page,
-                   num_blocks=batch_size * -(-longest // page) + batch_size, max_batch_tokens=max(batch_size, sum(map(len, prompt_ids))))
-    accepted = inspect.signature(ContinuousBatchingConfig).parameters  # older transformers (5.17) name the page block_size
+                   num_blocks=batch_size * -(-longest // page) + batch_size,
+                   max_batch_tokens=max(batch_size, sum(map(len, prompt_ids))))
+    accepted = inspect.signature(
+        ContinuousBatchingConfig).parameters  # older transformers (5.17) name the page block_size
     if "page_size" not in accepted and "block_size" in accepted:
         options["block_size"] = options.pop("page_size")
     cb = ContinuousBatchingConfig(**{k: v for k, v in options.items() if k in accepted})
@@ -136,8 +139,9 @@ def run_cb(model, prompt_ids, params, eos_ids, pad_id, batch_size, cuda_graph: b
 
 def distribution(lengths: list[int], limit: int) -> str:
     q = statistics.quantiles(lengths, n=10)
-    return (f"mean {statistics.mean(lengths):.1f}, p10 {q[0]:.0f}, median {statistics.median(lengths):.0f}, p90 {q[-1]:.0f}, "
-            f"at the {limit}-token limit {sum(x >= limit for x in lengths) / len(lengths):.0%}")
+    return (
+        f"mean {statistics.mean(lengths):.1f}, p10 {q[0]:.0f}, median {statistics.median(lengths):.0f}, p90 {q[-1]:.0f}, "
+        f"at the {limit}-token limit {sum(x >= limit for x in lengths) / len(lengths):.0%}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     say("")
     first = candidates[0]
     width = max(9, len(first) + 2)
-    say(f"{'candidate':>15} {'wall s/run':>11} {'tokens/s':>9} {'x ' + first:>{width}}  completion lengths (all rounds)")
+    say(f"{'candidate':>15} {'wall s/run':>11} {'tokens/s':>9} {'x ' + first:>{width}}  completion lengths (all rounds)"
+        )
     for name, rs in runs.items():
         ratio = f"{rate[name] / rate[first]:.2f}"
         say(f"{name:>15} {statistics.mean(s for s, _ in rs):11.1f} {rate[name]:9.1f} {ratio:>{width}}  "

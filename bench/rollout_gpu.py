@@ -112,8 +112,9 @@ def main(argv=None) -> dict:
     device = spec.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{name}, shape {args.shape}, {args.prompts} prompts x k={args.k}, {args.rows} rows, <= {args.max_new_tokens} "
-          f"new tokens, EOS bias {b:.2f} (target rate {args.eos_rate})", flush=True)
+    print(
+        f"{name}, shape {args.shape}, {args.prompts} prompts x k={args.k}, {args.rows} rows, <= {args.max_new_tokens} "
+        f"new tokens, EOS bias {b:.2f} (target rate {args.eos_rate})", flush=True)
     results = []
     for candidate in args.candidates.split(","):
         params = SamplingParams(k=args.k, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)

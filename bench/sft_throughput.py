@@ -63,11 +63,14 @@ def main() -> None:
         return
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    examples = [tokenize_prompt_completion(tokenizer, prompt, completion, max_length=512) for prompt, completion in pairs]
+    examples = [
+        tokenize_prompt_completion(tokenizer, prompt, completion, max_length=512) for prompt, completion in pairs
+    ]
 
     times, tokens = [], []
     for step in range(args.steps + 1):  # step 0 is warm-up, not timed
-        batch = collate(examples[step * args.batch_size : (step + 1) * args.batch_size], tokenizer.pad_token_id).to(spec.device)
+        batch = collate(examples[step * args.batch_size:(step + 1) * args.batch_size],
+                        tokenizer.pad_token_id).to(spec.device)
         if spec.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -101,12 +104,26 @@ def run_trl(args, spec, model, tokenizer, pairs: list[tuple[str, str]]) -> tuple
     dataset = Dataset.from_list([{"prompt": p, "completion": c} for p, c in pairs])
     with tempfile.TemporaryDirectory() as tmp:
         config = SFTConfig(
-            output_dir=tmp, max_steps=args.steps + 1, per_device_train_batch_size=args.batch_size, learning_rate=1e-5,
-            lr_scheduler_type="constant", warmup_steps=0, max_length=512, completion_only_loss=True, packing=False,
-            gradient_checkpointing=False, use_cpu=spec.device.type != "cuda", logging_steps=1, save_strategy="no", report_to=[],
-            seed=0, weight_decay=0.0, **trl_precision(args),
+            output_dir=tmp,
+            max_steps=args.steps + 1,
+            per_device_train_batch_size=args.batch_size,
+            learning_rate=1e-5,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            max_length=512,
+            completion_only_loss=True,
+            packing=False,
+            gradient_checkpointing=False,
+            use_cpu=spec.device.type != "cuda",
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            seed=0,
+            weight_decay=0.0,
+            **trl_precision(args),
         )  # fmt: skip
-        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[step_timer(spec.device, step_times)])
+        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                             callbacks=[step_timer(spec.device, step_times)])
         trainer.train()
     per_step = sum(len(ids) for ids in trainer.train_dataset["input_ids"]) / len(step_times)
     return step_times[1:], [per_step] * (len(step_times) - 1), f"trl bf16={config.bf16} (weights {spec.dtype})"

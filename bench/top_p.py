@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     say(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}); "
         f"torch {torch.__version__}, transformers {transformers.__version__}")
     say(f"model: {args.model} ({spec.label}); prompts: {len(prompts)} '{args.prompt_template}' prompts from {source}, "
-        f"k={args.k}, T={args.temperature}, top-p {args.top_p}, {args.max_new_tokens} new tokens, batch {args.batch_size}")
+        f"k={args.k}, T={args.temperature}, top-p {args.top_p}, {args.max_new_tokens} new tokens, batch {args.batch_size}"
+        )
     warm = SamplingParams(k=2, temperature=args.temperature, top_p=args.top_p, max_new_tokens=8, seed=0)
     for name in CANDIDATES:
         sample(name, warm)

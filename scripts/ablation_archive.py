@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ARCHIVED = re.compile(r"^(?P<name>.+?)_s(?P<seed>\d+)_(?P<file>eval_.+\.json|metrics\.jsonl|pairs_stats\.json|train_time\.json)$")
+ARCHIVED = re.compile(
+    r"^(?P<name>.+?)_s(?P<seed>\d+)_(?P<file>eval_.+\.json|metrics\.jsonl|pairs_stats\.json|train_time\.json)$")
 """An archived run file, ``<variant>_s<seed>_<file>`` (docs/results/countdown-bounded/data)."""
 UNPACKED_AS = {"metrics.jsonl": "run/metrics.jsonl", "pairs_stats.json": "pairs.stats.json"}
 """Where an archived file goes inside ``<variant>/s<seed>/`` when its run folder names it differently."""

@@ -47,8 +47,10 @@ def sft_budget(ab: Ablation, name: str, seed: int, start: Path) -> dict:
 
 def rl_wallclock(ab: Ablation, seed: int) -> float:
     """Median training seconds of the finished RL variants of ``seed`` (the continued-SFT budget)."""
-    times = sorted(read_json(p, "a variant's train_time.json")["seconds"] for name, spec in ab.variants.items() if spec["kind"] == "rl"
-                   for p in [ab.out / name / f"s{seed}" / "train_time.json"] if p.exists())
+    times = sorted(
+        read_json(p, "a variant's train_time.json")["seconds"] for name, spec in ab.variants.items()
+        if spec["kind"] == "rl" for p in [ab.out / name / f"s{seed}" / "train_time.json"] if p.exists())
     if not times:
-        raise SystemExit("sft_continued needs a finished RL variant of the same seed first (its wall-clock is the budget)")
+        raise SystemExit(
+            "sft_continued needs a finished RL variant of the same seed first (its wall-clock is the budget)")
     return times[len(times) // 2]

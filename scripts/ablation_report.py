@@ -63,15 +63,17 @@ def ci(d: dict | None) -> str:
 def report(variants: dict, out: Path, n: int) -> str:
     """Markdown table of every finished variant/seed (greedy on the first ``n`` test tasks) vs the SFT start."""
     def real_cells(folder: Path) -> str:  # greedy score on the real 3- and 4-number rows, when evaluated
-        return " | ".join(f"{load(found[-1]).mean_score:.3f}" if (found := sorted(folder.glob(f"eval_real{size}_*.json")))
-                          else "-" for size in (3, 4))
+        return " | ".join(
+            f"{load(found[-1]).mean_score:.3f}" if (found := sorted(folder.glob(f"eval_real{size}_*.json"))) else "-"
+            for size in (3, 4))
 
     def pass_cells(result) -> str:  # sampled pass@1 and pass@4, when evaluated
         return " | ".join(f"{result.pass_at_k[k]:.3f}" if result else "-" for k in (1, 4))
 
-    rows = ["| variant | seed | greedy score | paired vs SFT [95% CI] | better/worse | sampled score | pass@1 | pass@4 | "
-            "real 3-num | real 4-num | train s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| variant | seed | greedy score | paired vs SFT [95% CI] | better/worse | sampled score | pass@1 | pass@4 | "
+        "real 3-num | real 4-num | train s |", "|---|---|---|---|---|---|---|---|---|---|---|"
+    ]
     s = load(start := out / "sft_start" / f"eval_greedy_{n}.json")
     sampled = load(p) if (p := out / "sft_start" / f"eval_sampled_{n}.json").exists() else None
     sampled_cell = f"{sampled.mean_score:.3f}" if sampled else "-"
@@ -84,7 +86,9 @@ def report(variants: dict, out: Path, n: int) -> str:
         g, d = load(path), paired(path, start)["all"]
         sp = folder / f"eval_sampled_{n}.json"
         smp = load(sp) if sp.exists() else None
-        t = json.loads((folder / "train_time.json").read_text())["seconds"] if (folder / "train_time.json").exists() else float("nan")
+        t = json.loads(
+            (folder / "train_time.json").read_text())["seconds"] if (folder /
+                                                                     "train_time.json").exists() else float("nan")
         extra = f"{smp.mean_score:.3f} ({ci(paired(sp, p)['all'])})" if smp and sampled else "-"
         rows.append(f"| {name} | {folder.name[1:]} | {g.mean_score:.3f} | {ci(d)} | "
                     f"{d['better']}/{d['worse']} | {extra} | {pass_cells(smp)} | {real_cells(folder)} | {t:.0f} |")
@@ -103,8 +107,10 @@ def sizes(variants: dict, out: Path, n: int, split: str) -> str:
 
     start, sampled_start = file(out / "sft_start", "greedy"), file(out / "sft_start", "sampled")
     s = load(start)
-    rows = [f"| variant | seed | score (mixed / 3 / 4 numbers) | truncated | minus SFT, mixed | 3 numbers | 4 numbers | sampled minus SFT |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| variant | seed | score (mixed / 3 / 4 numbers) | truncated | minus SFT, mixed | 3 numbers | 4 numbers | sampled minus SFT |",
+        "|---|---|---|---|---|---|---|---|"
+    ]
     ss = f"{load(sampled_start).mean_score:.3f}" if sampled_start.exists() else "-"
     rows.append(f"| SFT start | - | {scores(s)} | {s.truncated_rate:.3f} | - | - | - | {ss} |")
     for name, folder in seed_folders(variants, out):
@@ -114,7 +120,8 @@ def sizes(variants: dict, out: Path, n: int, split: str) -> str:
         cells = [ci(d.get(k)) for k in ("all", "3", "4")]
         sp = file(folder, "sampled")
         sampled = ci(paired(sp, sampled_start)["all"]) if sp.exists() and sampled_start.exists() else "-"
-        rows.append(f"| {name} | {folder.name[1:]} | {scores(g)} | {g.truncated_rate:.3f} | {' | '.join(cells)} | {sampled} |")
+        rows.append(
+            f"| {name} | {folder.name[1:]} | {scores(g)} | {g.truncated_rate:.3f} | {' | '.join(cells)} | {sampled} |")
     return "\n".join(rows)
 
 
@@ -141,10 +148,12 @@ def churn(variants: dict, out: Path, n: int) -> str:
     changed = sum(any(v[i] != 0 for v in diffs.values()) for i in range(len(start)))
     runs = list(itertools.combinations(diffs.values(), 2))
     pairs = [statistics.correlation(a, b) for a, b in runs if len(set(a)) > 1 and len(set(b)) > 1]
-    left = f" ({len(runs) - len(pairs)} pairs with a run that changed no task left out)" if len(pairs) < len(runs) else ""
+    left = f" ({len(runs) - len(pairs)} pairs with a run that changed no task left out)" if len(pairs) < len(
+        runs) else ""
     lines.append(f"tasks changed by any run: {changed} of {len(start)}; per-task differences, " + (
         f"mean pairwise correlation {statistics.fmean(pairs):.2f} (min {min(pairs):.2f}, max {max(pairs):.2f}) over "
-        f"{len(pairs)} pairs{left}" if pairs else f"no pairwise correlation (it needs two runs that changed tasks){left}"))
+        f"{len(pairs)} pairs{left}"
+        if pairs else f"no pairwise correlation (it needs two runs that changed tasks){left}"))
     return "\n".join(lines)
 
 
@@ -233,27 +242,29 @@ def plot_paired(variants: dict, out: Path, n: int) -> Path | None:
             d = paired(path, sft)["all"]
             points.setdefault(name, []).append((x, d["diff"], d["ci_low"], d["ci_high"]))
     labelled = {f"{name} ({len(rows)} seed{'s' if len(rows) > 1 else ''})": rows for name, rows in points.items()}
-    return plot_paired_vs_samples(labelled, out / PLOTS[1],
-                                  title="Every run on the held-out tasks, paired against the SFT start",
-                                  xlabel="samples generated (continued SFT: 0, it trains on its dataset for RL's compute)",
-                                  ylabel=f"greedy score - SFT start ({n} tasks, 95% CI)",
-                                  hlines=((0.0, "SFT start", "--"), (0.05, "issue's bar (+0.05)", ":")))
+    return plot_paired_vs_samples(
+        labelled, out / PLOTS[1], title="Every run on the held-out tasks, paired against the SFT start",
+        xlabel="samples generated (continued SFT: 0, it trains on its dataset for RL's compute)",
+        ylabel=f"greedy score - SFT start ({n} tasks, 95% CI)", hlines=((0.0, "SFT start", "--"),
+                                                                        (0.05, "issue's bar (+0.05)", ":")))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["report", "sizes", "churn", "compare", "unpack"],
-                        help="report: the table and plots; sizes: paired by count of numbers (a dataset's rows, --split); "
-                             "churn: the tasks each run flips; compare: two evaluation files, paired; unpack: copy an "
-                             "archive's run files (--archive) into --out, for report")
+    parser.add_argument(
+        "command", choices=["report", "sizes", "churn", "compare", "unpack"],
+        help="report: the table and plots; sizes: paired by count of numbers (a dataset's rows, --split); "
+        "churn: the tasks each run flips; compare: two evaluation files, paired; unpack: copy an "
+        "archive's run files (--archive) into --out, for report")
     parser.add_argument("--split", choices=["test", "validation"], default="test", help="sizes: the rows scored")
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"), help="the ablation's run folder")
     parser.add_argument("--tasks", type=int, default=200, help="the test tasks scored (eval_greedy_<N>.json)")
     parser.add_argument("--configs", type=Path, default=CONFIGS, help="the folder of the variant files (their order)")
     parser.add_argument("--archive", type=Path, default=Path("docs/results/countdown-bounded/data"),
                         help="unpack: the folder of archived <variant>_s<seed>_<file> run files")
-    parser.add_argument("--pair", nargs=2, type=Path, metavar=("A", "B"),
-                        help="compare: two eval_*.json files of the same tasks; prints A minus B, paired, with its 95%% CI")
+    parser.add_argument(
+        "--pair", nargs=2, type=Path, metavar=("A", "B"),
+        help="compare: two eval_*.json files of the same tasks; prints A minus B, paired, with its 95%% CI")
     parser.add_argument("--overwrite", action="store_true", help="report: replace the plots of an earlier report")
     args = parser.parse_args(argv)
     if args.command == "report":  # its plots (in --out): checked before anything is read
@@ -266,7 +277,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.pair[0]} ({d['mean_b']:.3f}) minus {args.pair[1]} ({d['mean_a']:.3f}) on {d['n']} tasks: "
               f"{format_difference(d)}, better/worse {d['better']}/{d['worse']}")
     elif args.command == "unpack":
-        print(f"{unpack_archive(load_variants(args.configs), args.archive, args.out)} files copied from {args.archive} into {args.out}")
+        print(
+            f"{unpack_archive(load_variants(args.configs), args.archive, args.out)} files copied from {args.archive} into {args.out}"
+        )
     elif args.command == "churn":
         print(churn(load_variants(args.configs), args.out, args.tasks))
     elif args.command == "sizes":
@@ -276,8 +289,9 @@ def main(argv: list[str] | None = None) -> None:
         print(plot_samples_vs_score(variants, args.out))
         print(plot_paired(variants, args.out, args.tasks))
     if UNCHECKED:
-        print(f"note: {len(UNCHECKED)} pair(s) of files record no task list (older evaluations), paired by position with "
-              f"their number of tasks checked, e.g. {' and '.join(sorted(UNCHECKED)[0])}", file=sys.stderr)
+        print(
+            f"note: {len(UNCHECKED)} pair(s) of files record no task list (older evaluations), paired by position with "
+            f"their number of tasks checked, e.g. {' and '.join(sorted(UNCHECKED)[0])}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # user errors (a bad variant file, a missing or unreadable evaluation, other tasks): one line, exit 2

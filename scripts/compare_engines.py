@@ -41,7 +41,8 @@ def first_divergence(a: list[int], b: list[int]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--server-url", default=None, help="compare a running OpenAI-compatible server instead of in-process vLLM")
+    parser.add_argument("--server-url", default=None,
+                        help="compare a running OpenAI-compatible server instead of in-process vLLM")
     parser.add_argument("--limit", type=int, default=64)
     parser.add_argument("--k", type=int, default=4, help="sampled completions per prompt for the log-prob check")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -74,13 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         from rlft.rollout.server import OpenAICompletionsEngine
         from rlft.rollout.vllm import _generation_config_eos
 
-        other = OpenAICompletionsEngine(args.server_url, tokenizer, eos_token_ids=_generation_config_eos(resolve_model(args.model)))
+        other = OpenAICompletionsEngine(args.server_url, tokenizer,
+                                        eos_token_ids=_generation_config_eos(resolve_model(args.model)))
         name = f"server {args.server_url}"
     else:
         from rlft.rollout.vllm import VLLMEngine
 
-        other = VLLMEngine(args.model, dtype=args.dtype, tokenizer=tokenizer, return_logprobs=True, gpu_memory_utilization=0.3,
-                           enforce_eager=True)
+        other = VLLMEngine(args.model, dtype=args.dtype, tokenizer=tokenizer, return_logprobs=True,
+                           gpu_memory_utilization=0.3, enforce_eager=True)
         name = "vLLM in-process"
     v_greedy = other.generate(prompts, greedy)
     v_sampled = other.generate(prompts, sampled)
@@ -90,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     mismatches = []
     for b, (v, h) in enumerate(zip(v_greedy, hf_greedy)):
         if v[0].completion_ids != h[0].completion_ids:
-            mismatches.append({"prompt": b, "first_divergence": first_divergence(v[0].completion_ids, h[0].completion_ids),
-                               "vllm": v[0].text[:200], "hf": h[0].text[:200]})
+            mismatches.append({
+                "prompt": b, "first_divergence": first_divergence(v[0].completion_ids, h[0].completion_ids),
+                "vllm": v[0].text[:200], "hf": h[0].text[:200]
+            })
     match = 1 - len(mismatches) / len(prompts)
 
     prompt_ids = encode_prompts(tokenizer, prompts)
@@ -110,18 +114,26 @@ def main(argv: list[str] | None = None) -> int:
         print("no sampled log-probs came back: cannot check them", file=sys.stderr)
         return 1
     d = torch.cat(diffs)
-    report = {"engine": name, "model": args.model, "dtype": args.dtype, "prompts": len(prompts), "greedy_match": match,
-              "greedy_mismatches": mismatches, "logprob_tokens": int(d.numel()), "logprob_mean_abs": d.mean().item(),
-              "logprob_p99_abs": d.quantile(0.99).item(), "logprob_max_abs": d.max().item(),
-              "tolerances": {"min_greedy_match": args.min_greedy_match, "max_mean_abs": args.max_mean_abs, "max_p99_abs": args.max_p99_abs}}
-    ok = match >= args.min_greedy_match and report["logprob_mean_abs"] <= args.max_mean_abs and report["logprob_p99_abs"] <= args.max_p99_abs
+    report = {
+        "engine": name, "model": args.model, "dtype": args.dtype, "prompts": len(prompts), "greedy_match": match,
+        "greedy_mismatches": mismatches, "logprob_tokens": int(d.numel()), "logprob_mean_abs": d.mean().item(),
+        "logprob_p99_abs": d.quantile(0.99).item(), "logprob_max_abs": d.max().item(), "tolerances": {
+            "min_greedy_match": args.min_greedy_match, "max_mean_abs": args.max_mean_abs,
+            "max_p99_abs": args.max_p99_abs
+        }
+    }
+    ok = match >= args.min_greedy_match and report["logprob_mean_abs"] <= args.max_mean_abs and report[
+        "logprob_p99_abs"] <= args.max_p99_abs
     report["ok"] = ok
-    print(f"{name} vs transformers ({args.dtype}, {len(prompts)} prompts): greedy identical {match:.3f} "
-          f"(>= {args.min_greedy_match}); sampled-token |dlogp| mean {report['logprob_mean_abs']:.4f} (<= {args.max_mean_abs}) "
-          f"p99 {report['logprob_p99_abs']:.4f} (<= {args.max_p99_abs}) max {report['logprob_max_abs']:.4f} over "
-          f"{report['logprob_tokens']} tokens: {'OK' if ok else 'FAIL'}")
+    print(
+        f"{name} vs transformers ({args.dtype}, {len(prompts)} prompts): greedy identical {match:.3f} "
+        f"(>= {args.min_greedy_match}); sampled-token |dlogp| mean {report['logprob_mean_abs']:.4f} (<= {args.max_mean_abs}) "
+        f"p99 {report['logprob_p99_abs']:.4f} (<= {args.max_p99_abs}) max {report['logprob_max_abs']:.4f} over "
+        f"{report['logprob_tokens']} tokens: {'OK' if ok else 'FAIL'}")
     for m in mismatches[:5]:
-        print(f"  greedy mismatch, prompt {m['prompt']} from token {m['first_divergence']}: vllm={m['vllm'][:80]!r} hf={m['hf'][:80]!r}")
+        print(
+            f"  greedy mismatch, prompt {m['prompt']} from token {m['first_divergence']}: vllm={m['vllm'][:80]!r} hf={m['hf'][:80]!r}"
+        )
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(args.output).expanduser(), report)

@@ -148,10 +148,13 @@ def ensure_pairs(ab: Ablation, name: str, seed: int) -> Path:
     if not pairs.exists():
         pairs.parent.mkdir(parents=True, exist_ok=True)
         n_prompts = spec.get("pair_prompts", s.pairs["num_prompts"])
-        make_countdown_pairs(PairsConfig(**{**s.tasks, **s.pairs, "num_prompts": n_prompts,
-                                            "num_samples": spec.get("pair_samples", s.pairs["num_samples"])},
-                                         model=str(start_model(ab, owner, seed)), start=spec.get("pair_offset", 0) + seed * n_prompts,
-                                         max_new_tokens=s.max_new_tokens, output=str(pairs), seed=seed, device=s.device, dtype=s.dtype))
+        make_countdown_pairs(
+            PairsConfig(
+                **{
+                    **s.tasks, **s.pairs, "num_prompts": n_prompts,
+                    "num_samples": spec.get("pair_samples", s.pairs["num_samples"])
+                }, model=str(start_model(ab, owner, seed)), start=spec.get("pair_offset", 0) + seed * n_prompts,
+                max_new_tokens=s.max_new_tokens, output=str(pairs), seed=seed, device=s.device, dtype=s.dtype))
     return pairs
 
 
@@ -189,15 +192,23 @@ def run_variant(ab: Ablation, name: str, seed: int) -> None:
             options = {**s.tasks, **s.rl, "max_new_tokens": s.max_new_tokens, "eval_max_new_tokens": s.max_new_tokens,
                        "micro_batch_size": s.micro_batch_size, **({"max_steps": ab.steps} if ab.steps else {}),
                        **recipe_options(RLConfig, name, spec)}  # a variant's own max_steps wins over --steps
-            train_rl(RLConfig(**options, model=str(start), output_dir=str(run), seed=seed, **restart, **device,
-                              # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch
-                              resume_override=("micro_batch_size",)))
+            train_rl(
+                RLConfig(
+                    **options,
+                    model=str(start),
+                    output_dir=str(run),
+                    seed=seed,
+                    **restart,
+                    **device,
+                    # exact gradient accumulation: a run killed for memory may resume with a smaller micro-batch
+                    resume_override=("micro_batch_size", )))
         elif spec["kind"] == "dpo":
             from rlft.recipes.dpo import DPOConfig, train_dpo
 
             pairs = ensure_pairs(ab, name, seed)
-            train_dpo(DPOConfig(**{**s.dpo, **recipe_options(DPOConfig, name, spec)}, model=str(start), data=str(pairs),
-                                output_dir=str(run), micro_batch_size=s.micro_batch_size, seed=seed, **restart, **device))
+            train_dpo(
+                DPOConfig(**{**s.dpo, **recipe_options(DPOConfig, name, spec)}, model=str(start), data=str(pairs),
+                          output_dir=str(run), micro_batch_size=s.micro_batch_size, seed=seed, **restart, **device))
         else:  # continued SFT from its start, for the compute of an RL run (its wall time or its FLOPs)
             from rlft.recipes.sft import SFTConfig, train_sft
 
@@ -221,42 +232,56 @@ def sft_curve(ab: Ablation, run: Path, every: int) -> list[dict]:
     if (run / "model").exists():
         points.append((max((r["step"] for r in read_metrics(run / "metrics.jsonl")), default=0), run / "model"))
     greedy = replace(ab, sampled=False, real=0)
-    curve = [{"step": step, "score": r.mean_score, "accuracy": r.accuracy, "truncated": r.truncated_rate} for step, folder in points
+    curve = [{"step": step, "score": r.mean_score, "accuracy": r.accuracy, "truncated": r.truncated_rate}
+             for step, folder in points
              for r in [evaluate(greedy, folder, ab.out / "sft_curve" / f"step-{step}")["greedy"]]]
     atomic_write_json(ab.out / "sft_curve.json", curve)
     plot_curve([{"step": c["step"], "eval/score": c["score"]} for c in curve], "eval/score", ab.out / "sft_curve.png",
-               title=f"SFT on {ab.setting.tasks['preset']} traces: greedy score on {ab.tasks} {ab.split} tasks", smooth=10**6)
+               title=f"SFT on {ab.setting.tasks['preset']} traces: greedy score on {ab.tasks} {ab.split} tasks",
+               smooth=10**6)
     return curve
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "pairs", "list", "sft-curve", "checkpoint"])
-    parser.add_argument("--configs", type=Path, default=CONFIGS, help="the folder of settings.yaml and the variant files")
-    parser.add_argument("--setting", default="direct", help="a setting of settings.yaml (direct: docs/results/countdown-medium3; bounded: countdown-bounded; real: countdown-real)")
+    parser.add_argument("--configs", type=Path, default=CONFIGS,
+                        help="the folder of settings.yaml and the variant files")
+    parser.add_argument(
+        "--setting", default="direct", help=
+        "a setting of settings.yaml (direct: docs/results/countdown-medium3; bounded: countdown-bounded; real: countdown-real)"
+    )
     parser.add_argument("--sft", type=Path, default=None, help="the SFT start (default: the setting's sft)")
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--variants", nargs="*", default=[])
     parser.add_argument("--seeds", nargs="*", type=int, default=[0])
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the setting's rl.max_steps); a variant's own max_steps wins")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="RL steps (default: the setting's rl.max_steps); a variant's own max_steps wins")
     parser.add_argument("--tasks", type=int, default=200, help="held-out tasks scored (the first N of the split)")
-    parser.add_argument("--split", choices=["test", "validation"], default="test",
-                        help="evaluate on the test tasks (the protocol) or the validation tasks (for screening recipes)")
-    parser.add_argument("--sampled", action="store_true", help="also the sampled evaluation (the setting's eval.sampled)")
-    parser.add_argument("--real", type=int, default=0, help="also greedy on N 3-number and N 4-number real Countdown-Tasks-3to4 rows")
-    parser.add_argument("--sft-step-s", type=float, default=6.0, help="seconds per SFT step (for the continued-SFT budget)")
-    parser.add_argument("--budget-from", type=Path, default=None,
-                        help="continued SFT: the budget is this RL metrics.jsonl's summed step time (e.g. an archived run's)")
+    parser.add_argument(
+        "--split", choices=["test", "validation"], default="test",
+        help="evaluate on the test tasks (the protocol) or the validation tasks (for screening recipes)")
+    parser.add_argument("--sampled", action="store_true",
+                        help="also the sampled evaluation (the setting's eval.sampled)")
+    parser.add_argument("--real", type=int, default=0,
+                        help="also greedy on N 3-number and N 4-number real Countdown-Tasks-3to4 rows")
+    parser.add_argument("--sft-step-s", type=float, default=6.0,
+                        help="seconds per SFT step (for the continued-SFT budget)")
+    parser.add_argument(
+        "--budget-from", type=Path, default=None,
+        help="continued SFT: the budget is this RL metrics.jsonl's summed step time (e.g. an archived run's)")
     parser.add_argument("--no-start-eval", action="store_true",
                         help="run: do not evaluate the SFT start first (another process does; runs side by side)")
     parser.add_argument("--sft-run", type=Path, default=Path("runs/exp/sft"), help="sft-curve: the SFT run folder")
     parser.add_argument("--every", type=int, default=50, help="sft-curve: evaluate every N-th step's checkpoint")
-    parser.add_argument("--step", type=int, default=10,
-                        help="checkpoint: evaluate each variant's kept step-N adapter (<out>/<variant>/s<seed>/stepN_checkpoint) "
-                             "merged into its start")
+    parser.add_argument(
+        "--step", type=int, default=10,
+        help="checkpoint: evaluate each variant's kept step-N adapter (<out>/<variant>/s<seed>/stepN_checkpoint) "
+        "merged into its start")
     parser.add_argument("--overwrite", action="store_true", help="sft-curve: replace <out>/sft_curve.json and .png")
     args = parser.parse_args(argv)
-    for option, value, low in (("--tasks", args.tasks, 1), ("--every", args.every, 1), ("--step", args.step, 1), ("--steps", args.steps or 1, 1), ("--real", args.real, 0)):
+    for option, value, low in (("--tasks", args.tasks, 1), ("--every", args.every, 1), ("--step", args.step, 1),
+                               ("--steps", args.steps or 1, 1), ("--real", args.real, 0)):
         if value < low:
             fail(f"{option} must be >= {low}, got {value}")
     settings, variants = load_settings(args.configs), load_variants(args.configs)
@@ -267,8 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     setting = settings[args.setting]
     if args.command == "run" and not (Path(args.sft or setting.sft) / "config.json").is_file():
         fail(f"--sft {args.sft or setting.sft}: no model folder (config.json) there: pass the SFT start's model folder")
-    ab = Ablation(variants, setting, out=args.out, sft=args.sft or Path(setting.sft), tasks=args.tasks, split=args.split,
-                  sampled=args.sampled, real=args.real, steps=args.steps, sft_step_s=args.sft_step_s, budget_from=args.budget_from)
+    ab = Ablation(variants, setting, out=args.out, sft=args.sft or Path(setting.sft), tasks=args.tasks,
+                  split=args.split, sampled=args.sampled, real=args.real, steps=args.steps, sft_step_s=args.sft_step_s,
+                  budget_from=args.budget_from)
     setup_logging()
     if args.command == "list":
         print("\n".join(f"{k}: {v}" for k, v in variants.items()))
@@ -280,7 +306,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "checkpoint":
         for seed in args.seeds:
             for name in args.variants:
-                print(name, seed, {mode: round(result.mean_score, 4) for mode, result in checkpoint_eval(ab, name, seed, args.step).items()})
+                print(
+                    name, seed, {
+                        mode: round(result.mean_score, 4)
+                        for mode, result in checkpoint_eval(ab, name, seed, args.step).items()
+                    })
     elif args.command == "pairs":
         for seed in args.seeds:
             for name in args.variants:

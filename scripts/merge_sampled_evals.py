@@ -45,7 +45,8 @@ def check_configs(paths: list[Path], configs: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> CountdownEvalResult:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("evals", nargs="+", type=Path, help="sampled `rlft eval countdown --output` files, same model and tasks")
+    parser.add_argument("evals", nargs="+", type=Path,
+                        help="sampled `rlft eval countdown --output` files, same model and tasks")
     parser.add_argument("--output", type=Path, required=True, help="the merged evaluation (JSON)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)

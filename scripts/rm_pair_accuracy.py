@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     check_reward_model(args.model, "--model")
     pairs, counts = load_preference_pairs(args.pairs, skip_invalid=args.skip_invalid, drop_ties=True)
     if not pairs:
-        fail(f"{args.pairs}: no pair to score ({counts['dropped_ties']} ties, {counts['skipped_invalid']} invalid rows)")
+        fail(
+            f"{args.pairs}: no pair to score ({counts['dropped_ties']} ties, {counts['skipped_invalid']} invalid rows)")
     scorer = RewardModelScorer(args.model, batch_size=args.batch_size, dtype=args.dtype, max_length=args.max_length)
     kept, too_long = [], 0
     for pair in pairs:
@@ -69,10 +70,12 @@ def main(argv: list[str] | None = None) -> dict:
     chosen = scorer.score(prompts, [pair.chosen for pair in kept])
     rejected = scorer.score(prompts, [pair.rejected for pair in kept])
     summary = winrate_summary([1.0 if c > j else 0.0 for c, j in zip(chosen, rejected)])
-    out = {"model": args.model, "pairs": str(args.pairs), "n": summary["n"], "accuracy": summary["win_rate"],
-           "ci95": [summary["ci_low"], summary["ci_high"]], "interval": "wilson",
-           "score_ties": sum(c == j for c, j in zip(chosen, rejected)), "skipped_ties": counts["dropped_ties"],
-           "skipped_invalid": counts["skipped_invalid"], "skipped_prompt_too_long": too_long, "max_length": args.max_length}
+    out = {
+        "model": args.model, "pairs": str(args.pairs), "n": summary["n"], "accuracy": summary["win_rate"],
+        "ci95": [summary["ci_low"], summary["ci_high"]], "interval": "wilson",
+        "score_ties": sum(c == j for c, j in zip(chosen, rejected)), "skipped_ties": counts["dropped_ties"],
+        "skipped_invalid": counts["skipped_invalid"], "skipped_prompt_too_long": too_long, "max_length": args.max_length
+    }
     print(json.dumps(out, indent=1))
     if args.json:
         from rlft.fsio import atomic_write_text

@@ -48,8 +48,11 @@ def pairs(path: str, a: str, bs: list[str], sizes: list[int] | None = None) -> l
         for b in bs:
             chosen_b = pick(b, n)
             d = paired_difference([[x] for x in chosen_a], [[x] for x in chosen_b])
-            rows.append({"n": n, "b": b, "a_score": sum(chosen_a) / len(chosen_a), "b_score": sum(chosen_b) / len(chosen_b),
-                         **{k: d[k] for k in ("diff", "ci_low", "ci_high", "better", "worse")}})
+            rows.append({
+                "n": n, "b": b, "a_score": sum(chosen_a) / len(chosen_a), "b_score": sum(chosen_b) / len(chosen_b),
+                **{k: d[k]
+                   for k in ("diff", "ci_low", "ci_high", "better", "worse")}
+            })
     return rows
 
 
@@ -57,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sampled", help="a sampled `rlft eval countdown --output` file")
     parser.add_argument("--a", default="reward-model", choices=SELECTORS, help="the selector whose pick comes first")
-    parser.add_argument("--b", nargs="+", default=["self-certainty"], choices=SELECTORS, help="the selectors subtracted")
+    parser.add_argument("--b", nargs="+", default=["self-certainty"], choices=SELECTORS,
+                        help="the selectors subtracted")
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="the n's (default: 1 2 4 8 16 up to k)")
     args = parser.parse_args(argv)
     for r in pairs(args.sampled, args.a, args.b, args.sizes):

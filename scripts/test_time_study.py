@@ -53,8 +53,11 @@ def check_same_model(name: str, sampled: dict, greedy: dict, greedy_path: str) -
     if other_weights(a, b):
         fail(f"--model {name}: {greedy_path} evaluated weights {b[:16]}..., the samples {a[:16]}...: "
              "pair the greedy evaluation of the same model file")
-    if differ := "; ".join(f"{key} {a!r} in the samples, {b!r} there" for key, (a, b) in other_settings(sampled, greedy).items()):
-        fail(f"--model {name}: {greedy_path} was evaluated with other settings ({differ}): pair a greedy evaluation alike")
+    if differ := "; ".join(
+            f"{key} {a!r} in the samples, {b!r} there" for key, (a, b) in other_settings(sampled, greedy).items()):
+        fail(
+            f"--model {name}: {greedy_path} was evaluated with other settings ({differ}): pair a greedy evaluation alike"
+        )
 
 
 def named(spec: str, option: str) -> tuple[str, list[str]]:
@@ -103,15 +106,18 @@ def curves(result: CountdownEvalResult, greedy: list[list[float]] | None, select
 def verdict(model: str, label: str, cmp: dict | None, point: dict, span: tuple[float, float]) -> str:
     """One sentence, with numbers, on which is better at the long search's cost."""
     if cmp is None:
-        return (f"{model} vs {label}: the long search's {point['tokens']:.0f} tokens per task lie outside {model}'s curve "
-                f"({span[0]:.0f}-{span[1]:.0f} tokens per task); no comparison without extrapolating.")
+        return (
+            f"{model} vs {label}: the long search's {point['tokens']:.0f} tokens per task lie outside {model}'s curve "
+            f"({span[0]:.0f}-{span[1]:.0f} tokens per task); no comparison without extrapolating.")
     ci = "" if cmp["ci_low"] is None else f" [95% CI {cmp['ci_low']:+.3f}, {cmp['ci_high']:+.3f}]"
     sure = cmp["ci_low"] is not None and (cmp["ci_low"] > 0 or cmp["ci_high"] < 0)
     winner = f"{model} best-of-N" if cmp["diff"] > 0 else label if cmp["diff"] < 0 else "neither"
-    return (f"{model} vs {label}, at {cmp['tokens']:.0f} tokens per task: {LABELS[cmp['selector']]} (between n={cmp['n_low']} "
-            f"and n={cmp['n_high']}, w={cmp['w']:.2f}) scores {cmp['score']:.3f}, the long search {cmp['point_score']:.3f}: "
-            f"difference {cmp['diff']:+.3f}{ci}; better at equal generated tokens: "
-            + (winner if sure or cmp["ci_low"] is None else f"not resolved (the interval includes 0; ahead on the point estimate: {winner})") + ".")
+    return (
+        f"{model} vs {label}, at {cmp['tokens']:.0f} tokens per task: {LABELS[cmp['selector']]} (between n={cmp['n_low']} "
+        f"and n={cmp['n_high']}, w={cmp['w']:.2f}) scores {cmp['score']:.3f}, the long search {cmp['point_score']:.3f}: "
+        f"difference {cmp['diff']:+.3f}{ci}; better at equal generated tokens: " +
+        (winner if sure or cmp["ci_low"] is None else
+         f"not resolved (the interval includes 0; ahead on the point estimate: {winner})") + ".")
 
 
 def _cell(p: dict) -> str:
@@ -132,7 +138,9 @@ def table(models: dict[str, dict], sizes) -> str:
             by_n = {p["n"]: p for p in pts}
             rows.append([name, LABELS[sel], *(_cell(by_n[n]) if n in by_n else "-" for n in sizes)])
         by_n = {p["n"]: p for p in next(iter(m["curves"].values()), [])}
-        rows.append([name, "tokens per task", *(f"{by_n[n]['tokens_per_task']:.0f}" if n in by_n else "-" for n in sizes)])
+        rows.append([
+            name, "tokens per task", *(f"{by_n[n]['tokens_per_task']:.0f}" if n in by_n else "-" for n in sizes)
+        ])
     return markdown_table(header, rows)
 
 
@@ -167,7 +175,8 @@ def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
            title="Test-time scaling: best-of-N vs a single long search")
     ax.grid(alpha=0.3)
     ncol = 1 + (len(ax.get_legend_handles_labels()[0]) - 1) // 24  # ~24 entries fit beside 5 inches of axes
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=ncol)  # beside the axes: never over a curve
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              ncol=ncol)  # beside the axes: never over a curve
     fig.set_size_inches(10 + 3 * (ncol - 1), 5)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,8 +187,10 @@ def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
 
 def greedy_entry(result: CountdownEvalResult) -> dict:
     score, half = mean_ci([row[0] for row in result.task_scores])
-    return {"score": score, "half": half, "tokens": tokens_per_task(result.task_tokens, 1), "task_scores": result.task_scores,
-            "tasks": result.tasks}
+    return {
+        "score": score, "half": half, "tokens": tokens_per_task(result.task_tokens, 1),
+        "task_scores": result.task_scores, "tasks": result.tasks
+    }
 
 
 def build(args) -> tuple[dict, dict, list[int]]:
@@ -201,10 +212,14 @@ def build(args) -> tuple[dict, dict, list[int]]:
         elif not direct:
             stored = sampled.selection.get("greedy")
             if stored is None:
-                fail(f"--model {name}: {paths[0]} has no stored greedy baseline (run with --select or pass NAME=SAMPLED,GREEDY)")
+                fail(
+                    f"--model {name}: {paths[0]} has no stored greedy baseline (run with --select or pass NAME=SAMPLED,GREEDY)"
+                )
             score, half = mean_ci([row[0] for row in stored["task_scores"]])
-            greedy = {"score": score, "half": half, "tokens": stored["tokens_per_task"], "task_scores": stored["task_scores"],
-                      "tasks": sampled.tasks}
+            greedy = {
+                "score": score, "half": half, "tokens": stored["tokens_per_task"], "task_scores": stored["task_scores"],
+                "tasks": sampled.tasks
+            }
         selectors, skipped = available_selectors(sampled, DIRECT_SELECTORS if direct else args.selectors or SELECTORS)
         for sel, why in skipped.items():
             print(f"note: {name}: {sel} skipped: {why}", file=sys.stderr)
@@ -245,7 +260,9 @@ def versus(models: dict[str, dict], names: list[str]) -> str:
             if p is not None or cmp is not None:  # else B's n is past A's samples and B's cost past A's curve
                 tokens = f"{p['tokens_per_task']:.0f}" if p is not None else "-"
                 rows.append([LABELS[sel], q["n"], same, f"{tokens} / {q['tokens_per_task']:.0f}", at])
-    header = ["selector", "n", f"{na} minus {nb}, same n [95% CI]", "tokens per task", f"{na} at {nb}'s tokens minus {nb}"]
+    header = [
+        "selector", "n", f"{na} minus {nb}, same n [95% CI]", "tokens per task", f"{na} at {nb}'s tokens minus {nb}"
+    ]
     return f"## {na} against {nb}, task by task\n\n" + markdown_table(header, rows)
 
 
@@ -272,7 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", default=[], help="NAME=SAMPLED.json[,GREEDY.json]")
     parser.add_argument("--point", action="append", default=[], help="LABEL=EVAL.json: a single long search")
-    parser.add_argument("--direct", action="append", default=[], help="NAME=SAMPLED.json: a direct-trace model's samples")
+    parser.add_argument("--direct", action="append", default=[],
+                        help="NAME=SAMPLED.json: a direct-trace model's samples")
     parser.add_argument("--versus", action="append", nargs=2, default=[], metavar=("A", "B"),
                         help="two --model names: A's best-of-N minus B's, task by task")
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="the n's of the curves (1 2 4 8 16 up to k)")

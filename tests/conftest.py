@@ -137,7 +137,8 @@ def tiny_model_dir(tmp_path_factory, smol_tokenizer) -> Path:
 
     Shared by the whole test run: tests only read it. A test that needs another seed, a generation-config
     tweak or another tokenizer builds its own folder with ``save_model_dir``."""
-    return save_model_dir(tmp_path_factory.mktemp("tiny-init"), make_tiny_model(len(smol_tokenizer), seed=0), smol_tokenizer)
+    return save_model_dir(tmp_path_factory.mktemp("tiny-init"), make_tiny_model(len(smol_tokenizer), seed=0),
+                          smol_tokenizer)
 
 
 def load_weights(folder: Path) -> dict[str, torch.Tensor]:

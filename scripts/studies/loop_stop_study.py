@@ -206,9 +206,10 @@ def main(argv: list[str] | None = None) -> None:
             r = simulate(completions, n, count_tokens)
             d = r["diff"]
             rows.append({"group": group, "score_mismatches": mismatched, **r})
-            print(f"| {group} | {n} | {r['completions']} | {sum(c.finished for c in completions)} | {r['mean_tokens']:.1f} | "
-                  f"{r['stopped']} ({r['stopped_finished']}) | {r['saved_share']:.1%} | {r['changed']} "
-                  f"({r['lost_correct']}, {r['lost_format']}) | {format_difference(d, 4)} |")
+            print(
+                f"| {group} | {n} | {r['completions']} | {sum(c.finished for c in completions)} | {r['mean_tokens']:.1f} | "
+                f"{r['stopped']} ({r['stopped_finished']}) | {r['saved_share']:.1%} | {r['changed']} "
+                f"({r['lost_correct']}, {r['lost_format']}) | {format_difference(d, 4)} |")
         if mismatched:
             print(f"note: {mismatched} recorded scores of group {group} differ from the scorer's on the full text")
     if args.output:

@@ -95,14 +95,16 @@ def main(argv: list[str] | None = None) -> None:
     conv_y = ys[-1]  # the curve's last checkpoint (564) is the step-864 model
     # seed 0's metrics were not archived: its steps are its budget, RL-60 seed 0's summed step time / 6.5 s (540)
     seed0 = point(start_x + round(summed_step_seconds(d / "grpo_filter_lora_1e4_60_s0_metrics.jsonl") / 6.5) * step_s,
-                  d / "sft_continued_60_s0_eval_greedy_500.json", fmt="D", color="tab:cyan", label="continued SFT, seed 0")
+                  d / "sft_continued_60_s0_eval_greedy_500.json", fmt="D", color="tab:cyan",
+                  label="continued SFT, seed 0")
     ax.plot([start[0], seed0[0]], [start[1], seed0[1]], color="tab:cyan", alpha=0.6)
     # RL from the SFT start: 20- and 60-step runs, both seeds
     for steps, marker in (("", "^"), ("_60", "v")):
         for seed in (0, 1):
             name = f"grpo_filter_lora_1e4{steps}_s{seed}"
-            point(start_x + summed_step_seconds(d / f"{name}_metrics.jsonl"), d / f"{name}_eval_greedy_500.json", fmt=marker,
-                  color="tab:red", label=f"RL from the start ({'60' if steps else '20'} steps, seeds 0/1)" if seed == 0 else None)
+            point(start_x + summed_step_seconds(d / f"{name}_metrics.jsonl"), d / f"{name}_eval_greedy_500.json",
+                  fmt=marker, color="tab:red",
+                  label=f"RL from the start ({'60' if steps else '20'} steps, seeds 0/1)" if seed == 0 else None)
     # from the step-864 continued model: RL 15 steps and continued SFT for RL's wall-clock, per seed
     for seed in (0, 1):
         rl, sft = f"from_continued_grpo_filter_lora_1e4_s{seed}", f"from_continued_sft_continued_s{seed}"
@@ -112,8 +114,9 @@ def main(argv: list[str] | None = None) -> None:
               color="tab:green", label="more SFT from continued SFT, RL's wall-clock (per seed)" if seed == 1 else None)
         # rl60_2026-11-24/: the same RL runs continued to 60 steps (resumed from their step-10 checkpoints)
         rl60 = f"from_continued_grpo_filter_lora_1e4_60_s{seed}"
-        point(conv_x + summed_step_seconds(s11 / f"{rl60}_metrics.jsonl"), s11 / f"{rl60}_eval_greedy_500.json", fmt="*",
-              markersize=9, color="tab:purple", label="RL 60 steps from continued SFT (per seed)" if seed == 1 else None)
+        point(conv_x + summed_step_seconds(s11 / f"{rl60}_metrics.jsonl"), s11 / f"{rl60}_eval_greedy_500.json",
+              fmt="*", markersize=9, color="tab:purple",
+              label="RL 60 steps from continued SFT (per seed)" if seed == 1 else None)
         sft60 = f"from_continued_sft_continued_60_s{seed}"  # and more SFT for those 60 steps' summed step time
         point(conv_x + sft_steps(s11 / f"{sft60}_metrics.jsonl") * step_s, s11 / f"{sft60}_eval_greedy_500.json",
               fmt="p", markersize=8, color="tab:olive",

@@ -60,12 +60,14 @@ def main(argv: list[str] | None = None) -> None:
     for bucket, (steps, probs) in curves.items():
         left.plot(steps, probs, marker="o", ms=3, label=bucket, linestyle="-" if bucket.startswith("n3") else "--")
     left.axhline(1 / len(curves), color="grey", lw=0.8, label="uniform")
-    left.set(xlabel="RL step", ylabel="probability of drawing the bucket", title="SEC bandit over (numbers, target band)")
+    left.set(xlabel="RL step", ylabel="probability of drawing the bucket",
+             title="SEC bandit over (numbers, target band)")
     left.legend(fontsize=7, ncol=2)
     for name, records in (("SEC curriculum", sec), ("uniform", uniform)):
         points = [(r["step"], r["completion/truncated_frac"]) for r in records if "completion/truncated_frac" in r]
         right.plot(*zip(*points), marker="o", ms=3, label=name)
-    right.set(xlabel="RL step", ylabel="share of training samples cut", title="Training samples cut at the token budget")
+    right.set(xlabel="RL step", ylabel="share of training samples cut",
+              title="Training samples cut at the token budget")
     right.legend()
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)

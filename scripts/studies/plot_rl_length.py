@@ -22,7 +22,6 @@ input.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from rlft.eval.countdown import paired_difference, read_eval_file
 from rlft.eval.report import save_panels

@@ -92,8 +92,9 @@ def leader(reference: dict, rows: list[dict]) -> tuple[str | None, str]:
         return best["name"], f"{best['name']} scores {best['score']:.3f} >= the on-policy {bar:.3f}"
     half = best.get("half_score")
     if half is None:
-        return None, (f"undecided: the best, {best['name']}, scores {best['score']:.3f} < the on-policy {bar:.3f}, and its "
-                      f"step-{HALF_STEP} model is not evaluated yet (scripts/countdown_ablation.py checkpoint)")
+        return None, (
+            f"undecided: the best, {best['name']}, scores {best['score']:.3f} < the on-policy {bar:.3f}, and its "
+            f"step-{HALF_STEP} model is not evaluated yet (scripts/countdown_ablation.py checkpoint)")
     if half >= bar:
         return best["name"], (f"{best['name']}'s step-{HALF_STEP} model (half the samples) scores {half:.3f} >= the "
                               f"on-policy run's {bar:.3f} at its end")
@@ -114,10 +115,12 @@ def paired_cell(reference: dict, result, path: Path) -> str:
 
 def table(reference: dict, rows: list[dict]) -> str:
     """Markdown: one line per run, the reference first; the end score paired against the reference's."""
-    lines = ["| run | reuse | r | steps | samples generated | tokens generated | tokens trained | FLOPs | step time (min) "
-             "| replayed share | in-loop (step: score) | end score (cut) | minus on-policy [95% CI] "
-             f"| step-{HALF_STEP} model (cut) | its minus on-policy's end [95% CI] |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | reuse | r | steps | samples generated | tokens generated | tokens trained | FLOPs | step time (min) "
+        "| replayed share | in-loop (step: score) | end score (cut) | minus on-policy [95% CI] "
+        f"| step-{HALF_STEP} model (cut) | its minus on-policy's end [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    ]
     for row in [reference, *rows]:
         inloop = ", ".join(f"{step}: {score:.3f}" for step, score in sorted(row["inloop"].items())) or "-"
         end, paired = "still training", "-"
@@ -129,9 +132,11 @@ def table(reference: dict, rows: list[dict]) -> str:
         if row.get("half_end") is not None:
             half = f"{row['half_score']:.3f} ({row['half_result'].truncated_rate:.0%})"
             half_paired = paired_cell(reference, row["half_result"], row["half_end"])
-        lines.append(f"| {row['name']} | {row['method']} | {row['r']} | {row['steps']} | {fmt(row['samples'])} | "
-                     f"{fmt(row['generated'])} | {fmt(row['trained'])} | {fmt(row['flops'], '.2e')} | "
-                     f"{row['step_s'] / 60:.1f} | {row['replay_share']:.2f} | {inloop} | {end} | {paired} | {half} | {half_paired} |")
+        lines.append(
+            f"| {row['name']} | {row['method']} | {row['r']} | {row['steps']} | {fmt(row['samples'])} | "
+            f"{fmt(row['generated'])} | {fmt(row['trained'])} | {fmt(row['flops'], '.2e')} | "
+            f"{row['step_s'] / 60:.1f} | {row['replay_share']:.2f} | {inloop} | {end} | {paired} | {half} | {half_paired} |"
+        )
     return "\n".join(lines)
 
 
@@ -179,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("runs/real/ablation"), help="the ablation's run folder")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--split", choices=["validation", "test"], default="validation", help="the end evaluation's rows")
+    parser.add_argument("--split", choices=["validation", "test"], default="validation",
+                        help="the end evaluation's rows")
     parser.add_argument("--tasks", type=int, default=500, help="rows of the end evaluation (eval_*_<N>.json)")
     parser.add_argument("--reference", default="real_sft_patient_grpo", help="the on-policy run (r = 1)")
     parser.add_argument("--start", default="real_sft_patient", help="the variant every run starts from")

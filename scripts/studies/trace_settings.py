@@ -89,7 +89,8 @@ def trace_stats(prompts: Sequence[str], completions: Sequence[str], ground_truth
     from rlft.rewards.countdown import score_completions
 
     if not len(completions) == len(ground_truths) == len(token_counts):
-        raise ValueError(f"{len(completions)} completions, {len(ground_truths)} ground truths, {len(token_counts)} counts")
+        raise ValueError(
+            f"{len(completions)} completions, {len(ground_truths)} ground truths, {len(token_counts)} counts")
     correct = [s == 1.0 for s in score_completions(prompts, completions, ground_truths)]
     sizes = [len(gt["numbers"]) for gt in ground_truths]
     ok_tokens = [n for n, c in zip(token_counts, correct) if c]
@@ -136,11 +137,18 @@ def measure(setting: Setting, num_train: int, tokenizer, heldout: str = HELDOUT)
 
 
 COLUMNS = (  # (header, key, format)
-    ("correct", "correct", "{:.1%}"), ("correct, 3", "correct3", "{:.1%}"), ("correct, 4", "correct4", "{:.1%}"),
-    ("tokens, all", "tokens", "{:.1f}"), ("tokens, correct", "correct_tokens", "{:.1f}"),
-    ("tokens correct, 3", "correct_tokens3", "{:.1f}"), ("tokens correct, 4", "correct_tokens4", "{:.1f}"),
-    ("p90 correct", "correct_p90", "{}"), ("max correct", "correct_max", "{}"),
-    (f"> {BUDGET} tokens", "over_budget", "{:.2%}"), ("lines", "lines", "{:.2f}"), ("correct traces", "n_correct", "{:,}"),
+    ("correct", "correct", "{:.1%}"),
+    ("correct, 3", "correct3", "{:.1%}"),
+    ("correct, 4", "correct4", "{:.1%}"),
+    ("tokens, all", "tokens", "{:.1f}"),
+    ("tokens, correct", "correct_tokens", "{:.1f}"),
+    ("tokens correct, 3", "correct_tokens3", "{:.1f}"),
+    ("tokens correct, 4", "correct_tokens4", "{:.1f}"),
+    ("p90 correct", "correct_p90", "{}"),
+    ("max correct", "correct_max", "{}"),
+    (f"> {BUDGET} tokens", "over_budget", "{:.2%}"),
+    ("lines", "lines", "{:.2f}"),
+    ("correct traces", "n_correct", "{:,}"),
 )
 
 
@@ -163,23 +171,29 @@ def findings(rows: Sequence[tuple[Setting, Mapping[str, Any]]]) -> list[str]:
         a = by[START]
         g6 = [(st, s) for st, s in bounded if st.max_tries == START.max_tries]
         lo = min(g6, key=lambda r: r[0].give_up)
-        out.append(f"As give_up falls from {START.give_up:g} to {lo[0].give_up:g} (max_tries {START.max_tries}), the share "
-                   f"correct rises from {a['correct']:.1%} to {lo[1]['correct']:.1%} (4-number: {a['correct4']:.1%} to "
-                   f"{lo[1]['correct4']:.1%}), and a correct 4-number trace grows from {a['correct_tokens4']:.1f} to "
-                   f"{lo[1]['correct_tokens4']:.1f} tokens on average (3-number: {a['correct_tokens3']:.1f} to "
-                   f"{lo[1]['correct_tokens3']:.1f}); lines per trace {a['lines']:.2f} to {lo[1]['lines']:.2f}.")
+        out.append(
+            f"As give_up falls from {START.give_up:g} to {lo[0].give_up:g} (max_tries {START.max_tries}), the share "
+            f"correct rises from {a['correct']:.1%} to {lo[1]['correct']:.1%} (4-number: {a['correct4']:.1%} to "
+            f"{lo[1]['correct4']:.1%}), and a correct 4-number trace grows from {a['correct_tokens4']:.1f} to "
+            f"{lo[1]['correct_tokens4']:.1f} tokens on average (3-number: {a['correct_tokens3']:.1f} to "
+            f"{lo[1]['correct_tokens3']:.1f}); lines per trace {a['lines']:.2f} to {lo[1]['lines']:.2f}.")
         best = max(bounded, key=lambda r: r[1]["correct"])
-        out.append(f"The most correct bounded setting is {best[0].name}: {best[1]['correct']:.1%} correct "
-                   f"({best[1]['n_correct']:,} traces for a correct-only SFT, against {a['n_correct']:,} at the start's "
-                   f"setting), its correct traces {best[1]['correct_tokens']:.1f} tokens on average (start: "
-                   f"{a['correct_tokens']:.1f}), p90 {best[1]['correct_p90']} (start: {a['correct_p90']}).")
+        out.append(
+            f"The most correct bounded setting is {best[0].name}: {best[1]['correct']:.1%} correct "
+            f"({best[1]['n_correct']:,} traces for a correct-only SFT, against {a['n_correct']:,} at the start's "
+            f"setting), its correct traces {best[1]['correct_tokens']:.1f} tokens on average (start: "
+            f"{a['correct_tokens']:.1f}), p90 {best[1]['correct_p90']} (start: {a['correct_p90']}).")
         t10 = [(st, s) for st, s in bounded if st.max_tries == 10 and Setting("bounded", give_up=st.give_up) in by]
         if t10:
             gain = {st.give_up: s["correct"] - by[Setting("bounded", give_up=st.give_up)]["correct"] for st, s in t10}
             top = max(gain, key=gain.get)
-            out.append(f"max_tries 10 instead of 6 changes the share correct by {min(gain.values()):+.1%} to "
-                       f"{gain[top]:+.1%} across give_up {', '.join(f'{g:g}' for g in gain)} (most at give_up {top:g}).")
-        both = [st.name for st, s in rows if s["correct"] > a["correct"] and (s["correct_tokens"] or 0) < a["correct_tokens"]]
+            out.append(
+                f"max_tries 10 instead of 6 changes the share correct by {min(gain.values()):+.1%} to "
+                f"{gain[top]:+.1%} across give_up {', '.join(f'{g:g}' for g in gain)} (most at give_up {top:g}).")
+        both = [
+            st.name for st, s in rows
+            if s["correct"] > a["correct"] and (s["correct_tokens"] or 0) < a["correct_tokens"]
+        ]
         out.append(f"Settings both more often correct and shorter when correct than the start's ({a['correct']:.1%}, "
                    f"{a['correct_tokens']:.1f} tokens): {', '.join(both) if both else 'none'}.")
     longest = max(rows, key=lambda r: r[1]["correct_max"] or 0)

@@ -131,30 +131,35 @@ def fmt(d: dict) -> str:
 
 
 def markdown(reports: list[dict], n: int, pooled: dict) -> str:
-    lines = [f"| UltraFeedback, {reports[0][f'bon{n}']['n']} prompts, vs greedy | " + " | ".join(f"seed {r['seed']}" for r in reports)
-             + " | both seeds |", "|---|" + "---|" * (len(reports) + 1)]
+    lines = [
+        f"| UltraFeedback, {reports[0][f'bon{n}']['n']} prompts, vs greedy | " +
+        " | ".join(f"seed {r['seed']}" for r in reports) + " | both seeds |", "|---|" + "---|" * (len(reports) + 1)
+    ]
 
     def wr(s: dict) -> str:
         return f"{s['win_rate']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
 
-    lines.append(f"| best of {n} by the selector: win-rate (Wilson 95%) | " + " | ".join(wr(r[f"bon{n}"]) for r in reports)
-                 + f" | {pooled[f'bon{n}']:.3f} |")
-    lines.append("| one sample: win-rate | " + " | ".join(wr(r["bon1"]) for r in reports) + f" | {pooled['bon1']:.3f} |")
+    lines.append(f"| best of {n} by the selector: win-rate (Wilson 95%) | " +
+                 " | ".join(wr(r[f"bon{n}"]) for r in reports) + f" | {pooled[f'bon{n}']:.3f} |")
+    lines.append("| one sample: win-rate | " + " | ".join(wr(r["bon1"]) for r in reports) +
+                 f" | {pooled['bon1']:.3f} |")
     lines.append(f"| best of {n} minus one sample, paired (better / worse prompts) | "
                  + " | ".join(fmt(r[f"bon{n}_minus_bon1"]) for r in reports) + f" | {fmt(pooled['bon_minus_bon1'])} |")
     if "selected_minus_random" in reports[0]:
-        lines.append(f"| rescored: the selector's pick, win-rate (labels that differ from the run's) | "
-                     + " | ".join(f"{r['rescored_win_rate']:.3f} ({r['rescoring_mismatches']})" for r in reports) + " | |")
-        lines.append(f"| rescored: random pick among the same {n}, win-rate | " + " | ".join(f"{r['random_win_rate']:.3f}" for r in reports)
-                     + f" | {pooled['random']:.3f} |")
-        lines.append(f"| rescored: selector's pick minus random pick, same samples, paired | "
-                     + " | ".join(fmt(r["selected_minus_random"]) for r in reports) + f" | {fmt(pooled['selected_minus_random'])} |")
+        lines.append("| rescored: the selector's pick, win-rate (labels that differ from the run's) | " +
+                     " | ".join(f"{r['rescored_win_rate']:.3f} ({r['rescoring_mismatches']})" for r in reports) +
+                     " | |")
+        lines.append(f"| rescored: random pick among the same {n}, win-rate | " +
+                     " | ".join(f"{r['random_win_rate']:.3f}" for r in reports) + f" | {pooled['random']:.3f} |")
+        lines.append("| rescored: selector's pick minus random pick, same samples, paired | " +
+                     " | ".join(fmt(r["selected_minus_random"]) for r in reports) +
+                     f" | {fmt(pooled['selected_minus_random'])} |")
         lines.append(f"| rescored: the judge's own best of {n} (upper bound, as judged) | "
                      + " | ".join(f"{r['judge_best_win_rate']:.3f}" for r in reports) + " | |")
         lines.append("| selector-judge agreement on candidate pairs (0.5 = chance) | "
                      + " | ".join(f"{r['agreement']:.3f} ({r['agreement_pairs']} pairs)" for r in reports) + " | |")
-        lines.append("| mean words: the selector's pick / all candidates / greedy | "
-                     + " | ".join("{picked:.0f} / {candidates:.0f} / {reference:.0f}".format(**r["mean_words"]) for r in reports) + " | |")
+        lines.append("| mean words: the selector's pick / all candidates / greedy | " + " | ".join(
+            "{picked:.0f} / {candidates:.0f} / {reference:.0f}".format(**r["mean_words"]) for r in reports) + " | |")
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +174,8 @@ def pool(reports: list[dict], n: int) -> dict:
            "bon_minus_bon1": paired_difference(column(mean_over_seeds(f"bon{n}")), column(mean_over_seeds("bon1")))}
     if "random" in reports[0]["_labels"]:
         out["random"] = sum(mean_over_seeds("random")) / len(reports[0]["_rows"])
-        out["selected_minus_random"] = paired_difference(column(mean_over_seeds("picked")), column(mean_over_seeds("random")))
+        out["selected_minus_random"] = paired_difference(column(mean_over_seeds("picked")),
+                                                         column(mean_over_seeds("random")))
     return out
 
 

@@ -225,8 +225,9 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, extra_state: dict | None = None, keep: int = 2,
-                    config=None, model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, scheduler, extra_state: dict | None = None,
+                    keep: int = 2, config=None, model_state: dict | None = None,
+                    optimizer_state: dict | None = None) -> Path:
     """Write ``run_dir/checkpoints/step-XXXXXXXX`` atomically (with its manifest), point ``latest`` at
     it, keep the newest ``keep`` checkpoints. ``config`` (the run's config dataclass): also write
     ``run_dir/config.yaml`` (:func:`write_run_config`) once the checkpoint is complete.

@@ -28,7 +28,8 @@ from rlft.console import console, setup_logging
 from rlft.validation import OptionError, UsageError
 
 
-def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type, Callable[[Any], Any], str, dict[str, Any]]]:
+def _commands(
+) -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type, Callable[[Any], Any], str, dict[str, Any]]]:
     """Command name -> ``(config class, run function, one-line help[, defaults])``: ``defaults`` (a dict of field
     values) replace the class's own defaults, under ``--config`` values and flags."""
     from rlft.eval.compare import EvalCompareConfig, run_eval_compare
@@ -46,17 +47,43 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str] | tuple[type
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
-        "demo": (DemoConfig, run_demo, "End-to-end demo with report: Countdown (base -> SFT -> filtered SFT -> RL / RPO, Countdown-Tasks-3to4) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."),
-        "sft": (SFTConfig, train_sft, "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."),
-        "rl": (RLConfig, train_rl, f"RL loop with a chosen advantage estimator (--advantage {'|'.join(ADVANTAGES)}) and loss (--loss {'|'.join(POLICY_LOSSES)}), group filtering, LoRA."),
-        "rloo": (RLConfig, train_rl, "RLOO (REINFORCE, leave-one-out baseline): `rlft rl` with --advantage rloo --loss reinforce --loss-mode seq_sum --output-dir runs/rloo as defaults.", RLOO_DEFAULTS),
-        "pairs countdown": (PairsConfig, make_countdown_pairs, "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."),
-        "dpo": (DPOConfig, train_dpo, "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data (UltraFeedback, HH)."),
+        "demo": (
+            DemoConfig, run_demo,
+            "End-to-end demo with report: Countdown (base -> SFT -> filtered SFT -> RL / RPO, Countdown-Tasks-3to4) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."
+        ),
+        "sft": (
+            SFTConfig, train_sft,
+            "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."
+        ),
+        "rl": (
+            RLConfig, train_rl,
+            f"RL loop with a chosen advantage estimator (--advantage {'|'.join(ADVANTAGES)}) and loss (--loss {'|'.join(POLICY_LOSSES)}), group filtering, LoRA."
+        ),
+        "rloo": (
+            RLConfig, train_rl,
+            "RLOO (REINFORCE, leave-one-out baseline): `rlft rl` with --advantage rloo --loss reinforce --loss-mode seq_sum --output-dir runs/rloo as defaults.",
+            RLOO_DEFAULTS),
+        "pairs countdown": (
+            PairsConfig, make_countdown_pairs,
+            "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."
+        ),
+        "dpo": (
+            DPOConfig, train_dpo,
+            "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data (UltraFeedback, HH)."
+        ),
         "rm": (RMConfig, train_rm, "Bradley-Terry reward model (scalar head on a causal LM) on preference pairs."),
-        "eval countdown": (EvalCountdownConfig, run_eval_countdown, "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
-        "eval compare": (EvalCompareConfig, run_eval_compare, "Paired difference B - A of `eval countdown --output` files of the same tasks (mixed, 3 and 4 numbers), 95% CI; BASE X Y ...: Holm across the batch."),
-        "eval ledger": (EvalLedgerConfig, run_eval_ledger, "Count the test looks a ledger (test_looks.jsonl: one line per test evaluation) records, with a table per model."),
-        "eval winrate": (WinrateConfig, run_winrate, "Win-rate of a policy vs a reference, judged by a local reward model or a remote reward API."),
+        "eval countdown": (EvalCountdownConfig, run_eval_countdown,
+                           "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
+        "eval compare": (
+            EvalCompareConfig, run_eval_compare,
+            "Paired difference B - A of `eval countdown --output` files of the same tasks (mixed, 3 and 4 numbers), 95% CI; BASE X Y ...: Holm across the batch."
+        ),
+        "eval ledger": (
+            EvalLedgerConfig, run_eval_ledger,
+            "Count the test looks a ledger (test_looks.jsonl: one line per test evaluation) records, with a table per model."
+        ),
+        "eval winrate": (WinrateConfig, run_winrate,
+                         "Win-rate of a policy vs a reference, judged by a local reward model or a remote reward API."),
     }
 
 
@@ -64,10 +91,12 @@ def _usage(commands) -> str:
     lines = ["usage: rlft <command> [--config FILE.yaml] [options]", "", "commands:"]
     width = max(len(name) for name in commands)
     lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_, *_) in commands.items()]
-    lines += ["", "Run `rlft <command> --help` for a command's options; `--config FILE.yaml` supplies defaults;",
-              "several --config files merge in order (later ones win); `--dry-run` parses and validates the options, runs",
-              "the checks of the output folder and files, and prints the plan (where each value comes from) without running;",
-              "`--debug` shows tracebacks."]
+    lines += [
+        "", "Run `rlft <command> --help` for a command's options; `--config FILE.yaml` supplies defaults;",
+        "several --config files merge in order (later ones win); `--dry-run` parses and validates the options, runs",
+        "the checks of the output folder and files, and prints the plan (where each value comes from) without running;",
+        "`--debug` shows tracebacks."
+    ]
     return "\n".join(lines)
 
 
@@ -89,7 +118,8 @@ def _pop_configs(args: list[str]) -> tuple[list[str], list[str]]:
     return paths, rest
 
 
-def load_config_defaults(cls: type, path: str | list[str], preset: dict[str, Any] | None = None, command: str | None = None):
+def load_config_defaults(cls: type, path: str | list[str], preset: dict[str, Any] | None = None,
+                         command: str | None = None):
     """Build ``cls`` from one YAML file or several (merged in order, later files winning key by key) over ``preset``
     (a command's defaults, e.g. ``rlft rloo``'s; None: the class's own); see :mod:`rlft.config_files`.
 
@@ -234,9 +264,12 @@ def _one_line(error: BaseException) -> str:
     """An exception as one line: rlft's own errors (and ValueError/OSError) by their message, others
     with their type and a hint at --debug."""
     text = " ".join(str(error).split()) or type(error).__name__
-    if isinstance(error, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)) and error.filename and str(error.filename) not in text:
+    if isinstance(error, (FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                          PermissionError)) and error.filename and str(error.filename) not in text:
         text = f"{error.filename}: {error.strerror or text}"
-    if isinstance(error, (ValueError, OSError, ConnectionError, KeyboardInterrupt)) or type(error).__module__.startswith("rlft"):
+    if isinstance(
+            error,
+        (ValueError, OSError, ConnectionError, KeyboardInterrupt)) or type(error).__module__.startswith("rlft"):
         return text
     return f"{type(error).__name__}: {text} (rerun with --debug for the traceback)"
 

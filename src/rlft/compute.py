@@ -83,8 +83,10 @@ class RunTotals:
     trained_tokens: float = 0.0
     flops: float = 0.0
 
-    KEYS = {"samples": "samples/total", "generated_tokens": "tokens/generated_total", "trained_tokens": "tokens/trained_total",
-            "flops": "flops/estimated"}
+    KEYS = {
+        "samples": "samples/total", "generated_tokens": "tokens/generated_total",
+        "trained_tokens": "tokens/trained_total", "flops": "flops/estimated"
+    }
     """Field -> metric name of each cumulative value."""
 
     @classmethod
@@ -106,5 +108,9 @@ class RunTotals:
         self.samples += samples
         self.generated_tokens += counts["generated_tokens"]
         self.trained_tokens += counts["trained_tokens"]
-        self.flops += 6 * n * counts["trained_seq_tokens"] + 2 * n * (counts["scored_tokens"] + counts["generated_tokens"])
-        return {"tokens/generated": counts["generated_tokens"], "tokens/trained": counts["trained_tokens"], **self.current()}
+        self.flops += 6 * n * counts["trained_seq_tokens"] + 2 * n * (counts["scored_tokens"] +
+                                                                      counts["generated_tokens"])
+        return {
+            "tokens/generated": counts["generated_tokens"], "tokens/trained": counts["trained_tokens"],
+            **self.current()
+        }

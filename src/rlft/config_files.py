@@ -47,7 +47,8 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
             continue
         seen[key] = line
         if first is not None:
-            raise DuplicateKeyError(f"key {key!r} appears twice (lines {first} and {line}); the last one would silently win")
+            raise DuplicateKeyError(
+                f"key {key!r} appears twice (lines {first} and {line}); the last one would silently win")
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
@@ -110,7 +111,8 @@ def _coerce(value: Any, annotation: Any) -> Any:
     return value
 
 
-def read_config_file(cls: type, path: str, command: str | None = None, commands: list[str] | None = None) -> dict[str, Any]:
+def read_config_file(cls: type, path: str, command: str | None = None,
+                     commands: list[str] | None = None) -> dict[str, Any]:
     """The option values of one config file for ``cls`` (field names, values coerced like flags; not validated yet).
 
     ``command``: the command being run; with ``commands`` (every command name) a ``# rlft <other>`` header is refused.
@@ -126,8 +128,9 @@ def read_config_file(cls: type, path: str, command: str | None = None, commands:
     if command is not None and commands:
         named = header_command(text, commands)
         if named is not None and named != command:
-            raise OptionError(f"--config {path} is a config of `rlft {named}` (its first line), not of `rlft {command}`: "
-                              f"run `rlft {named} --config {path}`, or change its first line")
+            raise OptionError(
+                f"--config {path} is a config of `rlft {named}` (its first line), not of `rlft {command}`: "
+                f"run `rlft {named} --config {path}`, or change its first line")
     try:
         loaded = yaml.load(text, Loader=_UniqueKeyLoader) or {}
     except DuplicateKeyError as e:
@@ -141,7 +144,8 @@ def read_config_file(cls: type, path: str, command: str | None = None, commands:
     known = {f.name for f in fields(cls)}
     values = {str(key).replace("-", "_"): value for key, value in loaded.items()}
     if len(values) < len(loaded):
-        twice = sorted(str(k) for k in loaded if sum(str(o).replace("-", "_") == str(k).replace("-", "_") for o in loaded) > 1)
+        twice = sorted(
+            str(k) for k in loaded if sum(str(o).replace("-", "_") == str(k).replace("-", "_") for o in loaded) > 1)
         raise OptionError(f"--config {path}: an option is given twice, spelled with '-' and '_' ({', '.join(twice)})")
     unknown = sorted(set(values) - known)
     if unknown:

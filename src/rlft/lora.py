@@ -116,8 +116,9 @@ def apply_lora(model: torch.nn.Module, settings: LoRASettings, *, adapter_from: 
         head = next((name for name, module in model.named_modules() if module is out), "")
         names = [t.strip() for t in settings.target_modules.split(",")]
         if head and any(head == t or head.endswith("." + t) for t in names):
-            raise ValueError(f"LoRA on {head!r}: the model ties it to the input embeddings, so merging the adapter would "
-                             "change both; leave the output layer out of --lora-target-modules")
+            raise ValueError(
+                f"LoRA on {head!r}: the model ties it to the input embeddings, so merging the adapter would "
+                "change both; leave the output layer out of --lora-target-modules")
     try:
         peft_model = get_peft_model(model, _peft_config(settings, model))
     except ValueError as e:
@@ -163,9 +164,13 @@ def check_targets(model: torch.nn.Module, target_modules: str) -> None:
     wanted = [t.strip() for t in target_modules.split(",") if t.strip()]
     missing = [t for t in wanted if not any(name == t or name.endswith("." + t) for name in names)]
     if missing:
-        linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)})
-        raise OptionError(f"--lora-target-modules: {', '.join(map(repr, missing))} {'matches' if len(missing) == 1 else 'match'} no module of "
-                          f"{type(model).__name__} (its linear layers: {', '.join(linear)}; or 'all-linear')")
+        linear = sorted({
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+        })
+        raise OptionError(
+            f"--lora-target-modules: {', '.join(map(repr, missing))} {'matches' if len(missing) == 1 else 'match'} no module of "
+            f"{type(model).__name__} (its linear layers: {', '.join(linear)}; or 'all-linear')")
 
 
 def is_lora(model: torch.nn.Module) -> bool:

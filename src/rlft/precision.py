@@ -127,9 +127,10 @@ def non_finite_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     return bad
 
 
-FLOAT16_TRAINING = ("--dtype float16 would train float16 weights and optimizer state, with no float32 master copy and no "
-                    "loss scaling: small updates round away and gradients overflow (NaN within a few steps). Train with "
-                    "--dtype auto (bfloat16 on CUDA), bfloat16 or float32; float16 is for evaluation and sampling only")
+FLOAT16_TRAINING = (
+    "--dtype float16 would train float16 weights and optimizer state, with no float32 master copy and no "
+    "loss scaling: small updates round away and gradients overflow (NaN within a few steps). Train with "
+    "--dtype auto (bfloat16 on CUDA), bfloat16 or float32; float16 is for evaluation and sampling only")
 
 
 def check_training_dtype(dtype: "str | torch.dtype | None") -> None:

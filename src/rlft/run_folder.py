@@ -106,7 +106,8 @@ def config_differences(saved: dict, cfg: Any) -> dict[str, tuple[Any, Any]]:
             continue
         if name == "max_steps" and isinstance(value, int) and isinstance(saved[name], int) and value >= saved[name]:
             continue
-        if moved and isinstance(value, str) and isinstance(saved[name], str) and _relocated(saved[name], moved) == _absolute(value):
+        if moved and isinstance(value, str) and isinstance(saved[name], str) and _relocated(saved[name],
+                                                                                            moved) == _absolute(value):
             continue
         out[name] = (saved[name], value)
     return out
@@ -247,8 +248,9 @@ def check_run_dir(cfg: Any, output_dir: str | Path | None = None, *, notes: bool
             log.info("--resume: no run in %s yet, starting a new one", path)
         return RunFolder(path, False, False, resume)
     if not resume:
-        raise RunFolderError(f"output folder {path} already holds a run ({', '.join(found)}); "
-                             "pass --resume to continue it or --overwrite to replace it (or choose another --output-dir)")
+        raise RunFolderError(
+            f"output folder {path} already holds a run ({', '.join(found)}); "
+            "pass --resume to continue it or --overwrite to replace it (or choose another --output-dir)")
     _check_resume_config(path, cfg, {o.replace("-", "_") for o in overrides}, notes)
     return RunFolder(path, True, False, True)
 
@@ -260,7 +262,9 @@ def _as_flag(name: str, value: Any) -> str:
     if isinstance(value, bool):
         return option if value else f"--no-{option[2:]}"
     items = value if isinstance(value, (list, tuple)) else [value]
-    return " ".join([option, *(repr(v) if isinstance(v, str) and (not v or any(c.isspace() for c in v)) else str(v) for v in items)])
+    return " ".join([
+        option, *(repr(v) if isinstance(v, str) and (not v or any(c.isspace() for c in v)) else str(v) for v in items)
+    ])
 
 
 def _check_movable(path: Path) -> None:
@@ -270,7 +274,8 @@ def _check_movable(path: Path) -> None:
         raise RunFolderError(f"--overwrite would move {path} aside, and it holds the current folder {cwd}; "
                              "run from another folder, or name a new subfolder as --output-dir")
     if os.path.ismount(target):
-        raise RunFolderError(f"--overwrite cannot move {path} aside: it is a mount point; name a subfolder as --output-dir")
+        raise RunFolderError(
+            f"--overwrite cannot move {path} aside: it is a mount point; name a subfolder as --output-dir")
 
 
 def _check_resume_config(path: Path, cfg: Any, overrides: set[str], notes: bool = True) -> None:
@@ -282,7 +287,8 @@ def _check_resume_config(path: Path, cfg: Any, overrides: set[str], notes: bool 
     try:
         saved = yaml.safe_load(config.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise RunFolderError(f"--resume: {config} is unreadable ({type(e).__name__}); pass --overwrite to start over") from None
+        raise RunFolderError(
+            f"--resume: {config} is unreadable ({type(e).__name__}); pass --overwrite to start over") from None
     if not isinstance(saved, dict):
         raise RunFolderError(f"--resume: {config} does not hold a mapping of options; pass --overwrite to start over")
     diffs = config_differences(saved, cfg)
@@ -318,7 +324,8 @@ def model_folder_file(folder: Path) -> str | None:
     return next((name for name in MODEL_FOLDER_FILES if (Path(folder) / name).is_file()), None)
 
 
-def check_output_file(path: str | Path, *, option: str = "--output", overwrite: bool = False, also: tuple[Path, ...] = ()) -> Path:
+def check_output_file(path: str | Path, *, option: str = "--output", overwrite: bool = False,
+                      also: tuple[Path, ...] = ()) -> Path:
     """Check that a command may write the file ``path`` (and its companion files ``also``, e.g. ``<name>.stats.json``),
     before any work: the rule of run folders for single files. Writes nothing; returns ``path`` as a ``Path``.
 

@@ -168,7 +168,8 @@ def read_metrics(path: str | Path) -> list[dict]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"{path}: no such file (a run's metrics.jsonl)")
-    lines = [(i, line) for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1) if line.strip()]
+    lines = [(i, line) for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if line.strip()]
     records = []
     for i, line in lines:
         try:
@@ -177,7 +178,8 @@ def read_metrics(path: str | Path) -> list[dict]:
             record = None
         if not isinstance(record, dict):
             if i == lines[-1][0]:
-                print(f"note: {path}: line {i} is cut short (a run killed mid-write, or still writing): left out", file=sys.stderr)
+                print(f"note: {path}: line {i} is cut short (a run killed mid-write, or still writing): left out",
+                      file=sys.stderr)
                 break
             raise ValueError(f"{path}: line {i} is not a JSON object (not a run's metrics.jsonl?)")
         records.append(record)

@@ -96,7 +96,8 @@ def _import(name: str):
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        raise ImportError(f"--report-to {name} needs the {name} package, which is not installed: pip install 'rlft[{name}]'") from e
+        raise ImportError(
+            f"--report-to {name} needs the {name} package, which is not installed: pip install 'rlft[{name}]'") from e
 
 
 def _config_dict(config) -> dict:
@@ -128,7 +129,8 @@ def open_tracker(report_to: str, run_dir: Path, config=None) -> Tracker | None:
         return _ModuleTracker(wandb, run)
     if report_to == "trackio":
         trackio = _import("trackio")
-        run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlft"), name=run_dir.name, config=_config_dict(config))
+        run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlft"), name=run_dir.name,
+                           config=_config_dict(config))
         return _ModuleTracker(trackio, run)
     raise ValueError(f"unknown --report-to {report_to!r}; choose from {', '.join(REPORT_TO)}")
 

@@ -81,19 +81,61 @@ def check_step_count(steps: float, source: str) -> None:
 
 RULES: dict[str, Rule] = {
     # counts: at least one
-    **{name: POSITIVE_INT for name in (
-        "batch_size", "steps", "max_steps", "limit", "k", "num_train", "num_rows", "best_of_n", "num_prompts", "num_samples", "samples",
-        "prompts", "max_length", "max_new_tokens", "max_prompt_length", "max_prompt_tokens", "max_concurrency",
-        "ppo_epochs", "prompts_per_step", "keep_checkpoints", "train_layers", "train_pairs", "max_prompt_batches",
-        "max_tries", "max_tokens_per_micro_batch", "max_tokens", "seeds",
-    )},
+    **{
+        name: POSITIVE_INT
+        for name in (
+            "batch_size",
+            "steps",
+            "max_steps",
+            "limit",
+            "k",
+            "num_train",
+            "num_rows",
+            "best_of_n",
+            "num_prompts",
+            "num_samples",
+            "samples",
+            "prompts",
+            "max_length",
+            "max_new_tokens",
+            "max_prompt_length",
+            "max_prompt_tokens",
+            "max_concurrency",
+            "ppo_epochs",
+            "prompts_per_step",
+            "keep_checkpoints",
+            "train_layers",
+            "train_pairs",
+            "max_prompt_batches",
+            "max_tries",
+            "max_tokens_per_micro_batch",
+            "max_tokens",
+            "seeds",
+        )
+    },
     # counts where 0 means "off" / "none"
-    **{name: NON_NEGATIVE for name in (
-        "save_every", "eval_every", "max_retries", "start", "top_k", "max_dead_ends", "report_examples",
-        "eval_prompts", "heldout_size", "passk", "passk_limit", "standard_limit", "real_limit",
-        "rl_steps", "pairs_prompts", "filtered_steps",  # the demo: 0 skips the stage
-        "overlong_buffer",  # rl: 0 (or None) is off
-    )},
+    **{
+        name: NON_NEGATIVE
+        for name in (
+            "save_every",
+            "eval_every",
+            "max_retries",
+            "start",
+            "top_k",
+            "max_dead_ends",
+            "report_examples",
+            "eval_prompts",
+            "heldout_size",
+            "passk",
+            "passk_limit",
+            "standard_limit",
+            "real_limit",
+            "rl_steps",
+            "pairs_prompts",
+            "filtered_steps",  # the demo: 0 skips the stage
+            "overlong_buffer",  # rl: 0 (or None) is off
+        )
+    },
     # rates and coefficients
     "lr": POSITIVE,
     "epochs": POSITIVE,
@@ -133,7 +175,8 @@ type allows it) always passes: it means unset."""
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 CHOICES: dict[str, tuple[Callable[[str], bool], Callable[[], str]]] = {
-    "dtype": (lambda v: v in ("auto", "float32", "bfloat16", "float16"), lambda: "one of 'auto', 'float32', 'bfloat16', 'float16'"),
+    "dtype": (lambda v: v in
+              ("auto", "float32", "bfloat16", "float16"), lambda: "one of 'auto', 'float32', 'bfloat16', 'float16'"),
     "device": (lambda v: bool(_DEVICE.match(v)), lambda: "'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
 }
 """Enumerations typed ``str``, by field name: ``(is valid, what is)``. Names whose choices live in a higher layer
@@ -164,7 +207,8 @@ def _describe(annotation: Any) -> str:
         return f"a list of {_describe(typing.get_args(annotation)[0]).removeprefix('a ').removeprefix('an ')}s"
     if annotation is type(None):
         return "None"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(annotation, str(annotation))
+    return {int: "an integer", float: "a number", str: "a string",
+            bool: "true or false"}.get(annotation, str(annotation))
 
 
 def type_matches(value: Any, annotation: Any) -> bool:
@@ -176,7 +220,9 @@ def type_matches(value: Any, annotation: Any) -> bool:
         return any(type_matches(value, a) for a in typing.get_args(annotation))
     if origin in (tuple, list):
         args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
-        return isinstance(value, (tuple, list)) and all(type_matches(v, args[0]) for v in value) if args else isinstance(value, (tuple, list))
+        return isinstance(value,
+                          (tuple, list)) and all(type_matches(v, args[0]) for v in value) if args else isinstance(
+                              value, (tuple, list))
     if annotation is type(None):
         return value is None
     if annotation is bool:

@@ -49,17 +49,23 @@ OPTION_CASES = [
     (["sft", "--warmup-ratio", "1.5"], "rlft sft: error: --warmup-ratio must lie in [0, 1], got 1.5"),
     (["sft", "--batch-size", "6"], "rlft sft: error: --batch-size 6 must be a multiple of --micro-batch-size 8"),
     (["sft", "--keep-checkpoints", "0"], "rlft sft: error: --keep-checkpoints must be >= 1, got 0"),
-    (["sft", "--resume", "--overwrite"], "rlft sft: error: --resume and --overwrite contradict each other: pass one of them"),
+    (["sft", "--resume",
+      "--overwrite"], "rlft sft: error: --resume and --overwrite contradict each other: pass one of them"),
     (["rloo", "--top-p", "1.5"], "rlft rloo: error: --top-p must lie in (0, 1], got 1.5"),
     (["eval", "winrate", "--max-retries", "-1"], "rlft eval winrate: error: --max-retries must be >= 0, got -1"),
     (["eval", "winrate", "--timeout", "0"], "rlft eval winrate: error: --timeout must be > 0, got 0.0"),
-    (["pairs", "countdown", "--num-samples", "1"], "rlft pairs countdown: error: num_samples must be >= 2 to form a pair, got 1"),
-    (["dpo", "--loss-type", "kto"], "rlft dpo: error: invalid choice 'kto' for argument '--loss-type'. Expected one of ('dpo', 'ipo', 'rpo')."),
-    (["sft", "--preset", "hard"], "rlft sft: error: --preset: expected one of 'cog_behav', 'easy3', 'medium3', 'standard', 'tiny', got 'hard'"),
-    (["eval", "countdown", "--dtype", "float64"], "rlft eval countdown: error: --dtype: expected one of 'auto', 'float32', 'bfloat16', 'float16', got 'float64'"),
+    (["pairs", "countdown", "--num-samples",
+      "1"], "rlft pairs countdown: error: num_samples must be >= 2 to form a pair, got 1"),
+    (["dpo", "--loss-type", "kto"],
+     "rlft dpo: error: invalid choice 'kto' for argument '--loss-type'. Expected one of ('dpo', 'ipo', 'rpo')."),
+    (["sft", "--preset", "hard"],
+     "rlft sft: error: --preset: expected one of 'cog_behav', 'easy3', 'medium3', 'standard', 'tiny', got 'hard'"),
+    (["eval", "countdown", "--dtype", "float64"],
+     "rlft eval countdown: error: --dtype: expected one of 'auto', 'float32', 'bfloat16', 'float16', got 'float64'"),
     (["sft", "--no-such-option", "1"], "rlft sft: error: Unrecognized options: --no-such-option, 1"),
     (["sft", "--lr"], "rlft sft: error: --lr: expected a value"),
-    (["sft", "--batch-size", "1.5"], "rlft sft: error: Error parsing --batch-size: invalid literal for int() with base 10: '1.5'"),
+    (["sft", "--batch-size",
+      "1.5"], "rlft sft: error: Error parsing --batch-size: invalid literal for int() with base 10: '1.5'"),
 ]
 
 
@@ -93,7 +99,8 @@ def test_bad_yaml_exits_2_with_one_line(capsys, name, message):
 
 def test_yaml_unknown_key(capsys):
     _, last, _ = run_cli(capsys, "sft", "--config", BAD / "unknown_key.yaml")
-    assert last.startswith(f"rlft sft: error: --config {BAD / 'unknown_key.yaml'}: unknown option(s) learning_rate; known: batch_size, ")
+    assert last.startswith(
+        f"rlft sft: error: --config {BAD / 'unknown_key.yaml'}: unknown option(s) learning_rate; known: batch_size, ")
 
 
 def test_yaml_numbers_in_exponent_form_are_numbers(tmp_path):
@@ -115,7 +122,8 @@ def data_args(model, data, out, *extra):
     ("not_a_list.json", "row 0: field '<file>': a .json file must hold a list of objects (or JSON Lines)"),
 ])
 def test_bad_data_exits_1_naming_file_row_and_field(capsys, tiny_model_dir, tmp_path, name, message):
-    assert_error(capsys, data_args(tiny_model_dir, BAD / name, tmp_path / "run"), 1, f"rlft sft: error: {BAD / name}: {message}")
+    assert_error(capsys, data_args(tiny_model_dir, BAD / name, tmp_path / "run"), 1,
+                 f"rlft sft: error: {BAD / name}: {message}")
     assert not (tmp_path / "run").exists()  # nothing written: the data was refused first
 
 
@@ -128,9 +136,14 @@ def test_a_directory_is_called_a_directory(capsys, tiny_model_dir, tmp_path):
 
 def test_unknown_parquet_layout_lists_its_columns(capsys, tiny_model_dir, tmp_path):
     path = BAD / "unknown_columns.parquet"
-    args = ["dpo", "--model", tiny_model_dir, "--data", path, "--data-format", "chat", "--output-dir", tmp_path / "run", "--device", "cpu"]
-    assert_error(capsys, args, 1, f"rlft dpo: error: {path}: row 0: field '<columns>': none of the columns prompt, chosen, rejected, "
-                                  "score_chosen, score_rejected, metadata, messages; the file has question, answer")
+    args = [
+        "dpo", "--model", tiny_model_dir, "--data", path, "--data-format", "chat", "--output-dir", tmp_path / "run",
+        "--device", "cpu"
+    ]
+    assert_error(
+        capsys, args, 1,
+        f"rlft dpo: error: {path}: row 0: field '<columns>': none of the columns prompt, chosen, rejected, "
+        "score_chosen, score_rejected, metadata, messages; the file has question, answer")
 
 
 def test_bad_countdown_row(capsys, tiny_model_dir):
@@ -149,8 +162,10 @@ def test_offline_hub_dataset_is_one_line(capsys, tiny_model_dir, tmp_path, monke
 
 
 def test_skip_invalid_skips_and_counts_a_non_utf8_line(capsys, tiny_model_dir, tmp_path):
-    code, _, err = run_cli(capsys, *data_args(tiny_model_dir, BAD / "non_utf8.jsonl", tmp_path / "run", "--skip-invalid", "--batch-size", "2",
-                                              "--micro-batch-size", "2"))
+    code, _, err = run_cli(
+        capsys,
+        *data_args(tiny_model_dir, BAD / "non_utf8.jsonl", tmp_path / "run", "--skip-invalid", "--batch-size", "2",
+                   "--micro-batch-size", "2"))
     assert code == 0, err
     stats = json.loads((tmp_path / "run" / "data_stats.json").read_text())
     assert (stats["rows"], stats["skipped_invalid"], stats["kept"]) == (3, 1, 2)

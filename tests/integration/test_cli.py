@@ -22,7 +22,8 @@ def test_help_lists_every_command(capsys):
 @pytest.mark.parametrize("name", list(_commands()))
 def test_every_option_has_help_text(name):
     cls = _commands()[name][0]
-    result = subprocess.run([sys.executable, "-m", "rlft.cli", *name.split(), "--help"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "rlft.cli", *name.split(), "--help"], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0, result.stderr
     import typing
 
@@ -43,7 +44,8 @@ def test_every_option_has_help_text(name):
     for i, node in enumerate(body):
         if isinstance(node, ast.AnnAssign):
             nxt = body[i + 1] if i + 1 < len(body) else None
-            assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), f"{cls.__name__}.{node.target.id} has no docstring"
+            assert isinstance(nxt, ast.Expr) and isinstance(
+                nxt.value, ast.Constant), f"{cls.__name__}.{node.target.id} has no docstring"
 
 
 def test_config_file_supplies_defaults(tmp_path):

@@ -31,7 +31,8 @@ def _h4_rows(n: int) -> list[dict]:
     rows = []
     for i in range(n):
         prompt = f"Name a colour that starts with the letter {chr(65 + i % 26)} (question {i})."
-        history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}] if i % 7 == 0 else []
+        history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                   {"role": "assistant", "content": "Hello!"}] if i % 7 == 0 else []
         user = {"role": "user", "content": prompt}
         rows.append({
             "prompt": prompt, "prompt_id": f"{i:064x}",
@@ -56,8 +57,10 @@ def test_split_is_disjoint_seeded_and_counts_ties(tmp_path, smol_tokenizer):
     assert stats["train_ties"] == sum(r["score_chosen"] == r["score_rejected"] for r in train)
     assert any(r["chosen"][0]["role"] == "system" for r in train + held) or stats["train_pairs"] < 12
     again = split_preferences(str(src), "train_prefs", smol_tokenizer, tmp_path / "b", **kwargs)
-    assert again == stats and (tmp_path / "b" / "train.jsonl").read_text() == (tmp_path / "a" / "train.jsonl").read_text()
-    short = split_preferences(str(src), "train_prefs", smol_tokenizer, tmp_path / "c", **{**kwargs, "max_prompt_tokens": 45})
+    assert again == stats and (tmp_path / "b" / "train.jsonl").read_text() == (tmp_path / "a" /
+                                                                               "train.jsonl").read_text()
+    short = split_preferences(str(src), "train_prefs", smol_tokenizer, tmp_path / "c",
+                              **{**kwargs, "max_prompt_tokens": 45})
     assert 0 < short["long_prompts_set_aside"] < 30  # the system + history prompts are the long ones
     with pytest.raises(ValueError, match="too few"):
         split_preferences(str(src), "train_prefs", smol_tokenizer, tmp_path / "d", **{**kwargs, "eval_prompts": 30})
@@ -65,8 +68,10 @@ def test_split_is_disjoint_seeded_and_counts_ties(tmp_path, smol_tokenizer):
 
 def test_compare_judged_counts_identical_responses_as_ties():
     p = [{"role": "user", "content": q} for q in "abc"]
-    a = [{"prompt": [m], "policy_response": r, "policy_reward": w} for m, r, w in zip(p, ["x", "y", "z"], [1.0, 0.0, 2.0])]
-    b = [{"prompt": [m], "policy_response": r, "policy_reward": w} for m, r, w in zip(p, ["x", "w", "v"], [0.5, 1.0, 1.0])]
+    a = [{"prompt": [m], "policy_response": r, "policy_reward": w}
+         for m, r, w in zip(p, ["x", "y", "z"], [1.0, 0.0, 2.0])]
+    b = [{"prompt": [m], "policy_response": r, "policy_reward": w}
+         for m, r, w in zip(p, ["x", "w", "v"], [0.5, 1.0, 1.0])]
     s = compare_judged(a, b)
     assert (s["wins"], s["ties"], s["losses"], s["win_rate"]) == (1, 1, 1, 0.5)
 
@@ -116,8 +121,10 @@ def test_quick_ultrafeedback_demo(demo_model_dir, tmp_path, monkeypatch):
     assert not list(run_dir.glob("*/checkpoints")), "finished stages keep no checkpoints by default"
 
     # --resume: every finished stage is reused (no file rewritten); only the report is written again.
-    watched = [run_dir / "data" / "train.jsonl", run_dir / "data" / "eval.jsonl", *(run_dir / "responses").glob("*.jsonl"),
-               *(run_dir / "winrate").rglob("*.json*")]
+    watched = [
+        run_dir / "data" / "train.jsonl", run_dir / "data" / "eval.jsonl", *(run_dir / "responses").glob("*.jsonl"),
+        *(run_dir / "winrate").rglob("*.json*")
+    ]
     watched += [run_dir / stage / "model" / "model.safetensors" for stage in ("sft", "dpo", "rm", "rloo")]
     mtimes = {p: p.stat().st_mtime_ns for p in watched}
     main([*args, "--resume"])

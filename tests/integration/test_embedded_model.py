@@ -49,7 +49,8 @@ def test_sft_a_few_steps_then_generate(embedded_path, tmp_path):
     tokenizer = load_tokenizer(str(final))
     _, test = make_splits(PRESETS["easy3"], 0, 2, 1234)
     prompts = [render_prompt("short", t, tokenizer) for t in test]
-    result = evaluate_countdown(HFEngine(tuned, tokenizer), test, prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
+    result = evaluate_countdown(HFEngine(tuned, tokenizer), test, prompts,
+                                SamplingParams(temperature=0.0, max_new_tokens=8))
     assert result.num_tasks == 2
     assert 0.0 <= result.mean_score <= 1.0
     assert result.mean_completion_tokens <= 8

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -104,9 +103,10 @@ def test_row1_winrate_refuses_earlier_results(capsys, tmp_path):
     out = tmp_path / "wr"
     out.mkdir()
     (out / "winrate.json").write_text('{"win_rate": 0.5}\n')
-    assert_error(capsys, ["eval", "winrate", "--output-dir", out, "--dry-run"], 2,
-                 f"rlft eval winrate: error: --output-dir {out / 'winrate.json'}: {out / 'winrate.json'} already exists; "
-                 "pass --overwrite to replace it, or choose another --output-dir")
+    assert_error(
+        capsys, ["eval", "winrate", "--output-dir", out, "--dry-run"], 2,
+        f"rlft eval winrate: error: --output-dir {out / 'winrate.json'}: {out / 'winrate.json'} already exists; "
+        "pass --overwrite to replace it, or choose another --output-dir")
     assert cli(capsys, "eval", "winrate", "--output-dir", out, "--overwrite", "--dry-run")[0] == 0
 
 
@@ -142,7 +142,8 @@ def test_row1_pairs_journal_of_another_run_is_refused_unless_overwrite(tmp_path)
     other = replace(cfg, output=str(tmp_path / "q.jsonl"), seed=5)
     os.replace(journal, journal_path(other.output))  # a journal of seed 0 where a seed-5 run would write its own
     before = tree(tmp_path)
-    with pytest.raises(OutputPathError, match=r"was written by another sampling run \(differs in seed\); pass --overwrite"):
+    with pytest.raises(OutputPathError,
+                       match=r"was written by another sampling run \(differs in seed\); pass --overwrite"):
         make_countdown_pairs(other, engine=_Engine())
     with pytest.raises(OutputPathError, match="already exists; pass --overwrite"):
         make_countdown_pairs(cfg, engine=_Engine())  # its pairs file exists now
@@ -195,8 +196,13 @@ def test_row2_rl_survives_a_step_with_equal_rewards(strategy, command, tiny_mode
                "distributed": strategy, "output_dir": str(out)}
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
            "CUDA_VISIBLE_DEVICES": ""}
-    done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                                 "--master-addr", "127.0.0.1", "--master-port", port, str(script), json.dumps(options)], env, 300)
+    done = _launch(
+        lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
+            "127.0.0.1", "--master-port", port,
+            str(script),
+            json.dumps(options)
+        ], env, 300)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
@@ -230,10 +236,13 @@ def test_row3_pairs_under_torchrun_exits_2_and_writes_nothing(tmp_path, tiny_mod
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
            "CUDA_VISIBLE_DEVICES": ""}
     out = tmp_path / "pairs" / "p.jsonl"
-    done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                                 "--master-addr", "127.0.0.1", "--master-port", port, "-m", "rlft.cli", "pairs", "countdown",
-                                 "--model", str(tiny_model_dir), "--num-prompts", "8", "--device", "cpu", "--output", str(out)],
-                   env, 120)
+    done = _launch(
+        lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
+            "127.0.0.1", "--master-port", port, "-m", "rlft.cli", "pairs", "countdown", "--model",
+            str(tiny_model_dir), "--num-prompts", "8", "--device", "cpu", "--output",
+            str(out)
+        ], env, 120)
     assert done.returncode != 0
     line = "rlft pairs countdown: error: torchrun started 2 processes, but `rlft pairs countdown` samples in one process"
     # each rank refuses before it samples; once one rank has exited, torchrun stops the others, so a slower rank may
@@ -247,10 +256,11 @@ def test_row3_pairs_under_torchrun_exits_2_and_writes_nothing(tmp_path, tiny_mod
 
 
 def test_row4_eval_beyond_the_heldout_tasks_names_the_overlap(capsys):
-    assert_error(capsys, ["eval", "countdown", "--limit", "1000", "--dry-run"], 2,
-                 "rlft eval countdown: error: --limit 1000 is more than --heldout-size 200: 590 of the 1000 tasks are in "
-                 "the training set of `rlft rl --preset easy3 --split-seed 1234 --heldout-size 200` (its default --num-train "
-                 "2000); pass --limit 200 or less, a larger --heldout-size (as the training run used), or --split train")
+    assert_error(
+        capsys, ["eval", "countdown", "--limit", "1000", "--dry-run"], 2,
+        "rlft eval countdown: error: --limit 1000 is more than --heldout-size 200: 590 of the 1000 tasks are in "
+        "the training set of `rlft rl --preset easy3 --split-seed 1234 --heldout-size 200` (its default --num-train "
+        "2000); pass --limit 200 or less, a larger --heldout-size (as the training run used), or --split train")
     assert cli(capsys, "eval", "countdown", "--limit", "1000", "--split", "train", "--dry-run")[0] == 0
     assert cli(capsys, "eval", "countdown", "--limit", "1000", "--heldout-size", "1000", "--dry-run")[0] == 0
 
@@ -264,7 +274,8 @@ def test_row4_overlap_count_and_default_tasks_by_hand():
     train = make_splits(PRESETS["tiny"], RLConfig.num_train, 8, 7)[0]
     tasks = make_splits(PRESETS["tiny"], 0, 40, 7)[1]
     naive = sum(any(task_key(t) == task_key(u) for u in train) for t in tasks)
-    assert naive > 0 and training_overlap("tiny", 7, 8, 40).startswith(f"{naive} of the 40 tasks are in the training set")
+    assert naive > 0 and training_overlap("tiny", 7, 8,
+                                          40).startswith(f"{naive} of the 40 tasks are in the training set")
     # --limit None: the held-out tasks themselves, none of them trained on; --split train: the run's first tasks
     held = load_eval_tasks(EvalCountdownConfig(preset="tiny", split_seed=7, heldout_size=8, limit=None))
     assert len(held) == 8 and not {task_key(t) for t in held} & {task_key(t) for t in train}
@@ -276,9 +287,10 @@ def test_row4_overlap_count_and_default_tasks_by_hand():
 
 
 def test_row5_a_config_of_another_command_is_refused(capsys):
-    assert_error(capsys, ["rl", "--config", RLOO_CONFIG, "--dry-run"], 2,
-                 f"rlft rl: error: --config {RLOO_CONFIG} is a config of `rlft rloo` (its first line), not of `rlft rl`: "
-                 f"run `rlft rloo --config {RLOO_CONFIG}`, or change its first line")
+    assert_error(
+        capsys, ["rl", "--config", RLOO_CONFIG, "--dry-run"], 2,
+        f"rlft rl: error: --config {RLOO_CONFIG} is a config of `rlft rloo` (its first line), not of `rlft rl`: "
+        f"run `rlft rloo --config {RLOO_CONFIG}`, or change its first line")
     assert cli(capsys, "rloo", "--config", RLOO_CONFIG, "--output-dir", "/nonexistent/fresh", "--dry-run")[0] == 0
 
 
@@ -310,7 +322,8 @@ def test_row5_several_configs_merge_in_order_and_the_plan_names_each_source(caps
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text("# rlft rloo\nlr: 0.001\nmax_steps: 5\nk: 3\n")
     b.write_text("max-steps: 7\nk: 6\n")
-    code, out, err = cli(capsys, "rloo", "--config", a, "--config", b, "--k", "5", "--output-dir", tmp_path / "out", "--dry-run")
+    code, out, err = cli(capsys, "rloo", "--config", a, "--config", b, "--k", "5", "--output-dir", tmp_path / "out",
+                         "--dry-run")
     assert code == 0, err
     options = _plan_options(out)
     assert options["lr"] == ("0.001", f"--config {a}")
@@ -324,11 +337,13 @@ def test_row5_several_configs_merge_in_order_and_the_plan_names_each_source(caps
 def test_row5_a_key_given_twice_is_an_error(capsys, tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("lr: 0.1\nmax_steps: 3\nlr: 0.5\n")
-    assert_error(capsys, ["sft", "--config", path, "--dry-run"], 2,
-                 f"rlft sft: error: --config {path}: key 'lr' appears twice (lines 1 and 3); the last one would silently win")
+    assert_error(
+        capsys, ["sft", "--config", path, "--dry-run"], 2,
+        f"rlft sft: error: --config {path}: key 'lr' appears twice (lines 1 and 3); the last one would silently win")
     path.write_text("max-steps: 3\nmax_steps: 4\n")
-    assert_error(capsys, ["sft", "--config", path, "--dry-run"], 2,
-                 f"rlft sft: error: --config {path}: an option is given twice, spelled with '-' and '_' (max-steps, max_steps)")
+    assert_error(
+        capsys, ["sft", "--config", path, "--dry-run"], 2,
+        f"rlft sft: error: --config {path}: an option is given twice, spelled with '-' and '_' (max-steps, max_steps)")
 
 
 def test_row5_a_bad_value_names_its_file(capsys, tmp_path):
@@ -368,17 +383,21 @@ def finished_run(tmp_path) -> Path:
 
 def test_row6_dry_run_refuses_what_the_run_refuses(capsys, tmp_path, finished_run):
     before = tree(tmp_path)
-    assert_error(capsys, ["sft", "--output-dir", finished_run, "--dry-run"], 2,
-                 f"rlft sft: error: output folder {finished_run} already holds a run (config.yaml, metrics.jsonl, model/); "
-                 "pass --resume to continue it or --overwrite to replace it (or choose another --output-dir)")
-    assert_error(capsys, ["sft", "--output-dir", finished_run, "--resume", "--lr", "0.5", "--max-steps", "5", "--dry-run"], 2,
-                 f"rlft sft: error: --resume: options differ from the run in {finished_run} (--lr 0.001 -> 0.5); "
-                 "pass --resume-override lr to resume with the new values anyway")
+    assert_error(
+        capsys, ["sft", "--output-dir", finished_run, "--dry-run"], 2,
+        f"rlft sft: error: output folder {finished_run} already holds a run (config.yaml, metrics.jsonl, model/); "
+        "pass --resume to continue it or --overwrite to replace it (or choose another --output-dir)")
+    assert_error(
+        capsys, ["sft", "--output-dir", finished_run, "--resume", "--lr", "0.5", "--max-steps", "5", "--dry-run"], 2,
+        f"rlft sft: error: --resume: options differ from the run in {finished_run} (--lr 0.001 -> 0.5); "
+        "pass --resume-override lr to resume with the new values anyway")
     file = finished_run / "config.yaml"
-    assert_error(capsys, ["dpo", "--output-dir", file, "--dry-run"], 2, f"rlft dpo: error: output folder {file} is a file, not a folder")
+    assert_error(capsys, ["dpo", "--output-dir", file, "--dry-run"], 2,
+                 f"rlft dpo: error: output folder {file} is a file, not a folder")
     assert tree(tmp_path) == before
     # what the run accepts, the dry run accepts
-    assert cli(capsys, "sft", "--output-dir", finished_run, "--resume", "--lr", "0.001", "--max-steps", "9", "--dry-run")[0] == 0
+    assert cli(capsys, "sft", "--output-dir", finished_run, "--resume", "--lr", "0.001", "--max-steps", "9",
+               "--dry-run")[0] == 0
     assert cli(capsys, "sft", "--output-dir", finished_run, "--overwrite", "--dry-run")[0] == 0
     assert tree(tmp_path) == before
 
@@ -405,8 +424,9 @@ def test_row7_lora_target_that_matches_nothing(smol_tokenizer):
     check_targets(model, "q_proj,v_proj")
     check_targets(model, "self_attn.q_proj, mlp.down_proj")
     check_targets(model, "all-linear")
-    with pytest.raises(OptionError, match=r"^--lora-target-modules: 'typo_proj' matches no module of LlamaForCausalLM "
-                                          r"\(its linear layers: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"):
+    with pytest.raises(
+            OptionError, match=r"^--lora-target-modules: 'typo_proj' matches no module of LlamaForCausalLM "
+            r"\(its linear layers: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"):
         check_targets(model, "q_proj,typo_proj")
     with pytest.raises(OptionError, match="'proj', 'q' match no module"):
         check_targets(model, "proj,q")  # a part of a name is not a name
@@ -414,11 +434,13 @@ def test_row7_lora_target_that_matches_nothing(smol_tokenizer):
 
 def test_row7_rl_with_a_typo_target_exits_2_before_training(capsys, tmp_path, tiny_model_dir):
     out = tmp_path / "run"
-    code, _, err = cli(capsys, "rl", "--model", tiny_model_dir, "--preset", "tiny", "--num-train", "8", "--heldout-size", "8",
-                            "--prompt-template", "short", "--lora-r", "8", "--lora-target-modules", "q_proj,typo_proj",
-                            "--device", "cpu", "--output-dir", out, "--max-steps", "1", "--k", "2", "--prompts-per-step", "2")
+    code, _, err = cli(capsys, "rl", "--model", tiny_model_dir, "--preset", "tiny", "--num-train", "8",
+                       "--heldout-size", "8", "--prompt-template", "short", "--lora-r", "8", "--lora-target-modules",
+                       "q_proj,typo_proj", "--device", "cpu", "--output-dir", out, "--max-steps", "1", "--k", "2",
+                       "--prompts-per-step", "2")
     assert code == 2, err
-    assert err.splitlines()[-1].startswith("rlft rl: error: --lora-target-modules: 'typo_proj' matches no module of LlamaForCausalLM")
+    assert err.splitlines()[-1].startswith(
+        "rlft rl: error: --lora-target-modules: 'typo_proj' matches no module of LlamaForCausalLM")
     assert not (out / "metrics.jsonl").exists()
 
 
@@ -436,11 +458,15 @@ def test_row8_more_prompts_per_step_than_tasks(capsys, tmp_path, tiny_model_dir,
 
     monkeypatch.setattr(rl_recipe, "start_training", no_load)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}."}, {"role": "assistant", "content": "OK"}]}) + "\n" for i in range(5)))
+    prompts.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": f"Say {i}."}, {"role": "assistant", "content": "OK"}]}) +
+        "\n" for i in range(5)))
     out = tmp_path / "run"
-    code, _, err = cli(capsys, "rl", "--model", tiny_model_dir, "--prompts-data", prompts, "--reward", "uppercase_start",
-                            "--prompts-per-step", "6", "--device", "cpu", "--output-dir", out)
-    assert (code, err.splitlines()[-1]) == (2, "rlft rl: error: --prompts-per-step (6) is more than the 5 training prompts"), err
+    code, _, err = cli(capsys, "rl", "--model", tiny_model_dir, "--prompts-data", prompts, "--reward",
+                       "uppercase_start", "--prompts-per-step", "6", "--device", "cpu", "--output-dir", out)
+    assert (code,
+            err.splitlines()[-1]) == (2,
+                                      "rlft rl: error: --prompts-per-step (6) is more than the 5 training prompts"), err
 
 
 # --------------------------------------------------------------------------- row 10: . and ..
@@ -479,8 +505,10 @@ def test_row11_a_folder_as_output_is_refused_before_sampling(capsys, tmp_path, t
     before = tree(tmp_path)
     for command in (["pairs", "countdown"], ["eval", "countdown"]):
         for path in (str(folder), str(tmp_path / "new") + "/"):
-            assert_error(capsys, [*command, "--model", tiny_model_dir, "--device", "cpu", "--output", path], 2,
-                         f"rlft {' '.join(command)}: error: --output {path} is a folder; name a file to write (in it, or elsewhere)")
+            assert_error(
+                capsys, [*command, "--model", tiny_model_dir, "--device", "cpu", "--output", path], 2,
+                f"rlft {' '.join(command)}: error: --output {path} is a folder; name a file to write (in it, or elsewhere)"
+            )
     assert tree(tmp_path) == before and not stray_temps(tmp_path) and not (tmp_path / "new").exists()
 
 
@@ -488,8 +516,9 @@ def test_row11_a_folder_as_output_is_refused_before_sampling(capsys, tmp_path, t
 
 
 def test_row12_k_needs_sampled_mode(capsys):
-    assert_error(capsys, ["eval", "countdown", "--k", "3", "--dry-run"], 2,
-                 "rlft eval countdown: error: --k 3 needs --mode sampled: greedy evaluation draws one completion per task")
+    assert_error(
+        capsys, ["eval", "countdown", "--k", "3", "--dry-run"], 2,
+        "rlft eval countdown: error: --k 3 needs --mode sampled: greedy evaluation draws one completion per task")
     assert cli(capsys, "eval", "countdown", "--k", "3", "--mode", "sampled", "--dry-run")[0] == 0
 
 

@@ -10,7 +10,6 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -71,8 +70,10 @@ class Server:
         if self.mode == "echo_error":
             return self.send(h, 400, json.dumps({"error": {"message": f"bad request; you sent {headers}"}}).encode())
         content = f"echo:{headers}" if self.mode == "echo_reply" else f"reward:{self.reward}"
-        body = {"id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+        body = {
+            "id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
+        }
         self.send(h, 200, json.dumps(body).encode())
 
 
@@ -97,7 +98,8 @@ def api_key(monkeypatch):
 
 
 def judge(server, cache=None, **kw):
-    options = dict(api_key_env=KEY_ENV, max_concurrency=1, max_retries=2, backoff_s=0.01, timeout_s=10, cache_path=cache)
+    options = dict(api_key_env=KEY_ENV, max_concurrency=1, max_retries=2, backoff_s=0.01, timeout_s=10,
+                   cache_path=cache)
     options.update(kw)
     return RemoteRewardJudge(server.base_url, MODEL, **options)
 
@@ -188,8 +190,11 @@ def test_winrate_refuses_non_finite_rewards_from_any_judge(tmp_path, monkeypatch
     monkeypatch.setattr(winrate_module, "make_judge", lambda cfg, run_dir: NanJudge())
     policy = write_jsonl_rows(tmp_path / "p.jsonl", [{"prompt": "a", "response": "x"}])
     reference = write_jsonl_rows(tmp_path / "r.jsonl", [{"prompt": "a", "response": "y"}])
-    cfg = WinrateConfig(policy=str(policy), reference=str(reference), judge="stub", data=None, output_dir=str(tmp_path / "out"))
+    cfg = WinrateConfig(policy=str(policy), reference=str(reference), judge="stub", data=None,
+                        output_dir=str(tmp_path / "out"))
     with pytest.raises(ValueError) as info:
         run_winrate(cfg)
-    assert str(info.value) == "the judge 'stub' gave 1 non-finite reward(s), e.g. nan for the reference response to prompt 0; nothing was written"
+    assert str(
+        info.value
+    ) == "the judge 'stub' gave 1 non-finite reward(s), e.g. nan for the reference response to prompt 0; nothing was written"
     assert not (tmp_path / "out" / "winrate.json").exists() and not (tmp_path / "out" / "winrate.jsonl").exists()

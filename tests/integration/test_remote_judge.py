@@ -107,7 +107,8 @@ class RewardServer:
             self.auth_headers.append(handler.headers.get("Authorization", ""))
             if self.fail_429 > 0:
                 self.fail_429 -= 1
-                return self._send(handler, 429, {"error": {"message": "rate limited", "type": "rate_limit_error", "code": "429"}},
+                return self._send(handler, 429,
+                                  {"error": {"message": "rate limited", "type": "rate_limit_error", "code": "429"}},
                                   {"Retry-After": "0"})
             if self.error_400:
                 return self._send(handler, 400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
@@ -119,19 +120,24 @@ class RewardServer:
             value = self.scorer.score([messages[:-1]], [messages[-1]["content"]])[0]
             self.scored += 1
         content = self.content_format.format(value=value)
-        self._send(handler, 200, {
-            "id": f"chatcmpl-{self.hits}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": request["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop", "logprobs": None}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
-        })
+        self._send(
+            handler, 200, {
+                "id": f"chatcmpl-{self.hits}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": request["model"],
+                "choices": [{
+                    "index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop",
+                    "logprobs": None
+                }],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+            })
 
 
 @pytest.fixture(scope="module")
 def scorer(tmp_path_factory, smol_tokenizer) -> RewardModelScorer:
-    folder = save_model_dir(tmp_path_factory.mktemp("tiny-rm-server"), make_tiny_rm(smol_tokenizer, seed=2), smol_tokenizer)
+    folder = save_model_dir(tmp_path_factory.mktemp("tiny-rm-server"), make_tiny_rm(smol_tokenizer, seed=2),
+                            smol_tokenizer)
     return RewardModelScorer(str(folder), device="cpu", dtype="float32")
 
 
@@ -162,7 +168,8 @@ def all_logs(rlft_log):
 
 
 def make_judge(server: RewardServer, cache: Path | None = None, **kwargs) -> RemoteRewardJudge:
-    options = dict(api_key_env=KEY_ENV, max_concurrency=3, max_retries=4, backoff_s=0.01, timeout_s=20, cache_path=cache)
+    options = dict(api_key_env=KEY_ENV, max_concurrency=3, max_retries=4, backoff_s=0.01, timeout_s=20,
+                   cache_path=cache)
     options.update(kwargs)
     return RemoteRewardJudge(server.base_url, JUDGE_MODEL, **options)
 
@@ -180,7 +187,8 @@ def test_scores_match_the_local_scorer(fresh_server, scorer):
     assert [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."},
             {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again?"},
             {"role": "assistant", "content": "Hi again."}] in fresh_server.conversations
-    assert [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "A banana."}] in fresh_server.conversations
+    assert [{"role": "user", "content": "Name a fruit."}, {"role": "assistant",
+                                                           "content": "A banana."}] in fresh_server.conversations
     # a repeated pair within one call, and a second call, are not sent again (in-memory cache)
     assert judge.score(PROMPTS[:2] * 2, RESPONSES[:2] * 2) == pytest.approx(local[:2] * 2, abs=1e-5)
     assert fresh_server.hits == len(PROMPTS)
@@ -223,7 +231,8 @@ def test_connection_errors_are_retried(tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    judge = RemoteRewardJudge(f"http://127.0.0.1:{port}/v1", JUDGE_MODEL, api_key_env=KEY_ENV, max_retries=2, backoff_s=0.01, timeout_s=5)
+    judge = RemoteRewardJudge(f"http://127.0.0.1:{port}/v1", JUDGE_MODEL, api_key_env=KEY_ENV, max_retries=2,
+                              backoff_s=0.01, timeout_s=5)
     with pytest.raises(JudgeError, match="after 2 retries"):
         judge.score(["hi"], ["there"])
     assert judge.requests_sent == 3
@@ -242,8 +251,11 @@ def test_interrupted_evaluation_resumes_from_cache(fresh_server, scorer, tmp_pat
         make_judge(fresh_server, cache, max_concurrency=1, max_retries=1).score(PROMPTS, RESPONSES)
     lines = cache.read_text().splitlines()
     assert len(lines) == 2  # appended and flushed per scored pair
-    assert {json.loads(line)["key"] for line in lines} == {cache_key(fresh_server.base_url, JUDGE_MODEL, [{"role": "user", "content": PROMPTS[0]}], RESPONSES[0]),
-                                                           cache_key(fresh_server.base_url, JUDGE_MODEL, PROMPTS[1], RESPONSES[1])}
+    assert {json.loads(line)["key"]
+            for line in lines} == {
+                cache_key(fresh_server.base_url, JUDGE_MODEL, [{"role": "user", "content": PROMPTS[0]}], RESPONSES[0]),
+                cache_key(fresh_server.base_url, JUDGE_MODEL, PROMPTS[1], RESPONSES[1])
+            }
 
     # 2. a new judge (a new process, say) with the same cache only sends the 4 missing pairs
     fresh_server.reset()
@@ -271,7 +283,8 @@ def test_first_run_with_a_limit_then_the_rest(fresh_server, tmp_path):
     assert fresh_server.hits == len(PROMPTS)  # only the 3 new pairs were sent
     assert everything[:3] == first
     # another judge model is another key: nothing is reused across judges
-    other = RemoteRewardJudge(fresh_server.base_url, "other-model", api_key_env=KEY_ENV, backoff_s=0.01, cache_path=cache)
+    other = RemoteRewardJudge(fresh_server.base_url, "other-model", api_key_env=KEY_ENV, backoff_s=0.01,
+                              cache_path=cache)
     assert other.cached(PROMPTS[0], RESPONSES[0]) is None
 
 

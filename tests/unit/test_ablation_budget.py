@@ -65,7 +65,8 @@ def test_a_flops_budget_is_the_rl_runs_flops_over_6n(ablation, tmp_path, tiny_mo
     variants = {"rl": {"kind": "rl"}, "first": {"kind": "sft"},
                 "more": {"kind": "sft", "start_from": "first", "budget_of": "rl", "budget": "flops", "lr": 2e-5}}
     _finished_rl_run(tmp_path / "rl" / "s1", [60.0, 60.0])
-    records = [{"step": 1, "flops/estimated": 1.0e12}, {"step": 2, "flops/estimated": 2.5e12}, {"step": 2, "eval/score": 0.3}]
+    records = [{"step": 1, "flops/estimated": 1.0e12}, {"step": 2, "flops/estimated": 2.5e12},
+               {"step": 2, "eval/score": 0.3}]
     (tmp_path / "rl" / "s1" / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     start = tmp_path / "first" / "s1" / "run" / "model"
     start.parent.mkdir(parents=True)
@@ -84,7 +85,8 @@ def test_a_flops_budget_is_the_rl_runs_flops_over_6n(ablation, tmp_path, tiny_mo
     with pytest.raises(UsageError, match="no flops/estimated records"):
         final_flops(_metrics_file(tmp_path / "old.jsonl", [{"step": 1, "time/step_s": 3.0}]))
     with pytest.raises(SystemExit, match="budget 'tokens': must be wall or flops"):
-        ablation.sft_budget(make(ablation, tmp_path, variants={"x": {"kind": "sft", "budget": "tokens"}}), "x", 0, start)
+        ablation.sft_budget(make(ablation, tmp_path, variants={"x": {"kind": "sft", "budget": "tokens"}}), "x", 0,
+                            start)
 
 
 def _metrics_file(path: Path, records: list[dict]) -> Path:
@@ -189,7 +191,8 @@ def test_compare_and_report_refuse_evaluations_of_other_tasks(report, tmp_path, 
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith("ablation_report.py: error: ") and "different tasks" in err
     # files without task lists (the generated-preset archives) are paired by position, with a note
-    eval_json(tmp_path / "old" / "a.json", [1.0, 0.5, 0.0], None), eval_json(tmp_path / "old" / "b.json", [0.0, 0.5, 0.5], None)
+    eval_json(tmp_path / "old" / "a.json", [1.0, 0.5, 0.0], None), eval_json(tmp_path / "old" / "b.json",
+                                                                             [0.0, 0.5, 0.5], None)
     report.main(["compare", "--pair", str(tmp_path / "old" / "a.json"), str(tmp_path / "old" / "b.json")])
     captured = capsys.readouterr()
     assert "+0.167 [" in captured.out and "paired by position" in captured.err
@@ -280,13 +283,16 @@ def test_the_bounded_setting_reaches_every_stage(ablation, tmp_path):
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
     _finished_rl_run(tmp_path / "grpo_filter_lora_1e4_60" / "s0", [60.0])
-    with (mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch("rlft.recipes.rl.train_rl", fake_train_rl),
+    with (mock.patch("rlft.recipes.sft.train_sft", fake_train_sft), mock.patch("rlft.recipes.rl.train_rl",
+                                                                               fake_train_rl),
           mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs),
-          mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate") as evaluate):
+          mock.patch("rlft.recipes.dpo.train_dpo", fake_train_dpo), mock.patch.object(ablation, "evaluate") as
+          evaluate):
         for name in ("sft_continued_60", "grpo_filter_lora_2e4", "dpo_lora_1e4"):
             ablation.run_variant(make(ablation, tmp_path, "bounded"), name, 0)
     assert seen == {"sft": ("bounded", 0.6), "rl": (144, 144), "pairs": 144}
-    assert all(call.args[0].setting.name == "bounded" and call.args[0].split == "test" for call in evaluate.call_args_list)
+    assert all(
+        call.args[0].setting.name == "bounded" and call.args[0].split == "test" for call in evaluate.call_args_list)
     assert evaluate.call_count == 3
     direct = load_settings(ablation.CONFIGS)["direct"]
     assert (direct.max_new_tokens, direct.trace_style, direct.micro_batch_size) == (64, "direct", 32)
@@ -332,9 +338,11 @@ def test_samples_generated_per_kind_and_the_paired_plot_draws_every_run(report, 
     for folder, task_scores in scores.items():
         eval_json(out / folder / "eval_greedy_3.json", [row[0] for row in task_scores])
     drawn = []
-    with mock.patch("matplotlib.axes.Axes.errorbar", side_effect=lambda xs, ys, **kw: drawn.append((kw["label"], list(ys)))):
+    with mock.patch("matplotlib.axes.Axes.errorbar", side_effect=lambda xs, ys, **kw: drawn.append(
+        (kw["label"], list(ys)))):
         assert report.plot_paired(variants, out, 3) == out / "paired_vs_samples.png"
-    assert drawn == [("grpo_filter_lora_2e4 (1 seed)", [pytest.approx(0.3)]), ("rpo_lora_1e4 (1 seed)", [pytest.approx(1 / 30)])]
+    assert drawn == [("grpo_filter_lora_2e4 (1 seed)", [pytest.approx(0.3)]),
+                     ("rpo_lora_1e4 (1 seed)", [pytest.approx(1 / 30)])]
 
 
 def test_validation_tasks_are_held_out_500_on_and_disjoint_from_the_test_tasks(ablation):
@@ -362,11 +370,14 @@ def test_run_on_the_validation_split_evaluates_there_and_pairs_only_samples(abla
     folder = tmp_path / "dpo_4x_lora_1e4" / "s0"
     (folder / "run" / "model").mkdir(parents=True)
     (folder / "eval_greedy_500.json").write_text("{}")
-    with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs), mock.patch("rlft.recipes.dpo.train_dpo") as train,
-          mock.patch.object(ablation, "evaluate", lambda ab, *args: evaluated.append(ab.split))):
+    with (mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs), mock.patch("rlft.recipes.dpo.train_dpo") as
+          train, mock.patch.object(ablation, "evaluate", lambda ab, *args: evaluated.append(ab.split))):
         ablation.run_variant(make(ablation, tmp_path, split="test"), "dpo_4x_lora_1e4", 0)
         ablation.run_variant(make(ablation, tmp_path, split="validation"), "dpo_4x_lora_1e4", 0)
-        ablation.main(["pairs", "--out", str(tmp_path), "--variants", "rpo_4x_lora_1e4", "--seeds", "1", "--setting", "bounded"])
+        ablation.main([
+            "pairs", "--out",
+            str(tmp_path), "--variants", "rpo_4x_lora_1e4", "--seeds", "1", "--setting", "bounded"
+        ])
         with pytest.raises(SystemExit, match="not a DPO variant"):
             ablation.main(["pairs", "--out", str(tmp_path), "--variants", "grpo_filter_lora_2e4"])
     assert evaluated == ["validation"] and train.call_count == 0
@@ -403,7 +414,8 @@ def test_a_second_round_starts_samples_and_references_from_the_first_rounds_mode
     assert pairs == [("sft", 3840, 3840, 2), (round1, 960, 7680 + 960, 2)]
     assert dpo == [("sft", "rpo", 1e-4, "dpo_4x_lora_1e4"), (round1, "rpo", 1e-4, "rpo_4x_round2")]
     variants = load_variants(ablation.CONFIGS)
-    assert report.samples_generated(variants, tmp_path, "rpo_4x_round2", tmp_path / "rpo_4x_round2" / "s1") == 3840 * 2 + 960 * 2
+    assert report.samples_generated(variants, tmp_path, "rpo_4x_round2",
+                                    tmp_path / "rpo_4x_round2" / "s1") == 3840 * 2 + 960 * 2
 
 
 def test_pairs_of_a_second_round_are_sampled_from_that_rounds_start(ablation, tmp_path):
@@ -417,7 +429,8 @@ def test_pairs_of_a_second_round_are_sampled_from_that_rounds_start(ablation, tm
 
     (tmp_path / "rpo_4x_lora_1e4" / "s0" / "run" / "model").mkdir(parents=True)
     sibling = dict(kind="dpo", loss_type="dpo", lr=1e-4, pairs_of="rpo_4x_round2")
-    ab = make(ablation, tmp_path, "bounded", variants={**load_variants(ablation.CONFIGS), "dpo_on_round2_pairs": sibling})
+    ab = make(ablation, tmp_path, "bounded",
+              variants={**load_variants(ablation.CONFIGS), "dpo_on_round2_pairs": sibling})
     with mock.patch("rlft.recipes.pairs.make_countdown_pairs", fake_pairs):
         ablation.ensure_pairs(ab, "dpo_on_round2_pairs", 0)
     assert models == [str(tmp_path / "rpo_4x_lora_1e4" / "s0" / "run" / "model")]
@@ -437,7 +450,8 @@ def test_a_variant_sets_beta_and_the_others_keep_0_1(ablation, tmp_path):
         ablation.run_variant(make(ablation, tmp_path), "rpo_4x_beta05", 0)
         ablation.run_variant(make(ablation, tmp_path), "rpo_4x_lora_1e4", 0)
     assert runs == [(0.5, "rpo", "dpo_4x_lora_1e4"), (0.1, "rpo", "dpo_4x_lora_1e4")]
-    assert "beta" not in load_variants(ablation.CONFIGS)["rpo_4x_lora_1e4"]  # the variant file names none: the setting's 0.1
+    assert "beta" not in load_variants(
+        ablation.CONFIGS)["rpo_4x_lora_1e4"]  # the variant file names none: the setting's 0.1
 
 
 def test_steps_override_the_setting_and_a_variants_own_max_steps_overrides_steps(ablation, tmp_path):
@@ -471,7 +485,8 @@ def test_unpack_lays_archived_run_files_out_for_the_report(report, tmp_path):
         "dpo_4x_lora_1e4/s0/pairs.stats.json", "dpo_4x_lora_1e4_1ep/s0/run/metrics.jsonl",
         "grpo_filter_lora_2e4/s0/train_time.json", "rpo_4x_beta05/s1/eval_greedy_500.json",
         "sft_start/eval_val_greedy_500.json"]
-    assert (out / "dpo_4x_lora_1e4_1ep" / "s0" / "run" / "metrics.jsonl").read_text() == "dpo_4x_lora_1e4_1ep_s0_metrics.jsonl"
+    assert (out / "dpo_4x_lora_1e4_1ep" / "s0" / "run" /
+            "metrics.jsonl").read_text() == "dpo_4x_lora_1e4_1ep_s0_metrics.jsonl"
     assert (out / "rpo_4x_beta05" / "s1" / "eval_greedy_500.json").read_text() == "newer"
 
 
@@ -494,7 +509,8 @@ def test_variant_options_are_checked_against_the_recipe_config(ablation, tmp_pat
     with pytest.raises(SystemExit, match="variant 'typo': betta: not an option of DPOConfig"):
         ablation.recipe_options(DPOConfig, "typo", spec)
     ok = {k: v for k, v in spec.items() if k != "betta"}
-    assert ablation.recipe_options(DPOConfig, "ok", ok) == {"loss_type": "rpo", "lr": 1e-4}  # kind, pairs_of: the runner's
+    assert ablation.recipe_options(DPOConfig, "ok", ok) == {"loss_type": "rpo",
+                                                            "lr": 1e-4}  # kind, pairs_of: the runner's
 
 
 def test_every_variant_file_loads_with_every_option_known(ablation):
@@ -511,10 +527,12 @@ def test_every_variant_file_loads_with_every_option_known(ablation):
     assert list(settings) == ["direct", "bounded", "real"]
     assert settings["bounded"].rl == settings["direct"].rl and settings["bounded"].max_new_tokens == 144
     real = settings["real"]
-    assert real.tasks["data"].endswith("countdown/train.parquet") and real.dtype == "auto" and real.max_new_tokens == 256
-    assert real.sft_continued["data"] == "countdown" and real.sft_continued["batch_size"] == 16  # common's, merged key by key
-    assert replace(settings["bounded"], name="direct", sft="runs/exp/sft/model", trace_style="direct", max_new_tokens=64,
-                   micro_batch_size=32) == settings["direct"]
+    assert real.tasks["data"].endswith(
+        "countdown/train.parquet") and real.dtype == "auto" and real.max_new_tokens == 256
+    assert real.sft_continued[
+        "data"] == "countdown" and real.sft_continued["batch_size"] == 16  # common's, merged key by key
+    assert replace(settings["bounded"], name="direct", sft="runs/exp/sft/model", trace_style="direct",
+                   max_new_tokens=64, micro_batch_size=32) == settings["direct"]
 
 
 def test_sizes_pairs_each_run_by_count_of_numbers(report, tmp_path):
@@ -525,9 +543,10 @@ def test_sizes_pairs_each_run_by_count_of_numbers(report, tmp_path):
     tasks = [{"nums": [1, 2, 3], "target": 6}, {"nums": [1, 2, 3, 4], "target": 10}] * 2
 
     def write(folder: Path, scores: list[float]) -> None:
-        r = CountdownEvalResult(num_tasks=4, k=1, mode="greedy", mean_score=sum(scores) / 4, accuracy=0.0, format_rate=0.0,
-                                pass_at_k={1: 0.0}, mean_completion_tokens=0.0, truncated_rate=0.25, tasks=tasks,
-                                task_scores=[[x] for x in scores], task_truncated=[[False], [True], [False], [False]])
+        r = CountdownEvalResult(num_tasks=4, k=1, mode="greedy", mean_score=sum(scores) / 4, accuracy=0.0,
+                                format_rate=0.0, pass_at_k={1: 0.0}, mean_completion_tokens=0.0, truncated_rate=0.25,
+                                tasks=tasks, task_scores=[[x] for x in scores], task_truncated=[[False], [True],
+                                                                                                [False], [False]])
         r.by_size = size_summary(r)
         folder.mkdir(parents=True)
         (folder / "eval_val_greedy_4.json").write_text(json.dumps(r.to_dict()))
@@ -581,7 +600,8 @@ def test_samples_vs_score_draws_no_start_when_runs_evaluate_different_rows(repor
     assert plot.call_args.kwargs["start"] is None
 
 
-def test_checkpoint_evaluates_the_kept_adapter_merged_into_the_variants_start(ablation, tmp_path, tiny_model_dir, smol_tokenizer):
+def test_checkpoint_evaluates_the_kept_adapter_merged_into_the_variants_start(ablation, tmp_path, tiny_model_dir,
+                                                                              smol_tokenizer):
     """checkpoint --step 10: reuse_topr_r2 (start_from real_sft_patient) gets its kept step-10 adapter merged into
     real_sft_patient's model of the same seed, evaluated from <variant>/s0/step10/; the run's own checkpoint when no copy
     was kept; no adapter at all: SystemExit naming the folder."""
@@ -603,17 +623,22 @@ def test_checkpoint_evaluates_the_kept_adapter_merged_into_the_variants_start(ab
                 p.fill_(0.01)
     save_model_folder(tmp_path / "reuse_topr_r2" / "s0" / "step10_checkpoint", adapted, smol_tokenizer)
     evaluated = []
-    with mock.patch.object(ablation, "evaluate", lambda ab, model, out, seed: evaluated.append((model, out, seed)) or {}):
+    with mock.patch.object(ablation, "evaluate", lambda ab, model, out, seed: evaluated.append(
+        (model, out, seed)) or {}):
         ablation.checkpoint_eval(ab, "reuse_topr_r2", 0, 10)
     folder = tmp_path / "reuse_topr_r2" / "s0" / "step10"
     assert evaluated == [(folder / "model", folder, 0)]
     merged, base = load_weights(folder / "model"), load_weights(tiny_model_dir)
-    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"],
+                           base["model.layers.0.self_attn.q_proj.weight"])
     assert torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
 
     own = tmp_path / "reuse_ppo_r2" / "s0" / "run" / "checkpoints" / "step-00000010"
     save_model_folder(own, adapted, smol_tokenizer)
-    with mock.patch.object(ablation, "evaluate", lambda ab, model, out, seed: evaluated.append((model, out, seed)) or {}):
+    with mock.patch.object(ablation, "evaluate", lambda ab, model, out, seed: evaluated.append(
+        (model, out, seed)) or {}):
         ablation.checkpoint_eval(ab, "reuse_ppo_r2", 0, 10)
     assert evaluated[-1][1] == tmp_path / "reuse_ppo_r2" / "s0" / "step10"
-    assert torch.equal(load_weights(evaluated[-1][0])["model.layers.0.self_attn.q_proj.weight"], merged["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(
+        load_weights(evaluated[-1][0])["model.layers.0.self_attn.q_proj.weight"],
+        merged["model.layers.0.self_attn.q_proj.weight"])

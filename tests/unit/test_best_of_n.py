@@ -120,7 +120,9 @@ def test_cli_refuses_select_in_greedy_mode(capsys):
 # --------------------------------------------------------------------------- the command, with a fake engine
 
 A, B = (3, 5, 2, 16), (4, 6, 1, 24)  # nums..., target
-SAMPLED = {16: ["3 + 5 + 2", "(3 + 5) * 2", "2 * (5 + 3)", "3 * 5 + 2"], 24: ["4 + 6 + 1", "4 + 6 - 1", None, "4 * 6 * 1"]}
+SAMPLED = {
+    16: ["3 + 5 + 2", "(3 + 5) * 2", "2 * (5 + 3)", "3 * 5 + 2"], 24: ["4 + 6 + 1", "4 + 6 - 1", None, "4 * 6 * 1"]
+}
 GREEDY_ANSWER = {16: "3 * 5 + 2", 24: "4 * 6 * 1"}
 CERTAINTY = {16: [0.1, 0.2, 0.3, 0.9], 24: [0.5, 0.1, 0.2, 0.3]}
 RM = {"3 + 5 + 2": 3.0, "(3 + 5) * 2": 1.0, "2 * (5 + 3)": 2.0, "3 * 5 + 2": 0.0,
@@ -163,7 +165,6 @@ class StubScorer:
 
 @pytest.fixture
 def setup(tmp_path, smol_tokenizer, monkeypatch):
-    import rlft.eval.countdown_command as countdown_command
     import rlft.models as models
     import rlft.rewards.reward_model as rm_module
     import rlft.rollout.engines as engines
@@ -198,7 +199,8 @@ def test_command_reward_model_selection_end_to_end(setup, tmp_path):
     assert "[3, 5, 2]" in scorer.prompts[3] and "[4, 6, 1]" in scorer.prompts[4]
     saved = json.loads(out.read_text())
     sel = saved["selection"]
-    assert sel["sizes"] == [1, 2, 4] and sel["reward_model"] == "rm-folder" and "rendered prompt" in sel["reward_model_input"]
+    assert sel["sizes"] == [1, 2, 4
+                            ] and sel["reward_model"] == "rm-folder" and "rendered prompt" in sel["reward_model_input"]
     assert sel["greedy"]["source"] == "this run" and sel["greedy"]["mean_score"] == pytest.approx(0.55)
     assert sel["greedy"]["tokens_per_task"] == 7
     table = {(r["selector"], r["n"]): r for r in sel["rows"]}
@@ -211,7 +213,8 @@ def test_command_reward_model_selection_end_to_end(setup, tmp_path):
     assert table["reward-model", 2]["diff"] == pytest.approx(-0.45)  # d = (0, -.9)
     assert table["oracle", 4]["label"].startswith("oracle") and table["oracle", 4]["upper_bound"]
     assert CountdownEvalResult.from_dict(saved) == result  # the selection can be read back (and recomputed)
-    again = selection_rows(CountdownEvalResult.from_dict(saved), sel["greedy"]["task_scores"], ["reward-model"], [1, 2, 4])
+    again = selection_rows(CountdownEvalResult.from_dict(saved), sel["greedy"]["task_scores"], ["reward-model"],
+                           [1, 2, 4])
     assert [r["score"] for r in again] == pytest.approx(expected["reward-model"])
 
 
@@ -231,7 +234,8 @@ def test_command_greedy_from_file_and_its_mismatch(setup, tmp_path):
     greedy_file.write_text(json.dumps(saved))
     engine.calls.clear()
     with pytest.raises(OptionError, match="--greedy-from .*task 0 is nums \\[4, 6, 1\\] target 24"):
-        run_eval_countdown(EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle",), greedy_from=str(greedy_file)))
+        run_eval_countdown(
+            EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle", ), greedy_from=str(greedy_file)))
     assert engine.calls == []
 
 
@@ -249,13 +253,16 @@ def test_command_records_the_weights_hash_and_refuses_a_greedy_file_of_other_wei
     run_eval_countdown(EvalCountdownConfig(**base, output=str(greedy_file)))
     recorded = json.loads(greedy_file.read_text())["config"]["model_sha256"]
     assert recorded == hashlib.sha256(b"first training").hexdigest()
-    assert json.loads(greedy_file.read_text())["environment"]["torch"] == torch.__version__  # which code and machine ran
-    run_eval_countdown(EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle",), greedy_from=str(greedy_file)))
+    assert json.loads(
+        greedy_file.read_text())["environment"]["torch"] == torch.__version__  # which code and machine ran
+    run_eval_countdown(
+        EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle", ), greedy_from=str(greedy_file)))
     (folder / "model.safetensors").write_bytes(b"the rebuild")
     engine.calls.clear()
     with pytest.raises(OptionError, match="--greedy-from .*greedy.json evaluated weights with SHA-256 "
                                           + recorded[:16]):
-        run_eval_countdown(EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle",), greedy_from=str(greedy_file)))
+        run_eval_countdown(
+            EvalCountdownConfig(**base, mode="sampled", k=4, select=("oracle", ), greedy_from=str(greedy_file)))
     assert engine.calls == []
 
 
@@ -279,8 +286,8 @@ def test_command_with_a_tiny_model(tmp_path, smol_tokenizer, one_thread):
     model_dir = tmp_path / "tiny"
     make_tiny_model(len(smol_tokenizer)).save_pretrained(model_dir)
     smol_tokenizer.save_pretrained(model_dir)
-    cfg = EvalCountdownConfig(model=str(model_dir), limit=2, mode="sampled", k=2, max_new_tokens=4, batch_size=4, device="cpu",
-                              select=("majority", "self-certainty-vote", "oracle"))
+    cfg = EvalCountdownConfig(model=str(model_dir), limit=2, mode="sampled", k=2, max_new_tokens=4, batch_size=4,
+                              device="cpu", select=("majority", "self-certainty-vote", "oracle"))
     result = run_eval_countdown(cfg)
     sel = result.selection
     assert sel["skipped"] == {} and all(c is not None for row in result.task_certainty for c in row)

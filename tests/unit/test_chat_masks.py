@@ -41,7 +41,8 @@ HEADER = {
 }
 TEMPLATES = list(EOT)
 
-SINGLE = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris is the capital."}]
+SINGLE = [{"role": "user", "content": "What is the capital of France?"},
+          {"role": "assistant", "content": "Paris is the capital."}]
 MULTI = [
     {"role": "system", "content": "You are a concise travel guide."},
     {"role": "user", "content": "Plan a day in Rome."},
@@ -78,7 +79,9 @@ def llama3_tokenizer(qwen_tokenizer):
 
 @pytest.fixture
 def tokenizer(request):
-    name = {"smol": "smol_tokenizer", "qwen": "qwen_tokenizer", "chatml": "chatml_tokenizer", "llama3": "llama3_tokenizer"}
+    name = {
+        "smol": "smol_tokenizer", "qwen": "qwen_tokenizer", "chatml": "chatml_tokenizer", "llama3": "llama3_tokenizer"
+    }
     return request.getfixturevalue(name[request.param])
 
 
@@ -197,7 +200,8 @@ def test_final_eos_is_trained_when_pad_equals_eos(smol_tokenizer):
 def test_reply_starting_with_newline_is_tokenized_as_generated(qwen_tokenizer):
     """Qwen merges "\\n\\n" into one token; the reply is encoded after the prompt, as generation would."""
     tok = qwen_tokenizer
-    messages = [{"role": "user", "content": "Write a haiku."}, {"role": "assistant", "content": "\nLeaves drift\nslowly down"}]
+    messages = [{"role": "user", "content": "Write a haiku."},
+                {"role": "assistant", "content": "\nLeaves drift\nslowly down"}]
     whole = encode(tok, tok.apply_chat_template(messages, tokenize=False))
     prompt_ids = encode(tok, render_generation_prompt(tok, messages[:1]))
     assert whole[: len(prompt_ids)] != prompt_ids  # the boundary merge this guards against
@@ -278,7 +282,8 @@ def test_ensure_chat_template_by_name_and_file(smol_tokenizer, tmp_path):
 def test_template_without_prefix_property_is_refused(smol_tokenizer):
     tok = copy.deepcopy(smol_tokenizer)
     # Like Qwen3: the generation prompt opens an empty think block that the rendered reply does not have.
-    tok.chat_template = CHAT_TEMPLATES["chatml"].replace("'<|im_start|>assistant\\n' -}}", "'<|im_start|>assistant\\n<think>\\n' -}}")
+    tok.chat_template = CHAT_TEMPLATES["chatml"].replace("'<|im_start|>assistant\\n' -}}",
+                                                         "'<|im_start|>assistant\\n<think>\\n' -}}")
     assert "<think>" in render_generation_prompt(tok, SINGLE[:1])
     with pytest.raises(ValueError, match="prefix property"):
         render_chat(tok, SINGLE, max_length=256)
@@ -306,7 +311,8 @@ def test_preference_pair_masks_cover_only_the_response(tokenizer, request):
         assert ex.loss_mask == [0] * len(prompt_ids) + [1] * (len(ex.input_ids) - len(prompt_ids))
         assert [decode(tokenizer, r) for r in masked_runs(ex)] == [reply + EOT[template]]
     # Same tokens as the last turn of an SFT render with train_on="last_assistant".
-    last = render_chat(tokenizer, PROMPT + [{"role": "assistant", "content": CHOSEN}], train_on="last_assistant", max_length=4096)
+    last = render_chat(tokenizer, PROMPT + [{"role": "assistant", "content": CHOSEN}], train_on="last_assistant",
+                       max_length=4096)
     assert (last.input_ids, last.loss_mask) == (chosen.input_ids, chosen.loss_mask)
 
 

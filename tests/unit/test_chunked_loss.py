@@ -107,9 +107,11 @@ def test_sft_and_dpo_recipes_accept_chunking_and_checkpointing(tiny_model_dir, t
 
     for name, extra in {"plain": {}, "mem": {"logits_chunk_size": 16, "gradient_checkpointing": True}}.items():
         train_sft(sft_cfg(tiny_model_dir, tmp_path / f"sft-{name}", max_steps=2, save_every=0, **extra))
-    assert losses(tmp_path / "sft-mem", "loss/sft") == pytest.approx(losses(tmp_path / "sft-plain", "loss/sft"), abs=1e-4)
+    assert losses(tmp_path / "sft-mem", "loss/sft") == pytest.approx(losses(tmp_path / "sft-plain", "loss/sft"),
+                                                                     abs=1e-4)
     data = write_jsonl_rows(tmp_path / "prefs.jsonl", synthetic_rows())
-    for name, extra in {"plain": {}, "mem": {"logits_chunk_size": 4, "gradient_checkpointing": True, "packing": True}}.items():
+    for name, extra in {"plain": {}, "mem": {"logits_chunk_size": 4, "gradient_checkpointing": True,
+                                             "packing": True}}.items():
         train_dpo(dpo_cfg(tiny_model_dir, data, tmp_path / f"dpo-{name}", max_steps=2, save_every=0, **extra))
     assert losses(tmp_path / "dpo-mem", "loss") == pytest.approx(losses(tmp_path / "dpo-plain", "loss"), abs=1e-4)
 
@@ -137,7 +139,8 @@ def test_rm_recipe_with_checkpointing_frozen_blocks_and_packing_matches_plain(ti
     from tests.conftest import write_jsonl_rows
 
     chat = write_jsonl_rows(tmp_path / "chat.jsonl", [
-        {"prompt": f"What is {i} + {i}?", "chosen": f"It is {2 * i}.", "rejected": "No idea, sorry."} for i in range(8)])
+        {"prompt": f"What is {i} + {i}?", "chosen": f"It is {2 * i}.", "rejected": "No idea, sorry."} for i in range(8)
+    ])
     base = RMConfig(model=str(tiny_model_dir), data=str(chat), chat_template="chatml", max_length=64, batch_size=4,
                     micro_batch_size=2, max_steps=2, lr=1e-3, warmup_ratio=0.0, schedule="constant", eval_fraction=0.0,
                     save_every=0, device="cpu", dtype="float32", seed=0, train_layers=1)

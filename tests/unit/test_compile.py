@@ -45,7 +45,8 @@ def random_batch(vocab: int, rows: int, length: int, seed: int):
     for _ in range(rows):
         n = rng.randint(length // 2, length)
         prompt = rng.randint(1, n - 1)
-        examples.append(TokenizedExample([rng.randrange(vocab) for _ in range(n)], [0] * prompt + [1] * (n - prompt), False))
+        examples.append(
+            TokenizedExample([rng.randrange(vocab) for _ in range(n)], [0] * prompt + [1] * (n - prompt), False))
     return collate(examples, pad_token_id=0)
 
 
@@ -113,8 +114,9 @@ def test_sft_compile_gives_the_eager_gradient(tiny_model_dir, tmp_path, monkeypa
     data = write_jsonl_rows(tmp_path / "sft.jsonl", varied_sft_rows())
     grads = capture_grads(monkeypatch, sft_recipe)
     for name, compile_ in (("eager", False), ("compiled", True)):
-        sft_recipe.train_sft(sft_cfg(tiny_model_dir, data, tmp_path / name, packing=packing, micro_batch_size=4, compile=compile_,
-                                     lora_r=lora_r))
+        sft_recipe.train_sft(
+            sft_cfg(tiny_model_dir, data, tmp_path / name, packing=packing, micro_batch_size=4, compile=compile_,
+                    lora_r=lora_r))
         assert (tmp_path / name / "model" / "model.safetensors").is_file()  # LoRA: merged through a deep copy
     assert fresh_dynamo["stats"]["unique_graphs"] >= 1
     assert_same_grads(grads[0], grads[1], 1e-5)
@@ -129,14 +131,15 @@ def test_dpo_compile_gives_the_eager_gradient(tiny_model_dir, tmp_path, monkeypa
     assert_same_grads(grads[0], grads[1], 1e-5)
 
 
-def test_rm_compile_gives_the_eager_gradient_and_saves_plain_weights(tiny_model_dir, tmp_path, monkeypatch, fresh_dynamo):
+def test_rm_compile_gives_the_eager_gradient_and_saves_plain_weights(tiny_model_dir, tmp_path, monkeypatch,
+                                                                     fresh_dynamo):
     from rlft.recipes.reward_model import RMConfig
 
     data = write_jsonl_rows(tmp_path / "rm.jsonl", rm_rows())
     grads = capture_grads(monkeypatch, rm_recipe)
-    cfg = RMConfig(model=str(tiny_model_dir), data=str(data), output_dir=str(tmp_path / "eager"), max_length=128, batch_size=8,
-                   micro_batch_size=4, max_steps=1, lr=1e-3, warmup_ratio=0.0, eval_fraction=0.0, save_every=0, device="cpu",
-                   dtype="float32")
+    cfg = RMConfig(model=str(tiny_model_dir), data=str(data), output_dir=str(tmp_path / "eager"), max_length=128,
+                   batch_size=8, micro_batch_size=4, max_steps=1, lr=1e-3, warmup_ratio=0.0, eval_fraction=0.0,
+                   save_every=0, device="cpu", dtype="float32")
     rm_recipe.train_rm(cfg)
     final = rm_recipe.train_rm(replace(cfg, output_dir=str(tmp_path / "compiled"), compile=True))
     assert fresh_dynamo["stats"]["unique_graphs"] >= 1

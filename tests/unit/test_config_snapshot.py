@@ -59,9 +59,12 @@ its filtered SFT stage and skips the sampled evaluation; 2026-11-28, to fit 45 m
 prompts, 256 sequences decoded together; rl's sampler decodes a default step's 64 samples together, not 32)."""
 
 
-ADDED = {"RLConfig": {"stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0, "max_staleness": 1,
-                     "max_tokens_per_micro_batch": None, "positive_weight": 1.0},
-         "EvalCountdownConfig": {"ledger": None, "stop_repeats": None}, "SFTConfig": {"max_tokens": None}}
+ADDED = {
+    "RLConfig": {
+        "stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0,
+        "max_staleness": 1, "max_tokens_per_micro_batch": None, "positive_weight": 1.0
+    }, "EvalCountdownConfig": {"ledger": None, "stop_repeats": None}, "SFTConfig": {"max_tokens": None}
+}
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets it)."""
 SET_SINCE = {"real_sft_correct_grpo": {"stop_repeats": None}}
 """Added options a variant (in every setting) sets explicitly, with its value: the recipe as named, before the
@@ -160,13 +163,16 @@ def ablation_configs() -> dict[str, dict]:
                        "micro_batch_size": s.micro_batch_size, **options},
                     model="start", output_dir="run", seed=0, **device, resume_override=("micro_batch_size",)))
             elif spec["kind"] == "dpo":
-                out[key] = _attempt(lambda: DPOConfig(**{**s.dpo, **options}, model="start", data="pairs.jsonl",
-                                                      output_dir="run", micro_batch_size=s.micro_batch_size, seed=0, **device))
+                out[key] = _attempt(
+                    lambda: DPOConfig(**{**s.dpo, **options}, model="start", data="pairs.jsonl", output_dir="run",
+                                      micro_batch_size=s.micro_batch_size, seed=0, **device))
                 n = spec.get("pair_prompts", s.pairs["num_prompts"])
                 out[key + "/pairs"] = _attempt(lambda: PairsConfig(
-                    **{**s.tasks, **s.pairs, "num_prompts": n, "num_samples": spec.get("pair_samples", s.pairs["num_samples"])},
-                    model="start", start=spec.get("pair_offset", 0), max_new_tokens=s.max_new_tokens, output="pairs.jsonl",
-                    seed=0, **device))
+                    **{
+                        **s.tasks, **s.pairs, "num_prompts": n, "num_samples": spec.get(
+                            "pair_samples", s.pairs["num_samples"])
+                    }, model="start", start=spec.get("pair_offset", 0), max_new_tokens=s.max_new_tokens, output=
+                    "pairs.jsonl", seed=0, **device))
             else:
                 out[key] = _attempt(lambda: SFTConfig(**{**s.tasks, **s.sft_continued, **options}, model="start",
                                                       trace_style=s.trace_style, give_up=s.give_up, output_dir="run",
@@ -247,7 +253,8 @@ def test_flags_defaults_and_help_unchanged(saved, command):
         if flag in REGISTRY_FLAGS:
             text, now[flag] = _registry_choices(text, now[flag])
         if flag in DEFAULT_CHANGED.get(command, {}):
-            assert _type_and_default(now[flag]) == (_type_and_default(text)[0], DEFAULT_CHANGED[command][flag]), (command, flag)
+            assert _type_and_default(now[flag]) == (_type_and_default(text)[0],
+                                                    DEFAULT_CHANGED[command][flag]), (command, flag)
         elif flag in reworded:
             assert _type_and_default(now[flag]) == _type_and_default(text), (command, flag)
         else:

@@ -9,8 +9,9 @@ import pytest
 
 from rlft.cli import main
 
-CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml")
-                 if "ablation" not in p.parts)  # configs/countdown/ablation: a study's variants (tests/unit/test_ablation_budget.py)
+CONFIGS = sorted(
+    p for p in (Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml")
+    if "ablation" not in p.parts)  # configs/countdown/ablation: a study's variants (tests/unit/test_ablation_budget.py)
 
 
 def test_there_are_recipes_for_both_tracks():
@@ -41,7 +42,11 @@ def test_dry_run_still_validates(capsys):
 def test_dry_run_describes_models_and_data(capsys, tmp_path):
     data = tmp_path / "pairs.jsonl"
     data.write_text("{}\n")
-    main(["dpo", "--model", "smollm2-135m", "--data", str(data), "--output-dir", str(tmp_path / "out"), "--lora-r", "4", "--dry-run"])
+    main([
+        "dpo", "--model", "smollm2-135m", "--data",
+        str(data), "--output-dir",
+        str(tmp_path / "out"), "--lora-r", "4", "--dry-run"
+    ])
     out = capsys.readouterr().out
     assert "model: built-in smollm2-135m" in out
     assert f"data: local file {data}" in out
@@ -51,7 +56,8 @@ def test_dry_run_describes_models_and_data(capsys, tmp_path):
 
 def test_dry_run_names_the_distributed_strategy_and_refuses_what_fsdp2_cannot_shard(capsys, tmp_path):
     main(["sft", "--distributed", "fsdp2", "--output-dir", str(tmp_path / "out"), "--dry-run"])
-    assert "under torchrun: --distributed fsdp2 (FSDP2: parameters, gradients and optimizer state sharded" in capsys.readouterr().out
+    assert "under torchrun: --distributed fsdp2 (FSDP2: parameters, gradients and optimizer state sharded" in capsys.readouterr(
+    ).out
     main(["rl", "--output-dir", str(tmp_path / "out"), "--dry-run"])  # the default, auto: FSDP2 on many ranks
     assert "under torchrun: --distributed auto = fsdp2 (FSDP2: parameters" in capsys.readouterr().out
     main(["sft", "--lora-r", "4", "--output-dir", str(tmp_path / "out"), "--dry-run"])  # auto with LoRA: DDP

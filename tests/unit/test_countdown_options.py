@@ -26,8 +26,11 @@ def test_the_four_configs_share_one_block_with_one_default_each():
     for cls in (SFTConfig, PairsConfig, EvalCountdownConfig, RLConfig):
         assert issubclass(cls, CountdownOptions), cls
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        assert {name: defaults[name] for name in SHARED} == {"data_split": "train", "preset": "easy3", "split_seed": 1234,
-                                                            "heldout_size": 200, "prompt_template": "base"}, cls
+        assert {name: defaults[name]
+                for name in SHARED} == {
+                    "data_split": "train", "preset": "easy3", "split_seed": 1234, "heldout_size": 200,
+                    "prompt_template": "base"
+                }, cls
     for cls in (PairsConfig, EvalCountdownConfig, RLConfig):
         assert issubclass(cls, CountdownDataOptions)
     for cls in (PairsConfig, RLConfig):
@@ -72,7 +75,8 @@ def test_training_tasks_from_a_file(tmp_path):
     from rlft.tasks.countdown.splits import load_split
 
     rows = tmp_path / "rows.jsonl"
-    write_jsonl(rows, [{"target": t.target, "nums": list(t.nums)} for t in generate_tasks(PRESETS["standard"], 1100, seed=3)])
+    write_jsonl(rows,
+                [{"target": t.target, "nums": list(t.nums)} for t in generate_tasks(PRESETS["standard"], 1100, seed=3)])
     split = load_split(str(rows))
     train, held = CountdownTrainingOptions(data=str(rows)).training_tasks(5, start=2, heldout="test")
     assert train == split.train[2:7] and held == split.test

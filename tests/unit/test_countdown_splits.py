@@ -16,7 +16,10 @@ from tests.conftest import SHARED_DATA
 
 def rows(n: int, seed: int = 0) -> list[CountdownTask]:
     rng = random.Random(seed)
-    return [CountdownTask(tuple(rng.randint(1, 99) for _ in range(rng.choice((3, 4)))), rng.randint(10, 100)) for _ in range(n)]
+    return [
+        CountdownTask(tuple(rng.randint(1, 99) for _ in range(rng.choice((3, 4)))), rng.randint(10, 100))
+        for _ in range(n)
+    ]
 
 
 def test_split_is_stratified_distinct_disjoint_and_seeded():
@@ -52,7 +55,8 @@ def test_part_and_drop_heldout():
     assert split.part("test") == split.test and split.part("train") == split.train
     with pytest.raises(ValueError, match="unknown split"):
         split.part("dev")
-    assert drop_heldout([CountdownTask((6, 4, 5), 20), CountdownTask((1, 2, 3), 10)], split.heldout_keys()) == [CountdownTask((1, 2, 3), 10)]
+    assert drop_heldout([CountdownTask((6, 4, 5), 20), CountdownTask((1, 2, 3), 10)],
+                        split.heldout_keys()) == [CountdownTask((1, 2, 3), 10)]
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "countdown" / "train.parquet").is_file(), reason="needs ../shared/data")
@@ -65,16 +69,19 @@ def test_real_file_split_sizes():
 
 
 def test_size_summary_and_subset_by_hand():
-    result = CountdownEvalResult(num_tasks=3, k=2, mode="sampled", mean_score=0.0, accuracy=0.0, format_rate=0.0, pass_at_k={1: 0.0},
-                                 mean_completion_tokens=0.0, truncated_rate=0.0,
-                                 task_scores=[[1.0, 0.1], [0.0, 0.0], [1.0, 1.0]],
-                                 tasks=[{"nums": [1, 2, 3], "target": 6}, {"nums": [1, 2, 3, 4], "target": 10}, {"nums": [2, 3, 4], "target": 9}],
-                                 task_truncated=[[False, False], [True, False], [False, False]])
+    result = CountdownEvalResult(
+        num_tasks=3, k=2, mode="sampled", mean_score=0.0, accuracy=0.0, format_rate=0.0, pass_at_k={1: 0.0},
+        mean_completion_tokens=0.0, truncated_rate=0.0, task_scores=[[1.0, 0.1], [0.0, 0.0], [1.0, 1.0]],
+        tasks=[{"nums": [1, 2, 3], "target": 6}, {"nums": [1, 2, 3, 4], "target": 10},
+               {"nums": [2, 3, 4], "target": 9}], task_truncated=[[False, False], [True, False], [False, False]])
     summary = size_summary(result)
     assert list(summary) == ["3", "4", "all"]
-    assert summary["3"] == {"n": 2, "score": pytest.approx(3.1 / 4), "accuracy": 0.75, "format_rate": 1.0, "truncated_rate": 0.0}
+    assert summary["3"] == {
+        "n": 2, "score": pytest.approx(3.1 / 4), "accuracy": 0.75, "format_rate": 1.0, "truncated_rate": 0.0
+    }
     assert summary["4"] == {"n": 1, "score": 0.0, "accuracy": 0.0, "format_rate": 0.0, "truncated_rate": 0.5}
-    assert summary["all"]["score"] == pytest.approx(3.1 / 6) and summary["all"]["truncated_rate"] == pytest.approx(1 / 6)
+    assert summary["all"]["score"] == pytest.approx(3.1 / 6) and summary["all"]["truncated_rate"] == pytest.approx(
+        1 / 6)
     assert subset(result, 4) == [[0.0, 0.0]] and subset(result, None) == result.task_scores
 
 

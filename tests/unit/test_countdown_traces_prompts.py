@@ -96,7 +96,8 @@ def test_bounded_trace_examples():
     never gives up writes the whole search to the solution, the same text as ``search`` with no dead-end cap."""
     task = CountdownTask(nums=(3, 5, 7), target=22)
     dead_end = " 3*7=21, 21+5=26, no.\n"
-    assert write_trace(task, "bounded", give_up=1.0) == dead_end + "Closest: 3*7+5=26.</think>\n<answer>3 * 7 + 5</answer>"
+    assert write_trace(task, "bounded",
+                       give_up=1.0) == dead_end + "Closest: 3*7+5=26.</think>\n<answer>3 * 7 + 5</answer>"
     assert write_trace(task, "bounded", give_up=0.0) == (
         dead_end + "3*5=15, 15+7=22. Check: 3*5+7=22.</think>\n<answer>3 * 5 + 7</answer>"
     )
@@ -105,7 +106,8 @@ def test_bounded_trace_examples():
     assert compute_score(short_prompt(task) + write_trace(task, "bounded", give_up=1.0), task.ground_truth()) == 0.1
     # a first-ranked success is written the same whatever the patience
     first = CountdownTask(nums=(3, 5, 7), target=26)
-    assert write_trace(first, "bounded", give_up=1.0) == " 3*7=21, 21+5=26. Check: 3*7+5=26.</think>\n<answer>3 * 7 + 5</answer>"
+    assert write_trace(first, "bounded",
+                       give_up=1.0) == " 3*7=21, 21+5=26. Check: 3*7+5=26.</think>\n<answer>3 * 7 + 5</answer>"
 
 
 def test_bounded_traces_score_one_or_format_and_follow_their_rules(tasks_by_preset):
@@ -142,7 +144,10 @@ def test_bounded_traces_score_one_or_format_and_follow_their_rules(tasks_by_pres
                 assert abs(closest - task.target) == min(abs(v - task.target) for v in values)
         shares.append(correct / len(tasks))
     assert shares == sorted(shares, reverse=True) and shares[-1] < shares[0]
-    expected = [sum((1 - give_up) ** r for r in (rank_of(t) for t in tasks) if r < 4) / len(tasks) for give_up in (0.0, 0.3, 0.6, 1.0)]
+    expected = [
+        sum((1 - give_up)**r for r in (rank_of(t) for t in tasks) if r < 4) / len(tasks)
+        for give_up in (0.0, 0.3, 0.6, 1.0)
+    ]
     assert shares[0] == pytest.approx(expected[0]) and shares[-1] == pytest.approx(expected[-1])
     assert shares[2] == pytest.approx(expected[2], abs=0.08)
 
@@ -151,7 +156,8 @@ def rank_of(task: CountdownTask) -> int:
     """0-based rank of the first ranked candidate that can still reach the target."""
     from rlft.tasks.countdown.traces import _candidates, is_solvable
 
-    return next(r for r, (_, rest) in enumerate(_candidates(tuple(task.nums), task.target)) if is_solvable(rest, task.target))
+    return next(
+        r for r, (_, rest) in enumerate(_candidates(tuple(task.nums), task.target)) if is_solvable(rest, task.target))
 
 
 def test_bounded_trace_arguments_are_checked():

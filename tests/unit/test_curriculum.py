@@ -73,7 +73,9 @@ def test_a_bucket_with_high_advantage_is_drawn_more():
 def test_draws_are_seeded():
     bandit = SECBandit((0.0, 0.5, 1.0))
     a = bandit.draw(50, torch.Generator().manual_seed(3))
-    assert a == bandit.draw(50, torch.Generator().manual_seed(3)) and a != bandit.draw(50, torch.Generator().manual_seed(4))
+    assert a == bandit.draw(50,
+                            torch.Generator().manual_seed(3)) and a != bandit.draw(50,
+                                                                                   torch.Generator().manual_seed(4))
     assert bandit.draw(0, torch.Generator()) == []
 
 
@@ -90,7 +92,8 @@ def test_count_target_buckets():
                countdown_prompt([1, 2, 3], 120)]
     bucket_of, names = count_target_buckets(prompts)
     assert names == ["n2_t10-39", "n3_t10-39", "n3_t40-69", "n3_t70-100", "n4_t40-69"]
-    assert [names[b] for b in bucket_of] == ["n3_t10-39", "n4_t40-69", "n3_t10-39", "n3_t40-69", "n3_t70-100", "n2_t10-39", "n3_t70-100"]
+    assert [names[b] for b in bucket_of
+            ] == ["n3_t10-39", "n4_t40-69", "n3_t10-39", "n3_t40-69", "n3_t70-100", "n2_t10-39", "n3_t70-100"]
     with pytest.raises(ValueError, match="count_target needs Countdown prompts.*prompt 1 has none"):
         count_target_buckets([prompts[0], RLPrompt("hi", [{"role": "user", "content": "hi"}], {"messages": []})])
 
@@ -174,8 +177,9 @@ def test_curriculum_options_are_validated():
 
 def make_cfg(model_dir: Path, output_dir: Path, **overrides) -> RLConfig:
     cfg = RLConfig(model=str(model_dir), reward="uppercase_start", preset="medium3", num_train=60, heldout_size=8,
-                   prompt_template="short", output_dir=str(output_dir), advantage="grpo", k=4, prompts_per_step=4, max_steps=4,
-                   lr=5e-2, beta=0.0, max_new_tokens=1, micro_batch_size=8, save_every=0, device="cpu", dtype="float32")
+                   prompt_template="short", output_dir=str(output_dir), advantage="grpo", k=4, prompts_per_step=4,
+                   max_steps=4, lr=5e-2, beta=0.0, max_new_tokens=1, micro_batch_size=8, save_every=0, device="cpu",
+                   dtype="float32")
     return replace(cfg, **overrides)
 
 
@@ -196,12 +200,15 @@ def test_no_curriculum_is_the_seeded_order(tiny_model_dir, tmp_path, monkeypatch
     cfg = make_cfg(tiny_model_dir, tmp_path / "u", max_steps=3)
     train_rl(cfg)
     prompts, _, _ = load_prompts(cfg, load_tokenizer(str(tiny_model_dir)))
-    assert RecordingEngine.calls == [[prompts[i].text for i in batch_indices(s, len(prompts), 4, cfg.seed)] for s in range(3)]
+    assert RecordingEngine.calls == [
+        [prompts[i].text for i in batch_indices(s, len(prompts), 4, cfg.seed)] for s in range(3)
+    ]
     assert not any(key.startswith("curriculum/") for r in read_metrics(tmp_path / "u" / "metrics.jsonl") for key in r)
 
 
 def test_sec_runs_with_group_filtering_and_resumes_to_the_same_run(tiny_model_dir, tmp_path, monkeypatch):
-    cfg = make_cfg(tiny_model_dir, tmp_path / "a", curriculum="sec", filter_groups=True, max_prompt_batches=2, save_every=2)
+    cfg = make_cfg(tiny_model_dir, tmp_path / "a", curriculum="sec", filter_groups=True, max_prompt_batches=2,
+                   save_every=2)
     train_rl(cfg)
     records = read_metrics(tmp_path / "a" / "metrics.jsonl")
     names = sorted(key.removeprefix("curriculum/q_") for key in records[0] if key.startswith("curriculum/q_"))

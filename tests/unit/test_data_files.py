@@ -47,7 +47,9 @@ def test_json_that_is_not_a_list_raises_data_error(tmp_path):
 
 def test_bad_jsonl_line_is_yielded_as_data_error_naming_file_and_row(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1]) + "\n" + '{"prompt": "x", "completion": \n' + json.dumps(ROWS[0]) + "\n")
+    path.write_text(
+        json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1]) + "\n" + '{"prompt": "x", "completion": \n' +
+        json.dumps(ROWS[0]) + "\n")
     rows = list(read_rows(str(path)))
     assert rows[0] == (0, ROWS[0]) and rows[1] == (1, ROWS[1]) and rows[3] == (3, ROWS[0])
     index, err = rows[2]

@@ -42,7 +42,9 @@ def test_quick_sizes_apply_where_an_option_is_left_at_its_default():
 
 def test_quick_with_explicit_options_on_the_command_line(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["demo", "--quick", "--rl-steps", "0", "--pairs-prompts", "0", "--passk", "0", "--sft-steps", "1", "--dry-run"])
+    main([
+        "demo", "--quick", "--rl-steps", "0", "--pairs-prompts", "0", "--passk", "0", "--sft-steps", "1", "--dry-run"
+    ])
     plan = capsys.readouterr().out
     for name, value in (("rl_steps", 0), ("pairs_prompts", 0), ("passk", 0), ("sft_steps", 1), ("num_train", 64)):
         assert any(line.split()[:2] == [name, str(value)] or line.split()[:2] == [name + ":", str(value)]

@@ -87,9 +87,12 @@ def torchrun(command: str, cfg, nproc: int = 2) -> subprocess.CompletedProcess:
     """Run ``rlft <command>`` with ``cfg``'s options under torchrun with ``nproc`` CPU processes (gloo)."""
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
            "MASTER_ADDR": "127.0.0.1", "CUDA_VISIBLE_DEVICES": ""}
-    done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-                                 "--master-addr", "127.0.0.1", "--master-port", port,
-                                 "-m", "rlft.cli", *command.split(), *_flags(cfg), "--debug"], env, 300)
+    done = _launch(
+        lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+            str(nproc), "--master-addr", "127.0.0.1", "--master-port", port, "-m", "rlft.cli", *command.split(),
+            *_flags(cfg), "--debug"
+        ], env, 300)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done
 
@@ -153,8 +156,15 @@ def test_one_process_helpers_are_identities(monkeypatch):
 
 
 @pytest.mark.parametrize("requested, world, lora_r, expected", [
-    ("auto", 1, 0, "ddp"), ("auto", 2, 0, "fsdp2"), ("auto", 8, 0, "fsdp2"), ("auto", 2, 4, "ddp"), ("auto", 1, 4, "ddp"),
-    ("ddp", 2, 0, "ddp"), ("fsdp2", 1, 0, "fsdp2"), ("fsdp2", 2, 0, "fsdp2"), ("ddp", 2, 4, "ddp"),
+    ("auto", 1, 0, "ddp"),
+    ("auto", 2, 0, "fsdp2"),
+    ("auto", 8, 0, "fsdp2"),
+    ("auto", 2, 4, "ddp"),
+    ("auto", 1, 4, "ddp"),
+    ("ddp", 2, 0, "ddp"),
+    ("fsdp2", 1, 0, "fsdp2"),
+    ("fsdp2", 2, 0, "fsdp2"),
+    ("ddp", 2, 4, "ddp"),
 ])
 def test_auto_strategy_is_fsdp2_on_many_ranks_unless_lora(requested, world, lora_r, expected):
     from rlft.options import resolved_strategy
@@ -170,14 +180,15 @@ def test_filler_passes_run_forwards_with_a_zero_gradient(smol_tokenizer):
     # What a rank of a sharded model runs when it has fewer micro-batches than the busiest rank (here none at
     # all): forwards (and backwards) of the filler batch, with no effect on the log-probs or the gradient.
     from rlft.losses.pg import PolicyObjective
-    from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, micro_batch_rows, policy_loss_backward,
-                               rollout_batch, synced_passes)
+    from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, filler_batch, micro_batch_rows,
+                               policy_loss_backward, rollout_batch, synced_passes)
     from tests.conftest import make_tiny_model
 
     model = make_tiny_model(len(smol_tokenizer))
     calls = []
     model.get_decoder().register_forward_hook(lambda *_: calls.append(1))  # sequence_logprobs runs the decoder itself
-    assert [len(r) for r in micro_batch_rows(torch.ones(7), 3)] == [3, 3, 1] and micro_batch_rows(torch.ones(0), 3) == []
+    assert [len(r) for r in micro_batch_rows(torch.ones(7), 3)] == [3, 3, 1] and micro_batch_rows(torch.ones(0),
+                                                                                                  3) == []
     assert synced_passes(model, 3) is None  # not sharded: every rank runs its own micro-batches
     filler = filler_batch(smol_tokenizer, "cpu")
     assert filler.input_ids.shape == (1, 2) and filler.loss_mask.tolist() == [[0.0, 1.0]]
@@ -186,7 +197,8 @@ def test_filler_passes_run_forwards_with_a_zero_gradient(smol_tokenizer):
     plan = PassPlan(temperature=1.0, micro_batch_size=3)
     assert batch_logprobs(model, empty, plan).shape == (0, 1) and not calls
     assert batch_logprobs(model, empty, replace(plan, passes=2, filler=filler)).shape == (0, 1) and len(calls) == 2
-    metrics, logprobs = policy_loss_backward(model, empty, torch.zeros(0), PolicyObjective(), replace(plan, passes=3, filler=filler),
+    metrics, logprobs = policy_loss_backward(model, empty, torch.zeros(0), PolicyObjective(),
+                                             replace(plan, passes=3, filler=filler),
                                              LossContext(num_sequences=4, num_tokens=10.0))
     assert len(calls) == 5 and logprobs.shape == (0, 1) and metrics["loss/policy"] == 0.0
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -249,8 +261,12 @@ def test_collective_helpers_over_two_ranks(tmp_path):
     script = tmp_path / "sum_gradients.py"
     script.write_text(SUM_GRADIENTS_SCRIPT)
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
-    done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                                 "--master-addr", "127.0.0.1", "--master-port", port, str(script)], env, 300)
+    done = _launch(
+        lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
+            "127.0.0.1", "--master-port", port,
+            str(script)
+        ], env, 300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "ok 0" in done.stdout and "ok 1" in done.stdout
 
@@ -319,8 +335,10 @@ def test_sft_two_processes_resume_to_the_same_weights(tiny_model_dir, tmp_path):
 def test_sft_fsdp2_two_processes_equal_one_with_packing_checkpointing_and_chunked_head(tiny_model_dir, tmp_path):
     # What the recipe does beside model(...): packed rows through get_decoder(), the LM head in chunks,
     # recomputed layer activations (FSDP2 gathers a layer again for its recomputation).
-    options = {"packing": True, "gradient_checkpointing": True, "logits_chunk_size": 16, "max_steps": 3, "save_every": 0,
-               "distributed": "fsdp2"}
+    options = {
+        "packing": True, "gradient_checkpointing": True, "logits_chunk_size": 16, "max_steps": 3, "save_every": 0,
+        "distributed": "fsdp2"
+    }
     train_sft(sft_cfg(tiny_model_dir, tmp_path / "one", **options))
     torchrun("sft", sft_cfg(tiny_model_dir, tmp_path / "two", **options))
     assert_same_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL)
@@ -374,9 +392,9 @@ def dpo_cfg(model_dir: Path, data: Path, output_dir: Path, **overrides):
     from rlft.recipes.dpo import DPOConfig
 
     # 11 pairs, 4 per step: steps of 4, 4, 3 pairs; 2 per rank (one micro-batch of 2), then 2 and 1.
-    cfg = DPOConfig(model=str(model_dir), data=str(data), data_format="text", output_dir=str(output_dir),
-                    max_length=64, batch_size=4, micro_batch_size=2, max_steps=4, loss_type="rpo", beta=0.5,
-                    lr=1e-2, optimizer="sgd", warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32", distributed="ddp")
+    cfg = DPOConfig(model=str(model_dir), data=str(data), data_format="text", output_dir=str(output_dir), max_length=64,
+                    batch_size=4, micro_batch_size=2, max_steps=4, loss_type="rpo", beta=0.5, lr=1e-2, optimizer="sgd",
+                    warmup_ratio=0.0, save_every=2, device="cpu", dtype="float32", distributed="ddp")
     return replace(cfg, **overrides)
 
 
@@ -433,7 +451,8 @@ def test_rm_two_processes_equal_one(strategy, tiny_model_dir, tmp_path):
     test = write_jsonl_rows(tmp_path / "test.jsonl", rows(4, 100))
     cfg = RMConfig(model=str(tiny_model_dir), data=str(train), eval_data=str(test), output_dir=str(tmp_path / "one"),
                    max_length=64, batch_size=4, micro_batch_size=2, eval_batch_size=4, max_steps=4, lr=3e-3,
-                   warmup_ratio=0.0, eval_every=2, save_every=2, device="cpu", dtype="float32", seed=0, distributed=strategy)
+                   warmup_ratio=0.0, eval_every=2, save_every=2, device="cpu", dtype="float32", seed=0,
+                   distributed=strategy)
     train_rm(cfg)
     torchrun("rm", replace(cfg, output_dir=str(tmp_path / "two")))
     assert_same_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL if strategy == "fsdp2" else None)
@@ -498,10 +517,15 @@ def run_rl_script(tmp_path: Path, options: dict, nproc: int, sample: bool = Fals
     extra = ["sample"] if sample else []
     if nproc == 1:
         env = {k: v for k, v in env.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-        done = subprocess.run([sys.executable, str(script), config, *extra], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, str(script), config, *extra], env=env, capture_output=True, text=True,
+                              timeout=300)
     else:
-        done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-                                     "--master-addr", "127.0.0.1", "--master-port", port, str(script), config, *extra], env, 300)
+        done = _launch(
+            lambda port: [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+                str(nproc), "--master-addr", "127.0.0.1", "--master-port", port,
+                str(script), config, *extra
+            ], env, 300)
     assert done.returncode == 0, f"{nproc} process(es) failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done
 
@@ -537,9 +561,11 @@ def assert_same_rl_run(one: Path, two: Path, atol: float = 1e-5, norm_rtol: floa
 def test_rl_two_processes_equal_one_given_the_same_samples(options, tiny_model_dir, tmp_path):
     # The same samples whichever rank draws them (a hashing engine stands in for generation, whose
     # batching and random streams do differ with the world size): then metrics and weights are equal.
-    base = {"model": str(tiny_model_dir), "reward": "uppercase_start", "preset": "tiny", "num_train": 16, "heldout_size": 8,
-            "prompt_template": "short", "k": 4, "prompts_per_step": 5, "max_steps": 3, "lr": 1e-2, "optimizer": "sgd",
-            "micro_batch_size": 3, "save_every": 2, "device": "cpu", "dtype": "float32", "distributed": "ddp", **options}
+    base = {
+        "model": str(tiny_model_dir), "reward": "uppercase_start", "preset": "tiny", "num_train": 16, "heldout_size": 8,
+        "prompt_template": "short", "k": 4, "prompts_per_step": 5, "max_steps": 3, "lr": 1e-2, "optimizer": "sgd",
+        "micro_batch_size": 3, "save_every": 2, "device": "cpu", "dtype": "float32", "distributed": "ddp", **options
+    }
     run_rl_script(tmp_path, {**base, "output_dir": str(tmp_path / "one")}, 1)
     run_rl_script(tmp_path, {**base, "output_dir": str(tmp_path / "two")}, 2)
     assert_same_rl_run(tmp_path / "one", tmp_path / "two")
@@ -556,12 +582,14 @@ def rl_fsdp2_options(model_dir: Path) -> dict:
     # 5 prompts per step split 3 + 2 groups (12 and 8 rows: 4 and 3 micro-batches of 3), generation batches of 4
     # rows (3 and 2 generate calls), filtered groups (further prompt batches; kept groups split unevenly), a sharded
     # reference for the KL in the reward, 2 PPO epochs, evaluation of 5 held-out tasks split 3 + 2.
-    return {"model": str(model_dir), "reward": "uppercase_start", "preset": "tiny", "num_train": 16, "heldout_size": 8,
-            "prompt_template": "short", "k": 4, "prompts_per_step": 5, "max_steps": 3, "lr": 1e-2, "optimizer": "sgd",
-            "micro_batch_size": 3, "gen_batch_size": 4, "save_every": 2, "device": "cpu", "dtype": "float32",
-            "advantage": "grpo", "loss": "ppo", "loss_mode": "token_mean", "ppo_epochs": 2, "beta": 0.05, "kl_mode": "reward",
-            "filter_groups": True, "max_prompt_batches": 3, "eval_every": 2, "eval_limit": 5, "eval_max_new_tokens": 4,
-            "distributed": "fsdp2"}
+    return {
+        "model": str(model_dir), "reward": "uppercase_start", "preset": "tiny", "num_train": 16, "heldout_size": 8,
+        "prompt_template": "short", "k": 4, "prompts_per_step": 5, "max_steps": 3, "lr": 1e-2, "optimizer": "sgd",
+        "micro_batch_size": 3, "gen_batch_size": 4, "save_every": 2, "device": "cpu", "dtype": "float32",
+        "advantage": "grpo", "loss": "ppo", "loss_mode": "token_mean", "ppo_epochs": 2, "beta": 0.05,
+        "kl_mode": "reward", "filter_groups": True, "max_prompt_batches": 3, "eval_every": 2, "eval_limit": 5,
+        "eval_max_new_tokens": 4, "distributed": "fsdp2"
+    }
 
 
 @pytest.mark.parametrize("max_tokens", [None, 80], ids=["rows", "token-budget"])
@@ -573,7 +601,8 @@ def test_rl_fsdp2_two_processes_equal_one_given_the_same_samples(tiny_model_dir,
     options = {**rl_fsdp2_options(tiny_model_dir), "max_tokens_per_micro_batch": max_tokens}
     run_rl_script(tmp_path, {**options, "output_dir": str(tmp_path / "one")}, 1, sample=True)
     done = run_rl_script(tmp_path, {**options, "output_dir": str(tmp_path / "two")}, 2, sample=True)
-    assert (done.stdout + done.stderr).count("FSDP2: 2 decoder layers sharded over 2 ranks") == 2  # policy and reference
+    assert (done.stdout +
+            done.stderr).count("FSDP2: 2 decoder layers sharded over 2 ranks") == 2  # policy and reference
     assert_same_rl_run(tmp_path / "one", tmp_path / "two", norm_rtol=NORM_RTOL)
     records = read_metrics(tmp_path / "two" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3] and "eval/score" in records[0] and "eval/score" in records[2]
@@ -626,8 +655,13 @@ def test_hf_engine_under_fsdp2_samples_as_unsharded_with_uneven_prompts(tiny_mod
     script.write_text(HF_ENGINE_SCRIPT)
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1",
            "CUDA_VISIBLE_DEVICES": ""}
-    done = _launch(lambda port: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                                 "--master-addr", "127.0.0.1", "--master-port", port, str(script), str(tiny_model_dir)], env, 300)
+    done = _launch(
+        lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
+            "127.0.0.1", "--master-port", port,
+            str(script),
+            str(tiny_model_dir)
+        ], env, 300)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     assert "ok 0" in done.stdout and "ok 1" in done.stdout
 

@@ -85,7 +85,8 @@ def test_hh_rows_are_chat_pairs(tok):
         pairs, stats = load_tokenized_pairs(cfg, tok)
         assert (stats["pairs"], stats["skipped_invalid"]) == (n_valid, stats["rows"] - n_valid), name
         for pair in pairs:
-            assert tok.decode([t for t, m in zip(pair.chosen.input_ids, pair.chosen.loss_mask) if m]).endswith("<|im_end|>")
+            assert tok.decode([t for t, m in zip(pair.chosen.input_ids, pair.chosen.loss_mask) if m
+                               ]).endswith("<|im_end|>")
 
 
 @needs_uf
@@ -111,7 +112,8 @@ def test_real_flattened_ultrafeedback_rows(tok, rlft_log):
 @needs_uf
 @pytest.mark.parametrize("max_length, max_prompt_length, min_dropped", [(96, 40, 0), (64, None, 3)])
 def test_truncation_keeps_prompt_end_and_response_start(tok, max_length, max_prompt_length, min_dropped):
-    cfg = DPOConfig(data=str(UF_FILE), skip_invalid=True, limit=12, max_length=max_length, max_prompt_length=max_prompt_length)
+    cfg = DPOConfig(data=str(UF_FILE), skip_invalid=True, limit=12, max_length=max_length,
+                    max_prompt_length=max_prompt_length)
     _, stats = load_tokenized_pairs(cfg, tok)
     chat_pairs, _ = read_chat_pairs(cfg)
     dropped = prompts_cut = 0
@@ -138,7 +140,9 @@ def test_max_prompt_length_is_chat_only_and_checked(tmp_path, tok):
     with pytest.raises(ValueError, match="--max-prompt-length applies to chat data"):
         load_tokenized_pairs(DPOConfig(data=str(countdown), max_prompt_length=16), tok)
     with pytest.raises(ValueError, match=r"--max-prompt-length must be < --max-length \(64\), got 64"):
-        train_dpo(DPOConfig(model=str(tmp_path / "missing"), output_dir=str(tmp_path / "run"), max_length=64, max_prompt_length=64))
+        train_dpo(
+            DPOConfig(model=str(tmp_path / "missing"), output_dir=str(tmp_path / "run"), max_length=64,
+                      max_prompt_length=64))
 
 
 def test_no_chat_template_names_the_option(tok):
@@ -147,7 +151,8 @@ def test_no_chat_template_names_the_option(tok):
         load_tokenized_pairs(DPOConfig(data=str(H4)), tok)
     pairs, _ = load_tokenized_pairs(DPOConfig(data=str(H4), chat_template="chatml"), tok)
     assert tok.chat_template == CHAT_TEMPLATES["chatml"]
-    assert tok.decode(pairs[0].chosen.input_ids).startswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>")
+    assert tok.decode(
+        pairs[0].chosen.input_ids).startswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>")
 
 
 # --------------------------------------------------------------------------- auto-detection
@@ -158,9 +163,12 @@ def countdown_rows(n: int, template: str = "base", tokenizer=None) -> list[dict]
     rows = []
     for i in range(n):
         task = CountdownTask(nums=(1, 2, 3 + i), target=6 + i)
-        rows.append({"prompt": render_prompt(template, task, tokenizer), "chosen": f" 1+2=3.</think>\n<answer>1 + 2 + {3 + i}</answer>",
-                     "rejected": " hmm</think>\n<answer>1</answer>", "score_chosen": 1.0, "score_rejected": 0.1,
-                     "nums": list(task.nums), "target": task.target})
+        rows.append({
+            "prompt": render_prompt(template, task,
+                                    tokenizer), "chosen": f" 1+2=3.</think>\n<answer>1 + 2 + {3 + i}</answer>",
+            "rejected": " hmm</think>\n<answer>1</answer>", "score_chosen": 1.0, "score_rejected": 0.1,
+            "nums": list(task.nums), "target": task.target
+        })
     return rows
 
 
@@ -170,9 +178,15 @@ def test_auto_picks_text_for_countdown_pairs_and_chat_for_ultrafeedback(tmp_path
     cases = {
         "countdown.jsonl": (base, "text"),
         # no nums/target: the rendered prompt decides (the demo's hand-written pairs look like this)
-        "countdown_bare.jsonl": ([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in base], "text"),
-        "countdown_chatml.jsonl": ([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in countdown_rows(2, "chat", tok)], "text"),
-        "uf_flat.jsonl": ([{"prompt": "Write a haiku.", "chosen": "Leaves fall.", "rejected": "No.", "metadata": {"score_chosen": 8.0, "score_rejected": 2.0}}], "chat"),
+        "countdown_bare.jsonl": ([{k: r[k]
+                                   for k in ("prompt", "chosen", "rejected")} for r in base], "text"),
+        "countdown_chatml.jsonl": ([{k: r[k]
+                                     for k in ("prompt", "chosen", "rejected")}
+                                    for r in countdown_rows(2, "chat", tok)], "text"),
+        "uf_flat.jsonl": ([{
+            "prompt": "Write a haiku.", "chosen": "Leaves fall.", "rejected": "No.",
+            "metadata": {"score_chosen": 8.0, "score_rejected": 2.0}
+        }], "chat"),
     }
     for name, (rows, expected) in cases.items():
         path = write_jsonl_rows(tmp_path / name, rows)
@@ -190,7 +204,8 @@ def test_auto_picks_text_for_countdown_pairs_and_chat_for_ultrafeedback(tmp_path
     pairs, stats = load_tokenized_pairs(DPOConfig(data=str(tmp_path / "countdown.jsonl"), max_length=256), tok)
     assert stats["data_format"] == "text" and stats["pairs"] == 3
     prompt_ids = tok(base[0]["prompt"]).input_ids
-    assert pairs[0].chosen.input_ids == prompt_ids + tok(base[0]["chosen"], add_special_tokens=False).input_ids + [tok.eos_token_id]
+    assert pairs[0].chosen.input_ids == prompt_ids + tok(base[0]["chosen"],
+                                                         add_special_tokens=False).input_ids + [tok.eos_token_id]
     assert pairs[0].chosen.loss_mask == [0] * len(prompt_ids) + [1] * (len(pairs[0].chosen.input_ids) - len(prompt_ids))
 
 
@@ -216,9 +231,9 @@ def synthetic_h4_rows(n: int) -> list[dict]:
 def chat_run(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("dpo-chat")
     data = write_jsonl_rows(root / "prefs.jsonl", synthetic_h4_rows(9))
-    cfg = DPOConfig(model=str(tiny_model_dir), data=str(data), output_dir=str(root / "run"), max_length=64, batch_size=4,
-                    micro_batch_size=4, max_steps=12, lr=3e-3, warmup_ratio=0.0, schedule="constant", save_every=0,
-                    device="cpu", dtype="float32")
+    cfg = DPOConfig(model=str(tiny_model_dir), data=str(data), output_dir=str(root / "run"), max_length=64,
+                    batch_size=4, micro_batch_size=4, max_steps=12, lr=3e-3, warmup_ratio=0.0, schedule="constant",
+                    save_every=0, device="cpu", dtype="float32")
     final = train_dpo(cfg)
     return {"cfg": cfg, "final": final, "dir": root / "run"}
 

@@ -34,7 +34,8 @@ BAD_RESPONSE = " no idea, go away!!"
 
 
 def synthetic_rows(n: int = 8) -> list[dict]:
-    return [{"prompt": f"Q{i}: is {i} + {i} = {2 * i}?\nA:", "chosen": GOOD_RESPONSE, "rejected": BAD_RESPONSE} for i in range(n)]
+    return [{"prompt": f"Q{i}: is {i} + {i} = {2 * i}?\nA:", "chosen": GOOD_RESPONSE, "rejected": BAD_RESPONSE}
+            for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -250,8 +251,10 @@ def test_separate_reference_model_is_used(tiny_model_dir, pairs_file, smol_token
     from transformers import AutoModelForCausalLM
 
     with torch.no_grad():
-        expected = pair_logprobs(AutoModelForCausalLM.from_pretrained(other).eval(), pairs, smol_tokenizer.pad_token_id, "cpu")
-        policy = pair_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), pairs, smol_tokenizer.pad_token_id, "cpu")
+        expected = pair_logprobs(
+            AutoModelForCausalLM.from_pretrained(other).eval(), pairs, smol_tokenizer.pad_token_id, "cpu")
+        policy = pair_logprobs(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), pairs, smol_tokenizer.pad_token_id, "cpu")
     assert torch.allclose(ref["chosen_sum"], expected.chosen_sum, atol=1e-5, rtol=0)
     assert not torch.allclose(ref["chosen_sum"], policy.chosen_sum, atol=1e-2)
 
@@ -360,7 +363,8 @@ def test_micro_batches_group_pairs_of_similar_length(tiny_model_dir, tmp_path, m
     monkeypatch.setattr(dpo_recipe, "pair_logprobs", spy)
     monkeypatch.setattr(dpo_recipe, "optimizer_step", capture)
     for micro in (2, 4):
-        train_dpo(make_cfg(tiny_model_dir, data, tmp_path / f"m{micro}", micro_batch_size=micro, max_steps=1, save_every=0))
+        train_dpo(
+            make_cfg(tiny_model_dir, data, tmp_path / f"m{micro}", micro_batch_size=micro, max_steps=1, save_every=0))
     short, long_, whole = lengths
     assert len(short) == len(long_) == 2 and max(short) + 15 < min(long_), lengths
     assert sorted(short + long_) == whole
@@ -402,7 +406,8 @@ def test_train_dpo_stops_on_malformed_row(tmp_path, tiny_model_dir):
 
 
 def test_skip_invalid_counts_and_custom_fields(tmp_path, rlft_log):
-    rows = [{"q": "a", "good": " b", "bad": " c"}, {"q": "a"}, {"q": "d", "good": " e", "bad": " e"}, {"q": "f", "good": " g", "bad": " h"}]
+    rows = [{"q": "a", "good": " b", "bad": " c"}, {"q": "a"}, {"q": "d", "good": " e", "bad": " e"},
+            {"q": "f", "good": " g", "bad": " h"}]
     path = write_jsonl_rows(tmp_path / "prefs.jsonl", rows)
     cfg = DPOConfig(data=str(path), prompt_field="q", chosen_field="good", rejected_field="bad", skip_invalid=True)
     assert load_text_pairs(cfg) == [TextPair("a", " b", " c"), TextPair("f", " g", " h")]

@@ -32,7 +32,8 @@ def test_only_b_sees_the_variable(bench, tmp_path, monkeypatch):
     assert bench.main(["--set", "RLFT_ENV_AB_PROBE=on", "--rounds", "2", "--output", str(out), "--",
                        sys.executable, "-c", probe]) == 0
     lines = out.read_text().splitlines()
-    runs = [(line.split(":")[0].split("] ")[1], lines[i + 1].strip()) for i, line in enumerate(lines) if line.startswith("[")]
+    runs = [(line.split(":")[0].split("] ")[1], lines[i + 1].strip()) for i, line in enumerate(lines)
+            if line.startswith("[")]
     assert runs == [("A", "probe=unset"), ("B", "probe=on"), ("B", "probe=on"), ("A", "probe=unset")]
     assert lines[-1].startswith("B / A wall time: ")
 

@@ -15,7 +15,8 @@ from rlft.eval.stats import Z_95, format_difference, holm, normal_p_value, z_for
 from rlft.validation import UsageError
 
 TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [2, 3, 4], "target": 9}, {"nums": [3, 4, 5], "target": 12},
-         {"nums": [1, 2, 3, 4], "target": 10}, {"nums": [2, 3, 4, 5], "target": 14}, {"nums": [3, 4, 5, 6], "target": 18}]
+         {"nums": [1, 2, 3, 4], "target": 10}, {"nums": [2, 3, 4, 5],
+                                                "target": 14}, {"nums": [3, 4, 5, 6], "target": 18}]
 A_SCORES = [1.0, 0.0, 0.1, 1.0, 0.0, 0.1]
 A_CUT = [False, True, False, False, True, False]
 B_SCORES = [1.0, 1.0, 1.0, 0.1, 0.0, 1.0]
@@ -67,11 +68,13 @@ def test_hand_computed_pair(tmp_path):
     assert (t["better"], t["worse"], t["equal"], t["cut_a"], t["cut_b"]) == (2, 0, 1, pytest.approx(1 / 3), 0.0)
     # 4 numbers: d = [-0.9, 0, 0.9], mean 0, sd 0.9, se 0.519615, half 1.018427
     f = raw["4"]
-    assert (f["diff"], f["ci_low"], f["ci_high"]) == (pytest.approx(0.0), pytest.approx(-1.018427, abs=1e-5), pytest.approx(1.018427, abs=1e-5))
+    assert (f["diff"], f["ci_low"], f["ci_high"]) == (pytest.approx(0.0), pytest.approx(-1.018427, abs=1e-5),
+                                                      pytest.approx(1.018427, abs=1e-5))
     assert (f["better"], f["worse"], f["equal"], f["p"]) == (1, 1, 1, pytest.approx(1.0))
     # swapping the files flips the sign, not the width
     back = compare_files([b, a])["comparisons"][0]["slices"]["all"]
-    assert (back["diff"], back["ci_low"], back["better"], back["worse"]) == (pytest.approx(-1.9 / 6), pytest.approx(-0.918468, abs=1e-5), 1, 3)
+    assert (back["diff"], back["ci_low"], back["better"], back["worse"]) == (pytest.approx(-1.9 / 6),
+                                                                             pytest.approx(-0.918468, abs=1e-5), 1, 3)
 
 
 def test_command_prints_sign_and_writes_json(tmp_path, capsys):
@@ -131,7 +134,8 @@ def test_refuses_bad_files_and_other_settings(tmp_path, capsys):
     assert "--allow-setting stop_repeats" in refused(capsys, a, stopped)
     notes = compare_files([a, stopped], allow_setting=("stop_repeats",))["comparisons"][0]["notes"]
     assert notes == [f"stop_repeats differs (allowed): 'off' in {a}, 5 in {stopped}"]
-    assert compare_files([a, eval_file(tmp_path / "off.json", B_SCORES, stop_repeats=None)])["comparisons"][0]["notes"] == []
+    assert compare_files([a, eval_file(tmp_path / "off.json", B_SCORES,
+                                       stop_repeats=None)])["comparisons"][0]["notes"] == []
 
 
 def test_unset_max_new_tokens_is_read_from_a_cut_answer(tmp_path, capsys):
@@ -164,7 +168,8 @@ def test_holm_by_hand():
 def test_format_difference_by_hand():
     d = {"diff": 0.025, "ci_low": 0.0019, "ci_high": 0.0486, "n": 500}
     assert format_difference(d) == "+0.025 [+0.002, +0.049]"
-    assert format_difference({"diff": -0.00004, "ci_low": -0.0231, "ci_high": 0.02301}, 4) == "-0.0000 [-0.0231, +0.0230]"
+    assert format_difference({"diff": -0.00004, "ci_low": -0.0231, "ci_high": 0.02301},
+                             4) == "-0.0000 [-0.0231, +0.0230]"
     with pytest.raises(KeyError):
         format_difference({"diff": 0.1})
 
@@ -185,10 +190,12 @@ def test_holm_intervals_of_a_batch(tmp_path, capsys):
     assert (sy["holm"]["rank"], sy["holm"]["level"], sy["holm"]["rejected"]) == (1, pytest.approx(0.025), True)
     assert (sx["holm"]["rank"], sx["holm"]["level"], sx["holm"]["rejected"]) == (2, pytest.approx(0.05), False)
     # y's adjusted interval: 0.633333 +- 2.241403 * 0.201108 = +- 0.450763 -> [0.182570, 1.084097] (raw +- 0.394164)
-    assert (sy["holm"]["ci_low"], sy["holm"]["ci_high"]) == (pytest.approx(0.182570, abs=1e-5), pytest.approx(1.084097, abs=1e-5))
+    assert (sy["holm"]["ci_low"], sy["holm"]["ci_high"]) == (pytest.approx(0.182570, abs=1e-5),
+                                                             pytest.approx(1.084097, abs=1e-5))
     assert sy["ci_low"] == pytest.approx(0.633333 - 0.394164, abs=1e-5)
     assert (sx["holm"]["ci_low"], sx["holm"]["ci_high"]) == (pytest.approx(sx["ci_low"]), pytest.approx(sx["ci_high"]))
-    assert sy["holm"]["p_adjusted"] == pytest.approx(2 * p_y, rel=1e-4) and sx["holm"]["p_adjusted"] == pytest.approx(sx["p"])
+    assert sy["holm"]["p_adjusted"] == pytest.approx(2 * p_y, rel=1e-4) and sx["holm"]["p_adjusted"] == pytest.approx(
+        sx["p"])
     main(["eval", "compare", base, x, y])
     assert "Holm-adjusted across the batch of 2 comparisons" in capsys.readouterr().out
     assert compare_files([base, x, y], holm_adjust=False)["holm"] is None
@@ -224,13 +231,15 @@ def test_seeds_pool_each_model_by_task(tmp_path, capsys):
     # mean 2.85 / 6 = 0.475; squared deviations sum 1.35875, / 5 = 0.27175, sd 0.521296, se 0.212818,
     # half = 1.959964 * 0.212818 = 0.417115 -> [+0.057885, +0.892115]
     m = c["slices"]["all"]
-    assert (m["mean_a"], m["mean_b"], m["diff"]) == (pytest.approx(2.2 / 6), pytest.approx(5.05 / 6), pytest.approx(0.475))
+    assert (m["mean_a"], m["mean_b"], m["diff"]) == (pytest.approx(2.2 / 6), pytest.approx(5.05 / 6),
+                                                     pytest.approx(0.475))
     assert (m["ci_low"], m["ci_high"]) == (pytest.approx(0.057885, abs=1e-5), pytest.approx(0.892115, abs=1e-5))
     assert (m["better"], m["worse"], m["equal"]) == (5, 1, 0)
     assert (m["cut_a"], m["cut_b"]) == (pytest.approx(2 / 12), pytest.approx(1 / 12))
     assert c["slices"]["3"]["diff"] == pytest.approx(1.9 / 3) and c["slices"]["4"]["diff"] == pytest.approx(0.95 / 3)
     # one seed a model is the plain comparison
-    assert compare_files([a0, b0], seeds=1)["comparisons"][0]["slices"] == compare_files([a0, b0])["comparisons"][0]["slices"]
+    assert compare_files([a0, b0],
+                         seeds=1)["comparisons"][0]["slices"] == compare_files([a0, b0])["comparisons"][0]["slices"]
     main(["eval", "compare", "--seeds", "2", a0, a1, b0, b1])
     text = capsys.readouterr().out
     assert "mean over its 2 seed files" in text and f"B = {b0} + {b1}" in text and "+0.475  [+0.058, +0.892]" in text
@@ -239,7 +248,8 @@ def test_seeds_pool_each_model_by_task(tmp_path, capsys):
 def test_seeds_refuses_files_that_are_not_one_model(tmp_path, capsys):
     a0, a1 = eval_file(tmp_path / "a0.json", A_SCORES), eval_file(tmp_path / "a1.json", A1_SCORES)
     b0 = eval_file(tmp_path / "b0.json", B_SCORES)
-    assert "3 files a model (--seeds 3; BASE one or 3)" in refused(capsys, "--seeds", "3", a0, a1, b0, a0 + ".x", b0 + ".y")
+    assert "3 files a model (--seeds 3; BASE one or 3)" in refused(capsys, "--seeds", "3", a0, a1, b0, a0 + ".x",
+                                                                   b0 + ".y")
     assert "got 2 files" in refused(capsys, "--seeds", "2", a0, a1)
     other = eval_file(tmp_path / "other.json", A1_SCORES, tasks=[*TASKS[:5], {"nums": [3, 4, 5, 6], "target": 17}])
     err = refused(capsys, "--seeds", "2", a0, other, b0, eval_file(tmp_path / "b1.json", B_SCORES))

@@ -196,7 +196,8 @@ def test_run_eval_countdown_from_file(tmp_path, smol_tokenizer):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cfg = EvalCountdownConfig(model=str(model_dir), data=str(data), split="all", limit=2, max_new_tokens=3, device="cpu")
+        cfg = EvalCountdownConfig(model=str(model_dir), data=str(data), split="all", limit=2, max_new_tokens=3,
+                                  device="cpu")
         result = run_eval_countdown(cfg)
     finally:
         torch.set_num_threads(threads)

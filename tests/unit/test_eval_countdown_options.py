@@ -41,7 +41,8 @@ def rm_dir(tmp_path_factory, smol_tokenizer):
 
 def test_a_causal_lm_or_a_missing_folder_is_refused_at_parse_time(capsys, tmp_path, tiny_model_dir, rm_dir):
     code, err = cli(capsys, *SELECT_RM, tiny_model_dir, "--dry-run")
-    assert code == 2 and f"--select-reward-model {tiny_model_dir} is not a reward model" in err and err.count("\n") == 1, err
+    assert code == 2 and f"--select-reward-model {tiny_model_dir} is not a reward model" in err and err.count(
+        "\n") == 1, err
     code, err = cli(capsys, *SELECT_RM, "smollm2-135m", "--dry-run")  # the built-in causal LM
     assert code == 2 and "is not a reward model" in err, err
     for missing in (tmp_path / "no-rm", "runs/rm/model", "rm"):

@@ -44,8 +44,11 @@ def test_record_from_a_file_and_count_per_model(tmp_path):
     lines = ledger.read_text().splitlines()
     assert len(lines) == 3 and all(json.loads(line) for line in lines)
     assert first == json.loads(lines[0])
-    assert (first["model_sha256"], first["model"], first["label"], first["num_tasks"]) == ("aa" * 32, "runs/" + "aa" * 32 + "/model", "real_grpo s0", 2)
-    assert first["score"] == pytest.approx(0.55) and first["score_by_size"] == {"3": 1.0, "4": pytest.approx(0.1), "all": pytest.approx(0.55)}
+    assert (first["model_sha256"], first["model"], first["label"],
+            first["num_tasks"]) == ("aa" * 32, "runs/" + "aa" * 32 + "/model", "real_grpo s0", 2)
+    assert first["score"] == pytest.approx(0.55) and first["score_by_size"] == {
+        "3": 1.0, "4": pytest.approx(0.1), "all": pytest.approx(0.55)
+    }
     assert (first["rlft_commit"], first["split"], first["eval_file"]) == ("c0ffee", "test", str(a))
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", first["time"])
     # without an environment in the file: this checkout's commit (rlft.provenance.git_commit)
@@ -56,7 +59,8 @@ def test_record_from_a_file_and_count_per_model(tmp_path):
     assert count_test_looks(ledger, "aa" * 32) == 2 and count_test_looks(ledger, "bb" * 32) == 2
     assert count_test_looks(ledger, "cc" * 32) == 0 and count_test_looks(tmp_path / "none.jsonl") == 0
     rows = summarize_looks(read_looks(ledger))
-    assert [(r["model_sha256"][:2], r["looks"], r["labels"]) for r in rows] == [("aa", 2, ["real_grpo s0"]), ("bb", 2, [])]
+    assert [(r["model_sha256"][:2], r["looks"], r["labels"]) for r in rows] == [("aa", 2, ["real_grpo s0"]),
+                                                                                ("bb", 2, [])]
     assert rows[0]["models"] == ["runs/" + "aa" * 32 + "/model", "elsewhere/model"]
 
 
@@ -132,7 +136,8 @@ def test_model_sha256_takes_a_unique_prefix(tmp_path, capsys):
 
 def test_command_prints_the_count_and_a_table_per_model(tmp_path, capsys):
     ledger = tmp_path / LEDGER_NAME
-    for scores, sha, label in (([1.0, 0.1], "aa" * 32, "sft"), ([0.0, 0.0], "bb" * 32, "rl s0"), ([1.0, 1.0], "aa" * 32, None)):
+    for scores, sha, label in (([1.0, 0.1], "aa" * 32, "sft"), ([0.0, 0.0], "bb" * 32, "rl s0"), ([1.0, 1.0], "aa" * 32,
+                                                                                                  None)):
         record_test_look(eval_file(tmp_path / "e.json", scores, sha), None, ledger, label=label)
     main(["eval", "ledger", str(ledger)])
     out = capsys.readouterr().out.splitlines()

@@ -9,8 +9,10 @@ from rlft.rollout.base import Sample, SamplingParams
 from rlft.types import CountdownTask
 
 TASKS = [CountdownTask((3, 5), 8), CountdownTask((2, 7), 14)]
-PROMPTS = [f"User: Using the numbers [{t.nums[0]}, {t.nums[1]}], create an equation that equals {t.target}.\nAssistant: <think>"
-           for t in TASKS]
+PROMPTS = [
+    f"User: Using the numbers [{t.nums[0]}, {t.nums[1]}], create an equation that equals {t.target}.\nAssistant: <think>"
+    for t in TASKS
+]
 CORRECT = {8: " 3+5=8.</think>\n<answer>3 + 5</answer>", 14: " 2*7=14.</think>\n<answer>2 * 7</answer>"}
 LOOP = " 3+5=8, no.\n3+5=8, no.\n3+5=8, no.\n"
 
@@ -24,7 +26,9 @@ class Engine:
             row = [Sample([1, 2, 0], CORRECT[task.target], "stop")]
             if params.k > 1:
                 looped = b == 0
-                row.append(Sample([5] * 12, LOOP, "length", looped=looped) if looped else Sample([1, 0], CORRECT[task.target], "stop"))
+                row.append(
+                    Sample([5] * 12, LOOP, "length", looped=looped
+                           ) if looped else Sample([1, 0], CORRECT[task.target], "stop"))
             out.append(row)
         return out
 
@@ -38,7 +42,8 @@ def test_looped_samples_are_recorded_beside_truncated():
     again = CountdownEvalResult.from_dict(json.loads(json.dumps(result.to_dict())))
     assert again.task_looped == result.task_looped and again.looped_rate == 0.25
     merged = merge_samples([result, result])
-    assert merged.task_looped == [[False, True, False, True], [False, False, False, False]] and merged.looped_rate == 0.25
+    assert merged.task_looped == [[False, True, False, True], [False, False, False, False]
+                                  ] and merged.looped_rate == 0.25
 
 
 def test_files_without_the_fields_still_load_and_merge():

@@ -26,10 +26,16 @@ from rlft.types import CountdownTask, PromptCompletion
 
 FUZZ = settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
-json_scalars = st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30)
-json_values = st.recursive(json_scalars, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=12)
+json_scalars = st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(
+    allow_nan=True, allow_infinity=True) | st.text(max_size=30)
+json_values = st.recursive(
+    json_scalars, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12)
 
-message = st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "assistant", "system", "bot", 3, None]), "content": json_values | st.text(max_size=20)})
+message = st.fixed_dictionaries({}, optional={
+    "role": st.sampled_from(["user", "assistant", "system", "bot", 3, None]),
+    "content": json_values | st.text(max_size=20)
+})
 messages = st.lists(message | json_values, max_size=4)
 hh_text = st.lists(st.tuples(st.sampled_from(["Human", "Assistant", "Bot"]), st.text(max_size=15)), max_size=4).map(
     lambda turns: "".join(f"\n\n{who}: {text}" for who, text in turns))
@@ -75,7 +81,8 @@ def check(loader: str, path: Path) -> None:
         records = LOADERS[loader](path)
     except DataError as e:
         assert str(e).startswith(f"{path}: row "), str(e)
-        assert re.match(rf"{re.escape(str(path))}: row \d+: field '[^']*': \S.*", str(e), re.DOTALL), str(e)  # a reason is given
+        assert re.match(rf"{re.escape(str(path))}: row \d+: field '[^']*': \S.*", str(e),
+                        re.DOTALL), str(e)  # a reason is given
         return
     assert all(isinstance(r, RECORD[loader]) for r in records)
     if loader.startswith("countdown"):
@@ -136,7 +143,8 @@ def test_random_parquet(workdir, table, drop, loader):
 
 def test_non_utf8_line_names_the_file_and_line_and_is_skippable(tmp_path):
     path = tmp_path / "latin1.jsonl"
-    good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}).encode()
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
+                                                                        "content": "yo"}]}).encode()
     path.write_bytes(good + b"\n" + b'{"messages": "caf\xe9"}\n' + good + b"\n")
     with pytest.raises(DataError) as info:
         load_chat_examples(path)
@@ -153,8 +161,9 @@ def test_parquet_with_unknown_columns_lists_them(tmp_path):
     pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), path)
     with pytest.raises(DataError) as info:
         load_preference_pairs(path)
-    assert str(info.value) == (f"{path}: row 0: field '<columns>': none of the columns prompt, chosen, rejected, score_chosen, "
-                               "score_rejected, metadata, messages; the file has question, answer")
+    assert str(info.value) == (
+        f"{path}: row 0: field '<columns>': none of the columns prompt, chosen, rejected, score_chosen, "
+        "score_rejected, metadata, messages; the file has question, answer")
     pq.write_table(pa.Table.from_pylist([{"prompt": "q", "answer": "a"}]), path)
     with pytest.raises(DataError, match=r"unknown layout with columns \['prompt', 'answer'\]"):
         load_preference_pairs(path)

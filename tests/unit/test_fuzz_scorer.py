@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from rlft.rewards.countdown import compute_score, compute_score_lenient, score_completions
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-                derandomize=True)
+FUZZ = settings(max_examples=150, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture], derandomize=True)
 LIMIT_S = 0.05
 
 
@@ -78,9 +78,12 @@ def score_both(text: str, gt: dict, armed: dict) -> None:
 
 
 @FUZZ
-@given(prefix=st.sampled_from(["", "Assistant: ", "<|im_start|>assistant\n", "Assistant:\n<think>x</think>"]),
-       body=st.text(max_size=300) | expression_text, payload=st.integers(0, 11), gt=ground_truth,
-       wrap=st.sampled_from(["<answer>{}</answer>", "{}", "<answer>{}", "<answer>{}</answer>\ntrailing", "<answer><answer>{}</answer></answer>"]))
+@given(
+    prefix=st.sampled_from(["", "Assistant: ", "<|im_start|>assistant\n", "Assistant:\n<think>x</think>"]),
+    body=st.text(max_size=300) | expression_text, payload=st.integers(0, 11), gt=ground_truth, wrap=st.sampled_from([
+        "<answer>{}</answer>", "{}", "<answer>{}", "<answer>{}</answer>\ntrailing",
+        "<answer><answer>{}</answer></answer>"
+    ]))
 def test_scorers_never_raise_are_fast_and_never_execute(trapped, prefix, body, payload, gt, wrap):
     sentinel, armed = trapped
     hostile = payloads(str(sentinel))[payload]

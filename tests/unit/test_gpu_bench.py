@@ -48,7 +48,8 @@ def test_output_and_modes_are_checked_before_the_model_is_built(tmp_path, capsys
 
     bench = load_script("gpu_bench")
     (tmp_path / "old.json").write_text("{}")
-    for argv, message in ((["--quick", "--output", str(tmp_path / "old.json")], "old.json already exists; pass --overwrite"),
+    for argv, message in ((["--quick", "--output",
+                            str(tmp_path / "old.json")], "old.json already exists; pass --overwrite"),
                           (["--quick", "--modes", "eager,warp"], "--modes: unknown mode(s) warp")):
         with pytest.raises(SystemExit) as exit_info:
             bench.run_script(bench.main, argv, prog="gpu_bench.py")

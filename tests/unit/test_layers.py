@@ -42,7 +42,8 @@ def parse_layer_table(text: str) -> list[Row]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 4 or not re.match(r"^\d+\b", cells[0]):
             continue
-        row = Row(int(re.match(r"^(\d+)", cells[0]).group(1)), [_unit_name(t) for t in re.findall(r"`([^`]+)`", cells[1])])
+        row = Row(int(re.match(r"^(\d+)", cells[0]).group(1)),
+                  [_unit_name(t) for t in re.findall(r"`([^`]+)`", cells[1])])
         allowed = cells[-1]
         if "everything" in allowed:
             row.everything = True
@@ -85,14 +86,19 @@ def violations(graph: dict[str, set[str]], rows: list[Row]) -> list[str]:
 
 
 def test_the_parser_reads_a_table_and_the_check_finds_upward_imports():
-    text = ("## 2. Layers\n\n| layer | modules | holds | imports from rlft |\n|---|---|---|---|\n"
-            "| 0 foundation | `types`, `ops` | x | layer 0 only |\n| 1 | `losses/` | x | `ops` only |\n"
-            "| 1 | `data/` | x | `types` |\n| 3 | `eval/` | x | layers 0-1 |\n| 6 | `cli.py` | x | everything |\n\n## 3. Next\n")
+    text = (
+        "## 2. Layers\n\n| layer | modules | holds | imports from rlft |\n|---|---|---|---|\n"
+        "| 0 foundation | `types`, `ops` | x | layer 0 only |\n| 1 | `losses/` | x | `ops` only |\n"
+        "| 1 | `data/` | x | `types` |\n| 3 | `eval/` | x | layers 0-1 |\n| 6 | `cli.py` | x | everything |\n\n## 3. Next\n"
+    )
     rows = parse_layer_table(text)
-    assert [(r.layer, r.units) for r in rows] == [(0, ["types", "ops"]), (1, ["losses"]), (1, ["data"]), (3, ["eval"]), (6, ["cli"])]
+    assert [(r.layer, r.units) for r in rows] == [(0, ["types", "ops"]), (1, ["losses"]), (1, ["data"]), (3, ["eval"]),
+                                                  (6, ["cli"])]
     assert rows[0].layers == {0} and rows[1].names == {"ops"} and rows[3].layers == {0, 1} and rows[4].everything
-    graph = {"rlft.types": {"rlft.eval.x"}, "rlft.losses.pg": {"rlft.ops", "rlft.data.files"}, "rlft.eval.x": {"rlft.losses.pg"},
-             "rlft.cli": {"rlft.eval.x"}, "rlft.data.files": {"rlft.types"}}
+    graph = {
+        "rlft.types": {"rlft.eval.x"}, "rlft.losses.pg": {"rlft.ops", "rlft.data.files"},
+        "rlft.eval.x": {"rlft.losses.pg"}, "rlft.cli": {"rlft.eval.x"}, "rlft.data.files": {"rlft.types"}
+    }
     assert violations(graph, rows) == [
         "rlft.losses.pg (losses, layer 1) imports rlft.data.files: not among what its row allows",
         "rlft.types (layer 0) imports rlft.eval.x (layer 3, higher)",

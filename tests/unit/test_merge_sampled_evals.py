@@ -49,7 +49,9 @@ def test_merge_refuses_greedy_other_tasks_one_file_and_partial_reward_model_scor
     greedy = summarize("greedy", tasks=TASKS, **{n: [row[:1] for row in rows] for n, rows in LISTS.items()})
     with pytest.raises(ValueError, match="only sampled"):
         merge_samples([a, greedy])
-    other = summarize("sampled", tasks=[TASKS[1], TASKS[0]], **{n: [row[2:] for row in rows] for n, rows in LISTS.items()})
+    other = summarize("sampled", tasks=[TASKS[1], TASKS[0]],
+                      **{n: [row[2:] for row in rows]
+                         for n, rows in LISTS.items()})
     with pytest.raises(ValueError, match="evaluation 1 is of other tasks"):
         merge_samples([a, other])
     with pytest.raises(ValueError, match=r"reward-model scores in evaluations \[0\] only"):
@@ -97,7 +99,10 @@ def test_script_names_a_file_that_is_not_an_evaluation(tmp_path):
     a = write(tmp_path / "a.json", half(slice(0, 2)), seed=0)
     (tmp_path / "b.json").write_text(json.dumps({"hello": 1}))
     with pytest.raises(ValueError, match="b.json: not an `rlft eval countdown"):
-        load_script("merge_sampled_evals").main([str(a), str(tmp_path / "b.json"), "--output", str(tmp_path / "m.json")])
+        load_script("merge_sampled_evals").main([
+            str(a), str(tmp_path / "b.json"), "--output",
+            str(tmp_path / "m.json")
+        ])
 
 
 def test_summarize_names_the_list_of_the_wrong_shape():
@@ -122,8 +127,9 @@ def test_read_eval_file_returns_result_and_config_and_names_a_bad_file(tmp_path)
     with pytest.raises(ValueError, match="missing.json does not exist"):
         read_eval_file(tmp_path / "missing.json")
     (tmp_path / "k.json").write_text("{}")
-    for bad, why in ((tmp_path, "IsADirectoryError"), (tmp_path / "b.txt", "JSONDecodeError"), (tmp_path / "l.json", "a list"),
-                     (tmp_path / "k.json", "KeyError"), (tmp_path / "n.json.gz", "BadGzipFile")):
+    for bad, why in ((tmp_path, "IsADirectoryError"), (tmp_path / "b.txt", "JSONDecodeError"),
+                     (tmp_path / "l.json", "a list"), (tmp_path / "k.json", "KeyError"), (tmp_path / "n.json.gz",
+                                                                                          "BadGzipFile")):
         if bad not in (tmp_path, tmp_path / "k.json"):
             bad.write_text("[1, 2]" if bad.suffix == ".json" else "not json")
         with pytest.raises(ValueError, match=f"{bad.name}: not an `rlft eval countdown` JSON \\({why}"):
@@ -165,6 +171,8 @@ def test_output_that_is_an_input_a_folder_or_exists_is_one_line_exit_2(tmp_path,
         with pytest.raises(SystemExit) as exit_info:
             m.run_script(m.main, argv, prog="merge_sampled_evals.py")
         err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("merge_sampled_evals.py: error: "), err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith(
+            "merge_sampled_evals.py: error: "), err
         assert re.search(message, err), (message, err)
-    assert a.read_bytes() == before and (tmp_path / "old.json").read_text() == "{}" and not (tmp_path / "m.json").exists()
+    assert a.read_bytes() == before and (tmp_path /
+                                         "old.json").read_text() == "{}" and not (tmp_path / "m.json").exists()

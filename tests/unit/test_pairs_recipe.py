@@ -106,7 +106,8 @@ def test_ties_dropped_counted_and_chosen_scores_higher(tmp_path):
     assert rows[0]["prompt"] == prompts[0] and rows[1]["prompt"] == prompts[2]
     for r in rows:
         gt = {"target": r["target"], "numbers": r["nums"]}
-        assert score_completions([r["prompt"]] * 2, [r["chosen"], r["rejected"]], [gt, gt]) == [r["score_chosen"], r["score_rejected"]]
+        assert score_completions([r["prompt"]] * 2, [r["chosen"], r["rejected"]],
+                                 [gt, gt]) == [r["score_chosen"], r["score_rejected"]]
     # Stats file next to the output, same counts.
     on_disk = json.loads(stats_path(cfg.output).read_text())
     assert stats_path(cfg.output) == tmp_path / "pairs" / "countdown.stats.json"
@@ -142,7 +143,8 @@ def test_sampling_parameters_passed_to_engine(tmp_path):
     engine = FakeEngine(lambda b, k: [NONE] * k)
     stats = make_countdown_pairs(cfg, engine=engine)
     params = engine.calls[0][1]
-    assert (params.k, params.temperature, params.top_p, params.top_k, params.max_new_tokens, params.seed) == (3, 0.7, 0.9, 5, 17, 11)
+    assert (params.k, params.temperature, params.top_p, params.top_k, params.max_new_tokens,
+            params.seed) == (3, 0.7, 0.9, 5, 17, 11)
     assert stats["kept"] == 0 and read_jsonl(cfg.output) == []  # all tied: an empty file, still written
 
 
@@ -175,7 +177,8 @@ def test_tasks_from_a_countdown_file(tmp_path):
     source = ASSETS / "countdown" / "tasks_3to4.jsonl"
     cfg = cfg_for(tmp_path, data=str(source), num_prompts=2, start=1, data_heldout=False)
     assert load_pair_tasks(cfg) == load_countdown(source)[1:3]
-    with pytest.raises(ValueError, match="too few distinct .* --no-data-heldout"):  # a 12-row file holds no held-out block
+    with pytest.raises(ValueError,
+                       match="too few distinct .* --no-data-heldout"):  # a 12-row file holds no held-out block
         load_pair_tasks(cfg_for(tmp_path, data=str(source), num_prompts=2))
 
 
@@ -202,7 +205,8 @@ def test_end_to_end_with_tiny_model_and_stubbed_scorer(tmp_path, smol_tokenizer,
         return [0.0, 1.0] if len(calls) % 2 else [0.1, 0.1]
 
     monkeypatch.setattr(pairs_recipe, "score_completions", alternating)
-    cfg = cfg_for(tmp_path, model=str(folder), num_prompts=3, prompt_template="short", max_new_tokens=6, dtype="float32")
+    cfg = cfg_for(tmp_path, model=str(folder), num_prompts=3, prompt_template="short", max_new_tokens=6,
+                  dtype="float32")
     stats = make_countdown_pairs(cfg)
     assert (stats["prompts"], stats["kept"], stats["dropped_ties"]) == (3, 2, 1)
     rows = read_jsonl(cfg.output)
@@ -245,7 +249,8 @@ def test_killed_pair_sampling_resumes_from_its_journal(tmp_path):
     killed = KeyedEngine(kill_at=1)
     with pytest.raises(KeyboardInterrupt):
         make_countdown_pairs(cfg, engine=killed)
-    assert not Path(cfg.output).exists() and len(pairs_recipe.journal_path(cfg.output).read_text().splitlines()) == 1 + 64
+    assert not Path(cfg.output).exists() and len(pairs_recipe.journal_path(
+        cfg.output).read_text().splitlines()) == 1 + 64
     resumed_engine = KeyedEngine()
     resumed = make_countdown_pairs(cfg, engine=resumed_engine)
     assert [len(p) for p, _ in resumed_engine.calls] == [6]
@@ -266,7 +271,8 @@ def test_a_journal_from_other_weights_at_the_same_path_is_refused(tmp_path, smol
     weights = folder / "model.safetensors"
     assert [name for name, *_ in weights_fingerprint(str(folder))] == ["model.safetensors"]
     assert weights_fingerprint("smollm2-135m") == []
-    cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4, dtype="float32")
+    cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4,
+                  dtype="float32")
     make_countdown_pairs(cfg)
     meta = json.loads(pairs_recipe.journal_path(cfg.output).read_text().splitlines()[0])["meta"]
     assert meta["model_weights"] == hashlib.sha256(weights.read_bytes()).hexdigest()
@@ -285,7 +291,8 @@ def test_a_journal_that_names_the_weights_by_mtime_is_continued_while_they_match
     import os
 
     folder = save_tiny_model(tmp_path / "tiny", smol_tokenizer)
-    cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4, dtype="float32")
+    cfg = cfg_for(tmp_path, model=str(folder), num_prompts=2, prompt_template="short", max_new_tokens=4,
+                  dtype="float32")
     make_countdown_pairs(cfg)
     journal = pairs_recipe.journal_path(cfg.output)
     lines = journal.read_text().splitlines()

@@ -221,9 +221,8 @@ def test_pg_loss_micro_batches_sum_to_full_batch():
     for mode in ("seq_sum", "token_mean"):
         full, _ = policy_gradient_loss(logp, old, adv, mask, clip_eps=0.2, mode=mode)
         parts = [
-            policy_gradient_loss(logp[i : i + 4], old[i : i + 4], adv[i : i + 4], mask[i : i + 4], clip_eps=0.2, mode=mode,
-                                 num_sequences=6, num_tokens=float(mask.sum()))[0]
-            for i in range(0, 6, 4)
+            policy_gradient_loss(logp[i:i + 4], old[i:i + 4], adv[i:i + 4], mask[i:i + 4], clip_eps=0.2, mode=mode,
+                                 num_sequences=6, num_tokens=float(mask.sum()))[0] for i in range(0, 6, 4)
         ]
         assert torch.allclose(sum(parts), full, atol=1e-5)
 

@@ -30,7 +30,8 @@ def test_clip_higher_hand_values():
     old = torch.zeros(2, 1)
     logp = torch.tensor([[math.log(1.25)], [math.log(0.75)]])
     adv = torch.tensor([1.0, -1.0])
-    loss, grad, m = _grad(policy_gradient_loss, logp, old, adv, torch.ones(2, 1), clip_low=0.2, clip_high=0.28, mode="seq_sum")
+    loss, grad, m = _grad(policy_gradient_loss, logp, old, adv, torch.ones(2, 1), clip_low=0.2, clip_high=0.28,
+                          mode="seq_sum")
     assert loss.item() == pytest.approx(-0.225, abs=ATOL)
     # d/dlogp of -A * r / 2 = -A * r / 2: seq 0 -> -0.625; seq 1 clipped -> 0
     assert torch.allclose(grad, torch.tensor([[-0.625], [0.0]]), atol=ATOL)
@@ -43,7 +44,8 @@ def test_clip_higher_hand_values():
 def test_clip_low_only_leaves_the_upper_side_open():
     old = torch.zeros(1, 1)
     logp = torch.tensor([[math.log(3.0)]])
-    loss, grad, _ = _grad(policy_gradient_loss, logp, old, torch.tensor([1.0]), torch.ones(1, 1), clip_low=0.2, mode="sum")
+    loss, grad, _ = _grad(policy_gradient_loss, logp, old, torch.tensor([1.0]), torch.ones(1, 1), clip_low=0.2,
+                          mode="sum")
     assert loss.item() == pytest.approx(-3.0) and grad.item() == pytest.approx(-3.0)
 
 
@@ -71,7 +73,8 @@ def test_raft_plus_plus_clips_the_ratio():
     # Selected sample with ratio 1.5 > 1 + 0.2: clipped, zero gradient; the unclipped RAFT gradient is -1.5.
     old = torch.zeros(1, 1)
     logp = torch.tensor([[math.log(1.5)]])
-    _, g_pp, m = _grad(raft_loss, logp, old, torch.tensor([2.0]), torch.ones(1, 1), clip_low=0.2, clip_high=0.2, mode="sum")
+    _, g_pp, m = _grad(raft_loss, logp, old, torch.tensor([2.0]), torch.ones(1, 1), clip_low=0.2, clip_high=0.2,
+                       mode="sum")
     _, g_raft, _ = _grad(raft_loss, logp, old, torch.tensor([2.0]), torch.ones(1, 1), mode="sum")
     assert g_pp.item() == 0.0 and m["pg/clipfrac"] == 1.0
     assert g_raft.item() == pytest.approx(-1.5)
@@ -94,7 +97,8 @@ def test_entropy_bonus_hand_value_and_gradient_raises_entropy():
     assert torch.allclose(entropy[0, 1:], naive, atol=1e-5) and entropy[0, 0] == 0
     assert torch.allclose(logprobs[0, 1:], torch.log(p[torch.arange(3), ids[0, 1:]]), atol=1e-5)
     value, m = entropy_bonus(entropy, mask.float())
-    assert value.item() == pytest.approx(naive.mean().item(), abs=1e-5) and m["loss/entropy"] == pytest.approx(value.item())
+    assert value.item() == pytest.approx(naive.mean().item(), abs=1e-5) and m["loss/entropy"] == pytest.approx(
+        value.item())
     # A gradient step on -value raises the entropy.
     (-value).backward()
     with torch.no_grad():

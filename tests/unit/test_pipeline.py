@@ -13,8 +13,8 @@ import pytest
 
 from rlft.eval.countdown import CountdownEvalResult
 import rlft.models
-from rlft.recipes.pipeline import (EvalJob, StageTimes, Timer, done, drop_checkpoints, evaluate_cached, finished, heldout_tasks, load_settings,
-                                   load_variants, run_stage)
+from rlft.recipes.pipeline import (EvalJob, StageTimes, Timer, done, drop_checkpoints, evaluate_cached, finished,
+                                   heldout_tasks, load_settings, load_variants, run_stage)
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.types import CountdownTask
 from rlft.validation import OptionError
@@ -160,14 +160,18 @@ def test_the_evaluation_records_its_weights_so_greedy_from_refuses_another_model
     model, path = _model_folder(tmp_path / "model"), tmp_path / "greedy.json"
     _evaluate(model, path)
     config = json.loads(path.read_text())["config"]
-    assert config == {"model_sha256": hashlib.sha256(b"0123").hexdigest(), "max_new_tokens": 8, "prompt_template": "short",
-                      "stop_repeats": None}
-    assert load_greedy_baseline(str(path), TASKS, 8, hashlib.sha256(b"0123").hexdigest()).task_scores == [[1.0], [0.1], [0.1]]
+    assert config == {
+        "model_sha256": hashlib.sha256(b"0123").hexdigest(), "max_new_tokens": 8, "prompt_template": "short",
+        "stop_repeats": None
+    }
+    assert load_greedy_baseline(str(path), TASKS, 8,
+                                hashlib.sha256(b"0123").hexdigest()).task_scores == [[1.0], [0.1], [0.1]]
     with pytest.raises(OptionError, match="pair an evaluation of the same model file"):
         load_greedy_baseline(str(path), TASKS, 8, hashlib.sha256(b"01234").hexdigest())
     sha = hashlib.sha256(b"0123").hexdigest()
     assert load_greedy_baseline(str(path), TASKS, 8, sha, "short").task_scores == [[1.0], [0.1], [0.1]]
-    with pytest.raises(OptionError, match="--prompt-template short, these samples with base: pair answers to the same prompts"):
+    with pytest.raises(OptionError,
+                       match="--prompt-template short, these samples with base: pair answers to the same prompts"):
         load_greedy_baseline(str(path), TASKS, 8, sha, "base")  # another prompt: not a baseline of these samples
 
 
@@ -220,8 +224,11 @@ def test_a_file_without_a_cache_key_is_reused_when_its_size_fits(tmp_path, fake_
     """Evaluations written before keys were recorded (or archived ones) are taken as they are, unless their samples
     per task or number of tasks differ from the job's."""
     path = tmp_path / "greedy.json"
-    legacy = {"num_tasks": 3, "k": 1, "mode": "greedy", "mean_score": 0.5, "accuracy": 0.5, "format_rate": 1.0,
-              "pass_at_k": {"1": 0.5}, "mean_completion_tokens": 3.0, "truncated_rate": 0.0, "task_scores": [[1.0], [0.1], [0.4]]}
+    legacy = {
+        "num_tasks": 3, "k": 1, "mode": "greedy", "mean_score": 0.5, "accuracy": 0.5, "format_rate": 1.0,
+        "pass_at_k": {"1": 0.5}, "mean_completion_tokens": 3.0, "truncated_rate": 0.0, "task_scores": [[1.0], [0.1],
+                                                                                                       [0.4]]
+    }
     path.write_text(json.dumps(legacy))
     assert _evaluate("no-such-model", path).mean_score == 0.5 and FakeEngine.calls == 0
     path.write_text(json.dumps({**legacy, "task_scores": [[1.0], [0.1]]}))
@@ -238,7 +245,8 @@ def test_a_damaged_cached_evaluation_is_an_error_naming_the_file(tmp_path, fake_
     with pytest.raises(ValueError) as info:
         _evaluate(model, path)
     message = str(info.value)
-    assert message.startswith(f"{path}: not JSON (") and "delete the file to evaluate again" in message and "\n" not in message
+    assert message.startswith(
+        f"{path}: not JSON (") and "delete the file to evaluate again" in message and "\n" not in message
     for bad, why in (("[1, 2]", ""), (json.dumps({**json.loads(text), "pass_at_k": [1.0]}), "AttributeError")):
         path.write_text(bad)
         with pytest.raises(ValueError, match=f"^{path}: not an evaluation rlft cached .*{why}"):
@@ -284,8 +292,12 @@ def test_damaged_pair_counts_and_a_torn_metrics_line_in_the_demo(tmp_path, capsy
 
 
 def test_the_model_is_loaded_once_for_every_job_left(tmp_path, fake_loading):
-    greedy, sampled = SamplingParams(k=1, temperature=0.0, max_new_tokens=8), SamplingParams(k=2, temperature=0.6, max_new_tokens=8)
-    jobs = {"greedy": EvalJob(tmp_path / "g.json", TASKS, greedy), "sampled": EvalJob(tmp_path / "s.json", TASKS[:2], sampled)}
+    greedy, sampled = SamplingParams(k=1, temperature=0.0,
+                                     max_new_tokens=8), SamplingParams(k=2, temperature=0.6, max_new_tokens=8)
+    jobs = {
+        "greedy": EvalJob(tmp_path / "g.json", TASKS, greedy), "sampled": EvalJob(tmp_path / "s.json", TASKS[:2],
+                                                                                  sampled)
+    }
     results = evaluate_cached("m", jobs, prompt_template="short", batch_size=4)
     assert rlft.models.load_model.call_count == 1
     assert list(results) == ["greedy", "sampled"] and results["sampled"].k == 2 and results["sampled"].num_tasks == 2

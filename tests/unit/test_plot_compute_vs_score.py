@@ -33,7 +33,9 @@ def test_bad_archived_files_are_one_line_exit_2(plot, tmp_path, capsys, content,
     with pytest.raises(ValueError, match=message):
         plot.mean_ci(path)
     with pytest.raises(SystemExit) as e:  # the whole script on a folder without the archive
-        run_script(plot.main, ["--data", str(tmp_path), "--out", str(tmp_path / "p.png")], prog="plot_compute_vs_score.py")
+        run_script(plot.main,
+                   ["--data", str(tmp_path), "--out", str(tmp_path / "p.png")], prog="plot_compute_vs_score.py")
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("plot_compute_vs_score.py: error: ") and len(err.strip().splitlines()) == 1
+    assert e.value.code == 2 and err.startswith("plot_compute_vs_score.py: error: ") and len(
+        err.strip().splitlines()) == 1
     assert "does not exist" in err and not (tmp_path / "p.png").exists()

@@ -31,8 +31,10 @@ def test_bucket_curves_follow_steps_per_bucket(plot):
 
 
 def test_main_writes_the_png(plot, tmp_path):
-    sec = _write(tmp_path / "sec.jsonl", [{"step": s, "curriculum/p_n3_a": 0.4 + s / 10, "curriculum/p_n4_a": 0.6 - s / 10,
-                                           "completion/truncated_frac": s / 20} for s in (1, 2, 3)])
+    sec = _write(tmp_path / "sec.jsonl", [{
+        "step": s, "curriculum/p_n3_a": 0.4 + s / 10, "curriculum/p_n4_a": 0.6 - s / 10,
+        "completion/truncated_frac": s / 20
+    } for s in (1, 2, 3)])
     uniform = _write(tmp_path / "uni.jsonl", [{"step": s, "completion/truncated_frac": s / 10} for s in (1, 2, 3)])
     out = tmp_path / "plots" / "c.png"
     plot.main(["--sec", str(sec), "--uniform", str(uniform), "--out", str(out)])
@@ -44,13 +46,19 @@ def test_errors_name_the_file(plot, tmp_path):
     with pytest.raises(ScriptError, match="uni.jsonl has no curriculum"):
         plot.main(["--sec", str(uniform), "--uniform", str(uniform), "--out", str(tmp_path / "x.png")])
     with pytest.raises(ValueError, match="missing.jsonl: no such file"):
-        plot.main(["--sec", str(tmp_path / "missing.jsonl"), "--uniform", str(uniform), "--out", str(tmp_path / "x.png")])
+        plot.main([
+            "--sec",
+            str(tmp_path / "missing.jsonl"), "--uniform",
+            str(uniform), "--out",
+            str(tmp_path / "x.png")
+        ])
 
 
 def test_a_last_line_cut_short_is_left_out_and_out_is_checked(plot, tmp_path, capsys):
     """The SEC run was killed mid-write: its half line is left out (a note), not a JSONDecodeError traceback. --out
     naming an input is refused even with --overwrite; an existing --out needs --overwrite."""
-    sec = _write(tmp_path / "sec.jsonl", [{"step": s, "curriculum/p_n3_a": 0.5, "completion/truncated_frac": 0.1} for s in (1, 2)])
+    sec = _write(tmp_path / "sec.jsonl",
+                 [{"step": s, "curriculum/p_n3_a": 0.5, "completion/truncated_frac": 0.1} for s in (1, 2)])
     sec.write_text(sec.read_text() + '{"step": 3, "curriculum/p_n3')
     uniform = _write(tmp_path / "uni.jsonl", [{"step": 1, "completion/truncated_frac": 0.0}])
     assert [r["step"] for r in plot.load(sec)] == [1, 2]
@@ -60,7 +68,10 @@ def test_a_last_line_cut_short_is_left_out_and_out_is_checked(plot, tmp_path, ca
     for out, extra, message in ((uniform, ["--overwrite"], "--out .*uni.jsonl: name a .png, .pdf or .svg file"),
                                 (tmp_path / "c.png", [], "c.png already exists; pass --overwrite")):
         with pytest.raises(SystemExit) as exit_info:
-            plot.run_script(plot.main, ["--sec", str(sec), "--uniform", str(uniform), "--out", str(out), *extra], prog="plot_curriculum.py")
+            plot.run_script(plot.main,
+                            ["--sec", str(sec), "--uniform",
+                             str(uniform), "--out",
+                             str(out), *extra], prog="plot_curriculum.py")
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.count("\n") == 1 and re.search(message, err), err
     assert uniform.read_bytes() == before

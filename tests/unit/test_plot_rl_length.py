@@ -55,6 +55,9 @@ def test_refusals_name_the_file(tmp_path):
     with pytest.raises(ScriptError, match="sft.jsonl: no step records with samples/total"):
         script.main(["--start", start, "--run", f"rl={sft},{start}", "--out", str(tmp_path / "g.png")])
     with pytest.raises(ScriptError, match="does not exist"):
-        script.main(["--start", start, "--run", f"rl={tmp_path / 'none.jsonl'},{start}", "--out", str(tmp_path / "g.png")])
+        script.main([
+            "--start", start, "--run", f"rl={tmp_path / 'none.jsonl'},{start}", "--out",
+            str(tmp_path / "g.png")
+        ])
     with pytest.raises(ScriptError):  # the PNG never replaces an input
         script.main(["--start", start, "--run", f"rl={metrics},{start}", "--out", start])

@@ -24,8 +24,9 @@ def write_eval(path: Path, scores: list[float], cut: list[bool], tokens: list[in
 
 
 def write_metrics(path: Path, cut: list[float]) -> str:
-    path.write_text("".join(json.dumps({"step": i + 1, "completion/truncated_frac": c, "completion/mean_tokens": 50 + i})
-                            + "\n" for i, c in enumerate(cut)))
+    path.write_text("".join(
+        json.dumps({"step": i + 1, "completion/truncated_frac": c, "completion/mean_tokens": 50 + i}) + "\n"
+        for i, c in enumerate(cut)))
     return str(path)
 
 
@@ -50,7 +51,10 @@ def test_refuses_other_tasks_and_a_malformed_run(tmp_path):
         script.main(["--start", start, "--run", f"rl={metrics}", "--out", str(tmp_path / "t.png")])
     (tmp_path / "sft.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
     with pytest.raises(ScriptError, match="no step records with completion/truncated_frac"):
-        script.main(["--start", start, "--run", f"rl={tmp_path / 'sft.jsonl'},{start}", "--out", str(tmp_path / "t.png")])
+        script.main([
+            "--start", start, "--run", f"rl={tmp_path / 'sft.jsonl'},{start}", "--out",
+            str(tmp_path / "t.png")
+        ])
 
 
 def test_a_last_metrics_line_cut_short_is_left_out(tmp_path, capsys):
@@ -67,7 +71,8 @@ def test_a_last_metrics_line_cut_short_is_left_out(tmp_path, capsys):
     lines = metrics.read_text().splitlines()
     metrics.write_text("\n".join([lines[0], lines[2], lines[1]]) + "\n")
     with pytest.raises(SystemExit) as exit_info:
-        script.run_script(script.main, ["--start", start, "--run", run, "--out", str(tmp_path / "u.png")], prog="plot_truncation.py")
+        script.run_script(script.main, ["--start", start, "--run", run, "--out",
+                                        str(tmp_path / "u.png")], prog="plot_truncation.py")
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "m.jsonl: line 2 is not a JSON object" in err
 

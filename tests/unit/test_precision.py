@@ -26,7 +26,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_detection_follows_the_override(monkeypatch):
     monkeypatch.setenv("RLFT_CPU_BF16", "1")
-    assert cpu_bf16_native() and pick_device("cpu", "auto") == DeviceSpec(torch.device("cpu"), torch.float32, torch.bfloat16)
+    assert cpu_bf16_native() and pick_device("cpu", "auto") == DeviceSpec(torch.device("cpu"), torch.float32,
+                                                                          torch.bfloat16)
     monkeypatch.setenv("RLFT_CPU_BF16", "0")
     assert not cpu_bf16_native() and pick_device("cpu", "auto") == DeviceSpec(torch.device("cpu"), torch.float32)
     monkeypatch.setenv("RLFT_CPU_BF16", "1")
@@ -48,7 +49,8 @@ def test_logprob_forward_runs_under_autocast_and_gradients_stay_float32(tiny_mod
     handle.remove()
     assert seen == [torch.bfloat16] and logprobs.dtype == torch.float32
     logprobs.sum().backward()
-    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+    assert all(
+        p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
     # the same forward in float32 agrees to bf16 precision
     ref = sequence_logprobs(mark(model, None), ids, mask, loss_mask)
     assert torch.allclose(logprobs, ref, atol=0.05)
@@ -117,11 +119,13 @@ def test_token_weights_scale_each_tokens_gradient():
 @pytest.mark.parametrize("correction", ["none", "token_truncate"])
 def test_rl_loop_in_mixed_precision_logs_the_mismatch(tiny_model_dir, tmp_path, monkeypatch, correction):
     monkeypatch.setenv("RLFT_CPU_BF16", "1")
-    cfg = make_cfg(tiny_model_dir, tmp_path / "run", dtype="auto", max_steps=3, max_new_tokens=3, is_correction=correction)
+    cfg = make_cfg(tiny_model_dir, tmp_path / "run", dtype="auto", max_steps=3, max_new_tokens=3,
+                   is_correction=correction)
     train_rl(cfg)
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(records) == 3
-    assert all(0.0 <= r["mismatch/abs_logp_mean"] < 1.0 and r["mismatch/abs_logp_p99"] >= 0 for r in records if "mismatch/abs_logp_mean" in r)
+    assert all(0.0 <= r["mismatch/abs_logp_mean"] < 1.0 and r["mismatch/abs_logp_p99"] >= 0 for r in records
+               if "mismatch/abs_logp_mean" in r)
     assert any("mismatch/abs_logp_mean" in r for r in records)
     if correction != "none":
         assert any("pg/is_weight_mean" in r for r in records)
@@ -129,5 +133,8 @@ def test_rl_loop_in_mixed_precision_logs_the_mismatch(tiny_model_dir, tmp_path, 
 
 def test_float32_loop_has_zero_mismatch(tiny_model_dir, tmp_path):
     train_rl(replace(make_cfg(tiny_model_dir, tmp_path / "run"), max_steps=2, max_new_tokens=3))
-    values = [r["mismatch/abs_logp_mean"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "mismatch/abs_logp_mean" in r]
+    values = [
+        r["mismatch/abs_logp_mean"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")
+        if "mismatch/abs_logp_mean" in r
+    ]
     assert values and max(values) < 1e-4

@@ -51,7 +51,10 @@ def test_ultrafeedback_train_clean_counts(rlft_log):
     path = need(UF)
     raw = [json.loads(line) for line in open(path)]
     invalid = [i for i, r in enumerate(raw) if not r["chosen"].strip() or not r["rejected"].strip()]
-    ties = [i for i, r in enumerate(raw) if i not in invalid and r["metadata"]["score_chosen"] == r["metadata"]["score_rejected"]]
+    ties = [
+        i for i, r in enumerate(raw)
+        if i not in invalid and r["metadata"]["score_chosen"] == r["metadata"]["score_rejected"]
+    ]
     assert (len(raw), invalid, len(ties)) == (1000, [478, 833], 111)
 
     pairs, counts = load_preference_pairs(path, skip_invalid=True)
@@ -163,7 +166,8 @@ def test_h4_train_prefs_fixture():
     assert pairs[3].prompt[0] == {"role": "system", "content": "You are a terse assistant."}
     assert pairs[4].chosen.startswith("\nLeaves")  # kept verbatim
     pairs, counts = load_preference_pairs(str(CHAT / "h4_train_prefs.jsonl"), drop_ties=True)
-    assert counts["kept"] == 4 and counts["dropped_ties"] == 1 and all(p.score_chosen != p.score_rejected for p in pairs)
+    assert counts["kept"] == 4 and counts["dropped_ties"] == 1 and all(
+        p.score_chosen != p.score_rejected for p in pairs)
 
 
 def test_h4_train_sft_fixture():
@@ -279,7 +283,10 @@ def test_unknown_layout_and_layout_override(tmp_path):
 def test_hub_split_names_go_through(monkeypatch):
     datasets = types.ModuleType("datasets")
     calls = []
-    rows = {name: [json.loads(line) for line in open(CHAT / f"h4_{name}.jsonl")] for name in ("train_prefs", "train_sft")}
+    rows = {
+        name: [json.loads(line) for line in open(CHAT / f"h4_{name}.jsonl")]
+        for name in ("train_prefs", "train_sft")
+    }
 
     def load_dataset(source, split):
         calls.append((source, split))

@@ -12,7 +12,8 @@ from rlft.recipes.common import optimizer_step, prepare_training
 
 def _setup(tiny_model_dir, tmp_path, optimizer):
     return prepare_training(str(tiny_model_dir), tmp_path, pick_device("cpu", "float32"),
-                            OptimizerOptions(lr=0.5, optimizer=optimizer, schedule="constant"), resume=False, total_steps=3)
+                            OptimizerOptions(lr=0.5, optimizer=optimizer, schedule="constant"), resume=False,
+                            total_steps=3)
 
 
 def test_sgd_step_is_lr_times_the_clipped_gradient(tiny_model_dir, tmp_path):

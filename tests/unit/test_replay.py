@@ -26,7 +26,8 @@ def _sample(seed: int, n: int = 3, finish: str = "stop") -> Sample:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 1000, (n,), generator=g).tolist()
     lps = (-torch.rand(n, generator=g, dtype=torch.float64) * 5).tolist()  # float64: checks floats survive exactly
-    return Sample(completion_ids=ids, text=f"completion {seed}", finish_reason=finish, logprobs=lps, self_certainty=0.1 * seed)
+    return Sample(completion_ids=ids, text=f"completion {seed}", finish_reason=finish, logprobs=lps,
+                  self_certainty=0.1 * seed)
 
 
 def _groups(step: int, count: int, k: int = 2, prompt=None) -> list[tuple]:
@@ -70,7 +71,8 @@ def test_capacity_drops_the_oldest_first():
     assert small.add(_groups(0, 3), step=0) == 1 and _names(small) == ["prompt 0.1", "prompt 0.2"]
 
 
-@pytest.mark.parametrize("case", ["no logprobs", "logprob count", "reward count", "no samples", "nan reward", "other k", "step back"])
+@pytest.mark.parametrize(
+    "case", ["no logprobs", "logprob count", "reward count", "no samples", "nan reward", "other k", "step back"])
 def test_add_refuses_bad_groups_and_stores_nothing(case):
     buf = ReplayBuffer(capacity_groups=8, max_staleness=2)
     buf.add(_groups(1, 1), step=1)
@@ -225,10 +227,14 @@ def test_metrics_hand_values():
     buf.add(_groups(4, 1), step=4)
     m = ReplayBuffer.metrics(buf.groups, 4, 5, torch.tensor([0.1, -0.3, 0.2, -0.4]))
     assert m["replay/share"] == 0.5 and m["replay/staleness_mean"] == 2.0
-    assert m["replay/abs_log_ratio_mean"] == pytest.approx(0.25) and m["replay/abs_log_ratio_p99"] == pytest.approx(0.397)
+    assert m["replay/abs_log_ratio_mean"] == pytest.approx(0.25) and m["replay/abs_log_ratio_p99"] == pytest.approx(
+        0.397)
 
 
 def test_metrics_with_nothing_replayed():
-    zeros = {"replay/share": 0.0, "replay/staleness_mean": 0.0, "replay/abs_log_ratio_mean": 0.0, "replay/abs_log_ratio_p99": 0.0}
+    zeros = {
+        "replay/share": 0.0, "replay/staleness_mean": 0.0, "replay/abs_log_ratio_mean": 0.0,
+        "replay/abs_log_ratio_p99": 0.0
+    }
     assert ReplayBuffer.metrics([], 16, 3, None) == zeros
     assert ReplayBuffer.metrics([], 0, 3, torch.zeros(0)) == zeros

@@ -26,7 +26,8 @@ def _lines(runs, tmp_path, **kwargs):
 def test_samples_vs_score_starts_at_the_sft_score_unless_the_run_has_its_own_point(tmp_path):
     with_start = [{"step": 0, "samples/total": 0, "eval/score": 0.38}, {"step": 1, "samples/total": 128},
                   {"step": 5, "samples/total": 640, "eval/score": 0.41}]
-    without = [{"step": 10, "samples/total": 1280, "eval/score": 0.40}, {"step": 20, "samples/total": 2560, "eval/score": 0.42}]
+    without = [{"step": 10, "samples/total": 1280, "eval/score": 0.40},
+               {"step": 20, "samples/total": 2560, "eval/score": 0.42}]
     path, drawn = _lines({"a": with_start, "b": without}, tmp_path, start=0.37)
     assert path == tmp_path / "svs.png" and path.stat().st_size > 1000
     assert drawn == [([0, 640], [0.38, 0.41], "a"), ([0, 1280, 2560], [0.37, 0.40, 0.42], "b")]
@@ -35,7 +36,8 @@ def test_samples_vs_score_starts_at_the_sft_score_unless_the_run_has_its_own_poi
 
 
 def test_samples_vs_score_without_evaluations_draws_nothing(tmp_path):
-    assert report.plot_samples_vs_score({"a": [{"step": 1, "samples/total": 64}], "b": []}, tmp_path / "x.png", start=0.4) is None
+    assert report.plot_samples_vs_score({"a": [{"step": 1, "samples/total": 64}], "b": []}, tmp_path / "x.png",
+                                        start=0.4) is None
     assert not (tmp_path / "x.png").exists()
 
 

@@ -74,7 +74,8 @@ def test_leader_rule():
     0.99 everywhere here, no longer count)."""
     s = script()
     # the best finished r >= 2 run beats the reference at its end: it goes on (r = 1 runs never lead)
-    ref, runs = rows(s, 0.50, [("a", 2, 0.52, None), ("b", 4, 0.49, 0.70), ("topr", 1, 0.90, 0.90), ("c", 4, None, 0.99)])
+    ref, runs = rows(s, 0.50, [("a", 2, 0.52, None), ("b", 4, 0.49, 0.70), ("topr", 1, 0.90, 0.90),
+                               ("c", 4, None, 0.99)])
     assert s.leader(ref, runs)[0] == "a"
     # nobody beats the end score; the best one's step-10 model reaches the reference's end score
     ref, runs = rows(s, 0.60, [("a", 2, 0.52, 0.60), ("b", 4, 0.49, 0.70)])
@@ -119,8 +120,10 @@ def test_report_end_to_end(tmp_path, capsys):
     assert "| 0.525 (25%) | +0.000 [-0.800, +0.800] |" in lines["reuse_ppo_r2"]
     # step 10: d = (0, 0, 0, -1): mean -0.25, sd 0.5, half-width 1.96 * 0.5 / 2 = 0.490
     assert lines["reuse_ppo_r2"].endswith("| 0.275 (0%) | -0.250 [-0.740, +0.240] |")
-    assert "| PPO epochs | 2 | 20 | 2,000 | 20,000 | 6,000 | 2.00e+13 | 20.0 | 0.00 | 5: 0.400, 10: 0.600 |" in lines["reuse_ppo_r2"]
-    assert "| TOPR replay | 4 |" in lines["reuse_topr_r4"] and "| 0.75 | 5: 0.300 | still training | - | - | - |" in lines["reuse_topr_r4"]
+    assert "| PPO epochs | 2 | 20 | 2,000 | 20,000 | 6,000 | 2.00e+13 | 20.0 | 0.00 | 5: 0.400, 10: 0.600 |" in lines[
+        "reuse_ppo_r2"]
+    assert "| TOPR replay | 4 |" in lines[
+        "reuse_topr_r4"] and "| 0.75 | 5: 0.300 | still training | - | - | - |" in lines["reuse_topr_r4"]
     assert "| 0.525 (0%) | - | - | - |" in lines["real_sft_patient_grpo"]
     # equal end scores (0.525 >= 0.525): the r = 2 run goes on
     assert "amended on 2026-11-29): reuse_ppo_r2 (reuse_ppo_r2 scores 0.525 >= the on-policy 0.525)" in text
@@ -145,7 +148,9 @@ def test_on_the_test_rows_only_the_runs_evaluated_there_are_listed(tmp_path, cap
     script().main(["--out", str(out), "--tasks", "4", "--split", "test",
                    "--variants-file", str(variants_file(tmp_path / "v.yaml"))])
     text = capsys.readouterr().out
-    rows = [line.split(" | ")[0].strip("| ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [
+        line.split(" | ")[0].strip("| ") for line in text.splitlines() if line.startswith("| ") and "---" not in line
+    ]
     assert rows == ["run", "real_sft_patient_grpo", "reuse_ppo_r2"]
     assert "| 0.275 (0%) | -0.250 [-0.740, +0.240] |" in text  # d = (-1, 0, 0, 0), worked as in the test above
     assert "leader" not in text and not (out / "reuse_samples_vs_score_s0.png").exists()

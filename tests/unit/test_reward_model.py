@@ -102,7 +102,8 @@ def test_scorer_invariant_to_batch_size_and_padding_side(tiny_rm, smol_tokenizer
     for side in ("left", "right"):
         padding_side(side)
         for batch_size in (1, 4):
-            results[side, batch_size] = RewardModelScorer(tiny_rm, smol_tokenizer, batch_size=batch_size).score(PROMPTS, RESPONSES)
+            results[side, batch_size] = RewardModelScorer(tiny_rm, smol_tokenizer,
+                                                          batch_size=batch_size).score(PROMPTS, RESPONSES)
     reference = results["right", 1]
     assert len(reference) == len(PROMPTS)
     for key, scores in results.items():
@@ -115,7 +116,8 @@ def test_scores_invariant_to_padding_amount(tiny_rm, smol_tokenizer):
     long_neighbour = scorer.score([PROMPTS[0], "x " * 200], [RESPONSES[0], "y " * 200])
     assert long_neighbour[0] == pytest.approx(alone[0], abs=1e-5)
     # and the same as reading the unpadded sequence's final position
-    assert alone[0] == pytest.approx(unpadded_rewards(tiny_rm, [scorer.tokenize(PROMPTS[0], RESPONSES[0])])[0], abs=1e-5)
+    assert alone[0] == pytest.approx(
+        unpadded_rewards(tiny_rm, [scorer.tokenize(PROMPTS[0], RESPONSES[0])])[0], abs=1e-5)
 
 
 def test_pad_equal_to_eos_reads_the_end_of_turn_token(tiny_rm, smol_tokenizer):
@@ -140,7 +142,8 @@ def test_scoring_renders_like_training(smol_tokenizer):
         if not response:
             continue  # training pairs never have empty responses
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        chosen, rejected = tokenize_preference_pair(smol_tokenizer, messages, response, "something else entirely", max_length=4096)
+        chosen, rejected = tokenize_preference_pair(smol_tokenizer, messages, response, "something else entirely",
+                                                    max_length=4096)
         assert tokenize_scored(smol_tokenizer, prompt, response) == chosen.input_ids
         assert tokenize_scored(smol_tokenizer, messages, response) == chosen.input_ids
 
@@ -183,7 +186,8 @@ def test_load_reward_model_from_causal_lm_and_reward_model(tmp_path, smol_tokeni
 # --------------------------------------------------------------------------- the `rlft rm` recipe
 
 MARKER = "banana"
-WORDS = "the a cat dog sun rain tree house blue green runs sleeps quickly under over happy small big river stone".split()
+WORDS = "the a cat dog sun rain tree house blue green runs sleeps quickly under over happy small big river stone".split(
+)
 
 
 def synthetic_rows(n: int, seed: int) -> list[dict]:
@@ -198,7 +202,8 @@ def synthetic_rows(n: int, seed: int) -> list[dict]:
         rows.append({
             "prompt": prompt,
             "chosen": [{"role": "user", "content": prompt}, {"role": "assistant", "content": " ".join(chosen_words)}],
-            "rejected": [{"role": "user", "content": prompt}, {"role": "assistant", "content": " ".join(rejected_words)}],
+            "rejected": [{"role": "user", "content": prompt},
+                         {"role": "assistant", "content": " ".join(rejected_words)}],
             "score_chosen": 8.0,
             "score_rejected": float(rng.choice([2, 4, 6])),
         })
@@ -209,7 +214,9 @@ def synthetic_rows(n: int, seed: int) -> list[dict]:
 def data_files(tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("rm-data")
     ties = [{**row, "score_chosen": 5.0, "score_rejected": 5.0} for row in synthetic_rows(4, seed=3)]
-    return write_jsonl_rows(folder / "train.jsonl", synthetic_rows(64, seed=1) + ties), write_jsonl_rows(folder / "test.jsonl", synthetic_rows(32, seed=2))
+    return write_jsonl_rows(folder / "train.jsonl",
+                            synthetic_rows(64, seed=1) + ties), write_jsonl_rows(folder / "test.jsonl",
+                                                                                 synthetic_rows(32, seed=2))
 
 
 def rm_config(model_dir: Path, train: Path, output_dir: Path, **overrides):
@@ -257,7 +264,8 @@ def test_rm_recipe_learns_marker_and_reloads(tiny_model_dir, data_files, tmp_pat
     rejected = scorer.score(prompts, [r["rejected"][-1]["content"] for r in rows])
     assert sum(c > r for c, r in zip(chosen, rejected)) / len(rows) == pytest.approx(summary["accuracy"])
     assert sum(c - r for c, r in zip(chosen, rejected)) / len(rows) == pytest.approx(summary["margin"], abs=1e-4)
-    from_folder = RewardModelScorer(str(final), device="cpu", dtype="float32").score(prompts[:4], [r["chosen"][-1]["content"] for r in rows[:4]])
+    from_folder = RewardModelScorer(str(final), device="cpu",
+                                    dtype="float32").score(prompts[:4], [r["chosen"][-1]["content"] for r in rows[:4]])
     assert from_folder == pytest.approx(chosen[:4], abs=1e-5)
 
 

@@ -121,7 +121,8 @@ def test_filtering_without_varied_groups_gives_an_empty_step_and_no_filtering_ke
     got = sample_step(cfg, 0, prompts, uniform_order(cfg, prompts), engine, reward)
     assert got.prompts == [] and got.raw.shape == (0, 2) and got.all_raw.shape == (6, 2) and len(engine.calls) == 3
     unfiltered_cfg = replace(cfg, filter_groups=False)
-    unfiltered = sample_step(unfiltered_cfg, 0, prompts, uniform_order(unfiltered_cfg, prompts), ScriptedEngine(script), reward)
+    unfiltered = sample_step(unfiltered_cfg, 0, prompts, uniform_order(unfiltered_cfg, prompts), ScriptedEngine(script),
+                             reward)
     assert len(unfiltered.prompts) == 2 and unfiltered.all_raw.shape == (2, 2)
 
 
@@ -131,7 +132,8 @@ def test_varied_groups():
 
 
 def test_filtered_run_trains_only_on_varied_groups(tiny_model_dir, tmp_path):
-    cfg = make_cfg(tiny_model_dir, tmp_path / "f", advantage="rloo", filter_groups=True, max_steps=4, prompts_per_step=4)
+    cfg = make_cfg(tiny_model_dir, tmp_path / "f", advantage="rloo", filter_groups=True, max_steps=4,
+                   prompts_per_step=4)
     train_rl(cfg)
     for r in read_metrics(tmp_path / "f" / "metrics.jsonl"):
         assert r["groups/kept"] <= 4 and r["groups/tried"] <= 4 * cfg.max_prompt_batches
@@ -190,12 +192,13 @@ def test_rl_with_lora_learns_keeps_base_weights_and_writes_adapter_and_merged_mo
     # The toy reward lives in the output layer's view of the vocabulary (which first tokens are uppercase), so the
     # adapters include lm_head; the embedding is untied, so the merged model stays exact.
     targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head"
-    cfg = make_cfg(untied_model_dir, tmp_path / "lora", advantage="grpo", lora_r=8, lora_alpha=16.0, lr=1e-1, beta=0.001,
-                   kl_mode="loss", kl_estimator="k3", lora_target_modules=targets)
+    cfg = make_cfg(untied_model_dir, tmp_path / "lora", advantage="grpo", lora_r=8, lora_alpha=16.0, lr=1e-1,
+                   beta=0.001, kl_mode="loss", kl_estimator="k3", lora_target_modules=targets)
     final = train_rl(cfg)
     records = read_metrics(tmp_path / "lora" / "metrics.jsonl")
     assert learned(records), [round(r["reward/mean"], 2) for r in records]
-    assert records[0]["kl/mean"] == pytest.approx(0.0, abs=1e-6)  # the reference is the adapters-off model: equal at step 1
+    assert records[0]["kl/mean"] == pytest.approx(0.0,
+                                                  abs=1e-6)  # the reference is the adapters-off model: equal at step 1
     assert records[-1]["kl/mean"] > 0
     assert (tmp_path / "lora" / "adapter" / "adapter_config.json").is_file()
     assert (final / "config.json").is_file() and not (final / "adapter_config.json").exists()
@@ -210,7 +213,8 @@ def test_rl_with_lora_learns_keeps_base_weights_and_writes_adapter_and_merged_mo
 
 def test_lora_on_a_tied_output_layer_is_refused(smol_tokenizer):
     with pytest.raises(ValueError, match="ties it to the input embeddings"):
-        apply_lora(make_tiny_model(len(smol_tokenizer)), LoRASettings(4, 8.0, 0.0, "q_proj,lm_head"))  # "ties it to the input embeddings"
+        apply_lora(make_tiny_model(len(smol_tokenizer)),
+                   LoRASettings(4, 8.0, 0.0, "q_proj,lm_head"))  # "ties it to the input embeddings"
 
 
 def test_lora_options_are_validated():

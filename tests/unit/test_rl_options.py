@@ -10,8 +10,9 @@ import pytest
 from rlft.cli import main
 from rlft.options import SpeedOptions
 from rlft.rl.config import RLConfig, rloo_config
-from rlft.rl.options import (ChatPromptOptions, CurriculumOptions, GroupFilterOptions, ImportanceOptions, InLoopEvalOptions,
-                             KLOptions, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions, ShapingOptions)
+from rlft.rl.options import (ChatPromptOptions, CurriculumOptions, GroupFilterOptions, ImportanceOptions,
+                             InLoopEvalOptions, KLOptions, PolicyLossOptions, ReplayOptions, RewardOptions,
+                             SamplingOptions, ShapingOptions)
 from rlft.tasks.countdown.options import CountdownTrainingOptions
 from rlft.validation import OptionError
 
@@ -44,16 +45,20 @@ REFUSED = [
     ({"is_cap": 2.0}, "--is-cap is only read with --is-correction"),
     ({"is_cap": 0.5, "is_correction": "token_truncate"}, "--is-cap must be >= 1"),
     ({"clip_high": 0.28}, "--clip-high is only read by a loss that clips .*--loss reinforce does not"),
-    ({"clip_low": 0.1, "loss": "raft", "advantage": "raft"}, "--clip-low is only read by a loss that clips .*--loss raft does not"),
+    ({"clip_low": 0.1, "loss": "raft",
+      "advantage": "raft"}, "--clip-low is only read by a loss that clips .*--loss raft does not"),
     ({"clip_low": 1.0, "loss": "ppo"}, r"--clip-low must lie in \(0, 1\)"),
     ({"clip_low": 1.5, "loss": "ppo"}, r"--clip-low must lie in \(0, 1\)"),
     ({"clip_low": 0.0, "loss": "ppo"}, r"--clip-low must lie in \(0, 1\)"),
     ({"max_staleness": 2}, "--max-staleness is only read with --replay-size"),
     ({"replay_size": -1}, "--replay-size must be >= 0"),
     ({"replay_size": 8, "loss": "topr", "max_staleness": 0}, "--max-staleness must be >= 1"),
-    ({"replay_size": 8}, "--replay-size trains on stale samples, whose importance ratio is unbounded under --loss reinforce"),
-    ({"replay_size": 8, "loss": "raft", "advantage": "raft"}, "unbounded under --loss raft: use --loss topr or a loss that clips"),
-    ({"replay_size": 8, "loss": "topr", "is_correction": "token_truncate"}, "--is-correction with --replay-size: the ratio"),
+    ({"replay_size": 8},
+     "--replay-size trains on stale samples, whose importance ratio is unbounded under --loss reinforce"),
+    ({"replay_size": 8, "loss": "raft",
+      "advantage": "raft"}, "unbounded under --loss raft: use --loss topr or a loss that clips"),
+    ({"replay_size": 8, "loss": "topr",
+      "is_correction": "token_truncate"}, "--is-correction with --replay-size: the ratio"),
     ({"loss": "topr", "is_correction": "sequence_mask"}, "--is-correction with --loss topr: the ratio already divides"),
     ({"replay_size": 8, "loss": "ppo", "is_correction": "token_mask"}, "--is-correction with --replay-size"),
     # dead: the sampler stops a sample at its 5th identical line (--stop-repeats 5), so none repeats a line 6 times

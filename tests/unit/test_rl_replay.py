@@ -89,7 +89,8 @@ def test_a_replayed_all_equal_group_gets_no_rows_and_the_batch_rows_follow_the_g
     both, _ = with_replayed(cfg, got, [equal], prompts, smol_tokenizer)
     assert both.batch.input_ids.shape[0] == 4  # (B + R) * k rows, b * k + j
     expected = rollout_batch(smol_tokenizer, ["Say ok", "Say yo"], both.samples)
-    assert torch.equal(both.batch.input_ids, expected.input_ids) and torch.equal(both.batch.loss_mask, expected.loss_mask)
+    assert torch.equal(both.batch.input_ids, expected.input_ids) and torch.equal(both.batch.loss_mask,
+                                                                                 expected.loss_mask)
     objective = make_objective(cfg)
     weights = objective.weights(advantage_function(cfg)(both.shaped).flatten())  # rloo: [1, -1] and [0, 0]
     assert weights.tolist() == [1.0, -1.0, 0.0, 0.0]
@@ -167,7 +168,8 @@ def test_a_longer_staleness_with_ppo_replays_the_last_two_steps(tiny_model_dir, 
     assert [r["replay/share"] for r in records] == pytest.approx([expected_share(s, 2) for s in (1, 2, 3, 4)])
     assert [r["replay/staleness_mean"] for r in records] == [0.0, 1.0, 1.5, 1.5]
     # the ratio divides by the sampler's log-probs from the first epoch on: replayed rows are off 1
-    assert records[0]["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-4) and records[-1]["pg/ratio_mean"] != pytest.approx(1.0, abs=1e-4)
+    assert records[0]["pg/ratio_mean"] == pytest.approx(
+        1.0, abs=1e-4) and records[-1]["pg/ratio_mean"] != pytest.approx(1.0, abs=1e-4)
 
 
 def test_without_engine_log_probs_the_buffer_keeps_the_trainers(tiny_model_dir, tmp_path, monkeypatch):
@@ -207,7 +209,8 @@ def recording_draws(monkeypatch) -> list:
 
 
 def same_buffer(a: dict, b: dict) -> None:
-    assert [(g["step"], g["prompt"], g["rewards"]) for g in a["groups"]] == [(g["step"], g["prompt"], g["rewards"]) for g in b["groups"]]
+    assert [(g["step"], g["prompt"], g["rewards"]) for g in a["groups"]
+            ] == [(g["step"], g["prompt"], g["rewards"]) for g in b["groups"]]
     for ga, gb in zip(a["groups"], b["groups"]):
         for sa, sb in zip(ga["samples"], gb["samples"]):
             assert sa["completion_ids"] == sb["completion_ids"] and sa["finish_reason"] == sb["finish_reason"]
@@ -251,7 +254,8 @@ def test_resuming_with_replay_from_a_checkpoint_without_a_buffer_is_refused(tiny
         interrupt_after_checkpoints(mp, 1)
         with pytest.raises(KeyboardInterrupt):
             train_rl(cfg)
-    with pytest.raises(UsageError, match="^--resume with --replay-size: checkpoint .*step-00000001 holds no replay buffer"):
+    with pytest.raises(UsageError,
+                       match="^--resume with --replay-size: checkpoint .*step-00000001 holds no replay buffer"):
         train_rl(replace(cfg, resume=True, replay_size=4, resume_override=("replay_size",)))
 
 
@@ -287,7 +291,8 @@ def test_a_nan_loss_stops_the_rl_loop_before_the_update(tiny_model_dir, tmp_path
 
     monkeypatch.setattr(rl_recipe, "policy_loss_backward", poisoned)
     cfg = make_cfg(tiny_model_dir, tmp_path / "nan", loss="reinforce", prompts_per_step=4, max_steps=3)
-    with pytest.raises(NonFiniteError, match="^step 2: loss is nan; there is no checkpoint; no final model was written$"):
+    with pytest.raises(NonFiniteError,
+                       match="^step 2: loss is nan; there is no checkpoint; no final model was written$"):
         train_rl(cfg)
     assert len(read_metrics(tmp_path / "nan" / "metrics.jsonl")) == 1 and not (tmp_path / "nan" / "model").exists()
 

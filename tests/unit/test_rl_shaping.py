@@ -37,7 +37,8 @@ def test_overlong_penalty_hand_values_at_the_boundaries():
     assert overlong_penalty(lengths, 10, 4).dtype == torch.float32
     # L_cache = L_max: a pure length penalty, |y| / L_max; L_cache = 1: only a completion of exactly L_max tokens
     assert torch.equal(overlong_penalty(torch.tensor([0, 5, 10]), 10, 10), torch.tensor([0.0, -0.5, -1.0]))
-    assert torch.equal(overlong_penalty(torch.tensor([[8, 9], [10, 3]]), 10, 1), torch.tensor([[0.0, 0.0], [-1.0, 0.0]]))
+    assert torch.equal(overlong_penalty(torch.tensor([[8, 9], [10, 3]]), 10, 1), torch.tensor([[0.0, 0.0], [-1.0,
+                                                                                                            0.0]]))
     with pytest.raises(ValueError, match="overlong buffer must lie in 1..10"):
         overlong_penalty(lengths, 10, 0)
     with pytest.raises(ValueError, match="overlong buffer must lie in 1..10"):
@@ -53,9 +54,11 @@ def test_shaped_rewards_add_both_penalties_to_the_raw_reward():
     cfg = RLConfig(max_new_tokens=8)
     assert torch.equal(shaped_rewards(cfg, raw, truncated, lengths), raw)
     on = replace(cfg, overlong_buffer=2, overlong_penalty=2.0)
-    assert torch.allclose(shaped_rewards(on, raw, truncated, lengths), torch.tensor([[1.0, 0.1 - 2.0], [0.0 - 1.0, 1.0]]), atol=1e-7, rtol=0)
+    assert torch.allclose(shaped_rewards(on, raw, truncated, lengths),
+                          torch.tensor([[1.0, 0.1 - 2.0], [0.0 - 1.0, 1.0]]), atol=1e-7, rtol=0)
     both = replace(on, truncation_penalty=-0.5)
-    assert torch.allclose(shaped_rewards(both, raw, truncated, lengths), torch.tensor([[1.0, 0.1 - 0.5 - 2.0], [-1.0, 1.0]]), atol=1e-7, rtol=0)
+    assert torch.allclose(shaped_rewards(both, raw, truncated, lengths),
+                          torch.tensor([[1.0, 0.1 - 0.5 - 2.0], [-1.0, 1.0]]), atol=1e-7, rtol=0)
     assert torch.equal(shaped_rewards(replace(cfg, overlong_buffer=0), raw, truncated, lengths), raw)  # 0: off
 
 
@@ -84,12 +87,16 @@ def grads(model) -> dict[str, torch.Tensor]:
     return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("objective", [
-    PolicyObjective(loss_mode="seq_sum"),
-    PolicyObjective(loss_mode="seq_mean"),
-    PolicyObjective(loss_mode="token_mean", clip_low=0.2, clip_high=0.28),
-    PolicyObjective(loss_mode="token_mean", kl_placement="loss", beta=0.3, kl_estimator="k3", entropy_coef=0.05),  # every row kept
-], ids=["seq_sum", "seq_mean", "token_mean-ppo", "kl-loss-entropy"])
+@pytest.mark.parametrize(
+    "objective",
+    [
+        PolicyObjective(loss_mode="seq_sum"),
+        PolicyObjective(loss_mode="seq_mean"),
+        PolicyObjective(loss_mode="token_mean", clip_low=0.2, clip_high=0.28),
+        PolicyObjective(loss_mode="token_mean", kl_placement="loss", beta=0.3, kl_estimator="k3",
+                        entropy_coef=0.05),  # every row kept
+    ],
+    ids=["seq_sum", "seq_mean", "token_mean-ppo", "kl-loss-entropy"])
 def test_masked_truncated_rows_give_the_gradient_of_the_batch_without_them(smol_tokenizer, objective):
     tok = smol_tokenizer
     model, reference = make_tiny_model(len(tok), seed=6), make_tiny_model(len(tok), seed=7)
@@ -103,7 +110,8 @@ def test_masked_truncated_rows_give_the_gradient_of_the_batch_without_them(smol_
     batch = rollout_batch(tok, PROMPTS, samples)
     train, weights = without_rows(batch, advantages, truncated)
     assert torch.equal(train.loss_mask[truncated], torch.zeros_like(train.loss_mask[truncated]))
-    assert torch.equal(train.loss_mask[~truncated], batch.loss_mask[~truncated]) and torch.equal(weights[~truncated], advantages[~truncated])
+    assert torch.equal(train.loss_mask[~truncated], batch.loss_mask[~truncated]) and torch.equal(
+        weights[~truncated], advantages[~truncated])
     rows = gradient_rows(weights, objective, train.loss_mask)
     assert rows.tolist() == [0, 3, 5]  # with the KL and entropy in the loss too: a masked row has nothing to train
     ref = batch_logprobs(reference, batch, plan)
@@ -134,9 +142,10 @@ def test_masked_truncated_rows_give_the_gradient_of_the_batch_without_them(smol_
 
 
 def make_cfg(model_dir: Path, output_dir: Path, **overrides) -> RLConfig:
-    cfg = RLConfig(model=str(model_dir), reward="uppercase_start", preset="tiny", num_train=32, heldout_size=8, prompt_template="short",
-                   output_dir=str(output_dir), advantage="rloo", k=4, prompts_per_step=4, max_steps=3, lr=5e-2, beta=0.0,
-                   max_new_tokens=2, micro_batch_size=8, save_every=0, device="cpu", dtype="float32")
+    cfg = RLConfig(model=str(model_dir), reward="uppercase_start", preset="tiny", num_train=32, heldout_size=8,
+                   prompt_template="short", output_dir=str(output_dir), advantage="rloo", k=4, prompts_per_step=4,
+                   max_steps=3, lr=5e-2, beta=0.0, max_new_tokens=2, micro_batch_size=8, save_every=0, device="cpu",
+                   dtype="float32")
     return replace(cfg, **overrides)
 
 
@@ -220,9 +229,11 @@ def test_shaping_metrics_repetition_frac_and_mean_penalty():
     lengths = torch.tensor([[3.0, 8.0], [8.0, 5.0]])
     assert shaping_metrics(RLConfig(max_new_tokens=8), lengths, raw, repeated) == {}
     none = shaping_metrics(RLConfig(max_new_tokens=8, repetition_limit=4), lengths, raw, repeated)
-    assert none == pytest.approx({"reward/repetition_frac": 0.75, "reward/repetition_penalty_mean": -(1.0 + 0.1) / 4}, abs=1e-7)
-    penalty = shaping_metrics(RLConfig(max_new_tokens=8, repetition_limit=4, repetition_penalty=-0.5, overlong_buffer=2), lengths,
-                              raw, repeated)
+    assert none == pytest.approx({"reward/repetition_frac": 0.75, "reward/repetition_penalty_mean": -(1.0 + 0.1) / 4},
+                                 abs=1e-7)
+    penalty = shaping_metrics(
+        RLConfig(max_new_tokens=8, repetition_limit=4, repetition_penalty=-0.5, overlong_buffer=2), lengths, raw,
+        repeated)
     assert penalty == pytest.approx({"reward/repetition_frac": 0.75, "reward/repetition_penalty_mean": -0.5 * 3 / 4,
                                      "reward/overlong_penalty_mean": -2.0 / 4}, abs=1e-7)
     assert shaping_metrics(RLConfig(repetition_limit=4), torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0, 2)) == {}
@@ -232,8 +243,10 @@ def test_shaping_metrics_repetition_frac_and_mean_penalty():
     ({"repetition_penalty": -0.5}, r"--repetition-penalty is only read with --repetition-limit"),
     ({"repetition_limit": 1}, r"--repetition-limit must be >= 2"),
     ({"repetition_limit": 0}, r"--repetition-limit must be >= 2"),
-    ({"repetition_limit": 3, "repetition_penalty": 0.5}, r"--repetition-penalty must be <= 0 \(it is added to the reward\), got 0.5"),
-    ({"repetition_limit": 3, "prompts_data": "prefs.jsonl", "reward_model": "rm"}, r"a reward model or judge has no such score"),
+    ({"repetition_limit": 3, "repetition_penalty": 0.5
+      }, r"--repetition-penalty must be <= 0 \(it is added to the reward\), got 0.5"),
+    ({"repetition_limit": 3, "prompts_data": "prefs.jsonl", "reward_model": "rm"
+      }, r"a reward model or judge has no such score"),
     ({"repetition_limit": 3, "prompts_data": "prefs.jsonl", "reward": "remote"}, r"set --repetition-penalty"),
 ], ids=["penalty-without-limit", "limit-1", "limit-0", "positive-penalty", "reward-model-no-answer", "judge-no-answer"])
 def test_repetition_options_are_refused(options, message):
@@ -244,7 +257,8 @@ def test_repetition_options_are_refused(options, message):
 def test_repetition_options_accepted():
     assert RLConfig(repetition_limit=2).repetition_penalty is None
     assert RLConfig(repetition_limit=5, repetition_penalty=0.0).repetition_penalty == 0.0
-    assert RLConfig(repetition_limit=3, repetition_penalty=-0.5, prompts_data="prefs.jsonl", reward_model="rm").repetition_limit == 3
+    assert RLConfig(repetition_limit=3, repetition_penalty=-0.5, prompts_data="prefs.jsonl",
+                    reward_model="rm").repetition_limit == 3
 
 
 class LoopingEngine:
@@ -273,8 +287,8 @@ def test_sample_step_flags_repeating_samples_and_shapes_them_once():
     assert shaping_metrics(cfg, got.lengths, got.raw, got.repeated) == pytest.approx(
         {"reward/repetition_frac": 4 / 6, "reward/repetition_penalty_mean": -4 / 6}, abs=1e-7)
     # off: nothing is flagged, and the all-equal groups are dropped
-    off = sample_step(replace(cfg, repetition_limit=None), 0, prompts, lambda v: batch_indices(v, len(prompts), 2, cfg.seed),
-                      LoopingEngine(), reward)
+    off = sample_step(replace(cfg, repetition_limit=None), 0, prompts,
+                      lambda v: batch_indices(v, len(prompts), 2, cfg.seed), LoopingEngine(), reward)
     assert off.groups == 0 and off.repeated.shape == (0, 3)
 
 
@@ -285,7 +299,8 @@ def test_loop_with_the_repetition_limit_logs_and_applies_it(tiny_model_dir, tmp_
     import rlft.rl.shaping as shaping
 
     limits = []
-    monkeypatch.setattr(shaping, "repeats_a_line", lambda text, limit: limits.append(limit) or text.lstrip()[:1].isupper())
+    monkeypatch.setattr(shaping, "repeats_a_line",
+                        lambda text, limit: limits.append(limit) or text.lstrip()[:1].isupper())
     train_rl(make_cfg(tiny_model_dir, tmp_path / "r", repetition_limit=3))
     records = read_metrics(tmp_path / "r" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3] and set(limits) == {3} and len(limits) == 3 * 16

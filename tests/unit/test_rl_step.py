@@ -53,15 +53,16 @@ class ScriptedEngine:
 
     def generate(self, prompts, params):
         lengths = [1] * (self.k - 1) + [self.max_new_tokens]
-        return [[Sample([self.a] * n, "A" * n, "length" if n == self.max_new_tokens else "stop") for n in lengths] for _ in prompts]
+        return [[Sample([self.a] * n, "A" * n, "length" if n == self.max_new_tokens else "stop") for n in lengths]
+                for _ in prompts]
 
 
 def test_sample_step_shapes_once_filters_on_shaped_rewards_and_carries_the_batch(smol_tokenizer, monkeypatch):
     # raw rewards all 1: unshaped, every group would be dropped as all-equal. Shaped (max_new_tokens 4, buffer 2,
     # penalty 0.5, truncation -1): the 1-token sample keeps 1 + 0 = 1; the 4-token truncated one gets
     # 1 - 1 + (2 - 4) / 2 * 0.5 = -0.5. Every group varies, so both prompts are kept.
-    cfg = RLConfig(k=2, prompts_per_step=2, max_new_tokens=4, truncation_penalty=-1.0, overlong_buffer=2, overlong_penalty=0.5,
-                   filter_groups=True, max_prompt_batches=2, seed=3)
+    cfg = RLConfig(k=2, prompts_per_step=2, max_new_tokens=4, truncation_penalty=-1.0, overlong_buffer=2,
+                   overlong_penalty=0.5, filter_groups=True, max_prompt_batches=2, seed=3)
     calls = []
     real = rl_sampling.shaped_rewards
     monkeypatch.setattr(rl_sampling, "shaped_rewards", lambda *a: calls.append(1) or real(*a))
@@ -105,29 +106,34 @@ def test_step_counts_count_trained_and_scored_tokens_by_hand(smol_tokenizer):
 
 def test_run_totals_by_hand_and_across_a_resume():
     totals = RunTotals(params=10)
-    first = totals.add(8, {"generated_tokens": 8.0, "trained_tokens": 6.0, "trained_seq_tokens": 20.0, "scored_tokens": 0.0})
+    first = totals.add(
+        8, {"generated_tokens": 8.0, "trained_tokens": 6.0, "trained_seq_tokens": 20.0, "scored_tokens": 0.0})
     # 6 * 10 * 20 + 2 * 10 * (0 + 8) = 1200 + 160
     assert first == {"tokens/generated": 8.0, "tokens/trained": 6.0, "samples/total": 8, "tokens/generated_total": 8.0,
                      "tokens/trained_total": 6.0, "flops/estimated": 1360.0}
-    second = totals.add(4, {"generated_tokens": 4.0, "trained_tokens": 0.0, "trained_seq_tokens": 0.0, "scored_tokens": 30.0})
+    second = totals.add(
+        4, {"generated_tokens": 4.0, "trained_tokens": 0.0, "trained_seq_tokens": 0.0, "scored_tokens": 30.0})
     assert second["flops/estimated"] == 1360.0 + 2 * 10 * (30 + 4) and second["tokens/trained_total"] == 6.0
     assert second["samples/total"] == 12 and second["tokens/generated_total"] == 12.0
     # a resumed run continues from the last logged values (a later record without them, e.g. an evaluation, is skipped)
-    history = [{"step": 0, **RunTotals(10).current()}, {"step": 1, **first}, {"step": 2, **second}, {"step": 2, "eval/score": 0.5}]
+    history = [{"step": 0, **RunTotals(10).current()}, {"step": 1, **first}, {"step": 2, **second},
+               {"step": 2, "eval/score": 0.5}]
     again = RunTotals.restored(10, history)
     assert again.current() == {key: second[key] for key in RunTotals.KEYS.values()}
     assert isinstance(again.samples, int)
     assert RunTotals.restored(10, [{"step": 1, "samples/total": 16}]).current() == {
-        "samples/total": 16, "tokens/generated_total": 0, "tokens/trained_total": 0, "flops/estimated": 0}  # an older run
+        "samples/total": 16, "tokens/generated_total": 0, "tokens/trained_total": 0, "flops/estimated": 0
+    }  # an older run
 
 
 # --------------------------------------------------------------------------- the loop's metrics
 
 
 def make_cfg(model_dir: Path, output_dir: Path, **overrides) -> RLConfig:
-    cfg = RLConfig(model=str(model_dir), reward="uppercase_start", preset="tiny", num_train=16, heldout_size=4, prompt_template="short",
-                   output_dir=str(output_dir), advantage="rloo", k=2, prompts_per_step=2, max_steps=2, lr=5e-2, beta=0.0,
-                   max_new_tokens=3, micro_batch_size=8, save_every=0, device="cpu", dtype="float32")
+    cfg = RLConfig(model=str(model_dir), reward="uppercase_start", preset="tiny", num_train=16, heldout_size=4,
+                   prompt_template="short", output_dir=str(output_dir), advantage="rloo", k=2, prompts_per_step=2,
+                   max_steps=2, lr=5e-2, beta=0.0, max_new_tokens=3, micro_batch_size=8, save_every=0, device="cpu",
+                   dtype="float32")
     return replace(cfg, **overrides)
 
 
@@ -148,7 +154,9 @@ def test_loop_logs_generated_and_trained_tokens_and_the_flops_estimate(tiny_mode
         assert g == r["completion/mean_tokens"] * r["samples/step"]  # every sample is in the batch (no filtering)
         assert r["tokens/trained"] == 2 * g
         texts = [prompts[i].text for i in batch_indices(step, len(prompts), cfg.prompts_per_step, cfg.seed)]
-        p = cfg.k * sum(len(ids) for ids in encode_prompts(tokenizer, texts, add_special_tokens=adds_special_tokens(cfg.prompt_template)))
+        p = cfg.k * sum(
+            len(ids)
+            for ids in encode_prompts(tokenizer, texts, add_special_tokens=adds_special_tokens(cfg.prompt_template)))
         flops += 6 * n * 2 * (p + g) + 2 * n * (p + g) + 2 * n * g
         generated += g
         assert r["flops/estimated"] == pytest.approx(flops, rel=1e-12)
@@ -178,7 +186,8 @@ def test_mask_truncated_warns_once_per_step_that_trains_nothing(tiny_model_dir, 
     logging.getLogger("rlft").addHandler(handler)
     try:
         # rewards 0, 1 in every group: every sample has an advantage, and the mask alone leaves nothing to train on
-        train_rl(make_cfg(tiny_model_dir, tmp_path / "m", mask_truncated=True), reward_fn=lambda p, c, g: [float(i % 2) for i in range(len(c))])
+        train_rl(make_cfg(tiny_model_dir, tmp_path / "m", mask_truncated=True),
+                 reward_fn=lambda p, c, g: [float(i % 2) for i in range(len(c))])
     finally:
         logging.getLogger("rlft").removeHandler(handler)
     nothing = [w for w in warnings if "trains nothing" in w]
@@ -200,18 +209,21 @@ def test_make_engine_builds_the_loops_hf_engine_on_the_live_model_and_sync_follo
     model = make_tiny_model(len(smol_tokenizer))
     engine = make_engine("hf", "unused", smol_tokenizer, spec, model=model, batch_size=3, add_special_tokens=False,
                          copy_weights=True, copy_dtype=torch.bfloat16)
-    assert isinstance(engine, HFEngine) and engine.model is model and engine.batch_size == 3 and not engine.add_special_tokens
+    assert isinstance(engine,
+                      HFEngine) and engine.model is model and engine.batch_size == 3 and not engine.add_special_tokens
     copy = engine.sampler()
     assert copy is not model and next(copy.parameters()).dtype == torch.bfloat16
     other = make_tiny_model(len(smol_tokenizer), seed=5)
     engine.sync_weights(other)
-    assert engine.model is other and torch.equal(engine.sampler().lm_head.weight, other.lm_head.weight.to(torch.bfloat16))
+    assert engine.model is other and torch.equal(engine.sampler().lm_head.weight, other.lm_head.weight.to(
+        torch.bfloat16))
 
 
 def test_vllm_sync_weights_pushes_the_merged_policy(smol_tokenizer):
     from rlft.rollout.vllm import VLLMEngine
 
-    model = apply_lora(make_tiny_model(len(smol_tokenizer), seed=1), LoRASettings(r=4, alpha=8.0, dropout=0.0, target_modules="q_proj,v_proj"))
+    model = apply_lora(make_tiny_model(len(smol_tokenizer), seed=1),
+                       LoRASettings(r=4, alpha=8.0, dropout=0.0, target_modules="q_proj,v_proj"))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:

@@ -5,7 +5,6 @@ sizes, a Countdown file (validation and test rows) and a file with no held-out b
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 

@@ -199,9 +199,11 @@ def test_h4_fixture_run_with_reward_model(tiny_model_dir, rm_folder, chatml_toke
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert [r["step"] for r in records if "eval/reward" in r] == [0, 2]
-    for key in ("reward/mean", "reward/std", "reward/shaped_mean", "adv/std", "entropy", "completion/truncated_frac", "loss/policy"):
+    for key in ("reward/mean", "reward/std", "reward/shaped_mean", "adv/std", "entropy", "completion/truncated_frac",
+                "loss/policy"):
         assert key in records[1], key
-    assert "reward/accuracy" not in records[1] and "reward/format_rate" not in records[1]  # meaningless for a reward model
+    assert "reward/accuracy" not in records[1] and "reward/format_rate" not in records[
+        1]  # meaningless for a reward model
 
     # the step's rewards are the reward model's scores of (prompt messages, completion)
     by_text = dict(zip(texts, conversations))
@@ -261,10 +263,11 @@ def test_truncation_penalty_lowers_exactly_the_length_limited_samples(smol_token
     monkeypatch.setattr("rlft.rewards.remote.RemoteRewardJudge", StubJudge)
     seen = []
     real_advantages = advantages_module.rloo_advantages
-    monkeypatch.setitem(advantages_module.ADVANTAGES, "rloo", lambda rewards: seen.append(rewards.clone()) or real_advantages(rewards))
+    monkeypatch.setitem(advantages_module.ADVANTAGES, "rloo",
+                        lambda rewards: seen.append(rewards.clone()) or real_advantages(rewards))
     recorder = Recorder(monkeypatch)
-    cfg = make_cfg(policy, tmp_path / "trunc", reward="remote", base_url="http://judge.invalid/v1", judge_model="stub-rm",
-                   api_key_env="STUB_KEY", k=4, max_new_tokens=2, truncation_penalty=-0.5)
+    cfg = make_cfg(policy, tmp_path / "trunc", reward="remote", base_url="http://judge.invalid/v1",
+                   judge_model="stub-rm", api_key_env="STUB_KEY", k=4, max_new_tokens=2, truncation_penalty=-0.5)
     train_rl(cfg)
 
     assert judges == [("http://judge.invalid/v1", "stub-rm", "STUB_KEY", 60.0, 5)]  # the judge options reach it
@@ -274,13 +277,15 @@ def test_truncation_penalty_lowers_exactly_the_length_limited_samples(smol_token
         raw = torch.tensor([0.1 * (len(s.text) % 5) for s in flat])
         truncated = torch.tensor([s.finish_reason == "length" for s in flat])
         for s in flat:  # "length": 2 tokens, none of them a stop id; "stop": ends with one
-            assert (len(s.completion_ids) == 2 and not stop & set(s.completion_ids)) if s.finish_reason == "length" else s.completion_ids[-1] in stop
+            assert (len(s.completion_ids) == 2 and
+                    not stop & set(s.completion_ids)) if s.finish_reason == "length" else s.completion_ids[-1] in stop
         assert torch.equal(rewards.flatten(), torch.where(truncated, raw + (-0.5), raw))
         finishes += [s.finish_reason for s in flat]
     assert "stop" in finishes and "length" in finishes  # both cases were exercised
     records = read_metrics(tmp_path / "trunc" / "metrics.jsonl")
     for r in records:  # raw mean before the penalty; shaped mean after it (beta = 0)
-        assert r["reward/shaped_mean"] == pytest.approx(r["reward/mean"] - 0.5 * r["completion/truncated_frac"], abs=1e-6)
+        assert r["reward/shaped_mean"] == pytest.approx(r["reward/mean"] - 0.5 * r["completion/truncated_frac"],
+                                                        abs=1e-6)
 
 
 # --------------------------------------------------------------------------- learning, reward built once
@@ -302,8 +307,8 @@ def test_stub_reward_model_is_learned_and_built_once(tiny_model_dir, tmp_path, m
 
     monkeypatch.setattr("rlft.rewards.reward_model.RewardModelScorer", UppercaseScorer)
     out = tmp_path / "learn"
-    cfg = make_cfg(tiny_model_dir, out, reward_model="stub-rm", max_steps=40, k=6, prompts_per_step=4, max_new_tokens=1, lr=5e-2,
-                   eval_every=20, eval_prompts=1, eval_max_new_tokens=1)
+    cfg = make_cfg(tiny_model_dir, out, reward_model="stub-rm", max_steps=40, k=6, prompts_per_step=4, max_new_tokens=1,
+                   lr=5e-2, eval_every=20, eval_prompts=1, eval_max_new_tokens=1)
     train_rl(cfg)
     assert built == ["stub-rm"]
     assert len(calls) == 40 + 3  # one scoring per step, plus evaluations at steps 0, 20 and 40

@@ -86,7 +86,8 @@ def test_rollout_batch_ids_and_mask_include_eos_when_pad_is_eos(smol_tokenizer):
     samples = fixed_samples(tok)
     batch = rollout_batch(tok, PROMPTS, samples)
     prompt_ids = [tok(p)["input_ids"] for p in PROMPTS]  # the tokenizer defaults, as HFEngine uses them
-    assert batch.input_ids.shape == (6, max(len(prompt_ids[b]) + len(s.completion_ids) for b in range(2) for s in samples[b]))
+    assert batch.input_ids.shape == (
+        6, max(len(prompt_ids[b]) + len(s.completion_ids) for b in range(2) for s in samples[b]))
     for b in range(2):
         for j, sample in enumerate(samples[b]):
             row, p, c = b * 3 + j, len(prompt_ids[b]), len(sample.completion_ids)
@@ -94,7 +95,8 @@ def test_rollout_batch_ids_and_mask_include_eos_when_pad_is_eos(smol_tokenizer):
             assert batch.loss_mask[row].tolist() == [0.0] * p + [1.0] * c + [0.0] * (batch.input_ids.shape[1] - p - c)
             assert batch.attention_mask[row].sum() == p + c
     # the EOS of a "stop" sample is a target, although it equals the pad id
-    assert batch.loss_mask[0, len(prompt_ids[0]) + 3] == 1 and batch.input_ids[0, len(prompt_ids[0]) + 3] == tok.eos_token_id
+    assert batch.loss_mask[0, len(prompt_ids[0]) + 3] == 1 and batch.input_ids[0, len(prompt_ids[0]) +
+                                                                               3] == tok.eos_token_id
 
 
 # --------------------------------------------------------------------------- the loss on fixed samples
@@ -106,7 +108,8 @@ def test_micro_batches_take_rows_by_length_and_logprobs_come_back_in_row_order(s
     lengths = batch.attention_mask.sum(dim=1).tolist()
     parts = list(micro_batches(batch, 2))
     assert sorted(i for rows, _ in parts for i in rows.tolist()) == list(range(6))  # every row once
-    assert [sorted(lengths[i] for i in rows.tolist()) for rows, _ in parts] == [sorted(lengths)[i:i + 2] for i in (0, 2, 4)]
+    assert [sorted(lengths[i] for i in rows.tolist()) for rows, _ in parts
+            ] == [sorted(lengths)[i:i + 2] for i in (0, 2, 4)]
     padded = sum(mb.input_ids.numel() for _, mb in parts)
     contiguous = sum(mb.input_ids.numel() for _, mb in micro_batches(batch, 2, by_length=False))
     assert padded < contiguous  # the groups mix long and short rows; by length, each pair pads to its like
@@ -114,7 +117,8 @@ def test_micro_batches_take_rows_by_length_and_logprobs_come_back_in_row_order(s
     model = make_tiny_model(len(tok), seed=6)
     whole = batch_logprobs(model, batch, PassPlan(temperature=0.8, micro_batch_size=6))
     assert torch.allclose(batch_logprobs(model, batch, PassPlan(temperature=0.8, micro_batch_size=2)), whole, atol=1e-6)
-    _, returned = policy_loss_backward(model, batch, torch.ones(6), REINFORCE, PassPlan(temperature=0.8, micro_batch_size=2))
+    _, returned = policy_loss_backward(model, batch, torch.ones(6), REINFORCE,
+                                       PassPlan(temperature=0.8, micro_batch_size=2))
     assert torch.allclose(returned, whole, atol=1e-6)
 
 
@@ -162,13 +166,15 @@ def test_equal_rewards_give_zero_advantages_and_exactly_zero_gradient(smol_token
     rewards = torch.tensor([[0.1, 0.1, 0.1], [1.0, 1.0, 1.0]])
     advantages = rloo_advantages(rewards)
     assert torch.equal(advantages, torch.zeros(2, 3))
-    metrics, _ = policy_loss_backward(model, batch, advantages.flatten(), REINFORCE, PassPlan(temperature=0.8, micro_batch_size=4))
+    metrics, _ = policy_loss_backward(model, batch, advantages.flatten(), REINFORCE,
+                                      PassPlan(temperature=0.8, micro_batch_size=4))
     assert metrics["loss/policy"] == 0.0
     for name, g in grads(model).items():
         assert torch.count_nonzero(g) == 0, name
     # ... while one different reward in a group gives a nonzero gradient (the check above can fail)
     model.zero_grad()
-    policy_loss_backward(model, batch, rloo_advantages(torch.tensor([[0.1, 0.1, 1.0], [1.0, 1.0, 1.0]])).flatten(), REINFORCE,
+    policy_loss_backward(model, batch,
+                         rloo_advantages(torch.tensor([[0.1, 0.1, 1.0], [1.0, 1.0, 1.0]])).flatten(), REINFORCE,
                          PassPlan(temperature=0.8, micro_batch_size=4))
     assert any(torch.count_nonzero(g) > 0 for g in grads(model).values())
 
@@ -230,10 +236,12 @@ def test_skipping_zero_advantage_rows_gives_the_full_gradient(smol_tokenizer, mo
     # a KL loss term or an entropy bonus needs every row
     assert gradient_rows(advantages, PolicyObjective(kl_placement="loss", beta=0.1)).tolist() == list(range(6))
     assert gradient_rows(advantages, PolicyObjective(entropy_coef=0.01)).tolist() == list(range(6))
-    assert gradient_rows(advantages, PolicyObjective(kl_placement="reward", beta=0.1)).tolist() == [0, 1, 2]  # not in the loss
+    assert gradient_rows(advantages, PolicyObjective(kl_placement="reward",
+                                                     beta=0.1)).tolist() == [0, 1, 2]  # not in the loss
     model.zero_grad()
     batch = rollout_batch(tok, PROMPTS, samples)
-    policy_loss_backward(model, take_rows(batch, rows), advantages[rows], objective, PassPlan(temperature=temperature, micro_batch_size=2),
+    policy_loss_backward(model, take_rows(batch, rows), advantages[rows], objective,
+                         PassPlan(temperature=temperature, micro_batch_size=2),
                          LossContext(num_sequences=6, num_tokens=float(batch.loss_mask.sum())))
     actual = grads(model)
     for name in expected:
@@ -276,7 +284,9 @@ def test_rloo_command_is_the_rl_loop_with_rloo_defaults(tmp_path, capsys):
 
     cls, run, _, preset = _commands()["rloo"]
     assert cls is RLConfig and run is train_rl and preset is RLOO_DEFAULTS
-    assert RLOO_DEFAULTS == {"advantage": "rloo", "loss": "reinforce", "loss_mode": "seq_sum", "output_dir": "runs/rloo"}
+    assert RLOO_DEFAULTS == {
+        "advantage": "rloo", "loss": "reinforce", "loss_mode": "seq_sum", "output_dir": "runs/rloo"
+    }
     options = _dry_run_options(["rloo"], capsys)
     assert {key: options[key] for key in RLOO_DEFAULTS} == RLOO_DEFAULTS
     assert _dry_run_options(["rl"], capsys)["advantage"] == "grpo"  # `rlft rl` keeps RLConfig's own defaults
@@ -285,7 +295,8 @@ def test_rloo_command_is_the_rl_loop_with_rloo_defaults(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text("loss_mode: token_mean\nk: 3\n")
     options = _dry_run_options(["rloo", "--config", str(path), "--k", "5"], capsys)
-    assert (options["advantage"], options["loss"], options["loss_mode"], options["k"], options["output_dir"]) == ("rloo", "reinforce", "token_mean", 5, "runs/rloo")
+    assert (options["advantage"], options["loss"], options["loss_mode"], options["k"],
+            options["output_dir"]) == ("rloo", "reinforce", "token_mean", 5, "runs/rloo")
 
 
 def _help(command: str) -> dict[str, str]:
@@ -296,7 +307,8 @@ def _help(command: str) -> dict[str, str]:
     import sys
 
     env = {**os.environ, "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "rlft.cli", command, "--help"], capture_output=True, text=True, timeout=120, env=env).stdout
+    out = subprocess.run([sys.executable, "-m", "rlft.cli", command, "--help"], capture_output=True, text=True,
+                         timeout=120, env=env).stdout
     options: dict[str, str] = {}
     flag = None
     for line in out.splitlines():
@@ -313,9 +325,11 @@ def _help(command: str) -> dict[str, str]:
 
 def test_rloo_help_shows_the_rloo_defaults():
     options = _help("rloo")
-    for flag, default in (("--advantage", "rloo"), ("--loss", "reinforce"), ("--loss-mode", "seq_sum"), ("--output-dir", "runs/rloo")):
+    for flag, default in (("--advantage", "rloo"), ("--loss", "reinforce"), ("--loss-mode", "seq_sum"), ("--output-dir",
+                                                                                                         "runs/rloo")):
         assert options[flag].endswith(f"(default: {default})"), options[flag]
-    assert "{rloo,grpo,lite_ppo,dr_grpo,raft,reinforce}" in options["--advantage"]  # the registry's keys are the choices
+    assert "{rloo,grpo,lite_ppo,dr_grpo,raft,reinforce}" in options[
+        "--advantage"]  # the registry's keys are the choices
     assert _help("rl")["--advantage"].endswith("(default: grpo)")
 
 
@@ -326,7 +340,8 @@ def test_unknown_estimator_or_loss_lists_the_registry(capsys):
 
     with pytest.raises(OptionError, match=r"--advantage: expected one of 'rloo', 'grpo'.*got 'ppo'"):
         RLConfig(advantage="ppo")
-    with pytest.raises(OptionError, match=r"--loss: expected one of 'reinforce', 'ppo', 'raft', 'raft\+\+'.*got 'dpo'"):  # the registry's names, topr too
+    with pytest.raises(OptionError, match=r"--loss: expected one of 'reinforce', 'ppo', 'raft', 'raft\+\+'.*got 'dpo'"
+                       ):  # the registry's names, topr too
         RLConfig(loss="dpo")
     with pytest.raises(SystemExit):
         main(["rl", "--advantage", "nope", "--dry-run"])
@@ -417,7 +432,8 @@ def test_kl_is_zero_at_the_start_and_grows(tiny_model_dir, tmp_path, kl_mode, es
     else:
         assert "loss/kl" not in records[-1]
         # R - beta * KL: the shaped mean differs from the raw one once the policy moved
-        assert records[-1]["reward/shaped_mean"] == pytest.approx(records[-1]["reward/mean"] - 0.1 * records[-1]["kl/mean"], abs=1e-5)
+        assert records[-1]["reward/shaped_mean"] == pytest.approx(
+            records[-1]["reward/mean"] - 0.1 * records[-1]["kl/mean"], abs=1e-5)
 
 
 def test_token_budget_run_takes_the_step_of_one_pass(tiny_model_dir, tmp_path, monkeypatch):
@@ -441,7 +457,8 @@ def test_token_budget_run_takes_the_step_of_one_pass(tiny_model_dir, tmp_path, m
 
 
 def test_ppo_epochs_clip_and_log(tiny_model_dir, tmp_path):
-    cfg = make_cfg(tiny_model_dir, tmp_path / "ppo", max_steps=2, ppo_epochs=3, lr=5e-2, loss="ppo", clip_low=0.1, prompts_per_step=4)
+    cfg = make_cfg(tiny_model_dir, tmp_path / "ppo", max_steps=2, ppo_epochs=3, lr=5e-2, loss="ppo", clip_low=0.1,
+                   prompts_per_step=4)
     train_rl(cfg)
     records = read_metrics(tmp_path / "ppo" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
@@ -481,8 +498,9 @@ def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatc
     assert [r["step"] for r in b if "eval/score" in r] == [0, 3, 6]
     assert a[-1]["kl/mean"] != 0.0  # the policy moved away from the reference (a wrong reference would show)
     for ra, rb in zip(a, b):
-        for key in ("reward/mean", "kl/mean", "loss/policy", "grad_norm", "lr", "completion/mean_tokens", "eval/score", "samples/total",
-                    "tokens/generated_total", "tokens/trained_total", "flops/estimated"):  # cumulative counts continue
+        for key in ("reward/mean", "kl/mean", "loss/policy", "grad_norm", "lr", "completion/mean_tokens", "eval/score",
+                    "samples/total", "tokens/generated_total", "tokens/trained_total",
+                    "flops/estimated"):  # cumulative counts continue
             if key in ra:
                 assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
     wa, wb = load_weights(out_a / "model"), load_weights(tmp_path / "b" / "model")

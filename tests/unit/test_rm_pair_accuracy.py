@@ -42,11 +42,13 @@ def test_accuracy_matches_a_naive_loop_and_swaps(tmp_path, monkeypatch, smol_tok
     out = run(monkeypatch, "--model", model_dir, "--pairs", pairs, "--max-length", 128, "--dtype", "float32",
               "--json", tmp_path / "a.json")
     scorer = RewardModelScorer(str(model_dir), dtype="float32", max_length=128)
-    naive = sum(scorer.score([r["prompt"]], [r["chosen"]])[0] > scorer.score([r["prompt"]], [r["rejected"]])[0] for r in ROWS)
+    naive = sum(
+        scorer.score([r["prompt"]], [r["chosen"]])[0] > scorer.score([r["prompt"]], [r["rejected"]])[0] for r in ROWS)
     assert out["n"] == 12 and out["skipped_ties"] == 1 and out["skipped_prompt_too_long"] == 1
     assert out["accuracy"] == pytest.approx(naive / 12)
     assert out["ci95"][0] <= out["accuracy"] <= out["ci95"][1]
-    swapped = write_jsonl_rows(tmp_path / "swapped.jsonl", [{**r, "chosen": r["rejected"], "rejected": r["chosen"]} for r in ROWS])
+    swapped = write_jsonl_rows(tmp_path / "swapped.jsonl",
+                               [{**r, "chosen": r["rejected"], "rejected": r["chosen"]} for r in ROWS])
     back = run(monkeypatch, "--model", model_dir, "--pairs", swapped, "--max-length", 128, "--dtype", "float32",
                "--json", tmp_path / "b.json")
     assert back["accuracy"] == pytest.approx(1 - out["accuracy"])
@@ -70,8 +72,8 @@ def test_invalid_row_names_the_row_or_is_skipped_and_counted(tmp_path, monkeypat
 def test_interval_is_wilsons(tmp_path, monkeypatch, smol_tokenizer):
     """The interval is Wilson's: inside [0, 1] and not a point when every pair is won (the normal one collapses)."""
     model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer, seed=3), smol_tokenizer)
-    out = run(monkeypatch, "--model", model_dir, "--pairs", write_jsonl_rows(tmp_path / "p.jsonl", ROWS), "--max-length",
-              128, "--dtype", "float32", "--json", tmp_path / "f.json")
+    out = run(monkeypatch, "--model", model_dir, "--pairs", write_jsonl_rows(tmp_path / "p.jsonl", ROWS),
+              "--max-length", 128, "--dtype", "float32", "--json", tmp_path / "f.json")
     n, p, z = out["n"], out["accuracy"], 1.959963984540054
     center = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
@@ -132,7 +134,8 @@ def test_every_error_is_one_line_with_exit_code_2(tmp_path, capsys, smol_tokeniz
     capsys.readouterr()  # the save's progress bar
     cases = [([*model, "--pairs", str(tmp_path / "none.jsonl")], "--pairs .*none.jsonl: no such file"),
              ([*model, "--pairs", str(bad)], "bad.jsonl: row 0: field 'rejected'"),
-             ([*model, "--pairs", str(ties), "--max-length", "64"], "ties.jsonl: no pair to score \\(1 ties, 0 invalid rows\\)"),
+             ([*model, "--pairs", str(ties), "--max-length",
+               "64"], "ties.jsonl: no pair to score \\(1 ties, 0 invalid rows\\)"),
              ([*model, "--pairs", str(pairs), "--max-length", "0"], "--max-length must be >= 1, got 0"),
              ([*model, "--pairs", str(pairs), "--dtype", "float8"], "argument --dtype: invalid choice"),
              (["--model", str(tmp_path), "--pairs", str(pairs)], "not a loadable model folder"),
@@ -141,5 +144,6 @@ def test_every_error_is_one_line_with_exit_code_2(tmp_path, capsys, smol_tokeniz
         with pytest.raises(SystemExit) as exit_info:
             s.run_script(s.main, argv, prog="rm_pair_accuracy.py")
         err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("rm_pair_accuracy.py: error: "), err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith(
+            "rm_pair_accuracy.py: error: "), err
         assert re.search(message, err), (message, err)

@@ -54,7 +54,9 @@ def test_finished_rows_leave_the_batch(smol_tokenizer):
     sizes = []
     handle = model.lm_head.register_forward_hook(lambda module, inputs, output: sizes.append(inputs[0].shape[0]))
     try:
-        rows = [d.token_ids for d in decode(model, input_ids, attention_mask, params, [smol_tokenizer.eos_token_id, *stops])]
+        rows = [
+            d.token_ids for d in decode(model, input_ids, attention_mask, params, [smol_tokenizer.eos_token_id, *stops])
+        ]
     finally:
         handle.remove()
     assert sizes[0] == len(PROMPTS)
@@ -97,8 +99,8 @@ def test_warpers_restrict_and_follow_the_distribution():
 def test_lora_model_greedy_equals_generate(smol_tokenizer):
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(tiny_model(smol_tokenizer), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                                   init_lora_weights=False))
+    model = get_peft_model(tiny_model(smol_tokenizer),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=8)
     expected = HFEngine(model, smol_tokenizer, decoder="generate").generate(PROMPTS, params)
     assert ids_of(HFEngine(model, smol_tokenizer).generate(PROMPTS, params)) == ids_of(expected)
@@ -119,7 +121,8 @@ def test_static_cache_greedy_equals_the_eager_paths(tok_name, request):
     model = tiny_model(tokenizer)
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=10)
     static = HFEngine(model, tokenizer, batch_size=8, decoder="static").generate(PROMPTS, params)
-    assert ids_of(static) == ids_of(HFEngine(model, tokenizer, batch_size=8, decoder="generate").generate(PROMPTS, params))
+    assert ids_of(static) == ids_of(
+        HFEngine(model, tokenizer, batch_size=8, decoder="generate").generate(PROMPTS, params))
     assert ids_of(static) == ids_of(HFEngine(model, tokenizer, batch_size=8, decoder="drop").generate(PROMPTS, params))
     assert len({tuple(s.completion_ids) for samples in static for s in samples}) > 1
 

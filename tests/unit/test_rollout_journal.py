@@ -49,7 +49,8 @@ def flat(samples):
 
 def test_killed_run_resumes_to_the_uninterrupted_result(engine, tmp_path):
     whole, _ = sample_with_journal(engine, PROMPTS, PARAMS, tmp_path / "a.jsonl", META, chunk_prompts=3)
-    assert flat(whole) == flat(sample_with_journal(engine, PROMPTS, PARAMS, tmp_path / "b.jsonl", META, chunk_prompts=3)[0])
+    assert flat(whole) == flat(
+        sample_with_journal(engine, PROMPTS, PARAMS, tmp_path / "b.jsonl", META, chunk_prompts=3)[0])
 
     path = tmp_path / "killed.jsonl"
     first = CountingEngine(engine, kill_at=2)  # chunks [0:3] and [3:6] written, killed before [6:7]
@@ -114,7 +115,8 @@ def test_a_looped_sample_is_read_back_looped(tmp_path):
     path = tmp_path / "j.jsonl"
     written, _ = sample_with_journal(Fixed(), PROMPTS[:2], PARAMS, path, META, chunk_prompts=2)
     read, _ = sample_with_journal(Fixed(), PROMPTS[:2], PARAMS, path, META, chunk_prompts=2)
-    assert [[s.looped for s in row] for row in read] == [[True, False]] * 2 == [[s.looped for s in row] for row in written]
+    assert [[s.looped for s in row] for row in read
+            ] == [[True, False]] * 2 == [[s.looped for s in row] for row in written]
     assert '"looped": true' in path.read_text() and path.read_text().count("looped") == 2  # only where it is set
 
 
@@ -128,7 +130,8 @@ def test_journal_differences_and_recorded_meta_read_the_first_line(tmp_path):
     for first in ("not json", json.dumps([1, 2]), json.dumps({"meta": "x"}), json.dumps({"index": 0})):
         path.write_text(first + "\n")
         assert journal_differences(path, META) == ["meta"] and recorded_meta(path) is None
-    path.write_text(json.dumps({"meta": {**META, "chunk_prompts": CHUNK_PROMPTS}}) + "\n" + json.dumps({"index": 0}) + "\n")
+    path.write_text(
+        json.dumps({"meta": {**META, "chunk_prompts": CHUNK_PROMPTS}}) + "\n" + json.dumps({"index": 0}) + "\n")
     assert recorded_meta(path) == {**META, "chunk_prompts": CHUNK_PROMPTS}
     assert journal_differences(path, META) == []
     assert journal_differences(path, {**META, "seed": 4, "dtype": "bf16"}) == ["dtype", "seed"]

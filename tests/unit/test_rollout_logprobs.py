@@ -108,7 +108,8 @@ def test_vllm_engine_module_imports_without_vllm_and_explains_how_to_install(mon
     import rlft.rollout.vllm as vllm_engine
 
     assert "vllm" not in sys.modules
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # restored afterwards; the constructor must not override it
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING",
+                       "1")  # restored afterwards; the constructor must not override it
     with pytest.raises(ImportError, match=r"pip install rlft\[vllm\]"):
         vllm_engine.VLLMEngine("no-such-model")
     assert "vllm" not in sys.modules

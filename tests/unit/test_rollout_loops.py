@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from rlft.rollout import HFEngine, SamplingParams
 from rlft.rollout.loops import LoopStop, loop_cut, newline_token_ids

@@ -64,7 +64,8 @@ def test_samples_do_not_depend_on_batch_composition(smol_tokenizer):
     # through the engine: k = 2 is the first two samples of k = 4; other prompts around do not matter
     model.generation_config.eos_token_id = eos
     k4 = HFEngine(model, smol_tokenizer, batch_size=3).generate(PROMPTS, SamplingParams(**{**params.__dict__, "k": 4}))
-    k2 = HFEngine(model, smol_tokenizer, batch_size=7).generate(PROMPTS[:3], SamplingParams(**{**params.__dict__, "k": 2}))
+    k2 = HFEngine(model, smol_tokenizer, batch_size=7).generate(PROMPTS[:3],
+                                                                SamplingParams(**{**params.__dict__, "k": 2}))
     assert [[s.completion_ids for s in row] for row in k4] == [[reference[(i, j)] for j in range(4)] for i in range(5)]
     assert [[s.completion_ids for s in row] for row in k2] == [[reference[(i, j)] for j in range(2)] for i in range(3)]
     other_seed = run(model, smol_tokenizer, jobs, SamplingParams(**{**params.__dict__, "seed": 12}), eos, batch_size=4)
@@ -198,7 +199,8 @@ def test_sampler_logprobs_match_teacher_forcing_in_bfloat16(tiny_model_dir, smol
     precision (the sampler/trainer mismatch the --is-correction path corrects)."""
     model = load_model(str(tiny_model_dir), DeviceSpec(torch.device("cpu"), torch.float32))
     model.generation_config.eos_token_id = many_eos(smol_tokenizer)
-    engine = HFEngine(model, smol_tokenizer, batch_size=4, decoder="refill", copy_weights=True, copy_dtype=torch.bfloat16)
+    engine = HFEngine(model, smol_tokenizer, batch_size=4, decoder="refill", copy_weights=True,
+                      copy_dtype=torch.bfloat16)
     samples = engine.generate(PROMPTS, SamplingParams(k=2, temperature=1.0, max_new_tokens=10, seed=2))
     sampled, trained, loss_mask = teacher_forced(model, smol_tokenizer, PROMPTS, samples, 1.0)
     diff = (sampled - trained)[loss_mask.bool()].abs()
@@ -244,7 +246,9 @@ def test_two_level_draw_is_the_inverse_cdf():
     assert not ((got >= 256) & (got < 512)).any() and got.max() < v
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=6, top_p=0.8)])
+@pytest.mark.parametrize("params",
+                         [SamplingParams(temperature=0.7),
+                          SamplingParams(temperature=1.3, top_k=6, top_p=0.8)])
 def test_choose_samples_the_warped_distribution(params):
     """choose(): frequencies of 20000 draws within 5 standard errors of softmax(transformers' warpers(logits)),
     nothing outside top-k / the nucleus; its log-probs and self-certainty are token_statistics'."""

@@ -6,7 +6,6 @@ a run that fails on bad data writes nothing, partial saves are cleaned up."""
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,7 +36,9 @@ def finished(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("finished") / "run"
     cfg = make_cfg(tiny_model_dir, out, keep_checkpoints=3)
     train_sft(cfg)
-    return {"cfg": cfg, "dir": out, "weights": load_weights(out / "model"), "metrics": read_metrics(out / "metrics.jsonl")}
+    return {
+        "cfg": cfg, "dir": out, "weights": load_weights(out / "model"), "metrics": read_metrics(out / "metrics.jsonl")
+    }
 
 
 def interrupted_run(finished, tmp_path, monkeypatch) -> Path:
@@ -112,8 +113,9 @@ def test_finished_run_is_never_overwritten_without_overwrite(finished, tmp_path,
 
     with pytest.raises(RunFolderError) as info:
         train_sft(replace(cfg, lr=1e-2))
-    assert str(info.value) == (f"output folder {run} already holds a run (config.yaml, metrics.jsonl, model/); "
-                               "pass --resume to continue it or --overwrite to replace it (or choose another --output-dir)")
+    assert str(
+        info.value) == (f"output folder {run} already holds a run (config.yaml, metrics.jsonl, model/); "
+                        "pass --resume to continue it or --overwrite to replace it (or choose another --output-dir)")
     assert tree(run) == before  # not a byte changed
 
     train_sft(replace(cfg, lr=1e-2, overwrite=True))
@@ -131,8 +133,9 @@ def test_resume_refuses_changed_options_unless_overridden(finished, tmp_path, rl
     with pytest.raises(RunFolderError) as info:
         train_sft(replace(cfg, resume=True, lr=1e-2, batch_size=4))
     # listed in the config's field order (OptimizerOptions' --lr comes before SFTConfig's own --batch-size)
-    assert str(info.value) == (f"--resume: options differ from the run in {run} (--lr 0.003 -> 0.01; --batch-size 8 -> 4); "
-                               "pass --resume-override lr batch-size to resume with the new values anyway")
+    assert str(
+        info.value) == (f"--resume: options differ from the run in {run} (--lr 0.003 -> 0.01; --batch-size 8 -> 4); "
+                        "pass --resume-override lr batch-size to resume with the new values anyway")
     assert tree(run) == before
     with pytest.raises(RunFolderError, match=r"\(--max-steps 4 -> 3\)"):  # shorter: a difference
         train_sft(replace(cfg, resume=True, max_steps=3))
@@ -250,10 +253,11 @@ def test_demo_resume_with_changed_options_gives_advice_that_works(tmp_path):
     with pytest.raises(RunFolderError) as info:
         claim_run_dir(parse_config(DemoConfig, argv, "demo", ""))
     message = str(info.value)
-    assert message == (f"--resume: options differ from the run in {folder} (--rl-filter-groups True -> False; --model "
-                       "'smollm2-135m' -> 'other-model'; --seed 0 -> 3); rerun with the saved values (--rl-filter-groups "
-                       "--model smollm2-135m --seed 0), or pass --overwrite to start over (the folder is moved aside), or "
-                       "choose another --output-dir")
+    assert message == (
+        f"--resume: options differ from the run in {folder} (--rl-filter-groups True -> False; --model "
+        "'smollm2-135m' -> 'other-model'; --seed 0 -> 3); rerun with the saved values (--rl-filter-groups "
+        "--model smollm2-135m --seed 0), or pass --overwrite to start over (the folder is moved aside), or "
+        "choose another --output-dir")
     assert "--resume-override" not in message
     saved = message.split("rerun with the saved values (")[1].split(")")[0].split()
     claim_run_dir(parse_config(DemoConfig, argv + saved, "demo", ""))  # the advice, followed: accepted
@@ -273,7 +277,8 @@ def test_a_moved_run_folder_resumes_and_its_inner_paths_follow(tmp_path, monkeyp
     (old / "rl").mkdir()
 
     def rl(root, **kw):
-        return RLConfig(model=str(root / "sft" / "model"), data=str(root / "data" / "rows.jsonl"), output_dir=str(root / "rl"), **kw)
+        return RLConfig(model=str(root / "sft" / "model"), data=str(root / "data" / "rows.jsonl"),
+                        output_dir=str(root / "rl"), **kw)
 
     write_run_config(old / "rl", rl(old))
     (old / "rl" / "metrics.jsonl").write_text('{"step": 1}\n')
@@ -284,7 +289,8 @@ def test_a_moved_run_folder_resumes_and_its_inner_paths_follow(tmp_path, monkeyp
     assert moved_root(str(old / "rl"), str(new / "rl")) == (old, new)
     with pytest.raises(RunFolderError, match=r"\(--model '.*runs/demo/sft/model' -> '/elsewhere/model'\)"):
         claim_run_dir(replace(rl(new, resume=True), model="/elsewhere/model"))
-    with pytest.raises(RunFolderError, match=r"--data '.*runs/demo/data/rows.jsonl' -> '.*archive/demo-1/data/other.jsonl'"):
+    with pytest.raises(RunFolderError,
+                       match=r"--data '.*runs/demo/data/rows.jsonl' -> '.*archive/demo-1/data/other.jsonl'"):
         claim_run_dir(replace(rl(new, resume=True), data=str(new / "data" / "other.jsonl")))
     # relative paths, as `--output-dir runs/demo` records them, relative to where the command runs
     monkeypatch.chdir(tmp_path)

@@ -37,7 +37,9 @@ def test_check_outputs_refuses_inputs_existing_files_folders_and_twins(tmp_path)
 def test_read_json_names_the_file(tmp_path):
     cut = tmp_path / "eval.json"
     cut.write_text('{"task_scores": [[1.0], [0.')
-    with pytest.raises(ValueError, match=r"eval.json: not JSON \(Expecting ',' delimiter at line 1 column 27\); expected an evaluation"):
+    with pytest.raises(
+            ValueError,
+            match=r"eval.json: not JSON \(Expecting ',' delimiter at line 1 column 27\); expected an evaluation"):
         read_json(cut, "an evaluation")
     with pytest.raises(ValueError, match="missing.json: no such file"):
         read_json(tmp_path / "missing.json")
@@ -66,10 +68,11 @@ def test_run_script_prints_one_line_and_exits_2(capsys):
         if args.n == 5:
             raise SystemExit(0)
 
-    for argv, message in ((["--n", "0"], "--n 0: nothing to do"), (["--n", "1"], "data.jsonl: No such file or directory"),
+    for argv, message in ((["--n", "0"], "--n 0: nothing to do"), (["--n",
+                                                                    "1"], "data.jsonl: No such file or directory"),
                           (["--n", "y"], "argument --n: invalid int value: 'y' (--help for usage)"),
-                          ([], "the following arguments are required: --n"),
-                          (["--n", "4"], "variant 'x' is not a DPO variant")):
+                          ([], "the following arguments are required: --n"), (["--n", "4"],
+                                                                              "variant 'x' is not a DPO variant")):
         with pytest.raises(SystemExit) as exit_info:
             run_script(main, argv, prog="x.py")
         err = capsys.readouterr().err
@@ -98,6 +101,7 @@ def test_compare_engines_checks_its_output_before_loading_anything(tmp_path, cap
     m = load_script("compare_engines")
     (tmp_path / "report.json").write_text("{}")
     with pytest.raises(SystemExit) as exit_info:
-        m.run_script(m.main, ["--model", str(tmp_path / "none"), "--output", str(tmp_path / "report.json")], prog="compare_engines.py")
+        m.run_script(m.main, ["--model", str(tmp_path / "none"), "--output",
+                              str(tmp_path / "report.json")], prog="compare_engines.py")
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "report.json already exists; pass --overwrite" in err

@@ -62,7 +62,8 @@ def test_certainty_vote_can_overrule_the_plain_majority():
 
 def test_choose_reward_model_and_oracle_and_errors():
     kwargs = dict(scores=[0.1, 1.0, 0.0], values=[3.0, 4.0, None], certainty=[0.3, 0.2, 0.1])
-    assert choose("reward-model", rm_scores=[0.2, -1.0, 0.7], **kwargs) == 2  # a stub scorer's choice, whatever the rule says
+    assert choose("reward-model", rm_scores=[0.2, -1.0, 0.7], **
+                  kwargs) == 2  # a stub scorer's choice, whatever the rule says
     assert choose("oracle", **kwargs) == 1
     with pytest.raises(ValueError, match="reward-model scores"):
         choose("reward-model", **kwargs)

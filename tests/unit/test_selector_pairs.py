@@ -33,7 +33,8 @@ def test_reward_model_minus_majority_and_oracle_at_n2_by_hand(tmp_path, capsys):
     m = load_script("selector_pairs")
     path = write(tmp_path / "s.json", task_rm_scores=[[0.2, 0.9], [0.5, 0.1], [0.3, 0.1]])
     rows = m.pairs(path, "reward-model", ["majority", "oracle"], [2])
-    assert m.pairs(path, "reward-model", ["majority", "oracle"]) == m.pairs(path, "reward-model", ["majority", "oracle"], [1, 2])
+    assert m.pairs(path, "reward-model", ["majority", "oracle"]) == m.pairs(path, "reward-model",
+                                                                            ["majority", "oracle"], [1, 2])
     assert [(r["n"], r["b"]) for r in rows] == [(2, "majority"), (2, "oracle")]
     d = [0.9, 0.0, -1.0]
     mean = sum(d) / 3
@@ -62,11 +63,12 @@ def test_sizes_below_1_or_above_k_are_one_line_errors_with_exit_2(tmp_path, caps
     m = load_script("selector_pairs")
     path = write(tmp_path / "s.json")
     (tmp_path / "cut.json").write_text('{"num_tasks": 3, "k": 2, "task_sc')
-    cases = [([path, "--a", "majority", "--b", "oracle", "--sizes", "4", "8", "16"],
-              "--sizes 4 8 16: .*s.json has 2 samples per task"),
+    cases = [([path, "--a", "majority", "--b", "oracle", "--sizes", "4", "8",
+               "16"], "--sizes 4 8 16: .*s.json has 2 samples per task"),
              ([path, "--a", "majority", "--b", "oracle", "--sizes", "1", "4"], "--sizes 4: "),
              ([path, "--a", "majority", "--b", "oracle", "--sizes", "0"], "--sizes must be >= 1, got 0"),
-             ([str(tmp_path / "cut.json"), "--a", "majority", "--b", "oracle"], "cut.json: not an `rlft eval countdown` JSON")]
+             ([str(tmp_path / "cut.json"), "--a", "majority", "--b",
+               "oracle"], "cut.json: not an `rlft eval countdown` JSON")]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_info:
             m.run_script(m.main, argv, prog="selector_pairs.py")

@@ -46,7 +46,11 @@ class FakeVLLM:
 
             def do_GET(self):
                 if self.path == "/v1/models":
-                    self._reply(200, {"object": "list", "data": [{"id": outer.model_name, "object": "model", "created": 0, "owned_by": "rlft"}]})
+                    self._reply(
+                        200, {
+                            "object": "list",
+                            "data": [{"id": outer.model_name, "object": "model", "created": 0, "owned_by": "rlft"}]
+                        })
                 else:
                     self._reply(404, {"error": {"message": "not found"}})
 
@@ -59,8 +63,11 @@ class FakeVLLM:
                     choices = outer.backend(body)
                 except Exception as e:  # noqa: BLE001 - reported to the client as a server error
                     return self._reply(500, {"error": {"message": str(e), "type": "server_error"}})
-                self._reply(200, {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": body["model"],
-                                  "choices": choices, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
+                self._reply(
+                    200, {
+                        "id": "cmpl-1", "object": "text_completion", "created": 0, "model": body["model"],
+                        "choices": choices, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+                    })
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -75,10 +82,15 @@ class FakeVLLM:
         self.server.server_close()
 
 
-def choice(index: int, ids: list[int], logprobs: list[float], finish: str, text: str, *, as_token_ids=True, with_ids=False) -> dict:
-    out = {"index": index, "text": text, "finish_reason": finish, "stop_reason": None,
-           "logprobs": {"tokens": [f"token_id:{i}" if as_token_ids else f"t{i}" for i in ids], "token_logprobs": logprobs,
-                        "top_logprobs": [{f"token_id:{i}": lp} for i, lp in zip(ids, logprobs)], "text_offset": list(range(len(ids)))}}
+def choice(index: int, ids: list[int], logprobs: list[float], finish: str, text: str, *, as_token_ids=True,
+           with_ids=False) -> dict:
+    out = {
+        "index": index, "text": text, "finish_reason": finish, "stop_reason": None, "logprobs": {
+            "tokens": [f"token_id:{i}" if as_token_ids else f"t{i}" for i in ids], "token_logprobs": logprobs,
+            "top_logprobs": [{f"token_id:{i}": lp} for i, lp in zip(ids, logprobs)],
+            "text_offset": list(range(len(ids)))
+        }
+    }
     if with_ids:
         out["token_ids"] = ids
     return out
@@ -97,8 +109,9 @@ def test_request_fields_choice_order_and_round_trip(smol_tokenizer):
         for j in range(body["n"]):  # choice j: 3 + j tokens; even j stop with EOS, odd j hit the length limit
             ids = [base + j + t for t in range(2 + j)] + ([eos] if j % 2 == 0 else [base])
             lps = [-0.25 * (t + 1) - j for t in range(len(ids))]
-            out.append(choice(j, ids, lps, "stop" if j % 2 == 0 else "length", tok.decode(ids, skip_special_tokens=True),
-                              with_ids=(j == 1)))
+            out.append(
+                choice(j, ids, lps, "stop" if j % 2 == 0 else "length", tok.decode(ids, skip_special_tokens=True),
+                       with_ids=(j == 1)))
         return out[::-1]  # out of order on purpose: the engine sorts by index
 
     prompts = ["Using 1 2 3, make 6.", "Hello there", "x"]
@@ -112,7 +125,8 @@ def test_request_fields_choice_order_and_round_trip(smol_tokenizer):
     assert len(requests) == 3
     for b, req in enumerate(requests):
         assert req["prompt"] == prompt_ids[b] and req["model"] == "tiny"
-        assert (req["n"], req["temperature"], req["top_p"], req["top_k"], req["max_tokens"], req["seed"]) == (3, 0.7, 0.9, 5, 9, 11 + b)
+        assert (req["n"], req["temperature"], req["top_p"], req["top_k"], req["max_tokens"],
+                req["seed"]) == (3, 0.7, 0.9, 5, 9, 11 + b)
         assert req["logprobs"] == 0 and req["return_tokens_as_token_ids"] is True and req["skip_special_tokens"] is True
         assert req["stop_token_ids"] == sorted({eos, 7})
     assert [len(r) for r in result] == [3, 3, 3]
@@ -138,7 +152,8 @@ def test_greedy_request_and_stop_without_eos(smol_tokenizer):
         [req] = server.requests
     assert req["temperature"] == 0.0 and "top_p" not in req and "top_k" not in req and "seed" not in req
     assert req["model"] == "served"
-    assert sample.completion_ids == [5, 6, tok.eos_token_id] and sample.logprobs is None and sample.finish_reason == "stop"
+    assert sample.completion_ids == [5, 6, tok.eos_token_id
+                                     ] and sample.logprobs is None and sample.finish_reason == "stop"
 
 
 def test_protocol_errors_are_reported(smol_tokenizer):

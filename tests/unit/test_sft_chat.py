@@ -39,7 +39,8 @@ def conversation(i: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def smoltalk_file(tmp_path_factory) -> Path:
-    return write_jsonl_rows(tmp_path_factory.mktemp("data") / "smoltalk.jsonl", [{"messages": conversation(i)} for i in range(8)])
+    return write_jsonl_rows(
+        tmp_path_factory.mktemp("data") / "smoltalk.jsonl", [{"messages": conversation(i)} for i in range(8)])
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def no_template_folder(tmp_path_factory, smol_tokenizer) -> Path:
     """A model folder whose tokenizer has no chat template."""
     tok = copy.deepcopy(smol_tokenizer)
     tok.chat_template = None
-    return save_model_dir(tmp_path_factory.mktemp("tiny-no-template"), make_tiny_model(len(smol_tokenizer), seed=0), tok)
+    return save_model_dir(tmp_path_factory.mktemp("tiny-no-template"), make_tiny_model(len(smol_tokenizer), seed=0),
+                          tok)
 
 
 def make_cfg(model: Path, data: Path, output_dir: Path, **overrides) -> SFTConfig:
@@ -96,7 +98,8 @@ def test_chat_run_learns(chat_run):
     assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses
     stats = json.loads((chat_run["dir"] / "data_stats.json").read_text())
     assert stats["data_kind"] == "chat"
-    assert (stats["rows"], stats["kept"], stats["skipped_invalid"], stats["examples"], stats["truncated"]) == (8, 8, 0, 8, 0)
+    assert (stats["rows"], stats["kept"], stats["skipped_invalid"], stats["examples"], stats["truncated"]) == (8, 8, 0,
+                                                                                                               8, 0)
 
 
 def test_batch_masks_are_render_chat_masks(chat_run, smol_tokenizer):
@@ -175,7 +178,8 @@ def test_no_chat_template_is_a_clear_error(no_template_folder, smoltalk_file, tm
 def test_chat_template_option_supplies_one(no_template_folder, smoltalk_file, tmp_path, smol_tokenizer):
     from transformers import AutoTokenizer
 
-    final = train_sft(make_cfg(no_template_folder, smoltalk_file, tmp_path / "run", max_steps=1, chat_template="chatml"))
+    final = train_sft(make_cfg(no_template_folder, smoltalk_file, tmp_path / "run", max_steps=1,
+                               chat_template="chatml"))
     assert AutoTokenizer.from_pretrained(final).chat_template == CHAT_TEMPLATES["chatml"]
     # The option replaces a tokenizer's own template too: chatml injects no default system prompt.
     tok = copy.deepcopy(smol_tokenizer)
@@ -205,7 +209,8 @@ def test_fixture_files_all_assistant_turns(smol_tokenizer):
     assert stats["examples"] == len(rows) == 4
     for example, messages in zip(examples, rows):
         replies = [m["content"] for m in messages if m["role"] == "assistant"]
-        assert [smol_tokenizer.decode(s) for s in masked_spans(example.input_ids, example.loss_mask)] == [r + "<|im_end|>" for r in replies]
+        assert [smol_tokenizer.decode(s) for s in masked_spans(example.input_ids, example.loss_mask)
+                ] == [r + "<|im_end|>" for r in replies]
 
 
 def test_skip_invalid_chat_rows_are_counted(smol_tokenizer):

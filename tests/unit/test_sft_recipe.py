@@ -258,7 +258,10 @@ def test_train_sft_stops_on_malformed_row(tmp_path, tiny_model_dir):
 
 
 def test_skip_invalid_skips_and_reports_count(tmp_path, smol_tokenizer, rlft_log):
-    rows = [GOOD, {"prompt": "a"}, {"prompt": "b", "completion": 3}, {"prompt": "c", "completion": ""}, {"prompt": "d", "completion": " e"}]
+    rows = [
+        GOOD, {"prompt": "a"}, {"prompt": "b", "completion": 3}, {"prompt": "c", "completion": ""},
+        {"prompt": "d", "completion": " e"}
+    ]
     path = write_jsonl_rows(tmp_path / "pairs.jsonl", rows)
     pairs = load_sft_pairs(SFTConfig(data=str(path), skip_invalid=True), smol_tokenizer)
     assert pairs == [PromptCompletion(GOOD["prompt"], GOOD["completion"]), PromptCompletion("d", " e")]
@@ -316,10 +319,14 @@ def test_limit_caps_examples(tmp_path, smol_tokenizer):
 def test_countdown_traces_correct_only(smol_tokenizer):
     from rlft.rewards.countdown import score_completions
 
-    base = SFTConfig(data="countdown", preset="standard", num_train=60, trace_style="bounded", give_up=0.6, prompt_template="short")
+    base = SFTConfig(data="countdown", preset="standard", num_train=60, trace_style="bounded", give_up=0.6,
+                     prompt_template="short")
     every = load_sft_pairs(base, smol_tokenizer)
     correct = load_sft_pairs(replace(base, correct_only=True), smol_tokenizer)
-    ok = [s == 1.0 for s in score_completions([p.prompt for p in every], [p.completion for p in every], [_truth(p.prompt) for p in every])]
+    ok = [
+        s == 1.0 for s in score_completions([p.prompt for p in every], [p.completion for p in every
+                                                                        ], [_truth(p.prompt) for p in every])
+    ]
     assert 0 < len(correct) < len(every) and correct == [p for p, good in zip(every, ok) if good]
 
 
@@ -327,11 +334,13 @@ def test_countdown_traces_skip_the_heldout_rows_of_a_dataset(smol_tokenizer, tmp
     from rlft.tasks.countdown.generator import PRESETS, generate_tasks, make_splits, task_key
     from rlft.tasks.countdown.splits import load_split
 
-    base = SFTConfig(data="countdown", preset="standard", num_train=300, heldout_size=10, trace_style="direct", prompt_template="short")
+    base = SFTConfig(data="countdown", preset="standard", num_train=300, heldout_size=10, trace_style="direct",
+                     prompt_template="short")
     train, _ = make_splits(PRESETS["standard"], 300, 10, base.split_seed)
     # a dataset whose rows are those very tasks and 1,500 others: some of the 300 land in its held-out block
     others = generate_tasks(PRESETS["standard"], 1500, seed=5)
-    data = write_jsonl_rows(tmp_path / "rows.jsonl", [{"target": t.target, "nums": list(t.nums)} for t in train + others])
+    data = write_jsonl_rows(tmp_path / "rows.jsonl",
+                            [{"target": t.target, "nums": list(t.nums)} for t in train + others])
     held = load_split(str(data)).heldout_keys()
     overlap = sum(task_key(t) in held for t in train)
     assert overlap > 0

@@ -27,9 +27,9 @@ TASKS = [{"nums": [1, 2, 3], "target": t} for t in (6, 7, 8)]
 
 def write(path: Path, task_scores, task_tokens, k=4, mode="sampled", tasks=TASKS, **extra) -> str:
     """An evaluation file with only the fields the study reads filled in meaningfully."""
-    result = CountdownEvalResult(num_tasks=len(task_scores), k=k, mode=mode, mean_score=0.0, accuracy=0.0, format_rate=0.0,
-                                 pass_at_k={1: 0.0}, mean_completion_tokens=0.0, truncated_rate=0.0, task_scores=task_scores,
-                                 task_tokens=task_tokens, tasks=tasks, **extra)
+    result = CountdownEvalResult(num_tasks=len(task_scores), k=k, mode=mode, mean_score=0.0, accuracy=0.0,
+                                 format_rate=0.0, pass_at_k={1: 0.0}, mean_completion_tokens=0.0, truncated_rate=0.0,
+                                 task_scores=task_scores, task_tokens=task_tokens, tasks=tasks, **extra)
     path.write_text(json.dumps(result.to_dict()))
     return str(path)
 
@@ -79,9 +79,10 @@ def test_bracket_and_equal_cost_comparison_by_hand():
     assert "better at equal generated tokens: not resolved (the interval includes 0; ahead on the point estimate: rl best-of-N)" in text
     sure = m.verdict("rl", "long", {**cmp, "ci_low": 0.01, "ci_high": 0.09}, point, (10, 100))
     assert sure.endswith("better at equal generated tokens: rl best-of-N.")
-    assert m.verdict("rl", "long", {**cmp, "diff": -0.05, "ci_low": -0.09, "ci_high": -0.01}, point, (10, 100)).endswith(
-        "better at equal generated tokens: long.")
-    assert "outside rl's curve (10-100 tokens per task)" in m.verdict("rl", "long", None, {**point, "tokens": 5.0}, (10, 100))
+    assert m.verdict("rl", "long", {**cmp, "diff": -0.05, "ci_low": -0.09, "ci_high": -0.01}, point,
+                     (10, 100)).endswith("better at equal generated tokens: long.")
+    assert "outside rl's curve (10-100 tokens per task)" in m.verdict("rl", "long", None, {**point, "tokens": 5.0},
+                                                                      (10, 100))
 
 
 def test_study_on_fake_files(tmp_path, capsys):
@@ -94,8 +95,12 @@ def test_study_on_fake_files(tmp_path, capsys):
     greedy = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8], [8], [8]], k=1, mode="greedy")
     long = write(tmp_path / "long.json", [[1.0], [1.0], [0.0]], [[30], [30], [30]], k=1, mode="greedy")
     png, md = tmp_path / "plot" / "study.png", tmp_path / "study.md"
-    m.main(["--model", f"m={sampled},{greedy}", "--direct", f"d={sampled}", "--point", f"long search={long}",
-            "--selectors", "majority", "self-certainty", "oracle", "--sizes", "1", "2", "4", "--plot", str(png), "--markdown", str(md)])
+    m.main([
+        "--model", f"m={sampled},{greedy}", "--direct", f"d={sampled}", "--point", f"long search={long}", "--selectors",
+        "majority", "self-certainty", "oracle", "--sizes", "1", "2", "4", "--plot",
+        str(png), "--markdown",
+        str(md)
+    ])
     out = capsys.readouterr()
     text = md.read_text()
     assert text in out.out
@@ -111,9 +116,10 @@ def test_study_on_fake_files(tmp_path, capsys):
     d = [a - b for a, b in zip(mix, long_scores)]
     mean = sum(d) / 3
     half = Z * math.sqrt(sum((x - mean) ** 2 for x in d) / 2) / math.sqrt(3)
-    assert (f"m vs long search, at 30 tokens per task: majority (between n=2 and n=4, w=0.30) scores 0.400, the long "
-            f"search 0.667: difference {mean:+.3f} [95% CI {mean - half:+.3f}, {mean + half:+.3f}]; better at equal "
-            f"generated tokens: not resolved (the interval includes 0; ahead on the point estimate: long search)") in text
+    assert (
+        f"m vs long search, at 30 tokens per task: majority (between n=2 and n=4, w=0.30) scores 0.400, the long "
+        f"search 0.667: difference {mean:+.3f} [95% CI {mean - half:+.3f}, {mean + half:+.3f}]; better at equal "
+        f"generated tokens: not resolved (the interval includes 0; ahead on the point estimate: long search)") in text
     assert "| long search | 0.667 |" in text
     assert png.read_bytes()[:4] == b"\x89PNG"
 
@@ -144,7 +150,8 @@ def test_study_refuses_a_greedy_file_of_other_weights(tmp_path):
     greedy = Path(write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy"))
     run = ["--model", f"m={sampled},{greedy}", "--plot", str(tmp_path / "p.png"), "--sizes", "1", "2", "--overwrite"]
     stamped(greedy, "b" * 64)
-    with pytest.raises(ScriptError, match=f"--model m: {greedy} evaluated weights bbbbbbbbbbbbbbbb..., the samples aaaa"):
+    with pytest.raises(ScriptError,
+                       match=f"--model m: {greedy} evaluated weights bbbbbbbbbbbbbbbb..., the samples aaaa"):
         m.main(run)
     for sha in ("a" * 64, None):
         stamped(greedy, sha)
@@ -222,7 +229,10 @@ def test_a_name_given_twice_is_refused(tmp_path):
     with pytest.raises(ScriptError, match="--model / --direct name 'rl' given twice"):
         m.main(["--model", f"rl={a},{greedy}", "--direct", f"rl={a}", "--plot", str(tmp_path / "p.png")])
     with pytest.raises(ScriptError, match="--point label 'long' given twice"):
-        m.main(["--model", f"rl={a},{greedy}", "--point", f"long={greedy}", "--point", f"long={a}", "--plot", str(tmp_path / "p.png")])
+        m.main([
+            "--model", f"rl={a},{greedy}", "--point", f"long={greedy}", "--point", f"long={a}", "--plot",
+            str(tmp_path / "p.png")
+        ])
     assert not (tmp_path / "p.png").exists()
 
 
@@ -239,8 +249,9 @@ def test_a_greedy_file_of_another_prompt_template_or_budget_is_refused(tmp_path)
     greedy = Path(write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8]] * 3, k=1, mode="greedy"))
     run = ["--model", f"m={sampled},{greedy}", "--plot", str(tmp_path / "p.png"), "--sizes", "1", "--overwrite"]
     configured(greedy, prompt_template="base", max_new_tokens=256)
-    with pytest.raises(ScriptError, match=f"--model m: {greedy} was evaluated with other settings \\(prompt_template 'short' "
-                                          "in the samples, 'base' there\\)"):
+    with pytest.raises(
+            ScriptError, match=f"--model m: {greedy} was evaluated with other settings \\(prompt_template 'short' "
+            "in the samples, 'base' there\\)"):
         m.main(run)
     configured(greedy, prompt_template="short", max_new_tokens=1024)
     with pytest.raises(ScriptError, match="max_new_tokens 256 in the samples, 1024 there"):
@@ -259,8 +270,13 @@ def test_sizes_above_every_k_are_refused(tmp_path):
         m.main(["--model", f"m={sampled},{greedy}", "--sizes", "1", "8", "16", "--plot", str(tmp_path / "p.png")])
     with pytest.raises(ScriptError, match="--sizes must be >= 1"):
         m.main(["--model", f"m={sampled},{greedy}", "--sizes", "0", "--plot", str(tmp_path / "p.png")])
-    with pytest.raises(ScriptError, match="--plot .*study.md: name a .png, .pdf or .svg file"):  # found before any output
-        m.main(["--model", f"m={sampled},{greedy}", "--markdown", str(tmp_path / "s.md"), "--plot", str(tmp_path / "study.md")])
+    with pytest.raises(ScriptError,
+                       match="--plot .*study.md: name a .png, .pdf or .svg file"):  # found before any output
+        m.main([
+            "--model", f"m={sampled},{greedy}", "--markdown",
+            str(tmp_path / "s.md"), "--plot",
+            str(tmp_path / "study.md")
+        ])
     assert not (tmp_path / "s.md").exists()
     with pytest.raises(ScriptError, match="expected two different --model names"):
         m.main(["--model", f"m={sampled},{greedy}", "--versus", "m", "m", "--plot", str(tmp_path / "p.png")])
@@ -271,10 +287,12 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     m = script()
     sampled = write(tmp_path / "s.json", **SAMPLED)
     (tmp_path / "bad.json").write_text('{"num_tasks": 3, "k": ')
-    for argv, message in ([["--model", f"m={sampled}", "--markdown", sampled], "is the input"],
-                          [["--model", f"m={tmp_path / 'bad.json'}", "--plot", str(tmp_path / "p.png")], "bad.json: not an `rlft eval countdown` JSON"],
+    for argv, message in ([["--model", f"m={sampled}", "--markdown", sampled], "is the input"
+                           ], [["--model", f"m={tmp_path / 'bad.json'}", "--plot",
+                                str(tmp_path / "p.png")], "bad.json: not an `rlft eval countdown` JSON"],
                           [["--model", f"m={sampled}", "--sizes", "x"], "argument --sizes: invalid int value"]):
         with pytest.raises(SystemExit) as exit_info:
             m.run_script(m.main, argv, prog="test_time_study.py")
         err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("test_time_study.py: error: ") and message in err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith(
+            "test_time_study.py: error: ") and message in err

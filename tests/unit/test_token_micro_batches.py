@@ -23,7 +23,8 @@ from tests.conftest import write_jsonl_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-WORDS = "the a cat dog sun rain tree house blue green runs sleeps quickly under over happy small big river stone".split()
+WORDS = "the a cat dog sun rain tree house blue green runs sleeps quickly under over happy small big river stone".split(
+)
 
 
 # --------------------------------------------------------------------------- the cut
@@ -84,7 +85,8 @@ def float64(monkeypatch):
     of its size, not float32's ~1e-5: a tolerance of 1e-10 then catches any real difference."""
     from rlft.models import DeviceSpec
 
-    monkeypatch.setattr(common_recipe, "pick_device", lambda device, dtype: DeviceSpec(torch.device("cpu"), torch.float64))
+    monkeypatch.setattr(common_recipe, "pick_device",
+                        lambda device, dtype: DeviceSpec(torch.device("cpu"), torch.float64))
 
 
 def capture_grads(monkeypatch, module) -> list[dict[str, torch.Tensor]]:
@@ -116,9 +118,9 @@ def varied_sft_rows(n: int = 8) -> list[dict]:
 
 
 def sft_cfg(model_dir, data, out, **overrides) -> SFTConfig:
-    cfg = SFTConfig(model=str(model_dir), data=str(data), data_format="prompt_completion", output_dir=str(out), max_length=64,
-                    batch_size=8, micro_batch_size=8, max_steps=1, lr=1e-3, warmup_ratio=0.0, save_every=0, device="cpu",
-                    dtype="float32")
+    cfg = SFTConfig(model=str(model_dir), data=str(data), data_format="prompt_completion", output_dir=str(out),
+                    max_length=64, batch_size=8, micro_batch_size=8, max_steps=1, lr=1e-3, warmup_ratio=0.0,
+                    save_every=0, device="cpu", dtype="float32")
     return replace(cfg, **overrides)
 
 
@@ -149,20 +151,24 @@ def test_sft_token_budget_gives_the_one_pass_gradient(tiny_model_dir, tmp_path, 
     assert all(len(p) == 1 or size(p) <= budget for p in passes), passes
     assert sorted(x for p in passes for x in p) == sorted(whole)
     assert [max(p) for p in passes] == sorted(max(p) for p in passes)  # length-sorted before the cut
-    assert grads[0]["lm_head.weight" if "lm_head.weight" in grads[0] else "model.embed_tokens.weight"].dtype == getattr(torch, dtype)
+    assert grads[0]["lm_head.weight" if "lm_head.weight" in grads[0] else "model.embed_tokens.weight"].dtype == getattr(
+        torch, dtype)
     assert_same_grads(grads[0], grads[1], 1e-10 if dtype == "float64" else 5e-5)
 
 
 def dpo_rows(n: int = 8) -> list[dict]:
     rng = random.Random(2)
-    return [{"prompt": f"Q{i}:" + " word" * rng.randint(1, 15) + "?\nA:", "chosen": " " + " ".join(rng.choices(WORDS, k=rng.randint(1, 10))),
-             "rejected": " no " + " ".join(rng.choices(WORDS, k=rng.randint(1, 10)))} for i in range(n)]
+    return [{
+        "prompt": f"Q{i}:" + " word" * rng.randint(1, 15) + "?\nA:",
+        "chosen": " " + " ".join(rng.choices(WORDS, k=rng.randint(1, 10))),
+        "rejected": " no " + " ".join(rng.choices(WORDS, k=rng.randint(1, 10)))
+    } for i in range(n)]
 
 
 def dpo_cfg(model_dir, data, out, **overrides) -> DPOConfig:
-    cfg = DPOConfig(model=str(model_dir), data=str(data), data_format="text", output_dir=str(out), max_length=64, batch_size=8,
-                    micro_batch_size=8, max_steps=1, lr=1e-3, warmup_ratio=0.0, save_every=0, device="cpu", dtype="float32",
-                    loss_type="rpo", rpo_alpha=0.5)
+    cfg = DPOConfig(model=str(model_dir), data=str(data), data_format="text", output_dir=str(out), max_length=64,
+                    batch_size=8, micro_batch_size=8, max_steps=1, lr=1e-3, warmup_ratio=0.0, save_every=0,
+                    device="cpu", dtype="float32", loss_type="rpo", rpo_alpha=0.5)
     return replace(cfg, **overrides)
 
 
@@ -181,8 +187,10 @@ def test_dpo_token_budget_gives_the_one_pass_gradient(tiny_model_dir, tmp_path, 
     dpo_recipe.train_dpo(dpo_cfg(tiny_model_dir, data, tmp_path / "one", packing=packing))
     whole = passes.pop()
     budget = 150
-    dpo_recipe.train_dpo(dpo_cfg(tiny_model_dir, data, tmp_path / "cut", packing=packing, max_tokens_per_micro_batch=budget))
-    size = (lambda p: packed_tokens([c + r for c, r in p])) if packing else (lambda p: padded_tokens([max(s) for s in p], 2))
+    dpo_recipe.train_dpo(
+        dpo_cfg(tiny_model_dir, data, tmp_path / "cut", packing=packing, max_tokens_per_micro_batch=budget))
+    size = (lambda p: packed_tokens([c + r for c, r in p])) if packing else (
+        lambda p: padded_tokens([max(s) for s in p], 2))
     assert len(passes) >= 3, passes
     assert all(len(p) == 1 or size(p) <= budget for p in passes), passes
     assert sorted(x for p in passes for x in p) == sorted(whole)
@@ -211,9 +219,12 @@ def rm_rows(n: int = 8) -> list[dict]:
     rows = []
     for i in range(n):
         prompt = "Tell me about " + " ".join(rng.choices(WORDS, k=rng.randint(1, 10)))
-        rows.append({"prompt": prompt,
-                     "chosen": [{"role": "user", "content": prompt}, {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 12)))}],
-                     "rejected": [{"role": "user", "content": prompt}, {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 12)))}]})
+        rows.append({
+            "prompt": prompt, "chosen": [{"role": "user", "content": prompt}, {
+                "role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 12)))
+            }], "rejected": [{"role": "user", "content": prompt},
+                             {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 12)))}]
+        })
     return rows
 
 
@@ -231,14 +242,15 @@ def test_rm_token_budget_gives_the_one_pass_gradient(tiny_model_dir, tmp_path, m
         return real(model, examples, *args, **kwargs)
 
     monkeypatch.setattr(rm_recipe, "pair_rewards", spy)
-    base = RMConfig(model=str(tiny_model_dir), data=str(data), output_dir=str(tmp_path / "one"), max_length=128, batch_size=8,
-                    micro_batch_size=8, max_steps=1, lr=1e-3, warmup_ratio=0.0, eval_fraction=0.0, save_every=0, device="cpu",
-                    dtype="float32", center_coef=0.01, packing=packing)
+    base = RMConfig(model=str(tiny_model_dir), data=str(data), output_dir=str(tmp_path / "one"), max_length=128,
+                    batch_size=8, micro_batch_size=8, max_steps=1, lr=1e-3, warmup_ratio=0.0, eval_fraction=0.0,
+                    save_every=0, device="cpu", dtype="float32", center_coef=0.01, packing=packing)
     rm_recipe.train_rm(base)
     whole = passes.pop()
     budget = 200
     rm_recipe.train_rm(replace(base, output_dir=str(tmp_path / "cut"), max_tokens_per_micro_batch=budget))
-    size = (lambda p: packed_tokens([c + r for c, r in p])) if packing else (lambda p: padded_tokens([max(s) for s in p], 2))
+    size = (lambda p: packed_tokens([c + r for c, r in p])) if packing else (
+        lambda p: padded_tokens([max(s) for s in p], 2))
     assert len(passes) >= 2, passes
     assert all(len(p) == 1 or size(p) <= budget for p in passes), passes
     assert sorted(x for p in passes for x in p) == sorted(whole)
@@ -250,5 +262,6 @@ def test_budget_option_is_checked_and_replaces_the_micro_batch_multiple(tmp_path
         SFTConfig(max_tokens_per_micro_batch=0)
     with pytest.raises(OptionError, match="--micro-batch-size"):
         SFTConfig(batch_size=12, micro_batch_size=8)
-    assert SFTConfig(batch_size=12, micro_batch_size=8, max_tokens_per_micro_batch=4096).max_tokens_per_micro_batch == 4096
+    assert SFTConfig(batch_size=12, micro_batch_size=8,
+                     max_tokens_per_micro_batch=4096).max_tokens_per_micro_batch == 4096
     assert DPOConfig(batch_size=6, micro_batch_size=4, max_tokens_per_micro_batch=512).batch_size == 6

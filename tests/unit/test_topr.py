@@ -115,8 +115,9 @@ def test_micro_batches_sum_to_the_whole_batch(mode):
     loss_all, grad_all, _ = _grad(topr_loss, logp, old, adv, mask, mode=mode)
     n_seq, n_tok = 6, float(mask.sum())
     leaf = logp.clone().requires_grad_(True)
-    total = sum(topr_loss(leaf[rows], old[rows], adv[rows], mask[rows], mode=mode, num_sequences=n_seq, num_tokens=n_tok)[0]
-                for rows in (slice(0, 3), slice(3, 6)))
+    total = sum(
+        topr_loss(leaf[rows], old[rows], adv[rows], mask[rows], mode=mode, num_sequences=n_seq, num_tokens=n_tok)[0]
+        for rows in (slice(0, 3), slice(3, 6)))
     total.backward()
     assert total.item() == pytest.approx(loss_all.item(), abs=ATOL)
     assert torch.allclose(leaf.grad, grad_all, atol=ATOL)
@@ -139,7 +140,8 @@ def test_rejects_a_clip_range_and_misshapen_advantages():
 
 
 def test_registry_entry_and_objective():
-    assert POLICY_LOSSES["topr"].fn is topr_loss and not POLICY_LOSSES["topr"].clips and not POLICY_LOSSES["topr"].selects
+    assert POLICY_LOSSES[
+        "topr"].fn is topr_loss and not POLICY_LOSSES["topr"].clips and not POLICY_LOSSES["topr"].selects
     assert "topr" not in CLIPPED_LOSSES
     cfg = SimpleNamespace(loss="topr", loss_mode="seq_mean", clip_low=0.2, clip_high=0.28, beta=0.0, kl_mode="reward",
                           kl_estimator="k1", entropy_coef=0.0, is_correction="none", is_cap=3.0)

@@ -20,7 +20,9 @@ def read_events(log_dir) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_scalars_keeps_numbers_only():
-    step, values = scalars({"step": 3, "loss/sft": 1.5, "tokens": 7, "flag": True, "name": "x", "lst": [1], "none": None})
+    step, values = scalars({
+        "step": 3, "loss/sft": 1.5, "tokens": 7, "flag": True, "name": "x", "lst": [1], "none": None
+    })
     assert step == 3 and values == {"loss/sft": 1.5, "tokens": 7.0}
 
 

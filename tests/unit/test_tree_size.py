@@ -31,19 +31,22 @@ def oversized(sizes: dict[str, int], limit: int) -> list[str]:
 
 
 def test_the_check_flags_a_large_file():
-    assert oversized({"a.txt": 10, "adapter.safetensors": 19_593_064}, MAX_FILE_BYTES) == ["adapter.safetensors (19.6 MB)"]
+    assert oversized({"a.txt": 10, "adapter.safetensors": 19_593_064},
+                     MAX_FILE_BYTES) == ["adapter.safetensors (19.6 MB)"]
 
 
 def test_no_tracked_file_is_over_2_mb():
     sizes = {str(p.relative_to(ROOT)): p.stat().st_size for p in tracked_files()}
     assert sizes, "git ls-files listed nothing"
     big = oversized(sizes, MAX_FILE_BYTES)
-    assert not big, "tracked files over 2 MB (model files are outputs: record their SHA-256 and rebuild command): " + ", ".join(big)
+    assert not big, "tracked files over 2 MB (model files are outputs: record their SHA-256 and rebuild command): " + ", ".join(
+        big)
 
 
 def test_no_model_weights_are_tracked():
     weights = [str(p.relative_to(ROOT)) for p in tracked_files() if p.name.endswith(WEIGHT_SUFFIXES)]
-    assert not weights, "model weights are tracked (never commit one; name it by SHA-256 in the results): " + ", ".join(weights)
+    assert not weights, "model weights are tracked (never commit one; name it by SHA-256 in the results): " + ", ".join(
+        weights)
 
 
 def test_the_tracked_tree_is_at_most_25_mb():

@@ -45,7 +45,8 @@ def run_folder(root: Path, name: str, policy: list[str], candidates=None, judge=
                      "reference_reward": rw, "label": 1.0 if pw > rw else 0.5 if pw == rw else 0.0})
     (folder / "winrate.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     labels = [r["label"] for r in rows]
-    (folder / "winrate.json").write_text(json.dumps({"win_rate": sum(labels) / 2, "ci_low": 0.0, "ci_high": 1.0, "n": 2}))
+    (folder / "winrate.json").write_text(
+        json.dumps({"win_rate": sum(labels) / 2, "ci_low": 0.0, "ci_high": 1.0, "n": 2}))
     if candidates is not None:
         (folder / "policy_candidates.jsonl").write_text("".join(json.dumps(c) + "\n" for c in candidates))
 
@@ -126,4 +127,5 @@ def test_outputs_never_replace_a_read_file_or_an_existing_one(tmp_path, capsys):
         assert exit_info.value.code == 2 and err.count("\n") == 1 and re.search(message, err), err
     assert winrate.read_bytes() == before and (tmp_path / "old.md").read_text() == "an earlier report"
     m.main([*base, "--markdown", str(tmp_path / "old.md"), "--json", str(tmp_path / "r.json"), "--overwrite"])
-    assert "best of 4 minus one sample" in (tmp_path / "old.md").read_text() and json.loads((tmp_path / "r.json").read_text())["pooled"]
+    assert "best of 4 minus one sample" in (tmp_path / "old.md").read_text() and json.loads(
+        (tmp_path / "r.json").read_text())["pooled"]

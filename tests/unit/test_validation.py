@@ -56,6 +56,7 @@ def test_violations_name_the_option(changes, message):
 
 
 def test_valid_values_pass():
-    validate_options(Toy(lr=1, uf_rm_head_lr=0.5, sft_steps=1, limit=5, mode="b", names=("lr",), flag=True, dtype="bfloat16"))
+    validate_options(
+        Toy(lr=1, uf_rm_head_lr=0.5, sft_steps=1, limit=5, mode="b", names=("lr", ), flag=True, dtype="bfloat16"))
     assert rule_for("rloo_k") is rule_for("k") and rule_for("dpo_batch_size") is rule_for("batch_size")
     assert rule_for("output_dir") is None

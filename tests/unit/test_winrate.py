@@ -122,12 +122,19 @@ def test_load_prompts_from_plain_and_preference_files(tmp_path):
     assert load_prompts(str(plain)) == [as_msgs(p) for p in PROMPTS]  # duplicate removed, order kept
     assert load_prompts(str(plain), limit=2) == [as_msgs(p) for p in PROMPTS[:2]]
     prefs = write_jsonl_rows(tmp_path / "prefs.jsonl", [
-        {"prompt": "Q1", "chosen": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "x"}],
-         "rejected": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "y"}], "score_chosen": 1.0, "score_rejected": 1.0},
-        {"prompt": "Q2", "chosen": [{"role": "user", "content": "Q2"}, {"role": "assistant", "content": "x"}],
-         "rejected": [{"role": "user", "content": "Q2"}, {"role": "assistant", "content": "y"}]},
-        {"prompt": "Q1", "chosen": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "z"}],
-         "rejected": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "w"}]},
+        {
+            "prompt": "Q1", "chosen": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "x"}],
+            "rejected": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "y"}
+                         ], "score_chosen": 1.0, "score_rejected": 1.0
+        },
+        {
+            "prompt": "Q2", "chosen": [{"role": "user", "content": "Q2"}, {"role": "assistant", "content": "x"}],
+            "rejected": [{"role": "user", "content": "Q2"}, {"role": "assistant", "content": "y"}]
+        },
+        {
+            "prompt": "Q1", "chosen": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "z"}],
+            "rejected": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "w"}]
+        },
     ])
     # UltraFeedback layout: a score tie is kept (only prompts matter), a repeated prompt counted once
     assert load_prompts(str(prefs)) == [as_msgs("Q1"), as_msgs("Q2")]
@@ -137,8 +144,9 @@ def test_load_prompts_from_plain_and_preference_files(tmp_path):
 
 
 def test_load_responses_keys_by_prompt(tmp_path):
-    path = write_jsonl_rows(tmp_path / "r.jsonl", [{"prompt": "A", "response": "1"}, {"prompt": as_msgs("A"), "response": "2"},
-                                              {"prompt": as_msgs(PROMPTS[2]), "response": "3"}])
+    path = write_jsonl_rows(tmp_path / "r.jsonl",
+                            [{"prompt": "A", "response": "1"}, {"prompt": as_msgs("A"), "response": "2"},
+                             {"prompt": as_msgs(PROMPTS[2]), "response": "3"}])
     table = load_responses(str(path))
     assert list(table) == [prompt_key(as_msgs("A")), prompt_key(as_msgs(PROMPTS[2]))]
     assert table[prompt_key(as_msgs("A"))][1] == "1"  # a string prompt is one user message; first wins
@@ -152,15 +160,19 @@ def test_load_responses_keys_by_prompt(tmp_path):
 
 @pytest.fixture(scope="module")
 def judge_folder(tmp_path_factory, smol_tokenizer) -> Path:
-    return save_model_dir(tmp_path_factory.mktemp("tiny-rm-judge"), make_tiny_rm(smol_tokenizer, seed=1), smol_tokenizer)
+    return save_model_dir(tmp_path_factory.mktemp("tiny-rm-judge"), make_tiny_rm(smol_tokenizer, seed=1),
+                          smol_tokenizer)
 
 
 @pytest.fixture
 def precomputed(tmp_path) -> tuple[Path, Path]:
-    policy = [{"prompt": p, "response": f"Here is a careful answer number {i}, with detail."} for i, p in enumerate(PROMPTS)]
+    policy = [
+        {"prompt": p, "response": f"Here is a careful answer number {i}, with detail."} for i, p in enumerate(PROMPTS)
+    ]
     reference = [{"prompt": p, "response": f"meh {i}"} for i, p in enumerate(PROMPTS)]
     reference[3]["response"] = policy[3]["response"]  # an identical pair: must be an exact tie
-    return write_jsonl_rows(tmp_path / "policy.jsonl", policy), write_jsonl_rows(tmp_path / "reference.jsonl", reference[::-1])
+    return write_jsonl_rows(tmp_path / "policy.jsonl", policy), write_jsonl_rows(tmp_path / "reference.jsonl",
+                                                                                 reference[::-1])
 
 
 def test_run_winrate_with_precomputed_responses_and_local_judge(precomputed, judge_folder, tmp_path):
@@ -183,7 +195,9 @@ def test_run_winrate_with_precomputed_responses_and_local_judge(precomputed, jud
 
     on_disk = json.loads((tmp_path / "out" / "winrate.json").read_text())
     assert on_disk == summary
-    assert {k: summary[k] for k in ("win_rate", "ci_low", "ci_high", "n", "wins", "ties", "losses")} == winrate_summary([r["label"] for r in rows])
+    assert {k: summary[k]
+            for k in ("win_rate", "ci_low", "ci_high", "n", "wins", "ties", "losses")
+            } == winrate_summary([r["label"] for r in rows])
     assert summary["n"] == 5 and summary["ties"] >= 1 and summary["judge"] == str(judge_folder)
     report = (tmp_path / "out" / "report.md").read_text()
     assert "Win-rate" in report and "Example 3" in report and "Example 4" not in report
@@ -233,6 +247,11 @@ def test_run_winrate_generates_with_a_tiny_policy(precomputed, judge_folder, tmp
     generated = [json.loads(line) for line in (tmp_path / "out" / "policy_responses.jsonl").read_text().splitlines()]
     assert len(generated) == 5 and all(isinstance(g["response"], str) for g in generated)
     # the saved responses are a valid precomputed --policy: judging them again gives the same summary
-    again = run_winrate(WinrateConfig(policy=str(tmp_path / "out" / "policy_responses.jsonl"), reference=str(reference),
-                                      judge=str(judge_folder), data=None, output_dir=str(tmp_path / "out2"), device="cpu", dtype="float32"))
-    assert {k: again[k] for k in ("win_rate", "wins", "ties", "losses")} == {k: summary[k] for k in ("win_rate", "wins", "ties", "losses")}
+    again = run_winrate(
+        WinrateConfig(policy=str(tmp_path / "out" / "policy_responses.jsonl"), reference=str(reference),
+                      judge=str(judge_folder), data=None, output_dir=str(tmp_path / "out2"), device="cpu",
+                      dtype="float32"))
+    assert {k: again[k]
+            for k in ("win_rate", "wins", "ties", "losses")
+            } == {k: summary[k]
+                  for k in ("win_rate", "wins", "ties", "losses")}

@@ -53,8 +53,9 @@ def test_best_of_n_judges_the_selectors_pick_against_a_greedy_reference(stubbed,
     have preferred; against "reference answer i" (18 chars) every pick loses: win-rate 0, not 1."""
     stub, data = stubbed
     out = tmp_path / "out"
-    cfg = WinrateConfig(policy="runs/sft/model", reference="runs/sft/model", judge="judge-rm", selector_model="selector-rm",
-                        best_of_n=3, temperature=0.8, reference_temperature=0.0, data=str(data), output_dir=str(out))
+    cfg = WinrateConfig(policy="runs/sft/model", reference="runs/sft/model", judge="judge-rm",
+                        selector_model="selector-rm", best_of_n=3, temperature=0.8, reference_temperature=0.0,
+                        data=str(data), output_dir=str(out))
     summary = run_winrate(cfg)
     assert stub.calls == [("runs/sft/model", 3, None), ("runs/sft/model", 1, 0.0)]  # N samples; the greedy reference
     rows = [json.loads(line) for line in (out / "winrate.jsonl").read_text().splitlines()]
@@ -90,8 +91,10 @@ def test_a_judge_that_is_the_selector_is_refused(tmp_path, monkeypatch, capsys):
     from rlft.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["eval", "winrate", "--best-of-n", "4", "--temperature", "0.7", "--judge", "rm", "--selector-model", "./rm",
-              "--dry-run"])
+        main([
+            "eval", "winrate", "--best-of-n", "4", "--temperature", "0.7", "--judge", "rm", "--selector-model", "./rm",
+            "--dry-run"
+        ])
     assert exit_info.value.code == 2
     assert "--judge rm is the --selector-model" in capsys.readouterr().err
 

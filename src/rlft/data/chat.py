@@ -71,7 +71,8 @@ CHAT_TEMPLATES: dict[str, str] = {
 }
 """Chat templates selectable by name (``--chat-template``); a path to a ``.jinja`` file works too."""
 
-END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>", "</s>", "<|endoftext|>")
+END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>", "</s>",
+                       "<|endoftext|>")
 """Tokens that end an assistant turn (with the tokenizer's ``eos_token``), when they are single tokens."""
 
 
@@ -105,8 +106,7 @@ def _require_template(tokenizer) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             f"the tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!s} has no chat template; "
-            f"pass --chat-template with {_choices()}"
-        )
+            f"pass --chat-template with {_choices()}")
 
 
 def _describe_template(tokenizer) -> str:

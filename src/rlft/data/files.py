@@ -33,9 +33,8 @@ class HubUnavailableError(ConnectionError):
     """A Hub dataset could not be loaded (offline, unknown id or split)."""
 
 
-def read_rows(
-    source: str | Path, *, split: str = "train", start: int = 0, limit: int | None = None, columns: list[str] | None = None
-) -> Iterator[tuple[int, dict | DataError]]:
+def read_rows(source: str | Path, *, split: str = "train", start: int = 0, limit: int | None = None,
+              columns: list[str] | None = None) -> Iterator[tuple[int, dict | DataError]]:
     """Yield ``(row_index, row)`` for rows ``[start, start + limit)`` of a local file or Hub dataset.
 
     Local files: ``.jsonl`` (one JSON object per line; blank lines are skipped), ``.json`` (a list of
@@ -112,12 +111,15 @@ def _read_parquet(path: Path, columns: list[str] | None) -> list:
         names = pq.read_schema(path).names
         wanted = [c for c in names if c in columns] if columns else None
         if columns and not wanted:
-            raise DataError(str(path), 0, "<columns>", f"none of the columns {', '.join(columns)}; the file has {', '.join(names) or 'no columns'}")
+            raise DataError(
+                str(path), 0, "<columns>",
+                f"none of the columns {', '.join(columns)}; the file has {', '.join(names) or 'no columns'}")
         return pq.read_table(path, columns=wanted).to_pylist()
     except DataError:
         raise
     except Exception as e:  # pyarrow's ArrowInvalid / OSError on a damaged or non-Parquet file
-        raise DataError(str(path), 0, "<file>", f"not a readable Parquet file ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+        raise DataError(str(path), 0, "<file>",
+                        f"not a readable Parquet file ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
 
 
 def _decode_lines(data: bytes) -> list[str | UnicodeDecodeError]:
@@ -166,7 +168,10 @@ def _read_local(path: Path, columns: list[str] | None) -> list:
     rows: list = []
     for number, line in enumerate(lines, start=1):
         if isinstance(line, UnicodeDecodeError):
-            rows.append(_BadLine(f"line {number}: not valid UTF-8 (byte 0x{line.object[line.start]:02x} at column {line.start + 1})"))
+            rows.append(
+                _BadLine(
+                    f"line {number}: not valid UTF-8 (byte 0x{line.object[line.start]:02x} at column {line.start + 1})")
+            )
             continue
         if not line.strip():
             continue

@@ -313,7 +313,8 @@ def load_preference_pairs(
     counts["kept"] = len(pairs)
     if counts["ties"]:
         action = "dropped" if drop_ties else "kept (drop_ties=True drops them)"
-        log.info("%s: %d score ties among %d valid pairs, %s", source, counts["ties"], counts["rows"] - counts["skipped_invalid"], action)
+        log.info("%s: %d score ties among %d valid pairs, %s", source, counts["ties"],
+                 counts["rows"] - counts["skipped_invalid"], action)
     return pairs, counts
 
 

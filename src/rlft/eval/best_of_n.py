@@ -61,7 +61,8 @@ def available_selectors(result: CountdownEvalResult, wanted: Sequence[str]) -> t
     certain = bool(result.task_certainty) and all(c is not None for row in result.task_certainty for c in row)
     for name in wanted:
         if name.startswith("self-certainty") and not certain:
-            skipped[name] = "the engine reported no self-certainty for some samples (only the hf row-dropping decoder does)"
+            skipped[
+                name] = "the engine reported no self-certainty for some samples (only the hf row-dropping decoder does)"
         elif name == "reward-model" and not result.task_rm_scores:
             skipped[name] = "no reward-model scores (--select-reward-model)"
         else:
@@ -77,7 +78,8 @@ def check_same_tasks(tasks: list[dict], greedy: CountdownEvalResult, source: str
         ValueError: the message names ``source`` and the first task that differs, or the mode.
     """
     if greedy.mode != "greedy" or greedy.k != 1:
-        raise ValueError(f"{source} is a {greedy.mode} evaluation with k={greedy.k}; the baseline must be greedy (--mode greedy)")
+        raise ValueError(
+            f"{source} is a {greedy.mode} evaluation with k={greedy.k}; the baseline must be greedy (--mode greedy)")
     if not greedy.tasks:
         raise ValueError(f"{source} names no tasks (an older evaluation file); evaluate greedy again")
     if len(greedy.tasks) != len(tasks):
@@ -85,8 +87,9 @@ def check_same_tasks(tasks: list[dict], greedy: CountdownEvalResult, source: str
                          "evaluate both on the same tasks (--data, --split, --limit, --preset, --split-seed)")
     for i, (g, s) in enumerate(zip(greedy.tasks, tasks)):
         if list(g["nums"]) != list(s["nums"]) or g["target"] != s["target"]:
-            raise ValueError(f"{source}: task {i} is nums {list(g['nums'])} target {g['target']}, the sampled evaluation's "
-                             f"is nums {list(s['nums'])} target {s['target']}: the tasks must be the same, in the same order")
+            raise ValueError(
+                f"{source}: task {i} is nums {list(g['nums'])} target {g['target']}, the sampled evaluation's "
+                f"is nums {list(s['nums'])} target {s['target']}: the tasks must be the same, in the same order")
 
 
 def greedy_summary(greedy: CountdownEvalResult, source: str) -> dict:
@@ -116,7 +119,8 @@ def selection_rows(sampled: CountdownEvalResult, greedy_scores: list[list[float]
         ValueError: a task count that differs; see :func:`rlft.eval.select.selected_scores`.
     """
     if len(greedy_scores) != sampled.num_tasks:
-        raise ValueError(f"the greedy baseline has {len(greedy_scores)} tasks, the sampled evaluation {sampled.num_tasks}")
+        raise ValueError(
+            f"the greedy baseline has {len(greedy_scores)} tasks, the sampled evaluation {sampled.num_tasks}")
     rm = sampled.task_rm_scores or None
     rows = []
     for name in selectors:
@@ -186,8 +190,8 @@ def print_selection(selection: dict, title: str = "Best-of-N selection") -> None
     table.add_row(f"greedy ({g['source']})", "1", f"{g['mean_score']:.4f}", f"{g['accuracy']:.4f}", "-", "-",
                   f"{g['tokens_per_task']:.1f}")
     for row in selection["rows"]:
-        table.add_row(row["label"], str(row["n"]), f"{row['score']:.4f}", f"{row['accuracy']:.4f}", format_difference(row),
-                      f"{row['better']} / {row['worse']}", f"{row['tokens_per_task']:.1f}")
+        table.add_row(row["label"], str(row["n"]), f"{row['score']:.4f}", f"{row['accuracy']:.4f}",
+                      format_difference(row), f"{row['better']} / {row['worse']}", f"{row['tokens_per_task']:.1f}")
     Console().print(table)
     for name, why in selection.get("skipped", {}).items():
         Console().print(f"[yellow]{name} skipped[/]: {why}")

@@ -140,9 +140,10 @@ def check_same_tasks(a: CountdownEvalResult, b: CountdownEvalResult, name_a: str
     differ = [i for i, (x, y) in enumerate(zip(*key)) if x != y]
     if differ:
         i = differ[0]
-        raise UsageError(f"{name_a} and {name_b} are evaluations of different tasks ({len(differ)} of {na} differ; task "
-                         f"{i} is nums {key[0][i][0]} target {key[0][i][1]} in {name_a}, nums {key[1][i][0]} target "
-                         f"{key[1][i][1]} in {name_b}): compare evaluations of the same tasks in the same order")
+        raise UsageError(
+            f"{name_a} and {name_b} are evaluations of different tasks ({len(differ)} of {na} differ; task "
+            f"{i} is nums {key[0][i][0]} target {key[0][i][1]} in {name_a}, nums {key[1][i][0]} target "
+            f"{key[1][i][1]} in {name_b}): compare evaluations of the same tasks in the same order")
     return True
 
 
@@ -223,8 +224,9 @@ def check_settings(a: tuple[CountdownEvalResult, dict], b: tuple[CountdownEvalRe
         if x == y:
             continue
         if name not in allowed:
-            raise UsageError(f"{name_a} and {name_b} were evaluated with different {name} ({x!r} and {y!r}): the "
-                             f"difference would not be the model's alone; pass --allow-setting {name} to compare anyway")
+            raise UsageError(
+                f"{name_a} and {name_b} were evaluated with different {name} ({x!r} and {y!r}): the "
+                f"difference would not be the model's alone; pass --allow-setting {name} to compare anyway")
         notes.append(f"{name} differs (allowed): {x!r} in {name_a}, {y!r} in {name_b}")
     return notes
 
@@ -265,10 +267,12 @@ def compare_results(a: CountdownEvalResult, b: CountdownEvalResult, *, z: float 
         if sized and d["n"] < min_tasks(name):
             d["ci_low"] = d["ci_high"] = None
         p = None if d["ci_high"] is None else normal_p_value(d["diff"], d["ci_high"] - d["diff"], z)
-        out[name] = {"n": d["n"], "mean_a": sums[0][name]["score"], "mean_b": sums[1][name]["score"], "diff": d["diff"],
-                     "ci_low": d["ci_low"], "ci_high": d["ci_high"], "p": p,
-                     "better": d["better"], "worse": d["worse"], "equal": d["n"] - d["better"] - d["worse"],
-                     "cut_a": _finite(sums[0][name]["truncated_rate"]), "cut_b": _finite(sums[1][name]["truncated_rate"])}
+        out[name] = {
+            "n": d["n"], "mean_a": sums[0][name]["score"], "mean_b": sums[1][name]["score"], "diff": d["diff"],
+            "ci_low": d["ci_low"], "ci_high": d["ci_high"], "p": p, "better": d["better"], "worse": d["worse"],
+            "equal": d["n"] - d["better"] - d["worse"], "cut_a": _finite(sums[0][name]["truncated_rate"]),
+            "cut_b": _finite(sums[1][name]["truncated_rate"])
+        }
     return out
 
 
@@ -286,7 +290,8 @@ def add_holm(pairs: list[tuple[CountdownEvalResult, CountdownEvalResult]], compa
         for j, h in zip(batch, holm([comparisons[j][name]["p"] for j in batch], alpha) if batch else []):
             a, b = pairs[j]
             rows = slice_rows(a, b)[name]
-            d = paired_difference([b.task_scores[i] for i in rows], [a.task_scores[i] for i in rows], z=z_for_level(h["level"]))
+            d = paired_difference([b.task_scores[i] for i in rows], [a.task_scores[i] for i in rows],
+                                  z=z_for_level(h["level"]))
             comparisons[j][name]["holm"] = {**h, "ci_low": d["ci_low"], "ci_high": d["ci_high"]}
 
 
@@ -345,8 +350,9 @@ def format_comparison(report: dict) -> str:
     lines = [f"paired difference {SIGN}; 95% intervals" +
              (f", Holm-adjusted across the batch of {m} comparisons beside the raw ones" if m else "")
              + (f"; a model's score on a task is its mean over its {seeds} seed files" if seeds > 1 else "")]
-    header = (f"{'tasks':<10} {'n':>5} {'mean A':>7} {'mean B':>7} {'B - A':>7}  {'95% CI':<18}"
-              + (f" {'Holm 95% CI':<18} {'Holm p':>7}" if m else "") + f" {'better/worse/equal':>18} {'cut A':>6} {'cut B':>6}")
+    header = (f"{'tasks':<10} {'n':>5} {'mean A':>7} {'mean B':>7} {'B - A':>7}  {'95% CI':<18}" +
+              (f" {'Holm 95% CI':<18} {'Holm p':>7}" if m else "") +
+              f" {'better/worse/equal':>18} {'cut A':>6} {'cut B':>6}")
     for c in report["comparisons"]:
         lines += ["", f"B = {c['b']}", f"A = {c['a']}", header]
         for name, s in c["slices"].items():
@@ -355,8 +361,9 @@ def format_comparison(report: dict) -> str:
             holm_cells = f" {_ci(h['ci_low'], h['ci_high']):<18} {p_adjusted}" if m else ""
             cut = " ".join(f"{'-' if x is None else f'{x:.3f}':>6}" for x in (s["cut_a"], s["cut_b"]))
             counts = f"{s['better']}/{s['worse']}/{s['equal']}"
-            lines.append(f"{SLICE_NAMES.get(name, f'{name} numbers'):<10} {s['n']:>5} {s['mean_a']:>7.3f} {s['mean_b']:>7.3f} "
-                         f"{s['diff']:>+7.3f}  {_ci(s['ci_low'], s['ci_high']):<18}{holm_cells} {counts:>18} {cut}")
+            lines.append(
+                f"{SLICE_NAMES.get(name, f'{name} numbers'):<10} {s['n']:>5} {s['mean_a']:>7.3f} {s['mean_b']:>7.3f} "
+                f"{s['diff']:>+7.3f}  {_ci(s['ci_low'], s['ci_high']):<18}{holm_cells} {counts:>18} {cut}")
         lines += [f"note: {note}" for note in c["notes"]]
     return "\n".join(lines)
 

@@ -239,7 +239,8 @@ def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], t
     for name, rows in per_task.items():
         if k == 0 or len(rows) != n or any(len(row) != k for row in rows):
             raise ValueError(f"{name}: every per-task list needs {n} tasks of {k} samples each (task_scores' shape), "
-                             f"got {len(rows)} tasks" + (f" of {sorted({len(row) for row in rows})} samples" if rows else ""))
+                             f"got {len(rows)} tasks" +
+                             (f" of {sorted({len(row) for row in rows})} samples" if rows else ""))
     flat = [x for row in task_scores for x in row]
     accuracy = sum(x == 1.0 for x in flat) / len(flat)
     if mode == "greedy":
@@ -286,9 +287,11 @@ def size_summary(result: CountdownEvalResult) -> dict[str, dict]:
     for name, rows in groups.items():
         scores = [x for i in rows for x in result.task_scores[i]]
         cut = [x for i in rows for x in result.task_truncated[i]] if result.task_truncated else []
-        out[name] = {"n": len(rows), "score": sum(scores) / len(scores), "accuracy": sum(x == 1.0 for x in scores) / len(scores),
-                     "format_rate": sum(x >= 0.1 for x in scores) / len(scores),
-                     "truncated_rate": sum(cut) / len(cut) if cut else float("nan")}
+        out[name] = {
+            "n": len(rows), "score": sum(scores) / len(scores), "accuracy": sum(x == 1.0 for x in scores) / len(scores),
+            "format_rate": sum(x >= 0.1 for x in scores) / len(scores),
+            "truncated_rate": sum(cut) / len(cut) if cut else float("nan")
+        }
     return out
 
 

@@ -101,18 +101,20 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
         self._check_countdown()
         require(self.mode == "sampled" or self.k == 1,
                 f"--k {self.k} needs --mode sampled: greedy evaluation draws one completion per task")
-        require(self.mode == "greedy" or self.temperature > 0,
-                f"--mode sampled needs --temperature > 0: at 0 the --k {self.k} samples of a task are copies of the greedy "
-                "answer (use --mode greedy)")
+        require(
+            self.mode == "greedy" or self.temperature > 0,
+            f"--mode sampled needs --temperature > 0: at 0 the --k {self.k} samples of a task are copies of the greedy "
+            "answer (use --mode greedy)")
         self._check_selection()
         require(self.ledger is None or self.split == "test",
                 f"--ledger needs --split test: --split {self.split} is not a look at the test rows, so it would record "
                 "nothing; drop --ledger")
         if self.data is None and self.split == "test":
             n = self.limit if self.limit is not None else self.heldout_size
-            require(n <= self.heldout_size, f"--limit {n} is more than --heldout-size {self.heldout_size}: "
-                    f"{training_overlap(self.preset, self.split_seed, self.heldout_size, n)}; pass --limit "
-                    f"{self.heldout_size} or less, a larger --heldout-size (as the training run used), or --split train")
+            require(
+                n <= self.heldout_size, f"--limit {n} is more than --heldout-size {self.heldout_size}: "
+                f"{training_overlap(self.preset, self.split_seed, self.heldout_size, n)}; pass --limit "
+                f"{self.heldout_size} or less, a larger --heldout-size (as the training run used), or --split train")
 
     def _check_selection(self) -> None:
         """Options of best-of-N selection that contradict each other (OptionError, exit code 2)."""
@@ -121,15 +123,17 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
                                 ("--greedy-from", self.greedy_from)):
                 require(not value, f"{name} needs --select (a best-of-N selector)")
             return
-        require(self.mode == "sampled", "--select needs --mode sampled: best-of-N picks among the --k samples of a task")
+        require(self.mode == "sampled",
+                "--select needs --mode sampled: best-of-N picks among the --k samples of a task")
         bad = [n for n in self.select_n if not 1 <= n <= self.k]
         require(not bad, f"--select-n {bad[0] if bad else ''} is outside [1, --k {self.k}]")
         rm = "reward-model" in self.select
         require(not rm or self.select_reward_model is not None,
                 "--select reward-model needs --select-reward-model (a reward-model folder written by `rlft rm`)")
         require(rm or self.select_reward_model is None, "--select-reward-model is only read by --select reward-model")
-        require(not any(s.startswith("self-certainty") for s in self.select) or self.rollout_engine == "hf",
-                f"--select self-certainty needs --rollout-engine hf: {self.rollout_engine} does not report self-certainty")
+        require(
+            not any(s.startswith("self-certainty") for s in self.select) or self.rollout_engine == "hf",
+            f"--select self-certainty needs --rollout-engine hf: {self.rollout_engine} does not report self-certainty")
 
     def check_outputs(self) -> None:
         """Refuse an --output that would replace a file (unless --overwrite), name a folder, or lie in a model folder
@@ -182,8 +186,9 @@ def training_overlap(preset: str, split_seed: int, heldout_size: int, n: int) ->
                                                     heldout_size=heldout_size).generated_tasks(DEFAULT_NUM_TRAIN)[0]}
     tasks = CountdownOptions(preset=preset, split_seed=split_seed, heldout_size=n).generated_tasks(0)[1]
     overlap = sum(task_key(t) in train for t in tasks)
-    return (f"{overlap} of the {n} tasks are in the training set of `rlft rl --preset {preset} --split-seed {split_seed} "
-            f"--heldout-size {heldout_size}` (its default --num-train {DEFAULT_NUM_TRAIN})")
+    return (
+        f"{overlap} of the {n} tasks are in the training set of `rlft rl --preset {preset} --split-seed {split_seed} "
+        f"--heldout-size {heldout_size}` (its default --num-train {DEFAULT_NUM_TRAIN})")
 
 
 def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
@@ -208,7 +213,8 @@ def load_eval_tasks(cfg: EvalCountdownConfig) -> list[CountdownTask]:
         part = cfg.row_split().part(cfg.split)
         return part[: cfg.limit] if cfg.limit is not None else part
     if cfg.split not in ("test", "train"):
-        raise ValueError(f"--split {cfg.split} needs --data (a Countdown file or Hub dataset); generated tasks have test and train")
+        raise ValueError(
+            f"--split {cfg.split} needs --data (a Countdown file or Hub dataset); generated tasks have test and train")
     if cfg.split == "train":
         return cfg.generated_tasks(cfg.limit if cfg.limit is not None else DEFAULT_TEST_SIZE)[0]
     return cfg.generated_tasks(0, cfg.limit)[1]
@@ -241,12 +247,14 @@ def load_greedy_baseline(path: str, tasks: list[CountdownTask], max_new_tokens: 
                           f"{model_sha256[:16]}...: pair an evaluation of the same model file")
     differs = other_settings(config, {"prompt_template": prompt_template})
     if "prompt_template" in differs:
-        raise OptionError(f"--greedy-from {path} was evaluated with --prompt-template {differs['prompt_template'][0]}, these "
-                          f"samples with {prompt_template}: pair answers to the same prompts")
+        raise OptionError(
+            f"--greedy-from {path} was evaluated with --prompt-template {differs['prompt_template'][0]}, these "
+            f"samples with {prompt_template}: pair answers to the same prompts")
     theirs = config.get("max_new_tokens")
     if max_new_tokens is not None and theirs not in (None, max_new_tokens):
-        log.warning("--greedy-from %s was generated with max_new_tokens %s, the samples with %d: the comparison is not at "
-                    "equal budgets per answer", path, theirs, max_new_tokens)
+        log.warning(
+            "--greedy-from %s was generated with max_new_tokens %s, the samples with %d: the comparison is not at "
+            "equal budgets per answer", path, theirs, max_new_tokens)
     return greedy
 
 
@@ -271,7 +279,8 @@ def load_rm_scorer(cfg: EvalCountdownConfig):
     return RewardModelScorer(cfg.select_reward_model, batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype)
 
 
-def best_of_n(cfg: EvalCountdownConfig, result: CountdownEvalResult, greedy: CountdownEvalResult, greedy_source: str) -> dict:
+def best_of_n(cfg: EvalCountdownConfig, result: CountdownEvalResult, greedy: CountdownEvalResult,
+              greedy_source: str) -> dict:
     """The ``selection`` dict of the output: ``greedy`` (:func:`rlft.eval.best_of_n.greedy_summary`), ``rows`` (every
     selector@n, :func:`rlft.eval.best_of_n.selection_rows`), ``sizes``, ``skipped`` (selectors the result cannot
     support, with why), ``reward_model`` and ``reward_model_input``. Prints the table."""
@@ -281,9 +290,11 @@ def best_of_n(cfg: EvalCountdownConfig, result: CountdownEvalResult, greedy: Cou
     for name, why in skipped.items():
         log.warning("--select %s skipped: %s", name, why)
     sizes = selection_sizes(cfg.k, cfg.select_n)
-    selection = {"greedy": greedy_summary(greedy, greedy_source), "sizes": sizes, "skipped": skipped,
-                 "reward_model": cfg.select_reward_model, "reward_model_input": RM_INPUT if cfg.select_reward_model else None,
-                 "rows": selection_rows(result, greedy.task_scores, selectors, sizes)}
+    selection = {
+        "greedy": greedy_summary(greedy, greedy_source), "sizes": sizes, "skipped": skipped,
+        "reward_model": cfg.select_reward_model, "reward_model_input": RM_INPUT if cfg.select_reward_model else None,
+        "rows": selection_rows(result, greedy.task_scores, selectors, sizes)
+    }
     print_selection(selection, title=f"Best-of-N selection: {cfg.model} ({cfg.k} samples at T {cfg.temperature})")
     return selection
 

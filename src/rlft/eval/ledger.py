@@ -301,7 +301,9 @@ def format_looks(path: str, looks: list[dict]) -> str:
     """The count, then a table per model: SHA-256 (first 12 hex digits), looks, first and last time, scores, labels and
     model paths; then the looks per test rows (:func:`looked_rows`: fresh, original, generated)."""
     rows = summarize_looks(looks)
-    lines = [f"{path}: {len(looks)} test look{'s' if len(looks) != 1 else ''} of {len(rows)} model{'s' if len(rows) != 1 else ''}"]
+    lines = [
+        f"{path}: {len(looks)} test look{'s' if len(looks) != 1 else ''} of {len(rows)} model{'s' if len(rows) != 1 else ''}"
+    ]
     if rows:
         lines.append(f"{'model SHA-256':<14} {'looks':>5}  {'first':<20}  {'last':<20}  {'scores':<24}  labels / model")
     for row in rows:
@@ -309,7 +311,8 @@ def format_looks(path: str, looks: list[dict]) -> str:
         scores = ", ".join("-" if s is None else f"{s:.3f}" for s in row["scores"][-4:])
         scores = ("..., " if len(row["scores"]) > 4 else "") + scores
         names = ", ".join([*row["labels"], *map(str, row["models"])]) or "-"
-        lines.append(f"{sha:<14} {row['looks']:>5}  {row['first'] or '-':<20}  {row['last'] or '-':<20}  {scores:<24}  {names}")
+        lines.append(
+            f"{sha:<14} {row['looks']:>5}  {row['first'] or '-':<20}  {row['last'] or '-':<20}  {scores:<24}  {names}")
     by_rows: dict[str, int] = {}
     for r in looks:
         by_rows[looked_rows(r)] = by_rows.get(looked_rows(r), 0) + 1

@@ -46,7 +46,10 @@ def plot_curve(records: list[dict], key: str, path: Path, *, title: str, smooth:
         steps, values = zip(*points)
         ax.plot(steps, values, alpha=0.35, label=key)
         if len(values) >= smooth:
-            avg = [sum(values[max(0, i - smooth + 1) : i + 1]) / len(values[max(0, i - smooth + 1) : i + 1]) for i in range(len(values))]
+            avg = [
+                sum(values[max(0, i - smooth + 1):i + 1]) / len(values[max(0, i - smooth + 1):i + 1])
+                for i in range(len(values))
+            ]
             ax.plot(steps, avg, label=f"{key} (moving avg {smooth})")
         ax.legend()
     ax.set_xlabel("step")
@@ -58,8 +61,9 @@ def plot_curve(records: list[dict], key: str, path: Path, *, title: str, smooth:
     return path
 
 
-def plot_samples_vs_score(runs: dict[str, list[dict]], path: Path, *, start: float | None = None, start_label: str = "SFT start",
-                          ylabel: str = "greedy held-out score", title: str = "Held-out score against samples generated") -> Path | None:
+def plot_samples_vs_score(runs: dict[str, list[dict]], path: Path, *, start: float | None = None,
+                          start_label: str = "SFT start", ylabel: str = "greedy held-out score",
+                          title: str = "Held-out score against samples generated") -> Path | None:
     """Held-out score against samples generated: one line per RL run; returns ``path``, or None when nothing to draw.
 
     ``runs`` maps a label to the run's metrics records (its ``metrics.jsonl``, as the RL loop logs them): the
@@ -133,7 +137,8 @@ def plot_grouped_bars(values: dict[str, dict[str, float]], path: Path, *, title:
         ax.bar_label(bars, labels=["" if math.isnan(y) else f"{y:.2f}" for y in ys], fontsize=8)
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(ylabel)
-    ax.set_ylim(0, max(1.0, max((v for g in values.values() for v in g.values() if not math.isnan(v)), default=1.0)) * 1.1)
+    ax.set_ylim(0,
+                max(1.0, max((v for g in values.values() for v in g.values() if not math.isnan(v)), default=1.0)) * 1.1)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

@@ -75,7 +75,9 @@ def holm(p_values: list[float], alpha: float = ALPHA) -> list[dict]:
         if stop > m and p >= alpha / (m - i + 1):
             stop = i
         running = max(running, min(1.0, (m - i + 1) * p))
-        out[j] = {"rank": i, "level": alpha / (m - min(i, stop) + 1), "p_adjusted": running, "rejected": running < alpha}
+        out[j] = {
+            "rank": i, "level": alpha / (m - min(i, stop) + 1), "p_adjusted": running, "rejected": running < alpha
+        }
     return out
 
 

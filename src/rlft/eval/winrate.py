@@ -121,14 +121,18 @@ class WinrateConfig(DeviceOptions):
         if self.best_of_n == 1:
             require(self.selector_model is None, "--selector-model is only read with --best-of-n N > 1")
             return
-        require(self.selector_model is not None, "--best-of-n needs --selector-model (the reward model that picks the best)")
-        require(not is_precomputed(self.policy), f"--best-of-n samples the policy: --policy {self.policy} must be a model, "
+        require(self.selector_model is not None,
+                "--best-of-n needs --selector-model (the reward model that picks the best)")
+        require(not is_precomputed(self.policy),
+                f"--best-of-n samples the policy: --policy {self.policy} must be a model, "
                 "not a precomputed file")
-        require(self.temperature > 0, "--best-of-n needs --temperature > 0: greedy samples of a prompt are all the same")
-        require(self.judge == "remote" or not same_model(self.judge, self.selector_model),
-                f"--judge {self.judge} is the --selector-model: a judge rates the responses it picked highest, so best-of-N "
-                "would win by construction; use the remote judge (--judge remote) or a reward model trained on a "
-                "disjoint split")
+        require(self.temperature > 0,
+                "--best-of-n needs --temperature > 0: greedy samples of a prompt are all the same")
+        require(
+            self.judge == "remote" or not same_model(self.judge, self.selector_model),
+            f"--judge {self.judge} is the --selector-model: a judge rates the responses it picked highest, so best-of-N "
+            "would win by construction; use the remote judge (--judge remote) or a reward model trained on a "
+            "disjoint split")
 
     def check_outputs(self) -> None:
         """Refuse an --output-dir that is a file or a model folder, or (unless --overwrite) that holds the results of
@@ -144,7 +148,8 @@ class WinrateConfig(DeviceOptions):
         if folder.exists() and not folder.is_dir():
             raise OutputPathError(f"--output-dir {self.output_dir} is a file, not a folder")
         if (found := model_folder_file(folder)) is not None:
-            raise OutputPathError(f"--output-dir {self.output_dir} is a model folder (it holds {found}); choose another --output-dir")
+            raise OutputPathError(
+                f"--output-dir {self.output_dir} is a model folder (it holds {found}); choose another --output-dir")
         inputs = {Path(name).expanduser().resolve() for name in (self.policy, self.reference) if is_precomputed(name)}
         for name in RESULT_FILES:
             if (folder / name).resolve() not in inputs:
@@ -232,9 +237,11 @@ def generate_responses(model_name: str, prompts: list[Messages], cfg: WinrateCon
     model = load_model(model_name, spec.for_inference())
     texts = [render_generation_prompt(tokenizer, m) for m in prompts]
     temperature = cfg.temperature if temperature is None else temperature
-    params = SamplingParams(k=k, temperature=temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    params = SamplingParams(k=k, temperature=temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                            seed=cfg.seed)
     log.info("generating %d x %d responses with %s", len(texts), k, model_name)
-    samples = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True, add_special_tokens=False).generate(texts, params)
+    samples = HFEngine(model, tokenizer, batch_size=cfg.batch_size, show_progress=True,
+                       add_special_tokens=False).generate(texts, params)
     del model
     _free()
     return [[s.text for s in row] for row in samples]
@@ -253,7 +260,8 @@ def _responses(side: str, name: str, prompts: list[Messages], cfg: WinrateConfig
         table = load_responses(name)
         missing = [m for m in prompts if prompt_key(m) not in table]
         if missing:
-            raise ValueError(f"{name} has no {side} response for {len(missing)} of {len(prompts)} prompts, e.g. {missing[0]!r:.200}")
+            raise ValueError(
+                f"{name} has no {side} response for {len(missing)} of {len(prompts)} prompts, e.g. {missing[0]!r:.200}")
         return [table[prompt_key(m)][1] for m in prompts]
     responses = [row[0] for row in generate_responses(name, prompts, cfg, temperature=temperature)]
     write_jsonl(run_dir / f"{side}_responses.jsonl", ({"prompt": m, "response": r} for m, r in zip(prompts, responses)))
@@ -300,8 +308,9 @@ def make_judge(cfg: WinrateConfig, run_dir: Path):
     if cfg.judge == "remote":
         from rlft.rewards.remote import RemoteRewardJudge
 
-        return RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env, max_concurrency=cfg.max_concurrency,
-                                 max_retries=cfg.max_retries, timeout_s=cfg.timeout, cache_path=run_dir / "judge_cache.jsonl")
+        return RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env,
+                                 max_concurrency=cfg.max_concurrency, max_retries=cfg.max_retries,
+                                 timeout_s=cfg.timeout, cache_path=run_dir / "judge_cache.jsonl")
     from rlft.rewards.reward_model import RewardModelScorer
 
     return RewardModelScorer(cfg.judge, batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype)
@@ -329,9 +338,15 @@ def write_report(path: Path, summary: dict, rows: list[dict], examples: int) -> 
         f"Policy `{summary['policy']}`{_picked(summary)} vs reference `{summary['reference']}`, judged by `{summary['judge']}`.",
         "",
         markdown_table(
-            ["win-rate", "95% CI (Wilson)", "n", "wins", "ties", "losses", "mean reward policy", "mean reward reference"],
-            [[summary["win_rate"], f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]", summary["n"], summary["wins"],
-              summary["ties"], summary["losses"], summary["mean_policy_reward"], summary["mean_reference_reward"]]],
+            [
+                "win-rate", "95% CI (Wilson)", "n", "wins", "ties", "losses", "mean reward policy",
+                "mean reward reference"
+            ],
+            [[
+                summary["win_rate"], f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]", summary["n"],
+                summary["wins"], summary["ties"], summary["losses"], summary["mean_policy_reward"],
+                summary["mean_reference_reward"]
+            ]],
         ),
         "",
         "Label 1 when the policy's reward is higher, 0.5 on an exact tie, 0 otherwise; the win-rate is the mean label.",
@@ -386,14 +401,15 @@ def run_winrate(cfg: WinrateConfig) -> dict:
     if bad:  # never scored, never written: a NaN reward would count as a loss
         i = bad[0]
         side = "policy" if i < n else "reference"
-        raise ValueError(f"the judge {cfg.judge!r} gave {len(bad)} non-finite reward(s), e.g. {rewards[i]!r} for the {side} "
-                         f"response to prompt {i % n}; nothing was written")
+        raise ValueError(
+            f"the judge {cfg.judge!r} gave {len(bad)} non-finite reward(s), e.g. {rewards[i]!r} for the {side} "
+            f"response to prompt {i % n}; nothing was written")
     policy_rewards, reference_rewards = rewards[:n], rewards[n:]
     labels = [winrate_label(p, r) for p, r in zip(policy_rewards, reference_rewards)]
-    rows = [
-        {"prompt": m, "policy_response": pr, "reference_response": rr, "policy_reward": pw, "reference_reward": rw, "label": lab}
-        for m, pr, rr, pw, rw, lab in zip(prompts, policy, reference, policy_rewards, reference_rewards, labels)
-    ]
+    rows = [{
+        "prompt": m, "policy_response": pr, "reference_response": rr, "policy_reward": pw, "reference_reward": rw,
+        "label": lab
+    } for m, pr, rr, pw, rw, lab in zip(prompts, policy, reference, policy_rewards, reference_rewards, labels)]
     write_jsonl(run_dir / "winrate.jsonl", rows)
 
     judge_name = f"remote:{cfg.judge_model}" if cfg.judge == "remote" else cfg.judge

@@ -15,7 +15,8 @@ from rlft.rewards.reward_model import Messages, as_messages
 
 def prompt_key(messages: Messages) -> str:
     """A canonical string identifying a prompt (its messages as compact JSON)."""
-    return json.dumps([{"role": m["role"], "content": m["content"]} for m in messages], ensure_ascii=False, separators=(",", ":"))
+    return json.dumps([{"role": m["role"], "content": m["content"]} for m in messages], ensure_ascii=False,
+                      separators=(",", ":"))
 
 
 def is_precomputed(name: str) -> bool:

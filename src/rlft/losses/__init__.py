@@ -12,11 +12,13 @@ from rlft.losses.advantages import ADVANTAGES, grpo_advantages, raft_advantages,
 
 __all__ += ["ADVANTAGES", "grpo_advantages", "raft_advantages", "reinforce_advantages", "rloo_advantages"]
 
-from rlft.losses.pg import (POLICY_LOSSES, PolicyObjective, entropy_bonus, kl_loss, kl_penalty, make_objective, policy_gradient_loss,
-                            raft_loss, raft_selection)
+from rlft.losses.pg import (POLICY_LOSSES, PolicyObjective, entropy_bonus, kl_loss, kl_penalty, make_objective,
+                            policy_gradient_loss, raft_loss, raft_selection)
 
-__all__ += ["POLICY_LOSSES", "PolicyObjective", "entropy_bonus", "kl_loss", "kl_penalty", "make_objective", "policy_gradient_loss",
-            "raft_loss", "raft_selection"]
+__all__ += [
+    "POLICY_LOSSES", "PolicyObjective", "entropy_bonus", "kl_loss", "kl_penalty", "make_objective",
+    "policy_gradient_loss", "raft_loss", "raft_selection"
+]
 
 from rlft.losses.reward import bradley_terry_loss
 

@@ -93,7 +93,8 @@ def dpo_loss(
     losses = -(1.0 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
     loss = losses.mean()
     metrics = {"loss/dpo": loss.item()}
-    metrics.update(_reward_metrics(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta))
+    metrics.update(
+        _reward_metrics(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta))
     return loss, metrics
 
 
@@ -119,7 +120,8 @@ def ipo_loss(
     h = _logratio_difference(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
     loss = ((h - 1.0 / (2.0 * beta)) ** 2).mean()
     metrics = {"loss/ipo": loss.item()}
-    metrics.update(_reward_metrics(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta))
+    metrics.update(
+        _reward_metrics(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta))
     return loss, metrics
 
 

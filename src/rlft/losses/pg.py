@@ -71,7 +71,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
     raise ValueError(f"unknown KL estimator {estimator!r}; expected 'k1' or 'k3'")
 
 
-def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, loss_mask: torch.Tensor, estimator: KLEstimator = "k1") -> torch.Tensor:
+def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, loss_mask: torch.Tensor,
+                estimator: KLEstimator = "k1") -> torch.Tensor:
     """``(B,)`` per-sequence KL estimate ``sum_t kl_t`` over the completion tokens (:func:`kl_penalty`); with k1 the
     log-ratio of the whole sequence, what the RLOO paper subtracts (times beta) from the reward.
 
@@ -246,7 +247,8 @@ def kl_loss(
     Returns:
         ``(loss, {"loss/kl": float})``.
     """
-    loss = aggregate(kl_penalty(logprobs, ref_logprobs, estimator), loss_mask, mode, num_tokens=num_tokens, num_sequences=num_sequences)
+    loss = aggregate(kl_penalty(logprobs, ref_logprobs, estimator), loss_mask, mode, num_tokens=num_tokens,
+                     num_sequences=num_sequences)
     return loss, {"loss/kl": loss.item()}
 
 
@@ -332,13 +334,16 @@ class PolicyObjective:
         if self.kl_placement not in (None, *KL_PLACEMENTS):
             raise ValueError(f"unknown KL placement {self.kl_placement!r}; expected None, 'reward' or 'loss'")
         if (self.kl_placement is not None) != (self.beta > 0):
-            raise ValueError(f"a KL placement needs beta > 0 and beta > 0 a placement, got {self.kl_placement!r} with beta={self.beta}")
+            raise ValueError(
+                f"a KL placement needs beta > 0 and beta > 0 a placement, got {self.kl_placement!r} with beta={self.beta}"
+            )
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; expected 'k1' or 'k3'")
         if self.entropy_coef < 0:
             raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
         if self.is_mode not in IS_MODES:
-            raise ValueError(f"unknown importance-sampling mode {self.is_mode!r}; expected one of {', '.join(IS_MODES)}")
+            raise ValueError(
+                f"unknown importance-sampling mode {self.is_mode!r}; expected one of {', '.join(IS_MODES)}")
         positive_weighting(torch.zeros(0), self.positive_weight)  # ValueError for a negative weight
 
     @property
@@ -397,9 +402,9 @@ class PolicyObjective:
             if sampler_logprobs is None:
                 raise ValueError(f"the {self.is_mode} correction needs the sampler's log-probs")
             token_weights = importance_weights(old_logprobs, sampler_logprobs, loss_mask, self.is_mode, self.is_cap)
-        loss, metrics = self.loss_fn(logprobs, old_logprobs, weights, loss_mask, clip_low=self.clip_low, clip_high=self.clip_high,
-                                     mode=self.loss_mode, num_sequences=num_sequences, num_tokens=num_tokens,
-                                     token_weights=token_weights)
+        loss, metrics = self.loss_fn(logprobs, old_logprobs, weights, loss_mask, clip_low=self.clip_low,
+                                     clip_high=self.clip_high, mode=self.loss_mode, num_sequences=num_sequences,
+                                     num_tokens=num_tokens, token_weights=token_weights)
         metrics = {**metrics, "loss/entropy": 0.0, "loss/kl": 0.0}
         if token_weights is not None:
             metrics.update({"pg/is_weight_mean": masked_mean(token_weights, loss_mask).item(),
@@ -407,14 +412,15 @@ class PolicyObjective:
         if self.entropy_coef > 0:
             if entropy is None:
                 raise ValueError("entropy_coef > 0 needs the per-token entropy")
-            bonus, entropy_metrics = entropy_bonus(entropy, loss_mask, mode=self.loss_mode, num_sequences=num_sequences, num_tokens=num_tokens)
+            bonus, entropy_metrics = entropy_bonus(entropy, loss_mask, mode=self.loss_mode, num_sequences=num_sequences,
+                                                   num_tokens=num_tokens)
             loss = loss - self.entropy_coef * bonus
             metrics.update(entropy_metrics)
         if self.kl_coef > 0:
             if ref_logprobs is None:
                 raise ValueError("kl_coef > 0 needs ref_logprobs")
-            kl, kl_metrics = kl_loss(logprobs, ref_logprobs, loss_mask, estimator=self.kl_estimator, mode=self.loss_mode,
-                                     num_sequences=num_sequences, num_tokens=num_tokens)
+            kl, kl_metrics = kl_loss(logprobs, ref_logprobs, loss_mask, estimator=self.kl_estimator,
+                                     mode=self.loss_mode, num_sequences=num_sequences, num_tokens=num_tokens)
             loss = loss + self.kl_coef * kl
             metrics.update(kl_metrics)
         return loss, metrics
@@ -433,11 +439,11 @@ def make_objective(cfg) -> PolicyObjective:
     if cfg.loss not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {cfg.loss!r}; expected one of {', '.join(POLICY_LOSSES)}")
     spec = POLICY_LOSSES[cfg.loss]
-    clip_low, clip_high = (cfg.clip_low, cfg.clip_high if cfg.clip_high is not None else cfg.clip_low) if spec.clips else (None, None)
+    clip_low, clip_high = (cfg.clip_low,
+                           cfg.clip_high if cfg.clip_high is not None else cfg.clip_low) if spec.clips else (None, None)
     use_kl = cfg.beta > 0
-    return PolicyObjective(loss_fn=spec.fn, loss_mode=cfg.loss_mode, clip_low=clip_low, clip_high=clip_high, select=spec.selects,
-                           kl_placement=cfg.kl_mode if use_kl else None, beta=cfg.beta if use_kl else 0.0,
-                           kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef,
-                           is_mode=cfg.is_correction, is_cap=cfg.is_cap,
-                           positive_weight=getattr(cfg, "positive_weight", 1.0),
-                           behaviour_ratio=spec.behaviour or getattr(cfg, "replay_size", 0) > 0)
+    return PolicyObjective(
+        loss_fn=spec.fn, loss_mode=cfg.loss_mode, clip_low=clip_low, clip_high=clip_high, select=spec.selects,
+        kl_placement=cfg.kl_mode if use_kl else None, beta=cfg.beta if use_kl else 0.0, kl_estimator=cfg.kl_estimator,
+        entropy_coef=cfg.entropy_coef, is_mode=cfg.is_correction, is_cap=cfg.is_cap, positive_weight=getattr(
+            cfg, "positive_weight", 1.0), behaviour_ratio=spec.behaviour or getattr(cfg, "replay_size", 0) > 0)

@@ -51,7 +51,8 @@ def bradley_terry_loss(
     if chosen_rewards.dim() != 1:
         raise ValueError(f"rewards must have shape (B,), got {tuple(chosen_rewards.shape)}")
     if rejected_rewards.shape != chosen_rewards.shape:
-        raise ValueError(f"rejected_rewards has shape {tuple(rejected_rewards.shape)}, expected {tuple(chosen_rewards.shape)}")
+        raise ValueError(
+            f"rejected_rewards has shape {tuple(rejected_rewards.shape)}, expected {tuple(chosen_rewards.shape)}")
     if center_coef < 0:
         raise ValueError(f"center_coef must be >= 0, got {center_coef}")
     chosen, rejected = chosen_rewards.float(), rejected_rewards.float()

@@ -25,7 +25,9 @@ def topr_sequence_weights(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
     Returns:
         ``(weights, log_ratio)``: ``(B,)`` float32 each, detached.
     """
-    diff = torch.where(loss_mask > 0, logprobs.detach().float() - old_logprobs.detach().float(), torch.zeros((), device=logprobs.device))
+    diff = torch.where(loss_mask > 0,
+                       logprobs.detach().float() - old_logprobs.detach().float(), torch.zeros((),
+                                                                                              device=logprobs.device))
     log_ratio = diff.sum(dim=-1)
     # exp overflows to inf for a large positive log-ratio: clamped to 1, as it should be
     tapered = torch.exp(log_ratio).clamp(min=0.0, max=1.0)
@@ -100,7 +102,9 @@ def topr_loss(
     if advantages.dim() != 1 or advantages.shape[0] != logprobs.shape[0]:
         raise ValueError(f"advantages must have shape (B,) = ({logprobs.shape[0]},), got {tuple(advantages.shape)}")
     if clip_low is not None or clip_high is not None:
-        raise ValueError(f"topr takes no clip range (its truncation is fixed at [0, 1]), got clip_low={clip_low}, clip_high={clip_high}")
+        raise ValueError(
+            f"topr takes no clip range (its truncation is fixed at [0, 1]), got clip_low={clip_low}, clip_high={clip_high}"
+        )
     weights, log_ratio = topr_sequence_weights(logprobs, old_logprobs, advantages, loss_mask)
     scale = (weights * advantages.detach().float()).to(logprobs.dtype).unsqueeze(-1)  # (B, 1), no grad
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

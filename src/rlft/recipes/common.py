@@ -124,7 +124,8 @@ def length_grouped(indices: list[int], length: Callable[[int], int], micro_batch
 def step_order(indices: list[int], length: Callable[[int], int], cfg) -> list[int]:
     """:func:`length_grouped` with ``cfg``'s micro-batch rule: by ``cfg.micro_batch_size``, or always sorted
     when ``cfg.max_tokens_per_micro_batch`` is set (micro-batches then hold any number of examples)."""
-    return length_grouped(indices, length, 1 if getattr(cfg, "max_tokens_per_micro_batch", None) else cfg.micro_batch_size)
+    return length_grouped(indices, length,
+                          1 if getattr(cfg, "max_tokens_per_micro_batch", None) else cfg.micro_batch_size)
 
 
 def micro_batch_label(cfg) -> str:
@@ -268,15 +269,17 @@ def prepare_training(
     return TrainingSetup(model, optim, scheduler, start_step, metrics, ckpt, Path(run_dir), start_step, state)
 
 
-def start_training(cfg, run_dir: Path, spec: DeviceSpec, total_steps: int, **prepare) -> tuple[TrainingSetup, Tracker | None]:
+def start_training(cfg, run_dir: Path, spec: DeviceSpec, total_steps: int,
+                   **prepare) -> tuple[TrainingSetup, Tracker | None]:
     """:func:`prepare_training` of ``cfg.model`` with the run's options (``cfg.resume``, LoRA from
     ``cfg.lora_settings()``, the torchrun strategy from :func:`rlft.options.resolved_strategy`; ``prepare``:
     its ``load`` / ``param_groups``), then gradient checkpointing when ``cfg.gradient_checkpointing``, the decoder
     layers compiled when ``cfg.compile`` (:func:`rlft.recipes.memory.compile_layers`), and the
     experiment tracker of ``cfg.report_to`` fed by the metrics log (:func:`rlft.tracking.attach_tracker`; None
     for ``none`` and on ranks other than 0). Returns ``(setup, tracker)``; :func:`finish_run` closes the tracker."""
-    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps, lora=cfg.lora_settings(),
-                             distributed_strategy=resolved_strategy(cfg, distributed.world()), **prepare)
+    setup = prepare_training(cfg.model, run_dir, spec, cfg, resume=cfg.resume, total_steps=total_steps,
+                             lora=cfg.lora_settings(), distributed_strategy=resolved_strategy(cfg, distributed.world()),
+                             **prepare)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(setup.model)
     if getattr(cfg, "compile", False):
@@ -300,14 +303,16 @@ def _newest_usable_checkpoint(run_dir: Path, load_from: Callable[[Path], torch.n
                 problem = f"does not load ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             else:
                 if problems:
-                    log.warning("--resume: skipped damaged checkpoint(s) %s; resuming from %s instead", "; ".join(problems), folder.name)
+                    log.warning("--resume: skipped damaged checkpoint(s) %s; resuming from %s instead",
+                                "; ".join(problems), folder.name)
                 return folder, model, state
         problems.append(f"{folder.name}: {problem}")
     records = count_metrics(Path(run_dir) / "metrics.jsonl")
     if records:
         why = f" ({'; '.join(problems)})" if problems else ""
-        raise RunFolderError(f"--resume: no usable checkpoint in {Path(run_dir) / 'checkpoints'}{why}, but metrics.jsonl holds "
-                             f"{records} records of a run; refusing to restart it. Pass --overwrite to start over")
+        raise RunFolderError(
+            f"--resume: no usable checkpoint in {Path(run_dir) / 'checkpoints'}{why}, but metrics.jsonl holds "
+            f"{records} records of a run; refusing to restart it. Pass --overwrite to start over")
     log.info("--resume: no checkpoint in %s, starting from scratch", run_dir)
     return None, None, None
 
@@ -365,7 +370,8 @@ def last_good(run_dir: Path | None) -> str:
     return f"{kept}; no final model was written"
 
 
-def check_finite_weights(model: torch.nn.Module, setup: TrainingSetup | None, step: int | None, run_dir: Path | None = None) -> None:
+def check_finite_weights(model: torch.nn.Module, setup: TrainingSetup | None, step: int | None,
+                         run_dir: Path | None = None) -> None:
     """Raise :class:`NonFiniteError` when the parameters hold NaN or infinity. A sharded model (FSDP2) is checked shard
     by shard and the count summed over ranks (collective: every rank raises together); DDP replicas are equal, so each
     rank checks its own (rank 0 alone may call it). Called before every save, so such weights never replace a good

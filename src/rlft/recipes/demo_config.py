@@ -27,23 +27,42 @@ from rlft.rl.options import AdvantageName, LossMode, PolicyLossName
 from rlft.tasks.countdown.options import check_countdown_names
 from rlft.validation import OptionError, require, validate_options
 
-QUICK: dict[str, object] = dict(
-    num_train=64, num_rows=2400, sft_steps=4, filtered_steps=2, batch_size=8, micro_batch_size=8, eval_limit=8, base_eval_limit=8,
-    max_new_tokens=32, rl_steps=2, rl_k=4, rl_prompts_per_step=2, rl_max_prompt_batches=2, rl_eval_every=1,
-    rl_eval_limit=4, pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk_limit=4, uf_train_pairs=16,
-    uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16, uf_sft_steps=2, uf_pref_steps=2, uf_rm_steps=2,
-    uf_rloo_steps=2)
+QUICK: dict[str, object] = dict(num_train=64, num_rows=2400, sft_steps=4, filtered_steps=2, batch_size=8,
+                                micro_batch_size=8, eval_limit=8, base_eval_limit=8, max_new_tokens=32, rl_steps=2,
+                                rl_k=4, rl_prompts_per_step=2, rl_max_prompt_batches=2, rl_eval_every=1,
+                                rl_eval_limit=4, pairs_prompts=8, pairs_samples=2, dpo_batch_size=2, passk_limit=4,
+                                uf_train_pairs=16, uf_eval_prompts=6, uf_max_length=96, uf_max_new_tokens=16,
+                                uf_sft_steps=2, uf_pref_steps=2, uf_rm_steps=2, uf_rloo_steps=2)
 """``--quick``: the few-minute smoke sizes, each applied where the option is left at its default."""
 
 RL_OPTIONS: dict[str, str] = {
-    "prompt_template": "prompt_template", "advantage": "rl_advantage", "loss": "rl_loss", "loss_mode": "rl_loss_mode",
-    "filter_groups": "rl_filter_groups", "max_prompt_batches": "rl_max_prompt_batches", "curriculum": "rl_curriculum",
-    "mask_truncated": "rl_mask_truncated", "overlong_buffer": "rl_overlong_buffer", "repetition_limit": "rl_repetition_limit",
-    "repetition_penalty": "rl_repetition_penalty", "lora_r": "rl_lora_r",
-    "lora_alpha": "rl_lora_alpha", "k": "rl_k", "prompts_per_step": "rl_prompts_per_step", "max_steps": "rl_steps",
-    "lr": "rl_lr", "beta": "rl_beta", "temperature": "rl_temperature", "max_new_tokens": "max_new_tokens",
-    "micro_batch_size": "update_micro_batch_size", "gen_batch_size": "eval_batch_size", "eval_every": "rl_eval_every",
-    "eval_limit": "rl_eval_limit", "seed": "seed", "device": "device", "dtype": "dtype",
+    "prompt_template": "prompt_template",
+    "advantage": "rl_advantage",
+    "loss": "rl_loss",
+    "loss_mode": "rl_loss_mode",
+    "filter_groups": "rl_filter_groups",
+    "max_prompt_batches": "rl_max_prompt_batches",
+    "curriculum": "rl_curriculum",
+    "mask_truncated": "rl_mask_truncated",
+    "overlong_buffer": "rl_overlong_buffer",
+    "repetition_limit": "rl_repetition_limit",
+    "repetition_penalty": "rl_repetition_penalty",
+    "lora_r": "rl_lora_r",
+    "lora_alpha": "rl_lora_alpha",
+    "k": "rl_k",
+    "prompts_per_step": "rl_prompts_per_step",
+    "max_steps": "rl_steps",
+    "lr": "rl_lr",
+    "beta": "rl_beta",
+    "temperature": "rl_temperature",
+    "max_new_tokens": "max_new_tokens",
+    "micro_batch_size": "update_micro_batch_size",
+    "gen_batch_size": "eval_batch_size",
+    "eval_every": "rl_eval_every",
+    "eval_limit": "rl_eval_limit",
+    "seed": "seed",
+    "device": "device",
+    "dtype": "dtype",
 }
 """``rlft rl`` option -> the demo option that sets it in the Countdown track's RL stage (its evaluation also generates
 ``max_new_tokens`` tokens, on the rows' validation part)."""
@@ -239,13 +258,18 @@ class DemoEvalOptions:
     run)."""
 
     def _check_evaluations(self) -> None:
-        require(self.eval_limit <= 500 and self.rl_eval_limit <= 500,
-                f"--eval-limit ({self.eval_limit}) and --rl-eval-limit ({self.rl_eval_limit}) must be <= 500, the held-out "
-                "test and validation rows (rlft.tasks.countdown.splits), so evaluation tasks are never trained on")
-        require(self.base_eval_limit <= self.eval_limit,
-                f"--base-eval-limit ({self.base_eval_limit}) must be <= --eval-limit ({self.eval_limit}): a prefix of the same rows")
-        require(self.passk_limit <= self.eval_limit,
-                f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation uses a prefix of the greedy one's tasks")
+        require(
+            self.eval_limit <= 500 and self.rl_eval_limit <= 500,
+            f"--eval-limit ({self.eval_limit}) and --rl-eval-limit ({self.rl_eval_limit}) must be <= 500, the held-out "
+            "test and validation rows (rlft.tasks.countdown.splits), so evaluation tasks are never trained on")
+        require(
+            self.base_eval_limit <= self.eval_limit,
+            f"--base-eval-limit ({self.base_eval_limit}) must be <= --eval-limit ({self.eval_limit}): a prefix of the same rows"
+        )
+        require(
+            self.passk_limit <= self.eval_limit,
+            f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation uses a prefix of the greedy one's tasks"
+        )
         require(not self.passk or self.passk_temperature > 0,
                 f"--passk-temperature must be > 0: the sampled evaluation draws --passk {self.passk} different samples "
                 "(0: identical greedy copies); --passk 0 skips it")
@@ -308,8 +332,10 @@ class DemoUltraFeedbackOptions:
         require(self.uf_max_length - self.uf_max_new_tokens >= 8,
                 f"--uf-max-length ({self.uf_max_length}) must exceed --uf-max-new-tokens ({self.uf_max_new_tokens}) "
                 "by at least 8 tokens: the difference is the longest prompt used")
-        require(self.uf_eval_prompts >= 1, f"--uf-eval-prompts must be >= 1 (the win-rates' prompts), got {self.uf_eval_prompts}")
-        require(self.uf_rloo_k >= 2, f"--uf-rloo-k must be >= 2 (RLOO's baseline is the mean of the other samples), got {self.uf_rloo_k}")
+        require(self.uf_eval_prompts >= 1,
+                f"--uf-eval-prompts must be >= 1 (the win-rates' prompts), got {self.uf_eval_prompts}")
+        require(self.uf_rloo_k >= 2,
+                f"--uf-rloo-k must be >= 2 (RLOO's baseline is the mean of the other samples), got {self.uf_rloo_k}")
 
 
 @dataclass(frozen=True)

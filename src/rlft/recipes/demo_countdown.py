@@ -70,8 +70,9 @@ def rows_source(cfg: DemoConfig, run_dir: Path) -> tuple[str, str]:
         tasks = generate_tasks(PRESETS["standard"], cfg.num_rows, seed=f"demo-rows-{cfg.split_seed}")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(path, [{"target": t.target, "nums": list(t.nums)} for t in tasks])
-    return str(path), (f"a generated stand-in for Countdown-Tasks-3to4 ({cfg.num_rows:,} `standard`-preset tasks, the same "
-                       "distribution; --rows None)")
+    return str(path), (
+        f"a generated stand-in for Countdown-Tasks-3to4 ({cfg.num_rows:,} `standard`-preset tasks, the same "
+        "distribution; --rows None)")
 
 
 def eval_file(out_dir: Path, label: str, name: str) -> Path:
@@ -85,8 +86,10 @@ def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoC
     cached as JSON in ``out_dir`` and, with ``--resume``, reused while the model's weights, sampling and tasks are
     unchanged (:func:`rlft.recipes.pipeline.evaluate_cached`)."""
     greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-    jobs = {GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[: cfg.eval_limit if limit is None else limit], greedy,
-                            test_look=True)}
+    jobs = {
+        GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[:cfg.eval_limit if limit is None else limit], greedy,
+                        test_look=True)
+    }
     if cfg.passk and sampled:
         params = SamplingParams(k=cfg.passk, temperature=cfg.passk_temperature, top_p=cfg.passk_top_p,
                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
@@ -122,7 +125,8 @@ def pairs_stats(pairs_path: Path) -> dict:
     path = pairs_path.with_suffix(".stats.json")
     what = "the pair counts `rlft pairs countdown` writes (delete it and the pairs file to sample them again)"
     stats = read_json(path, what)
-    if not isinstance(stats, dict) or not all(isinstance(stats.get(k), int) for k in ("prompts", "kept", "dropped_ties")):
+    if not isinstance(stats, dict) or not all(
+            isinstance(stats.get(k), int) for k in ("prompts", "kept", "dropped_ties")):
         raise ValueError(f"{path}: not {what}")
     return stats
 
@@ -131,13 +135,13 @@ def sft_config(cfg: DemoConfig, rows: str, model: str, out: Path, filtered: bool
     """The SFT stage's config (``filtered``: the filtered SFT stage, ``filtered_steps`` on only the traces that reach
     the target, continued from ``model``, the SFT model): ``cfg``'s traces, batch and constant lr after 3% warmup."""
     steps = cfg.filtered_steps if filtered else cfg.sft_steps
-    return SFTConfig(
-        model=model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, correct_only=filtered, heldout_size=1000,
-        heldout_data=rows, trace_style=cfg.trace_style, max_dead_ends=cfg.max_dead_ends, give_up=cfg.give_up,
-        max_tries=cfg.max_tries, prompt_template=cfg.prompt_template, output_dir=str(out), max_length=512,
-        batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size, max_steps=steps, lr=cfg.lr, schedule="constant",
-        warmup_ratio=0.03, save_every=max(steps // 4, 1), split_seed=cfg.split_seed, seed=cfg.seed, resume=cfg.resume,
-        device=cfg.device, dtype=cfg.dtype)
+    return SFTConfig(model=model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, correct_only=filtered,
+                     heldout_size=1000, heldout_data=rows, trace_style=cfg.trace_style, max_dead_ends=cfg.max_dead_ends,
+                     give_up=cfg.give_up, max_tries=cfg.max_tries, prompt_template=cfg.prompt_template,
+                     output_dir=str(out), max_length=512, batch_size=cfg.batch_size,
+                     micro_batch_size=cfg.micro_batch_size, max_steps=steps, lr=cfg.lr, schedule="constant",
+                     warmup_ratio=0.03, save_every=max(steps // 4, 1), split_seed=cfg.split_seed, seed=cfg.seed,
+                     resume=cfg.resume, device=cfg.device, dtype=cfg.dtype)
 
 
 def run_countdown_demo(cfg: DemoConfig) -> Path:
@@ -185,21 +189,25 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
 
     if cfg.pairs_prompts:
         pairs_path = run_dir / "pairs" / "countdown.jsonl"
-        stage("on-policy pairs", pairs_path, lambda: make_countdown_pairs(PairsConfig(
-            model=str(start), data=rows, num_prompts=cfg.pairs_prompts, start=len(split.train) - cfg.pairs_prompts,
-            prompt_template=cfg.prompt_template, num_samples=cfg.pairs_samples, temperature=cfg.pairs_temperature,
-            max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size, output=str(pairs_path), seed=cfg.seed, **device)))
+        stage(
+            "on-policy pairs", pairs_path, lambda: make_countdown_pairs(
+                PairsConfig(model=str(start), data=rows, num_prompts=cfg.pairs_prompts, start=len(
+                    split.train) - cfg.pairs_prompts, prompt_template=cfg.prompt_template, num_samples=cfg.
+                            pairs_samples, temperature=cfg.pairs_temperature, max_new_tokens=cfg.max_new_tokens,
+                            batch_size=cfg.eval_batch_size, output=str(pairs_path), seed=cfg.seed, **device)))
         stats = pairs_stats(pairs_path)
         notes.append(f"on-policy pairs: {stats['prompts']} prompts (the last training rows), {stats['kept']} kept, "
                      f"{stats['dropped_ties']} dropped as ties")
         if stats["kept"] == 0:
             notes.append("DPO skipped: every sampled pair was a tie")
         else:
-            dpo = stage("DPO", run_dir / "dpo" / "model", lambda: train_dpo(DPOConfig(
-                model=str(start), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.dpo_beta, loss_type=cfg.dpo_loss_type,
-                rpo_alpha=cfg.dpo_rpo_alpha, lora_r=cfg.dpo_lora_r, lora_alpha=cfg.dpo_lora_alpha, max_length=512,
-                batch_size=cfg.dpo_batch_size, micro_batch_size=cfg.dpo_micro_batch_size, epochs=cfg.dpo_epochs, lr=cfg.dpo_lr,
-                optimizer=cfg.dpo_optimizer, save_every=5, seed=cfg.seed, resume=cfg.resume, **device)))
+            dpo = stage(
+                "DPO", run_dir / "dpo" / "model", lambda: train_dpo(
+                    DPOConfig(model=str(start), data=str(pairs_path), output_dir=str(run_dir / "dpo"), beta=cfg.
+                              dpo_beta, loss_type=cfg.dpo_loss_type, rpo_alpha=cfg.dpo_rpo_alpha, lora_r=cfg.dpo_lora_r,
+                              lora_alpha=cfg.dpo_lora_alpha, max_length=512, batch_size=cfg.dpo_batch_size,
+                              micro_batch_size=cfg.dpo_micro_batch_size, epochs=cfg.dpo_epochs, lr=cfg.dpo_lr, optimizer
+                              =cfg.dpo_optimizer, save_every=5, seed=cfg.seed, resume=cfg.resume, **device)))
             with Timer(timings, "evaluate DPO"):
                 results["dpo"] = evaluate_model(str(dpo), "dpo", split.test, cfg, evals)
             starts["dpo"] = start_label

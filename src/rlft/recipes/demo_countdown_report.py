@@ -83,10 +83,14 @@ def paired_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResu
             d = paired_difference(a, b)
             cells.append(f"{format_difference(d)} (n={d['n']})" if size is None else format_difference(d))
         mixed = paired_difference(by[GREEDY].task_scores, base[GREEDY].task_scores)
-        cells += [f"{mixed['better']} / {mixed['worse']}", f"{by[GREEDY].truncated_rate:.0%} / {base[GREEDY].truncated_rate:.0%}"]
+        cells += [
+            f"{mixed['better']} / {mixed['worse']}",
+            f"{by[GREEDY].truncated_rate:.0%} / {base[GREEDY].truncated_rate:.0%}"
+        ]
         if cfg.passk:
             ok = SAMPLED in by and SAMPLED in base
-            cells.append(format_difference(paired_difference(by[SAMPLED].task_scores, base[SAMPLED].task_scores)) if ok else "-")
+            cells.append(
+                format_difference(paired_difference(by[SAMPLED].task_scores, base[SAMPLED].task_scores)) if ok else "-")
         rows.append(cells)
     return markdown_table(header, rows)
 
@@ -110,7 +114,11 @@ def selection_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalR
                 continue
             chosen = selected_scores(name, sampled.task_scores, sampled.task_values, sampled.task_certainty, sampled.k)
             d = paired_difference([[x] for x in chosen], base)
-            rows.append([model, label.format(k=sampled.k), sum(chosen) / n, format_difference(d), f"{sampled_tokens:.0f}"])
+            rows.append([
+                model, label.format(k=sampled.k),
+                sum(chosen) / n,
+                format_difference(d), f"{sampled_tokens:.0f}"
+            ])
     if not rows:
         return "none (no sampled evaluation)"
     return markdown_table(["model", "answer", "score", "minus greedy [95% CI]", "tokens generated per task"], rows)
@@ -129,7 +137,8 @@ def _curve_section(title: str, metrics_path: Path, keys: list[tuple[str, str]], 
     lines = [f"### {title}", ""]
     for key, label in keys:
         if any(key in r for r in records):
-            png = plot_curve(records, key, png_dir / f"{title.lower().replace(' ', '_')}_{key.replace('/', '_')}.png", title=f"{title}: {label}")
+            png = plot_curve(records, key, png_dir / f"{title.lower().replace(' ', '_')}_{key.replace('/', '_')}.png",
+                             title=f"{title}: {label}")
             last = [r[key] for r in records if key in r][-1]
             lines += [f"{label}: last {last:.3f}.", "", f"![{label}]({png.name})", ""]
     return "\n".join(lines)
@@ -143,14 +152,16 @@ def samples_vs_score_section(cfg: DemoConfig, run_dir: Path) -> str:
                                 title="RL from its start: validation score against samples generated")
     if png is None:
         return ""
-    trail = " -> ".join(f"{r['eval/score']:.3f} ({int(r['samples/total']):,} samples)" for r in records if "eval/score" in r)
-    return (f"## Validation score against samples generated (RL)\n\nGreedy score of the RL policy on the first {cfg.rl_eval_limit} "
-            f"held-out validation rows, during training: {trail}. Samples generated include the groups group filtering dropped.\n\n"
-            f"![samples vs score]({png.name})\n")
+    trail = " -> ".join(
+        f"{r['eval/score']:.3f} ({int(r['samples/total']):,} samples)" for r in records if "eval/score" in r)
+    return (
+        f"## Validation score against samples generated (RL)\n\nGreedy score of the RL policy on the first {cfg.rl_eval_limit} "
+        f"held-out validation rows, during training: {trail}. Samples generated include the groups group filtering dropped.\n\n"
+        f"![samples vs score]({png.name})\n")
 
 
-def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]], timings: dict[str, float],
-                 notes: list[str], starts: dict[str, str]) -> Path:
+def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, CountdownEvalResult]],
+                 timings: dict[str, float], notes: list[str], starts: dict[str, str]) -> Path:
     """``report.md`` with the tables, plots and example completions; returns its path. ``starts``: each trained
     model's start, by label."""
     bars = {label: {m: _mean(subset(by[GREEDY], size)) for m, by in results.items()} for size, label in SIZES}
@@ -159,20 +170,28 @@ def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, Co
     n = len(results["sft"][GREEDY].task_scores) if "sft" in results else cfg.eval_limit
     curves = [
         _curve_section("SFT", run_dir / "sft" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
-        _curve_section("Filtered SFT", run_dir / "filtered" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
-        _curve_section("RL", run_dir / "rl" / "metrics.jsonl", [("reward/mean", "mean reward of the samples per step"),
-                                                               ("reward/accuracy", "accuracy of the samples per step"),
-                                                               ("completion/truncated_frac", "samples cut at max_new_tokens"),
-                                                               ("groups/kept", "varied groups kept per step")], run_dir),
-        _curve_section("DPO", run_dir / "dpo" / "metrics.jsonl", [("loss/dpo", "loss"), ("rewards/accuracy", "implicit reward accuracy")], run_dir),
+        _curve_section("Filtered SFT", run_dir / "filtered" / "metrics.jsonl", [("loss/sft", "training loss")],
+                       run_dir),
+        _curve_section("RL", run_dir / "rl" / "metrics.jsonl",
+                       [("reward/mean", "mean reward of the samples per step"),
+                        ("reward/accuracy", "accuracy of the samples per step"),
+                        ("completion/truncated_frac", "samples cut at max_new_tokens"),
+                        ("groups/kept", "varied groups kept per step")], run_dir),
+        _curve_section("DPO", run_dir / "dpo" / "metrics.jsonl", [("loss/dpo", "loss"),
+                                                                  ("rewards/accuracy", "implicit reward accuracy")],
+                       run_dir),
     ]
-    examples = [f"**{m}**, nums {ex['nums']} target {ex['target']}, score {ex['score']}:\n\n```\n{ex['completion'].strip()}\n```"
-                for m, by in results.items() for ex in by[GREEDY].examples[:2]]
+    examples = [
+        f"**{m}**, nums {ex['nums']} target {ex['target']}, score {ex['score']}:\n\n```\n{ex['completion'].strip()}\n```"
+        for m, by in results.items() for ex in by[GREEDY].examples[:2]
+    ]
     start = "filtered SFT" if "filtered" in results else "SFT"
-    filtered = (f"Filtered SFT: {cfg.filtered_steps} more steps of {cfg.batch_size} from the SFT model on only the traces "
-                "that reach the target (the same lr). " if "filtered" in results else "")
+    filtered = (
+        f"Filtered SFT: {cfg.filtered_steps} more steps of {cfg.batch_size} from the SFT model on only the traces "
+        "that reach the target (the same lr). " if "filtered" in results else "")
     selection = (f"## Best-of-N selection (sampled evaluation: {cfg.passk} samples at T {cfg.passk_temperature}, top-p "
-                 f"{cfg.passk_top_p}, first {cfg.passk_limit} rows)\n\n{selection_table(cfg, results)}\n\n" if cfg.passk else "")
+                 f"{cfg.passk_top_p}, first {cfg.passk_limit} rows)\n\n{selection_table(cfg, results)}\n\n"
+                 if cfg.passk else "")
     text = f"""# rlft Countdown demo: {run_dir.name}
 
 Base model `{cfg.model}`. SFT: {cfg.sft_steps} steps of {cfg.batch_size} on `{cfg.trace_style}` solver traces of `{cfg.preset}`

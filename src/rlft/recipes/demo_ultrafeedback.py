@@ -158,7 +158,9 @@ def _curves(title: str, stage: str, metrics_path: Path, keys: list[tuple[str, st
         values = [r[key] for r in records if key in r]
         if values:
             png = plot_curve(records, key, run_dir / f"{stage}_{key.replace('/', '_')}.png", title=f"{title}: {label}")
-            lines += [f"{label}: first {values[0]:.3f}, last {values[-1]:.3f}.", "", f"![{title} {label}]({png.name})", ""]
+            lines += [
+                f"{label}: first {values[0]:.3f}, last {values[-1]:.3f}.", "", f"![{title} {label}]({png.name})", ""
+            ]
     return "\n".join(lines)
 
 
@@ -188,12 +190,14 @@ def _json(path: Path) -> dict:
 
     value = read_json(path, "a JSON object an earlier stage of the demo wrote")
     if not isinstance(value, dict):
-        raise ValueError(f"{path}: not a JSON object (an earlier stage of the demo wrote it; delete it to redo that stage)")
+        raise ValueError(
+            f"{path}: not a JSON object (an earlier stage of the demo wrote it; delete it to redo that stage)")
     return value
 
 
 def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str, dict], vs_sft: dict[str, dict],
-                 responses: dict[str, list[dict]], judged: dict[str, list[dict]], timings: dict[str, float], notes: list[str]) -> Path:
+                 responses: dict[str, list[dict]], judged: dict[str, list[dict]], timings: dict[str, float],
+                 notes: list[str]) -> Path:
     """``report.md`` with the results table, reward-model accuracy, data counts, plots, examples and timings."""
     base_reward = next(iter(vs_base.values()))["mean_reference_reward"]
     rows = []
@@ -205,8 +209,13 @@ def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str,
             rows.append([model, "— (reference)", "—", "—", "—", base_reward, truncated])
             continue
         wb, ws = vs_base.get(model), vs_sft.get(model)
-        rows.append([model, wb["win_rate"], _ci(wb), ws["win_rate"] if ws else "—", _ci(ws), wb["mean_policy_reward"], truncated])
-    plot_winrates({m: {"base": vs_base[m], **({"sft": vs_sft[m]} if m in vs_sft else {})} for m in vs_base}, run_dir / "winrates.png")
+        rows.append([
+            model, wb["win_rate"],
+            _ci(wb), ws["win_rate"] if ws else "—",
+            _ci(ws), wb["mean_policy_reward"], truncated
+        ])
+    plot_winrates({m: {"base": vs_base[m], **({"sft": vs_sft[m]} if m in vs_sft else {})}
+                   for m in vs_base}, run_dir / "winrates.png")
 
     rm_eval = _json(run_dir / "rm" / "eval.json")
     if rm_eval.get("accuracy") is not None and rm_eval.get("n"):
@@ -219,29 +228,53 @@ def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str,
     sft_stats, dpo_stats = _json(run_dir / "sft" / "data_stats.json"), _json(run_dir / "dpo" / "data_stats.json")
     rm_data = rm_eval.get("data", {})
     rm_train, rm_heldout = rm_data.get("train", {}), rm_data.get("eval", {})
-    rloo_records = read_metrics(run_dir / "rloo" / "metrics.jsonl") if (run_dir / "rloo" / "metrics.jsonl").is_file() else []
+    rloo_records = read_metrics(run_dir / "rloo" / "metrics.jsonl") if (run_dir / "rloo" /
+                                                                        "metrics.jsonl").is_file() else []
     rloo_trunc = [r["completion/truncated_frac"] for r in rloo_records if "completion/truncated_frac" in r]
     sft_choice = _json(run_dir / "data" / "sft_source.json")
     counts = [
         ["rows read", split["rows_read"], f"the first {READ_LIMIT} rows at most of `{split['source']}`"],
         ["invalid rows", split["skipped_invalid"], "skipped (empty replies, bad fields), counted by the loader"],
         ["score ties among valid pairs", split["ties"], "kept in the split files; DPO and the reward model drop them"],
-        ["long prompts set aside", split["long_prompts_set_aside"], f"rendered prompt > {split['max_prompt_tokens']} tokens"],
+        [
+            "long prompts set aside", split["long_prompts_set_aside"],
+            f"rendered prompt > {split['max_prompt_tokens']} tokens"
+        ],
         ["held-out prompts", split["eval_prompts"], f"{split['eval_pairs']} pairs, {split['eval_ties']} ties"],
         ["training pairs", split["train_pairs"], f"{split['train_ties']} ties; {split['unused']} usable pairs unused"],
-        ["DPO ties dropped", dpo_stats.get("dropped_ties", "—"), f"{dpo_stats.get('pairs', '—')} pairs trained"],
-        ["DPO truncated replies", f"{dpo_stats.get('chosen_truncated', '—')} chosen / {dpo_stats.get('rejected_truncated', '—')} rejected", f"cut at {cfg.uf_max_length} tokens"],
-        ["SFT truncated conversations", f"{sft_stats.get('truncated', '—')} of {sft_stats.get('examples', '—')}", f"{sft_choice.get('kind', '?')} data, cut at {cfg.uf_max_length} tokens"],
-        ["RM truncated replies (train)", f"{rm_train.get('chosen_truncated', '—')} chosen / {rm_train.get('rejected_truncated', '—')} rejected", f"{rm_train.get('pairs', '—')} pairs trained, {rm_heldout.get('pairs', '—')} held out"],
-        ["RLOO truncated samples", f"{sum(rloo_trunc) / len(rloo_trunc):.2f} of samples" if rloo_trunc else "—", f"hit {cfg.uf_max_new_tokens} new tokens (penalty {cfg.uf_truncation_penalty})"],
+        ["DPO ties dropped",
+         dpo_stats.get("dropped_ties", "—"), f"{dpo_stats.get('pairs', '—')} pairs trained"],
+        [
+            "DPO truncated replies",
+            f"{dpo_stats.get('chosen_truncated', '—')} chosen / {dpo_stats.get('rejected_truncated', '—')} rejected",
+            f"cut at {cfg.uf_max_length} tokens"
+        ],
+        [
+            "SFT truncated conversations", f"{sft_stats.get('truncated', '—')} of {sft_stats.get('examples', '—')}",
+            f"{sft_choice.get('kind', '?')} data, cut at {cfg.uf_max_length} tokens"
+        ],
+        [
+            "RM truncated replies (train)",
+            f"{rm_train.get('chosen_truncated', '—')} chosen / {rm_train.get('rejected_truncated', '—')} rejected",
+            f"{rm_train.get('pairs', '—')} pairs trained, {rm_heldout.get('pairs', '—')} held out"
+        ],
+        [
+            "RLOO truncated samples", f"{sum(rloo_trunc) / len(rloo_trunc):.2f} of samples" if rloo_trunc else "—",
+            f"hit {cfg.uf_max_new_tokens} new tokens (penalty {cfg.uf_truncation_penalty})"
+        ],
     ]
 
     curves = [
         _curves("SFT", "sft", run_dir / "sft" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
-        _curves("DPO", "dpo", run_dir / "dpo" / "metrics.jsonl", [("loss/dpo", "loss"), ("rewards/accuracy", "implicit reward accuracy")], run_dir),
-        _curves("Reward model", "rm", run_dir / "rm" / "metrics.jsonl", [("loss/bt", "Bradley-Terry loss"), ("rm/accuracy", "training-batch accuracy")], run_dir),
-        _curves("RLOO", "rloo", run_dir / "rloo" / "metrics.jsonl", [("reward/mean", "mean reward-model score per step"), ("kl/mean", "KL to SFT"),
-                                                                   ("completion/truncated_frac", "truncated fraction")], run_dir),
+        _curves("DPO", "dpo", run_dir / "dpo" / "metrics.jsonl", [("loss/dpo", "loss"),
+                                                                  ("rewards/accuracy", "implicit reward accuracy")],
+                run_dir),
+        _curves("Reward model", "rm", run_dir / "rm" / "metrics.jsonl", [("loss/bt", "Bradley-Terry loss"),
+                                                                         ("rm/accuracy", "training-batch accuracy")],
+                run_dir),
+        _curves("RLOO", "rloo", run_dir / "rloo" / "metrics.jsonl",
+                [("reward/mean", "mean reward-model score per step"), ("kl/mean", "KL to SFT"),
+                 ("completion/truncated_frac", "truncated fraction")], run_dir),
     ]
 
     examples = []
@@ -254,12 +287,22 @@ def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str,
         for model in MODELS:
             if model in responses:
                 reward = base_rewards.get(key) if model == "base" else rewards.get(model, {}).get(key)
-                table_rows.append([model, "—" if reward is None else f"{reward:.3f}", _cell(responses[model][i]["response"])])
+                table_rows.append([
+                    model, "—" if reward is None else f"{reward:.3f}",
+                    _cell(responses[model][i]["response"])
+                ])
         question = "\n".join(f"> **{m['role']}**: {_cell(m['content'], 600)}" for m in prompt)
-        examples += [f"### Example {i + 1}", "", question, "", markdown_table(["model", "judge reward", "response"], table_rows), ""]
+        examples += [
+            f"### Example {i + 1}", "", question, "",
+            markdown_table(["model", "judge reward", "response"], table_rows), ""
+        ]
 
-    targets = [f"- {m} vs SFT: {vs_sft[m]['win_rate']:.3f} {_ci(vs_sft[m])}: {_verdict(vs_sft[m])}" for m in ("dpo", "rloo") if m in vs_sft]
-    sft_what = ("SmolTalk conversations" if sft_choice.get("kind") == "smoltalk" else "the chosen replies of the training pairs (Pref-FT)")
+    targets = [
+        f"- {m} vs SFT: {vs_sft[m]['win_rate']:.3f} {_ci(vs_sft[m])}: {_verdict(vs_sft[m])}" for m in ("dpo", "rloo")
+        if m in vs_sft
+    ]
+    sft_what = ("SmolTalk conversations"
+                if sft_choice.get("kind") == "smoltalk" else "the chosen replies of the training pairs (Pref-FT)")
     text = f"""# rlft UltraFeedback demo: {run_dir.name}
 
 Base model `{cfg.model}`; data `{split['source']}`. SFT on {sft_what} ({cfg.uf_sft_steps} steps of {BATCH}, lr {LR['sft']});
@@ -354,57 +397,83 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
 
     def sft_stage():
         choice = sft_data(cfg, data_dir, train_path, limit=cfg.uf_sft_steps * BATCH)
-        return train_sft(SFTConfig(
-            model=cfg.model, data=choice["data"], data_format="chat", chat_template=template, output_dir=str(run_dir / "sft"),
-            max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=BATCH, max_steps=cfg.uf_sft_steps, lr=LR["sft"],
-            limit=cfg.uf_sft_steps * BATCH,  # one epoch; Pref-FT: the chosen replies of the first training pairs
-            save_every=max(cfg.uf_sft_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
+        return train_sft(
+            SFTConfig(
+                model=cfg.model,
+                data=choice["data"],
+                data_format="chat",
+                chat_template=template,
+                output_dir=str(run_dir / "sft"),
+                max_length=cfg.uf_max_length,
+                batch_size=BATCH,
+                micro_batch_size=BATCH,
+                max_steps=cfg.uf_sft_steps,
+                lr=LR["sft"],
+                limit=cfg.uf_sft_steps * BATCH,  # one epoch; Pref-FT: the chosen replies of the first training pairs
+                save_every=max(cfg.uf_sft_steps // 3, 1),
+                seed=cfg.seed,
+                resume=cfg.resume,
+                **device))
 
     sft = stage("SFT", run_dir / "sft" / "model", sft_stage)
     if note := _json(data_dir / "sft_source.json").get("note"):
         notes.append(note)
 
-    dpo = stage("DPO", run_dir / "dpo" / "model", lambda: train_dpo(DPOConfig(
-        model=str(sft), data=str(train_path), data_format="chat", drop_ties=True, output_dir=str(run_dir / "dpo"),
-        beta=cfg.dpo_beta, max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=DPO_MICRO,
-        max_steps=cfg.uf_pref_steps, limit=cfg.uf_pref_steps * BATCH, lr=LR["dpo"], save_every=max(cfg.uf_pref_steps // 3, 1),
-        seed=cfg.seed, resume=cfg.resume, **device)))
+    dpo = stage(
+        "DPO", run_dir / "dpo" / "model", lambda: train_dpo(
+            DPOConfig(model=str(sft), data=str(train_path), data_format="chat", drop_ties=True, output_dir=str(
+                run_dir / "dpo"), beta=cfg.dpo_beta, max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=
+                      DPO_MICRO, max_steps=cfg.uf_pref_steps, limit=cfg.uf_pref_steps * BATCH, lr=LR["dpo"], save_every=
+                      max(cfg.uf_pref_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
 
-    rm = stage("reward model", [run_dir / "rm" / "model", run_dir / "rm" / "eval.json"], lambda: train_rm(RMConfig(
-        model=cfg.model, data=str(train_path), eval_data=str(eval_path), drop_ties=True, eval_limit=None,
-        chat_template=template, output_dir=str(run_dir / "rm"), max_length=cfg.uf_max_length, batch_size=BATCH,
-        micro_batch_size=BATCH, eval_batch_size=BATCH, max_steps=cfg.uf_rm_steps, lr=LR["rm"], head_lr=cfg.uf_rm_head_lr,
-        head_init=cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0,
-        save_every=max(cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
+    rm = stage(
+        "reward model", [run_dir / "rm" / "model", run_dir / "rm" / "eval.json"], lambda: train_rm(
+            RMConfig(model=cfg.model, data=str(train_path), eval_data=str(
+                eval_path), drop_ties=True, eval_limit=None, chat_template=template, output_dir=str(
+                    run_dir / "rm"), max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=BATCH,
+                     eval_batch_size=BATCH, max_steps=cfg.uf_rm_steps, lr=LR["rm"], head_lr=cfg.uf_rm_head_lr, head_init
+                     =cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0, save_every=max(
+                         cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
 
-    rloo = stage("RLOO", run_dir / "rloo" / "model", lambda: train_rl(rloo_config(  # the RL loop with `rlft rloo`'s defaults
-        model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"), k=cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps,
-        lr=LR["rloo"], beta=cfg.uf_rloo_beta, max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.uf_truncation_penalty,
-        eval_every=0, eval_prompts=0, max_prompt_tokens=max_prompt_tokens, micro_batch_size=8,
-        gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k, save_every=max(cfg.uf_rloo_steps // 3, 1), seed=cfg.seed,
-        resume=cfg.resume, **device)))
+    rloo = stage(
+        "RLOO",
+        run_dir / "rloo" / "model",
+        lambda: train_rl(
+            rloo_config(  # the RL loop with `rlft rloo`'s defaults
+                model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"), k=
+                cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps, lr=LR[
+                    "rloo"], beta=cfg.uf_rloo_beta, max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.
+                uf_truncation_penalty, eval_every=0, eval_prompts=0, max_prompt_tokens=max_prompt_tokens,
+                micro_batch_size=8, gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k, save_every=max(
+                    cfg.uf_rloo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
 
     prompts = load_prompts(str(eval_path), limit=None)
     models = {"base": cfg.model, "sft": str(sft), "dpo": str(dpo), "rloo": str(rloo)}
     responses: dict[str, list[dict]] = {}
     for label, name in models.items():
-        path = stage(f"generate {label}", run_dir / "responses" / f"{label}.jsonl", lambda: generate_responses(
-            name, prompts, cfg, run_dir / "responses" / f"{label}.jsonl", chat_template=template if label == "base" else None))
+        path = stage(
+            f"generate {label}", run_dir / "responses" / f"{label}.jsonl", lambda: generate_responses(
+                name, prompts, cfg, run_dir / "responses" / f"{label}.jsonl", chat_template=template
+                if label == "base" else None))
         responses[label] = read_jsonl(path)
 
     vs_base: dict[str, dict] = {}
     judged: dict[str, list[dict]] = {}
     for label in ("sft", "dpo", "rloo"):
         out = run_dir / "winrate" / f"{label}_vs_base"
-        stage(f"judge {label} vs base", [out / "winrate.json", out / "winrate.jsonl"], lambda: run_winrate(WinrateConfig(
-            policy=str(run_dir / "responses" / f"{label}.jsonl"), reference=str(run_dir / "responses" / "base.jsonl"),
-            judge=str(rm), data=None, limit=None, max_new_tokens=cfg.uf_max_new_tokens, batch_size=cfg.eval_batch_size,
-            output_dir=str(out), seed=cfg.seed, **device)))
+        stage(
+            f"judge {label} vs base", [out / "winrate.json", out / "winrate.jsonl"], lambda: run_winrate(
+                WinrateConfig(policy=str(run_dir / "responses" / f"{label}.jsonl"), reference=str(
+                    run_dir / "responses" / "base.jsonl"), judge=str(rm), data=None, limit=None, max_new_tokens=cfg.
+                              uf_max_new_tokens, batch_size=cfg.eval_batch_size, output_dir=str(
+                                  out), seed=cfg.seed, **device)))
         vs_base[label] = _json(out / "winrate.json")
         judged[label] = read_jsonl(out / "winrate.jsonl")
     vs_sft: dict[str, dict] = {}
     for label in ("dpo", "rloo"):
-        vs_sft[label] = {**compare_judged(judged[label], judged["sft"]), "policy": label, "reference": "sft", "judge": str(rm)}
+        vs_sft[label] = {
+            **compare_judged(judged[label], judged["sft"]), "policy": label, "reference": "sft", "judge": str(rm)
+        }
         path, text = run_dir / "winrate" / f"{label}_vs_sft.json", json.dumps(vs_sft[label], indent=2) + "\n"
         if not (path.is_file() and path.read_text() == text):  # derived: rewritten only when it changes
             path.write_text(text)

@@ -70,8 +70,10 @@ def split_preferences(source: str, split: str, tokenizer, out_dir: Path, *, trai
     usable = [p for p, n in zip(pairs, lengths) if n <= max_prompt_tokens]
     keys = list(dict.fromkeys(prompt_key(p.prompt) for p in usable))
     if len(keys) <= eval_prompts:
-        raise ValueError(f"{source}: {len(keys)} distinct prompts of at most {max_prompt_tokens} tokens among {len(pairs)} valid pairs: "
-                         f"too few to hold out {eval_prompts} and train on the rest (lower --uf-eval-prompts or raise --uf-max-length)")
+        raise ValueError(
+            f"{source}: {len(keys)} distinct prompts of at most {max_prompt_tokens} tokens among {len(pairs)} valid pairs: "
+            f"too few to hold out {eval_prompts} and train on the rest (lower --uf-eval-prompts or raise --uf-max-length)"
+        )
     rng = random.Random(seed)
     rng.shuffle(keys)
     held = set(keys[:eval_prompts])
@@ -82,11 +84,22 @@ def split_preferences(source: str, split: str, tokenizer, out_dir: Path, *, trai
     write_jsonl(out_dir / "train.jsonl", (_h4_row(p) for p in train))
     write_jsonl(out_dir / "eval.jsonl", (_h4_row(p) for p in eval_set))
     stats = {
-        "source": str(source), "split": split, "rows_read": counts["rows"], "skipped_invalid": counts["skipped_invalid"],
-        "valid": len(pairs), "ties": counts["ties"], "max_prompt_tokens": max_prompt_tokens,
-        "long_prompts_set_aside": len(pairs) - len(usable), "usable": len(usable), "eval_prompts": len(held),
-        "eval_pairs": len(eval_set), "eval_ties": sum(map(_is_tie, eval_set)), "train_pairs": len(train),
-        "train_ties": sum(map(_is_tie, train)), "unused": len(pool) - len(train), "seed": seed,
+        "source": str(source),
+        "split": split,
+        "rows_read": counts["rows"],
+        "skipped_invalid": counts["skipped_invalid"],
+        "valid": len(pairs),
+        "ties": counts["ties"],
+        "max_prompt_tokens": max_prompt_tokens,
+        "long_prompts_set_aside": len(pairs) - len(usable),
+        "usable": len(usable),
+        "eval_prompts": len(held),
+        "eval_pairs": len(eval_set),
+        "eval_ties": sum(map(_is_tie, eval_set)),
+        "train_pairs": len(train),
+        "train_ties": sum(map(_is_tie, train)),
+        "unused": len(pool) - len(train),
+        "seed": seed,
     }
     (out_dir / "split.json").write_text(json.dumps(stats, indent=2) + "\n")
     log.info("split of %s: %s", source, stats)
@@ -103,22 +116,28 @@ def sft_data(cfg: DemoConfig, data_dir: Path, train_path: Path, limit: int) -> d
     if cfg.uf_sft_data is not None:
         wanted = limit
         try:
-            examples, counts = load_chat_examples(cfg.uf_sft_data, split="train", limit=wanted, skip_invalid=True, layout="chat")
+            examples, counts = load_chat_examples(cfg.uf_sft_data, split="train", limit=wanted, skip_invalid=True,
+                                                  layout="chat")
             if not examples:
                 raise ValueError(f"no conversations in the first {wanted} rows")
         except (HubUnavailableError, OSError, ValueError) as e:
-            choice["note"] = f"SmolTalk source {cfg.uf_sft_data} could not be read ({type(e).__name__}: {str(e)[:200]}): Pref-FT instead"
+            choice[
+                "note"] = f"SmolTalk source {cfg.uf_sft_data} could not be read ({type(e).__name__}: {str(e)[:200]}): Pref-FT instead"
             log.warning("%s", choice["note"])
         else:
             path = data_dir / "sft_smoltalk.jsonl"
             write_jsonl(path, ({"messages": ex.messages} for ex in examples))
-            choice = {"kind": "smoltalk", "data": str(path), "note": f"SFT on the first {len(examples)} conversations of {cfg.uf_sft_data} "
-                      f"({counts['skipped_invalid']} invalid rows skipped)"}
+            choice = {
+                "kind": "smoltalk", "data": str(path),
+                "note": f"SFT on the first {len(examples)} conversations of {cfg.uf_sft_data} "
+                f"({counts['skipped_invalid']} invalid rows skipped)"
+            }
     (data_dir / "sft_source.json").write_text(json.dumps(choice, indent=2) + "\n")
     return choice
 
 
-def generate_responses(model_name: str, prompts: list, cfg: DemoConfig, path: Path, chat_template: str | None = None) -> None:
+def generate_responses(model_name: str, prompts: list, cfg: DemoConfig, path: Path,
+                       chat_template: str | None = None) -> None:
     """Greedy responses of one model to the held-out prompts, as ``{"prompt", "response", "truncated"}``
     rows (the precomputed-responses format of ``rlft eval winrate``); the model is freed afterwards."""
     from rlft.data.chat import ensure_chat_template, render_generation_prompt
@@ -133,5 +152,7 @@ def generate_responses(model_name: str, prompts: list, cfg: DemoConfig, path: Pa
     texts = [render_generation_prompt(tokenizer, m) for m in prompts]
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.uf_max_new_tokens, seed=cfg.seed)
     log.info("generating %d responses with %s", len(texts), model_name)
-    samples = HFEngine(model, tokenizer, batch_size=cfg.eval_batch_size, show_progress=True, add_special_tokens=False).generate(texts, params)
-    write_jsonl(path, ({"prompt": m, "response": s[0].text, "truncated": s[0].finish_reason == "length"} for m, s in zip(prompts, samples)))
+    samples = HFEngine(model, tokenizer, batch_size=cfg.eval_batch_size, show_progress=True,
+                       add_special_tokens=False).generate(texts, params)
+    write_jsonl(path, ({"prompt": m, "response": s[0].text, "truncated": s[0].finish_reason == "length"}
+                       for m, s in zip(prompts, samples)))

@@ -42,8 +42,9 @@ from rlft.fsio import atomic_open
 from rlft.losses.dpo import dpo_loss, ipo_loss, rpo_loss
 from rlft.models import DeviceSpec, load_model
 from rlft.ops import aggregate, masked_mean, masked_sum, sequence_logprobs
-from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, micro_batch_label, optimizer_step,
-                                 start_training, step_micro_batches, step_order, step_plan, write_data_stats)
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, micro_batch_label,
+                                 optimizer_step, start_training, step_micro_batches, step_order, step_plan,
+                                 write_data_stats)
 from rlft.recipes.memory import cut_by_tokens, packed_tokens, padded_tokens
 from rlft.recipes.dpo_config import DPOConfig
 from rlft.recipes.dpo_data import TokenizedPair, load_tokenized_pairs
@@ -85,8 +86,8 @@ def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device, 
     if packing:
         lengths = [len(e.input_ids) for e in sequences]
         packed = pack_examples(sequences, pad_token_id, pack_length or default_pack_length(model, lengths)).to(device)
-        token_logps = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask, position_ids=packed.position_ids,
-                                        logits_chunk_size=logits_chunk_size)  # (R, L)
+        token_logps = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask,
+                                        position_ids=packed.position_ids, logits_chunk_size=logits_chunk_size)  # (R, L)
         sums = sequence_sums(token_logps, packed)  # (2B,)
         means = sums / sequence_sums(torch.ones_like(token_logps), packed).clamp(min=1)
         chosen_mask = packed.loss_mask * ((packed.sequence_index >= 0) & (packed.sequence_index < n))
@@ -94,7 +95,8 @@ def pair_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device, 
                             chosen_token_logps=token_logps, chosen_mask=chosen_mask)
     batch = collate(sequences, pad_token_id).to(device)
     chunking = {"logits_chunk_size": logits_chunk_size} if logits_chunk_size else {}  # default: the plain call
-    token_logps = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, **chunking)  # (2B, T)
+    token_logps = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                    **chunking)  # (2B, T)
     sums = masked_sum(token_logps, batch.loss_mask, dim=-1)  # (2B,)
     means = masked_mean(token_logps, batch.loss_mask, dim=-1)  # (2B,)
     return PairLogprobs(
@@ -134,9 +136,8 @@ def _fingerprint(ref_name: str, pairs: list[TokenizedPair], dtype: torch.dtype) 
 
 
 @torch.no_grad()
-def compute_reference_logprobs(
-    model, pairs: list[TokenizedPair], pad_token_id: int, device, batch_size: int, *, max_tokens: int | None = None, **forward
-) -> dict[str, torch.Tensor]:
+def compute_reference_logprobs(model, pairs: list[TokenizedPair], pad_token_id: int, device, batch_size: int, *,
+                               max_tokens: int | None = None, **forward) -> dict[str, torch.Tensor]:
     """Reference log-probs of every pair: ``{"chosen_sum", "rejected_sum", "chosen_mean",
     "rejected_mean"}``, each ``(N,)`` float32 on the CPU, in the order of ``pairs``. Forward passes of
     ``batch_size`` consecutive pairs, or with ``max_tokens`` (``--max-tokens-per-micro-batch``) of the pairs
@@ -147,10 +148,15 @@ def compute_reference_logprobs(
         chunks = [list(range(start, min(start + batch_size, n))) for start in range(0, n, batch_size)]
     else:
         order = sorted(range(n), key=lambda i: _longest_side(pairs[i]))
-        chunks = cut_by_tokens(order, lambda idx: pair_batch_tokens([pairs[i] for i in idx], forward.get("packing", False)), max_tokens)
+        chunks = cut_by_tokens(order,
+                               lambda idx: pair_batch_tokens([pairs[i] for i in idx], forward.get("packing", False)),
+                               max_tokens)
     was_training = model.training
     model.eval()
-    out = {k: torch.zeros(n, dtype=torch.float32) for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}
+    out = {
+        k: torch.zeros(n, dtype=torch.float32)
+        for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")
+    }
     try:
         with training_progress("reference") as progress:
             bar = progress.add_task("reference log-probs", total=n, info="")
@@ -205,7 +211,8 @@ def reference_logprobs(
 # --------------------------------------------------------------------------- loss choice
 
 
-PreferenceLossFn = Callable[[PairLogprobs, dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+PreferenceLossFn = Callable[[PairLogprobs, dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str,
+                                                                                                            float]]]
 
 
 def build_preference_loss(cfg: DPOConfig) -> PreferenceLossFn:
@@ -218,7 +225,8 @@ def build_preference_loss(cfg: DPOConfig) -> PreferenceLossFn:
     beta, eps, alpha = cfg.beta, cfg.label_smoothing, cfg.rpo_alpha
 
     def dpo(p: PairLogprobs, r, nll):
-        return dpo_loss(p.chosen_sum, p.rejected_sum, r["chosen_sum"], r["rejected_sum"], beta=beta, label_smoothing=eps)
+        return dpo_loss(p.chosen_sum, p.rejected_sum, r["chosen_sum"], r["rejected_sum"], beta=beta,
+                        label_smoothing=eps)
 
     def ipo(p: PairLogprobs, r, nll):
         return ipo_loss(p.chosen_mean, p.rejected_mean, r["chosen_mean"], r["rejected_mean"], beta=beta)
@@ -236,8 +244,9 @@ def build_preference_loss(cfg: DPOConfig) -> PreferenceLossFn:
 # --------------------------------------------------------------------------- training
 
 
-def preference_backward(model, pairs: list[TokenizedPair], indices: list[int], ref: dict[str, torch.Tensor], loss_fn: PreferenceLossFn,
-                        cfg: DPOConfig, pad_token_id: int, device) -> tuple[dict[str, float], int]:
+def preference_backward(model, pairs: list[TokenizedPair], indices: list[int], ref: dict[str, torch.Tensor],
+                        loss_fn: PreferenceLossFn, cfg: DPOConfig, pad_token_id: int,
+                        device) -> tuple[dict[str, float], int]:
     """The forward and backward passes of one optimizer step over ``pairs[i] for i in indices`` (the whole step's,
     every rank's, ordered by :func:`rlft.recipes.common.step_order`; ``ref``: every pair's reference log-probs):
     this rank's micro-batches (:func:`rlft.recipes.common.step_micro_batches`), each loss weighted by its share of
@@ -253,7 +262,8 @@ def preference_backward(model, pairs: list[TokenizedPair], indices: list[int], r
         policy = pair_logprobs(model, [pairs[i] for i in idx], pad_token_id, device, **_forward_options(cfg))
         ref_mb = {k: v[idx].to(device) for k, v in ref.items()}
         # Token-mean over the whole batch's chosen tokens, divided by the weight that scales the loss.
-        chosen_nll = -aggregate(policy.chosen_token_logps, policy.chosen_mask, num_tokens=num_chosen_tokens) / (weight or 1.0)
+        chosen_nll = -aggregate(policy.chosen_token_logps, policy.chosen_mask, num_tokens=num_chosen_tokens) / (weight
+                                                                                                                or 1.0)
         loss, metrics = loss_fn(policy, ref_mb, chosen_nll)
         (loss * weight).backward()
         if not real:
@@ -281,20 +291,27 @@ def train_dpo(cfg: DPOConfig) -> Path:
 
     setup, tracker = start_training(cfg, run_dir, spec, total_steps)
     model, start_step = setup.model, setup.start_step
-    log.info("%s: %d pairs, %d steps of %d pairs (%s) on %s (%s), beta %g", cfg.loss_type.upper(), len(pairs), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, spec.label, cfg.beta)
+    log.info("%s: %d pairs, %d steps of %d pairs (%s) on %s (%s), beta %g", cfg.loss_type.upper(), len(pairs),
+             total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, spec.label, cfg.beta)
 
     with training_progress(cfg.loss_type) as progress:
         bar = progress.add_task(cfg.loss_type, total=total_steps, completed=start_step, info="")
         for step in range(start_step, total_steps):
             t0 = time.perf_counter()
-            indices = step_order(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed), lambda i: _longest_side(pairs[i]), cfg)
-            sums, seen = preference_backward(model, pairs, indices, ref, loss_fn, cfg, tokenizer.pad_token_id, spec.device)
+            indices = step_order(batch_indices(step, len(pairs), cfg.batch_size, cfg.seed),
+                                 lambda i: _longest_side(pairs[i]), cfg)
+            sums, seen = preference_backward(model, pairs, indices, ref, loss_fn, cfg, tokenizer.pad_token_id,
+                                             spec.device)
             sums, seen = distributed.all_reduce_counted(sums, seen)
-            step_info = optimizer_step(setup, cfg.max_grad_norm, loss=sums.get("loss"))  # stops on a non-finite loss or gradient
+            step_info = optimizer_step(setup, cfg.max_grad_norm,
+                                       loss=sums.get("loss"))  # stops on a non-finite loss or gradient
             elapsed = time.perf_counter() - t0
             record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,
                       "tokens": seen, "tokens_per_s": seen / elapsed}
             setup.metrics.log(record)
-            progress.update(bar, advance=1, info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}")
+            progress.update(
+                bar, advance=1,
+                info=f"loss {sums['loss']:.4f}  acc {sums['rewards/accuracy']:.2f}  margin {sums['rewards/margin']:.3f}"
+            )
             checkpoint_if_due(setup, run_dir, step + 1, total_steps, tokenizer, cfg)
     return finish_run(run_dir, model, tokenizer, cfg, tracker, cfg.loss_type.upper())

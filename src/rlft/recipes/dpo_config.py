@@ -12,7 +12,8 @@ from rlft.validation import require, validate_options
 
 
 @dataclass(frozen=True)
-class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, SpeedOptions, DistributedOptions):
+class DPOConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, SpeedOptions,
+                DistributedOptions):
     """Preference optimisation (DPO / IPO / RPO) of a model, usually an SFT model, on chosen/rejected pairs."""
 
     model: str = "runs/sft/model"

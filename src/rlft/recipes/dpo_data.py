@@ -178,7 +178,8 @@ def tokenize_text_pair(tokenizer, pair: TextPair, max_length: int) -> TokenizedP
     return TokenizedPair(chosen, rejected)
 
 
-def tokenize_chat_pair(tokenizer, pair: ChatPair, max_length: int, max_prompt_length: int | None = None) -> TokenizedPair | None:
+def tokenize_chat_pair(tokenizer, pair: ChatPair, max_length: int,
+                       max_prompt_length: int | None = None) -> TokenizedPair | None:
     """Chat-template tokenization (:func:`rlft.data.chat.tokenize_preference_pair`): the prompt with the
     generation prompt, then the reply and its end-of-turn token, loss on the reply + end-of-turn only.
 
@@ -232,7 +233,8 @@ def load_tokenized_pairs(cfg: DPOConfig, tokenizer) -> tuple[list[TokenizedPair]
     pairs, counts = PAIR_READERS[fmt](cfg)
     log.info("%s (%s format): %s", cfg.data, fmt, ", ".join(f"{k} {v}" for k, v in counts.items()))
     pairs = _limited(pairs, cfg)
-    tokenized = tokenize_preference_pairs(pairs, tokenizer, cfg.max_length, data_format=fmt, max_prompt_length=cfg.max_prompt_length)
+    tokenized = tokenize_preference_pairs(pairs, tokenizer, cfg.max_length, data_format=fmt,
+                                          max_prompt_length=cfg.max_prompt_length)
     stats = {
         "data_format": fmt, **counts, "used": len(pairs), "pairs": len(tokenized),
         "dropped_too_long": len(pairs) - len(tokenized),

@@ -114,8 +114,8 @@ def model_weights_id(model: str, journal: Path) -> str | list:
     return weights_id(model, weights_sha256(model))
 
 
-JOURNAL_KEYS = ("model", "data", "data_split", "data_heldout", "preset", "split_seed", "heldout_size", "start", "prompt_template",
-                "num_samples", "temperature", "top_p", "top_k", "seed", "dtype")
+JOURNAL_KEYS = ("model", "data", "data_split", "data_heldout", "preset", "split_seed", "heldout_size", "start",
+                "prompt_template", "num_samples", "temperature", "top_p", "top_k", "seed", "dtype")
 """The options a journal must share with the run that continues it (with the resolved ``max_new_tokens`` and the
 model's :func:`model_weights_id`; each journalled prompt is also checked against this run's)."""
 
@@ -163,8 +163,9 @@ def check_pairs_outputs(cfg: PairsConfig) -> dict:
     meta = journal_meta(cfg, resolved_max_new_tokens(cfg))
     differ = journal_differences(journal, meta)
     if differ and not cfg.overwrite:
-        raise OutputPathError(f"--output {cfg.output}: the journal {journal} was written by another sampling run (differs in "
-                              f"{', '.join(differ)}); pass --overwrite to sample again, or choose another --output")
+        raise OutputPathError(
+            f"--output {cfg.output}: the journal {journal} was written by another sampling run (differs in "
+            f"{', '.join(differ)}); pass --overwrite to sample again, or choose another --output")
     also = () if stats.is_file() and _own_stats(stats, cfg.output) else (stats,)
     check_output_file(cfg.output, overwrite=cfg.overwrite, also=also)
     return meta
@@ -300,8 +301,8 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     if cfg.overwrite and journal_differences(journal, meta):  # another run's samples: --overwrite samples again
         log.warning("--overwrite: removing %s (written by another sampling run)", journal)
         journal.unlink()
-    log.info("sampling %d responses for each of %d prompts from %s (journal %s)", cfg.num_samples, len(prompts), cfg.model,
-             journal)
+    log.info("sampling %d responses for each of %d prompts from %s (journal %s)", cfg.num_samples, len(prompts),
+             cfg.model, journal)
     rows, stats = make_pairs(engine, tasks, prompts, params, journal=journal, meta=meta,
                              progress=lambda done, total: log.info("pairs: sampled %d / %d prompts", done, total))
 
@@ -312,5 +313,6 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     log.info("pairs: %d prompts tried, %d kept, %d dropped as ties (%s); written to %s",
              stats["prompts"], stats["kept"], stats["dropped_ties"], ties, cfg.output)
     if not rows:
-        log.warning("no pairs kept: every prompt's responses tied; sample more (--num-samples) or at a higher temperature")
+        log.warning(
+            "no pairs kept: every prompt's responses tied; sample more (--num-samples) or at a higher temperature")
     return stats

@@ -151,7 +151,8 @@ def _legacy_weights_match(recorded: dict, model: str | Path | None) -> bool:
     untouched."""
     from rlft.checkpoint import legacy_weights_match
 
-    return "weights" not in recorded and model is not None and legacy_weights_match(recorded.get("model_weights"), model)
+    return "weights" not in recorded and model is not None and legacy_weights_match(recorded.get("model_weights"),
+                                                                                    model)
 
 
 def read_cached(path: Path, key: dict, job: EvalJob, model: str | Path | None = None) -> CountdownEvalResult | None:
@@ -237,16 +238,21 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     if todo:
         tokenizer = load_tokenizer(str(model))
         # evaluation only generates: weights in the compute dtype under mixed precision (DeviceSpec.for_inference)
-        engine = HFEngine(load_model(str(model), pick_device(device, dtype).for_inference()), tokenizer, batch_size=batch_size,
+        engine = HFEngine(load_model(str(model),
+                                     pick_device(device, dtype).for_inference()), tokenizer, batch_size=batch_size,
                           show_progress=show_progress, add_special_tokens=adds_special_tokens(prompt_template))
         for name in todo:
             job = jobs[name]
             t0 = time.perf_counter()
             prompts = [render_prompt(prompt_template, t, tokenizer) for t in job.tasks]
             result = evaluate_countdown(engine, job.tasks, prompts, job.params)
-            data = {**result.to_dict(), "eval_s": time.perf_counter() - t0, "model": str(model), "cache_key": keys[name],
-                    "config": {"model_sha256": sha256, "max_new_tokens": job.params.max_new_tokens,
-                               "prompt_template": prompt_template, "stop_repeats": job.params.stop_repeats}}
+            data = {
+                **result.to_dict(), "eval_s": time.perf_counter() - t0, "model": str(model), "cache_key": keys[name],
+                "config": {
+                    "model_sha256": sha256, "max_new_tokens": job.params.max_new_tokens,
+                    "prompt_template": prompt_template, "stop_repeats": job.params.stop_repeats
+                }
+            }
             job.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = job.path.with_name(job.path.name + ".tmp")
             tmp.write_text(json.dumps(data, indent=2))

@@ -50,8 +50,9 @@ from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
 from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, OptimizerOptions, RunOptions, SpeedOptions
-from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, micro_batch_label, optimizer_step, save_final,
-                                 start_training, step_micro_batches, step_order, step_plan, TrainingSetup, write_run_config)
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, micro_batch_label, optimizer_step,
+                                 save_final, start_training, step_micro_batches, step_order, step_plan, TrainingSetup,
+                                 write_run_config)
 from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.validation import require, validate_options
 from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
@@ -61,7 +62,8 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, PackingOptions, SpeedOptions, DistributedOptions):
+class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, PackingOptions, SpeedOptions,
+               DistributedOptions):
     """Train a scalar reward model on preference pairs with a Bradley-Terry loss."""
 
     model: str = DEFAULT_MODEL
@@ -161,7 +163,8 @@ class RMExample:
 def _load(source: str, split: str, cfg: RMConfig, limit: int | None, loaded: dict) -> list:
     from rlft.data.preferences import load_preference_pairs
 
-    pairs, counts = load_preference_pairs(source, split=split, limit=limit, skip_invalid=cfg.skip_invalid, drop_ties=cfg.drop_ties)
+    pairs, counts = load_preference_pairs(source, split=split, limit=limit, skip_invalid=cfg.skip_invalid,
+                                          drop_ties=cfg.drop_ties)
     log.info("%s (%s): %d pairs; %s", source, split, len(pairs), counts)
     loaded[f"{source}:{split}"] = counts
     return list(pairs)
@@ -218,8 +221,9 @@ def tokenize_pairs(pairs: list, tokenizer, max_length: int, margin_scale: float 
         "chosen_truncated": sum(e.chosen.truncated for e in examples),
         "rejected_truncated": sum(e.rejected.truncated for e in examples),
     }
-    log.info("%s: %d pairs; %d chosen and %d rejected responses truncated to %d tokens; %d dropped (prompt alone too long)",
-             what, counts["pairs"], counts["chosen_truncated"], counts["rejected_truncated"], max_length, dropped)
+    log.info(
+        "%s: %d pairs; %d chosen and %d rejected responses truncated to %d tokens; %d dropped (prompt alone too long)",
+        what, counts["pairs"], counts["chosen_truncated"], counts["rejected_truncated"], max_length, dropped)
     return examples, counts
 
 
@@ -278,7 +282,8 @@ def evaluate(model, examples: list[RMExample], pad_token_id: int, device, batch_
 # --------------------------------------------------------------------------- training
 
 
-def _start_training(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: int) -> tuple[TrainingSetup, Tracker | None]:
+def _start_training(cfg: RMConfig, run_dir: Path, spec, tokenizer,
+                    total_steps: int) -> tuple[TrainingSetup, Tracker | None]:
     """:func:`rlft.recipes.common.start_training` with a reward model (lower blocks frozen with --train-layers)
     and two parameter groups: the body at ``lr``, the score head at ``head_lr`` (the logged lr is the body's)."""
 
@@ -286,7 +291,8 @@ def _start_training(cfg: RMConfig, run_dir: Path, spec, tokenizer, total_steps: 
         model = load_reward_model(name, spec, pad_token_id=tokenizer.pad_token_id, head_init=cfg.head_init)
         if cfg.train_layers is not None:
             frozen = freeze_lower_layers(model, cfg.train_layers)
-            log.info("RM: training the top %d blocks, final norm and head; %.1fM parameters frozen", cfg.train_layers, frozen / 1e6)
+            log.info("RM: training the top %d blocks, final norm and head; %.1fM parameters frozen", cfg.train_layers,
+                     frozen / 1e6)
         return model
 
     def groups(model: torch.nn.Module) -> list[dict]:
@@ -311,13 +317,15 @@ def train_rm(cfg: RMConfig) -> Path:
         ensure_chat_template(tokenizer, cfg.chat_template)
     loaded: dict[str, dict] = {}
     train_pairs, eval_pairs = split_pairs(cfg, loaded)
-    train, train_counts = tokenize_pairs(train_pairs, tokenizer, cfg.max_length, cfg.margin_scale, "train", cfg.max_prompt_length)
+    train, train_counts = tokenize_pairs(train_pairs, tokenizer, cfg.max_length, cfg.margin_scale, "train",
+                                         cfg.max_prompt_length)
     heldout, eval_counts = (tokenize_pairs(eval_pairs, tokenizer, cfg.max_length, 0.0, "eval", cfg.max_prompt_length)
                             if eval_pairs else ([], {"pairs": 0}))
     if not train:
         raise ValueError(f"every training pair's prompt is longer than max_length={cfg.max_length}")
     if not heldout:
-        log.warning("no held-out pairs: pairwise accuracy is not evaluated (set --eval-fraction, --eval-split or --eval-data)")
+        log.warning(
+            "no held-out pairs: pairwise accuracy is not evaluated (set --eval-fraction, --eval-split or --eval-data)")
     pad_id = tokenizer.pad_token_id
     steps_per_epoch, total_steps = step_plan(len(train), cfg)  # refuses an absurd count before the folder is made
     run_dir = run.open()
@@ -331,8 +339,8 @@ def train_rm(cfg: RMConfig) -> Path:
     size = lambda idx: pair_batch_tokens([train[i] for i in idx], cfg.packing)  # noqa: E731
 
     def run_eval() -> dict[str, float] | None:
-        return (evaluate(model, heldout, pad_id, spec.device, cfg.eval_batch_size, packing=cfg.packing, pack_length=cfg.pack_length)
-                if heldout else None)
+        return (evaluate(model, heldout, pad_id, spec.device, cfg.eval_batch_size, packing=cfg.packing,
+                         pack_length=cfg.pack_length) if heldout else None)
 
     last_eval: dict[str, float] | None = None
     with training_progress("rm") as progress:
@@ -346,8 +354,10 @@ def train_rm(cfg: RMConfig) -> Path:
             # This rank's pairs (all of them in one process); FSDP2 adds zero-weight filler passes.
             for idx, real in step_micro_batches(indices, cfg, size, sharded):
                 chunk = [train[i] for i in idx]
-                weight = len(chunk) / len(indices) if real else 0.0  # weighted micro-batch means add up to the batch mean
-                chosen, rejected = pair_rewards(model, chunk, pad_id, spec.device, packing=cfg.packing, pack_length=cfg.pack_length)
+                weight = len(chunk) / len(
+                    indices) if real else 0.0  # weighted micro-batch means add up to the batch mean
+                chosen, rejected = pair_rewards(model, chunk, pad_id, spec.device, packing=cfg.packing,
+                                                pack_length=cfg.pack_length)
                 margin = torch.tensor([e.margin for e in chunk], device=chosen.device) if cfg.margin_scale else None
                 loss, metrics = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
                 (loss * weight).backward()
@@ -357,13 +367,15 @@ def train_rm(cfg: RMConfig) -> Path:
                     sums[key] = sums.get(key, 0.0) + weight * value
                 seen += sum(len(e.chosen.input_ids) + len(e.rejected.input_ids) for e in chunk)
             sums, seen = distributed.all_reduce_counted(sums, seen)
-            step_info = optimizer_step(setup, cfg.max_grad_norm, loss=sums.get("loss"))  # stops on a non-finite loss or gradient
+            step_info = optimizer_step(setup, cfg.max_grad_norm,
+                                       loss=sums.get("loss"))  # stops on a non-finite loss or gradient
             elapsed = time.perf_counter() - t0
             record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, **sums, **step_info,
                       "tokens": seen, "tokens_per_s": seen / elapsed}
             info = f"loss {sums['loss']:.4f}  acc {sums['rm/accuracy']:.2f}"
             is_last = step + 1 == total_steps
-            if heldout and (distributed.is_main() or sharded) and (is_last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)):
+            if heldout and (distributed.is_main() or sharded) and (is_last or (cfg.eval_every and
+                                                                               (step + 1) % cfg.eval_every == 0)):
                 last_eval = run_eval()
                 record.update({f"eval/{k}": v for k, v in last_eval.items() if k != "n"})
                 info += f"  eval acc {last_eval['accuracy']:.3f}"
@@ -383,10 +395,15 @@ def train_rm(cfg: RMConfig) -> Path:
         return final
     write_run_config(run_dir, cfg)
     keys = ("accuracy", "loss", "margin", "chosen", "rejected", "n")
-    summary = {"step": total_steps, **{k: (last_eval or {}).get(k) for k in keys}, "data": {"loaded": loaded, "train": train_counts, "eval": eval_counts}}
+    summary = {
+        "step": total_steps, **{k: (last_eval or {}).get(k)
+                                for k in keys}, "data": {"loaded": loaded, "train": train_counts, "eval": eval_counts}
+    }
     atomic_write_json(run_dir / "eval.json", summary)
     if last_eval is not None:
-        console.print(f"[green]RM done[/]: held-out pairwise accuracy {last_eval['accuracy']:.3f} on {last_eval['n']} pairs; model saved to {final}")
+        console.print(
+            f"[green]RM done[/]: held-out pairwise accuracy {last_eval['accuracy']:.3f} on {last_eval['n']} pairs; model saved to {final}"
+        )
     else:
         console.print(f"[green]RM done[/]: model saved to {final} (no held-out pairs)")
     distributed.barrier()

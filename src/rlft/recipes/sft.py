@@ -51,8 +51,9 @@ from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
 from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, SpeedOptions
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownOptions
-from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, micro_batch_label, optimizer_step,
-                                 start_training, step_micro_batches, step_order, step_plan, write_data_stats)
+from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, micro_batch_label,
+                                 optimizer_step, start_training, step_micro_batches, step_order, step_plan,
+                                 write_data_stats)
 from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.ops import sequence_logprobs
 from rlft.types import CountdownTask, PromptCompletion
@@ -62,8 +63,8 @@ log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, SpeedOptions, DistributedOptions,
-                CountdownOptions):
+class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, PackingOptions, SpeedOptions,
+                DistributedOptions, CountdownOptions):
     """Supervised fine-tuning on prompt/completion pairs (loss on completion tokens + EOS only)."""
 
     model: str = DEFAULT_MODEL
@@ -152,7 +153,8 @@ def countdown_train_tasks(cfg: SFTConfig) -> list[CountdownTask]:
     from rlft.tasks.countdown.splits import drop_heldout, load_split
 
     kept = drop_heldout(train, load_split(cfg.heldout_data).heldout_keys())
-    log.info("dropped %d of %d generated tasks equal to a held-out row of %s", len(train) - len(kept), len(train), cfg.heldout_data)
+    log.info("dropped %d of %d generated tasks equal to a held-out row of %s",
+             len(train) - len(kept), len(train), cfg.heldout_data)
     return kept
 
 
@@ -172,7 +174,8 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
     if cfg.correct_only:
         from rlft.rewards.countdown import score_completions
 
-        scores = score_completions([p.prompt for p in pairs], [p.completion for p in pairs], [t.ground_truth() for t in train])
+        scores = score_completions([p.prompt for p in pairs], [p.completion for p in pairs],
+                                   [t.ground_truth() for t in train])
         kept = [p for p, score in zip(pairs, scores) if score == 1.0]
         log.info("correct-only: kept %d of %d traces (the others give up with a wrong answer)", len(kept), len(pairs))
         pairs = kept
@@ -247,7 +250,8 @@ def _cog_behav_pairs(cfg: SFTConfig, tokenizer) -> tuple[list[PromptCompletion],
 
 def _chat_examples(cfg: SFTConfig, tokenizer) -> tuple[list[ChatExample], dict]:
     examples, counts = load_chat_examples(cfg.data, split=cfg.data_split, skip_invalid=cfg.skip_invalid)
-    log.info("%s: %d conversations from %d rows (%d invalid rows skipped)", cfg.data, counts["kept"], counts["rows"], counts["skipped_invalid"])
+    log.info("%s: %d conversations from %d rows (%d invalid rows skipped)", cfg.data, counts["kept"], counts["rows"],
+             counts["skipped_invalid"])
     return examples, counts
 
 
@@ -265,7 +269,8 @@ SOURCES = {
 """One reader per data kind: ``(cfg, tokenizer) -> (records, counts {rows, kept, skipped_invalid})``."""
 
 
-def read_sft_data(cfg: SFTConfig, tokenizer, kind: str | None = None) -> tuple[list[PromptCompletion] | list[ChatExample], dict]:
+def read_sft_data(cfg: SFTConfig, tokenizer,
+                  kind: str | None = None) -> tuple[list[PromptCompletion] | list[ChatExample], dict]:
     """The training records of ``cfg.data`` (:class:`PromptCompletion` pairs, or :class:`ChatExample`
     conversations for ``kind == "chat"``), limited to ``cfg.limit``, and the reader's counts.
 
@@ -286,7 +291,8 @@ def load_sft_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion] | list[C
 
 def _report(examples: list[TokenizedExample], dropped: int, max_length: int, why: str) -> list[TokenizedExample]:
     truncated = sum(e.truncated for e in examples)
-    log.info("%d examples; %d truncated to %d tokens; %d dropped (%s)", len(examples), truncated, max_length, dropped, why)
+    log.info("%d examples; %d truncated to %d tokens; %d dropped (%s)", len(examples), truncated, max_length, dropped,
+             why)
     if not examples:
         raise ValueError(f"every example is dropped at max_length={max_length}: {why}")
     return examples
@@ -307,7 +313,10 @@ def tokenize_chats(chats: list[ChatExample], tokenizer, max_length: int) -> list
     return _report(kept, len(examples) - len(kept), max_length, "no assistant token within max_length")
 
 
-TOKENIZERS = {"countdown": tokenize_pairs, "prompt_completion": tokenize_pairs, "cog_behav": tokenize_pairs, "chat": tokenize_chats}
+TOKENIZERS = {
+    "countdown": tokenize_pairs, "prompt_completion": tokenize_pairs, "cog_behav": tokenize_pairs,
+    "chat": tokenize_chats
+}
 """The tokenization of each data kind: ``(records, tokenizer, max_length) -> examples``."""
 
 
@@ -337,7 +346,8 @@ def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: 
     ``(B, T)`` right-padded, or ``(R, L)`` packed rows with ``cfg.packing``, and the non-padding token count."""
     if cfg.packing:
         lengths = [len(e.input_ids) for e in examples]
-        packed = pack_examples(examples, pad_token_id, cfg.pack_length or default_pack_length(model, lengths)).to(device)
+        packed = pack_examples(examples, pad_token_id, cfg.pack_length or
+                               default_pack_length(model, lengths)).to(device)
         logprobs = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask, position_ids=packed.position_ids,
                                      logits_chunk_size=cfg.logits_chunk_size)
         return logprobs, packed.loss_mask, packed.num_tokens
@@ -354,7 +364,8 @@ def micro_batch_tokens(cfg: SFTConfig):
     return lambda examples: measure([len(e.input_ids) for e in examples])
 
 
-def sft_backward(model, examples: list[TokenizedExample], cfg: SFTConfig, pad_token_id: int, device) -> tuple[float, int]:
+def sft_backward(model, examples: list[TokenizedExample], cfg: SFTConfig, pad_token_id: int,
+                 device) -> tuple[float, int]:
     """The forward and backward passes of one optimizer step: ``examples`` are the whole step's (every rank's),
     ordered by :func:`rlft.recipes.common.step_order`; this rank runs its micro-batches
     (:func:`rlft.recipes.common.step_micro_batches`: ``--micro-batch-size`` or ``--max-tokens-per-micro-batch``),
@@ -420,7 +431,8 @@ def train_sft(cfg: SFTConfig) -> Path:
     model, start_step = setup.model, setup.start_step
     history = read_metrics(run_dir / "metrics.jsonl") if start_step else []
     totals = RunTotals.restored(parameter_count(model), history)  # tokens and FLOPs so far (rlft.compute)
-    log.info("SFT: %d examples, %d steps of %d (%s) on %s (%s)", len(examples), total_steps, cfg.batch_size, micro_batch_label(cfg), spec.device, spec.label)
+    log.info("SFT: %d examples, %d steps of %d (%s) on %s (%s)", len(examples), total_steps, cfg.batch_size,
+             micro_batch_label(cfg), spec.device, spec.label)
 
     with training_progress("sft") as progress:
         bar = progress.add_task("sft", total=total_steps, completed=start_step, info="")
@@ -431,9 +443,13 @@ def train_sft(cfg: SFTConfig) -> Path:
             loss_total, seen = sft_backward(model, chosen, cfg, tokenizer.pad_token_id, spec.device)
             summed, seen = distributed.all_reduce_counted({"loss": loss_total}, seen)
             loss_total = summed["loss"]
-            compute = totals.add(0, {"generated_tokens": 0.0, "trained_tokens": float(sum(sum(e.loss_mask) for e in chosen)),
-                                     "trained_seq_tokens": float(seen), "scored_tokens": 0.0})
-            step_info = optimizer_step(setup, cfg.max_grad_norm, loss=loss_total)  # stops on a non-finite loss or gradient
+            compute = totals.add(
+                0, {
+                    "generated_tokens": 0.0, "trained_tokens": float(sum(sum(e.loss_mask) for e in chosen)),
+                    "trained_seq_tokens": float(seen), "scored_tokens": 0.0
+                })
+            step_info = optimizer_step(setup, cfg.max_grad_norm,
+                                       loss=loss_total)  # stops on a non-finite loss or gradient
             elapsed = time.perf_counter() - t0
             record = {
                 "step": step + 1,

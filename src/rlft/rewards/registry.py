@@ -19,7 +19,8 @@ def uppercase_start(prompts: list[str], completions: list[str], ground_truths: l
     letter, else 0.0. Ignores prompts and ground truths. A tiny random model learns it in a few
     dozen steps, which makes it a quick end-to-end check that a policy-gradient loop improves reward."""
     if not len(prompts) == len(completions) == len(ground_truths):
-        raise ValueError(f"got {len(prompts)} prompts, {len(completions)} completions and {len(ground_truths)} ground truths")
+        raise ValueError(
+            f"got {len(prompts)} prompts, {len(completions)} completions and {len(ground_truths)} ground truths")
     return [1.0 if text.lstrip()[:1].isupper() else 0.0 for text in completions]
 
 

@@ -80,7 +80,8 @@ def parse_reward(content: str | None, key: str = "reward") -> float:
 def cache_key(base_url: str, model: str, messages: Messages, response: str) -> str:
     """SHA-256 hex digest identifying one judgement: the API root, the judge model, the prompt messages
     and the response (another server or judge model never reuses a score)."""
-    blob = json.dumps([base_url.rstrip("/"), model, messages, response], ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    blob = json.dumps([base_url.rstrip("/"), model, messages, response], ensure_ascii=False, separators=(",", ":"),
+                      sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -120,11 +121,14 @@ class RemoteRewardJudge:
             raise ValueError("max_retries and backoff_s must be >= 0 and timeout_s > 0")
         api_key = os.environ.get(api_key_env, "")
         if not api_key:
-            raise ValueError(f"the remote judge needs an API key in the environment variable {api_key_env} (unset or empty)")
+            raise ValueError(
+                f"the remote judge needs an API key in the environment variable {api_key_env} (unset or empty)")
         try:
             import openai
         except ImportError:
-            raise ImportError("the remote judge needs the openai client: pip install 'rlft[remote]' (or `pip install openai`)") from None
+            raise ImportError(
+                "the remote judge needs the openai client: pip install 'rlft[remote]' (or `pip install openai`)"
+            ) from None
         self._openai = openai
         self._mask = api_key
         # The client's own retries are off: ours are explicit, bounded and logged.
@@ -207,7 +211,8 @@ class RemoteRewardJudge:
         """The reward in a reply; BadReplyError when the reply is not a chat completion."""
         choices = getattr(completion, "choices", None)
         if not isinstance(choices, list):
-            kind = "an HTML page" if isinstance(completion, str) and "<" in completion[:200] else f"a {type(completion).__name__}"
+            kind = "an HTML page" if isinstance(completion,
+                                                str) and "<" in completion[:200] else f"a {type(completion).__name__}"
             raise BadReplyError(f"the judge's reply is not a chat completion (got {kind})")
         if not choices:
             raise BadReplyError("the judge's reply has no choices")
@@ -234,14 +239,17 @@ class RemoteRewardJudge:
             except self._openai.OpenAIError as e:
                 # Never the body or headers of the reply: a server may echo the request (and its key).
                 status = getattr(e, "status_code", None)
-                what = f"HTTP {status}" if status else ("not a JSON reply" if isinstance(e, self._openai.APIResponseValidationError) else type(e).__name__)
+                what = f"HTTP {status}" if status else (
+                    "not a JSON reply" if isinstance(e, self._openai.APIResponseValidationError) else type(e).__name__)
                 if not self._retryable(e) and not isinstance(e, self._openai.APIResponseValidationError):
                     raise JudgeError(f"the judge at {self.base_url} refused a request ({what})") from None
                 error = e
-            except (ValueError, TypeError, AttributeError) as e:  # a 200 reply the client could not parse (HTML, not JSON)
+            except (ValueError, TypeError,
+                    AttributeError) as e:  # a 200 reply the client could not parse (HTML, not JSON)
                 error, what = e, f"unreadable reply ({type(e).__name__})"
             if attempt == self.max_retries:
-                raise JudgeError(f"the judge at {self.base_url} still failed after {self.max_retries} retries ({what})") from None
+                raise JudgeError(
+                    f"the judge at {self.base_url} still failed after {self.max_retries} retries ({what})") from None
             delay = self._delay(attempt, error)
             log.warning("judge request failed (%s); retry %d/%d in %.2fs", what, attempt + 1, self.max_retries, delay)
             time.sleep(delay)

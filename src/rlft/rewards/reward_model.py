@@ -77,7 +77,8 @@ def score_head(model) -> torch.nn.Module:
     Mistral, Gemma, GPT-2, ...)."""
     head = getattr(model, "score", None)
     if not isinstance(head, torch.nn.Module):
-        raise TypeError(f"{type(model).__name__} has no `score` head: pass a decoder-only *ForSequenceClassification model")
+        raise TypeError(
+            f"{type(model).__name__} has no `score` head: pass a decoder-only *ForSequenceClassification model")
     return head
 
 
@@ -107,7 +108,8 @@ def _padded_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     mask = attention_mask.long()
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # 0 at each row's first real token
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under LoRA: the adapted HF model
-    hidden = inner.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
+    hidden = inner.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                              use_cache=False).last_hidden_state
     last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_token_index(mask)]  # (B, H)
     rewards = score_head(model)(last)  # (B, num_labels)
     if rewards.shape[-1] != 1:
@@ -115,7 +117,8 @@ def _padded_rewards(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return rewards.squeeze(-1).float()
 
 
-def packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
+def packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                            last_index: torch.Tensor) -> torch.Tensor:
     """Reward of each sequence of packed rows (:func:`rlft.data.packing.pack_examples`), read at its last token.
 
     Args:
@@ -133,7 +136,8 @@ def packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.
     return root_call(model, _packed_sequence_rewards, model, input_ids, position_ids, last_index)
 
 
-def _packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
+def _packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                             last_index: torch.Tensor) -> torch.Tensor:
     from rlft.ops import packed_hidden_states
     from rlft.precision import compute_context
 
@@ -145,7 +149,8 @@ def _packed_sequence_rewards(model, input_ids: torch.Tensor, position_ids: torch
     return rewards.squeeze(-1).float()
 
 
-def pad_sequences(sequences: Sequence[Sequence[int]], pad_token_id: int, side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
+def pad_sequences(sequences: Sequence[Sequence[int]], pad_token_id: int,
+                  side: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask)``, each ``(B, max_len)`` long, padded on ``side`` ("left"/"right")."""
     if side not in ("left", "right"):
         raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
@@ -160,8 +165,9 @@ def pad_sequences(sequences: Sequence[Sequence[int]], pad_token_id: int, side: s
     return input_ids, attention_mask
 
 
-NOT_A_REWARD_MODEL = ("is not a reward model (its config is not a 1-label sequence classifier, so its score head would be "
-                      "new and random): pass a folder written by `rlft rm`")
+NOT_A_REWARD_MODEL = (
+    "is not a reward model (its config is not a 1-label sequence classifier, so its score head would be "
+    "new and random): pass a folder written by `rlft rm`")
 """How a causal LM given where a trained reward model is needed is refused (after its name)."""
 
 
@@ -209,7 +215,9 @@ def freeze_lower_layers(model, train_layers: int) -> int:
     """
     blocks = getattr(model.base_model, "layers", None)
     if not isinstance(blocks, torch.nn.ModuleList):
-        raise TypeError(f"{type(model.base_model).__name__} keeps no `.layers` block list: train_layers needs a Llama-style backbone")
+        raise TypeError(
+            f"{type(model.base_model).__name__} keeps no `.layers` block list: train_layers needs a Llama-style backbone"
+        )
     if train_layers < 0:
         raise ValueError(f"train_layers must be >= 0, got {train_layers}")
     trainable_blocks = {id(p) for block in blocks[len(blocks) - train_layers :] for p in block.parameters()}
@@ -242,8 +250,8 @@ def init_score_head(model, kind: str = "normal") -> None:
             head.bias.zero_()
 
 
-def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_token_id: int | None = None, init_head: bool | None = None,
-                      head_init: str = "normal", trained_only: bool = False):
+def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_token_id: int | None = None,
+                      init_head: bool | None = None, head_init: str = "normal", trained_only: bool = False):
     """Load ``AutoModelForSequenceClassification(num_labels=1)`` from a reward-model folder or a causal
     LM (built-in name, local folder or Hub id).
 
@@ -277,7 +285,8 @@ def load_reward_model(name_or_path: str, spec: DeviceSpec | None = None, *, pad_
         raise ModelNotFoundError(f"could not load reward model {name_or_path!r}: {e}") from None
     if init_head or (init_head is None and new_head):
         init_score_head(model, head_init)
-        log.info("%s: new reward head initialised %s", name_or_path, "N(0, 1/(d+1))" if head_init == "normal" else "to zero")
+        log.info("%s: new reward head initialised %s", name_or_path,
+                 "N(0, 1/(d+1))" if head_init == "normal" else "to zero")
     if pad_token_id is not None:
         model.config.pad_token_id = pad_token_id
     # transformers builds the input embedding with padding_idx=config.pad_token_id, which zeroes that
@@ -350,7 +359,8 @@ class RewardModelScorer:
         """Token ids the model scores for one pair (see :func:`tokenize_scored`)."""
         ids = tokenize_scored(self.tokenizer, prompt, response, max_length=self.max_length)
         if ids is None:
-            raise ValueError(f"a prompt is longer than max_length={self.max_length} tokens: {as_messages(prompt)!r:.200}")
+            raise ValueError(
+                f"a prompt is longer than max_length={self.max_length} tokens: {as_messages(prompt)!r:.200}")
         return ids
 
     def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:

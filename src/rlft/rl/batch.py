@@ -37,7 +37,8 @@ def replay_seed(seed: int, step: int) -> int:
     return generation_seed(seed, step) + (1 << 41)
 
 
-def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *, add_special_tokens: bool = True) -> TokenBatch:
+def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *,
+                  add_special_tokens: bool = True) -> TokenBatch:
     """The right-padded teacher-forcing batch of all sampled sequences: row ``b * k + j`` is ``samples[b][j]``.
 
     Prompt ids come from :func:`rlft.rollout.hf.encode_prompts`, the function :class:`HFEngine` tokenizes
@@ -47,7 +48,8 @@ def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *,
     ``(0, 1)`` batch, which every pass below goes through with no forward.
     """
     if not samples:
-        return TokenBatch(torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1)))
+        return TokenBatch(torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1), dtype=torch.long),
+                          torch.zeros((0, 1)))
     prompt_ids = encode_prompts(tokenizer, prompts, add_special_tokens=add_special_tokens)
     examples = [
         TokenizedExample(
@@ -102,7 +104,8 @@ def micro_batches(batch: TokenBatch, size: int, max_tokens: int | None = None, *
     lengths = batch.attention_mask.sum(dim=1)
     for rows in micro_batch_rows(lengths, size, max_tokens, by_length=by_length):
         width = int(lengths[rows].max())
-        yield rows, TokenBatch(batch.input_ids[rows, :width], batch.attention_mask[rows, :width], batch.loss_mask[rows, :width])
+        yield rows, TokenBatch(batch.input_ids[rows, :width], batch.attention_mask[rows, :width],
+                               batch.loss_mask[rows, :width])
 
 
 def synced_passes(model, count: int) -> int | None:
@@ -137,7 +140,8 @@ def _fillers(passes: int | None, filler: TokenBatch | None, count: int) -> int:
     return n
 
 
-def _filler_passes(model, filler: TokenBatch, n: int, temperature: float, logits_chunk_size: int, backward: bool) -> None:
+def _filler_passes(model, filler: TokenBatch, n: int, temperature: float, logits_chunk_size: int,
+                   backward: bool) -> None:
     """``n`` forwards of ``filler`` whose log-probs are dropped; with ``backward`` each backpropagates a zero loss
     (a zero gradient, but the sharded model's collectives of a backward pass run)."""
     for _ in range(n):
@@ -214,8 +218,9 @@ def batch_logprobs(model, batch: TokenBatch, plan: PassPlan) -> torch.Tensor:
     fillers = _fillers(plan.passes, plan.filler, len(parts))
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for rows, mb in parts:
-        out[rows, : mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, plan.temperature,
-                                                               logits_chunk_size=plan.logits_chunk_size)
+        out[rows, :mb.input_ids.shape[1]] = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
+                                                              plan.temperature,
+                                                              logits_chunk_size=plan.logits_chunk_size)
     _filler_passes(model, plan.filler, fillers, plan.temperature, plan.logits_chunk_size, backward=False)
     return out
 
@@ -257,15 +262,17 @@ def policy_loss_backward(model, batch: TokenBatch, advantages: torch.Tensor, obj
         width = mb.input_ids.shape[1]
         entropy = None
         if objective.entropy_coef > 0:
-            logprobs, entropy = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, plan.temperature, return_entropy=True)
+            logprobs, entropy = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
+                                                  plan.temperature, return_entropy=True)
         else:
             logprobs = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, plan.temperature,
                                          logits_chunk_size=plan.logits_chunk_size)
         old = logprobs.detach() if context.old_logprobs is None else context.old_logprobs[rows, :width]
         ref = context.ref_logprobs[rows, :width] if context.ref_logprobs is not None else None
         sampled = context.sampler_logprobs[rows, :width] if context.sampler_logprobs is not None else None
-        loss, mb_metrics = objective.loss(logprobs, old, advantages[rows], mb.loss_mask, entropy=entropy, ref_logprobs=ref,
-                                          sampler_logprobs=sampled, num_sequences=num_sequences, num_tokens=num_tokens)
+        loss, mb_metrics = objective.loss(logprobs, old, advantages[rows], mb.loss_mask, entropy=entropy,
+                                          ref_logprobs=ref, sampler_logprobs=sampled, num_sequences=num_sequences,
+                                          num_tokens=num_tokens)
         loss.backward()
         share = float(mb.loss_mask.sum()) / max(own_tokens, 1.0)  # token-weighted means over micro-batches
         for key in ("loss/policy", "loss/kl", "loss/entropy"):
@@ -277,7 +284,8 @@ def policy_loss_backward(model, batch: TokenBatch, advantages: torch.Tensor, obj
     return metrics, logprobs_out
 
 
-def gradient_rows(advantages: torch.Tensor, objective: PolicyObjective, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+def gradient_rows(advantages: torch.Tensor, objective: PolicyObjective,
+                  loss_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the rows that carry gradient: ``(M,)`` long, ``M <= N`` for ``advantages`` of shape ``(N,)``
     (the loss weights, after the objective's selection).
 
@@ -345,7 +353,8 @@ def with_logprobs(samples: list[list[Sample]], batch: TokenBatch, logprobs: torc
     return out
 
 
-def mismatch_sums(trainer_logprobs: torch.Tensor, sampled_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> tuple[float, float, list[float]]:
+def mismatch_sums(trainer_logprobs: torch.Tensor, sampled_logprobs: torch.Tensor,
+                  loss_mask: torch.Tensor) -> tuple[float, float, list[float]]:
     """``(sum |delta|, token count, |delta| values)`` of ``|trainer - sampler|`` log-probs over ``loss_mask``:
     the sampler/trainer mismatch (``mismatch/abs_logp_mean`` and ``_p99`` in the RL loop). ``(N, T)`` inputs."""
     delta = (trainer_logprobs - sampled_logprobs).abs()[loss_mask.bool()]

@@ -23,7 +23,8 @@ from rlft.models import DEFAULT_MODEL
 from rlft.options import DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions, SpeedOptions
 from rlft.rl.options import (AdvantageName, BucketingName, ChatPromptOptions, CurriculumOptions, GroupFilterOptions,
                              ImportanceOptions, InLoopEvalOptions, ISMode, KLEstimatorName, KLMode, KLOptions, LossMode,
-                             PolicyLossName, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions, ShapingOptions)
+                             PolicyLossName, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions,
+                             ShapingOptions)
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownTrainingOptions
 from rlft.validation import check_step_count, require, validate_options
 
@@ -33,8 +34,9 @@ __all__ = ["RLConfig", "RLOO_DEFAULTS", "rloo_config",  # and the choice types o
 
 @dataclass(frozen=True)
 class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, SpeedOptions, DistributedOptions,
-               RewardOptions, ChatPromptOptions, InLoopEvalOptions, ShapingOptions, CurriculumOptions, GroupFilterOptions,
-               ReplayOptions, ImportanceOptions, KLOptions, PolicyLossOptions, SamplingOptions, CountdownTrainingOptions):
+               RewardOptions, ChatPromptOptions, InLoopEvalOptions, ShapingOptions, CurriculumOptions,
+               GroupFilterOptions, ReplayOptions, ImportanceOptions, KLOptions, PolicyLossOptions, SamplingOptions,
+               CountdownTrainingOptions):
     """RL fine-tuning (one loop; advantage estimator and policy loss chosen by name) on Countdown prompts with the
     rule reward, or on chat prompts with a reward model or remote judge."""
 
@@ -76,12 +78,16 @@ class RLConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, SpeedOp
         self._check_chat_prompts()
         steps = f"--max-steps {self.max_steps} x --ppo-epochs {self.ppo_epochs}"
         check_step_count(self.max_steps * self.ppo_epochs, steps)  # optimizer steps
-        require(self.prompts_data is not None or self.data is not None or self.prompts_per_step <= self.num_train,
-                f"--prompts-per-step ({self.prompts_per_step}) is more than the {self.num_train} training tasks (--num-train)")
+        require(
+            self.prompts_data is not None or self.data is not None or self.prompts_per_step <= self.num_train,
+            f"--prompts-per-step ({self.prompts_per_step}) is more than the {self.num_train} training tasks (--num-train)"
+        )
         self._check_in_loop_eval()
 
 
-RLOO_DEFAULTS: dict[str, object] = {"advantage": "rloo", "loss": "reinforce", "loss_mode": "seq_sum", "output_dir": "runs/rloo"}
+RLOO_DEFAULTS: dict[str, object] = {
+    "advantage": "rloo", "loss": "reinforce", "loss_mode": "seq_sum", "output_dir": "runs/rloo"
+}
 """``rlft rloo``: :class:`RLConfig` with these defaults (REINFORCE with a leave-one-out baseline on the
 sequence-level estimator, Ahmadian et al. 2024); ``--config`` values and flags override them."""
 

@@ -112,8 +112,9 @@ def count_target_buckets(prompts: Sequence[RLPrompt]) -> tuple[list[int], list[s
     for i, p in enumerate(prompts):
         truth = p.ground_truth or {}
         if "target" not in truth or "numbers" not in truth:
-            raise ValueError(f"--curriculum-buckets count_target needs Countdown prompts (a target and numbers); prompt {i} has none "
-                             "(chat prompts cannot be bucketed by difficulty)")
+            raise ValueError(
+                f"--curriculum-buckets count_target needs Countdown prompts (a target and numbers); prompt {i} has none "
+                "(chat prompts cannot be bucketed by difficulty)")
         band = next((j for j, (_, hi) in enumerate(TARGET_BANDS) if truth["target"] <= hi), len(TARGET_BANDS) - 1)
         keys.append((len(truth["numbers"]), band))
     order = sorted(set(keys))
@@ -122,7 +123,8 @@ def count_target_buckets(prompts: Sequence[RLPrompt]) -> tuple[list[int], list[s
     return [ids[key] for key in keys], names
 
 
-BUCKETINGS: dict[str, Callable[[Sequence[RLPrompt]], tuple[list[int], list[str]]]] = {"count_target": count_target_buckets}
+BUCKETINGS: dict[str, Callable[[Sequence[RLPrompt]], tuple[list[int],
+                                                           list[str]]]] = {"count_target": count_target_buckets}
 """Ways to bucket the training prompts (``--curriculum-buckets``): ``prompts -> (bucket_of, names)``."""
 
 
@@ -142,7 +144,8 @@ class CurriculumSampler:
     State: the bandit and, per bucket, how many prompts it has given (its position in its seeded permutations).
     """
 
-    def __init__(self, bucket_of: Sequence[int], names: Sequence[str], batch_size: int, seed: int, tau: float = 1.0, alpha: float = 0.5):
+    def __init__(self, bucket_of: Sequence[int], names: Sequence[str], batch_size: int, seed: int, tau: float = 1.0,
+                 alpha: float = 0.5):
         self.names = list(names)
         self.members: list[list[int]] = [[] for _ in self.names]
         for i, b in enumerate(bucket_of):
@@ -170,7 +173,8 @@ class CurriculumSampler:
         cached = self._passes.get(bucket)
         if cached is None or cached[0] != epoch:
             size = len(self.members[bucket])
-            order = torch.randperm(size, generator=torch.Generator().manual_seed(_seed(self.seed, 7, bucket, epoch))).tolist()
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(_seed(self.seed, 7, bucket,
+                                                                                       epoch))).tolist()
             cached = self._passes[bucket] = (epoch, [self.members[bucket][j] for j in order])
         return cached[1]
 
@@ -217,8 +221,10 @@ class CurriculumSampler:
         for record in logged:
             names = sorted(key.removeprefix("curriculum/q_") for key in record if key.startswith("curriculum/q_"))
             if names != sorted(self.names):
-                raise ValueError(f"--resume: the logged curriculum buckets {names} are not this run's {sorted(self.names)}")
-        self.bandit = SECBandit(tuple(float(logged[-1][f"curriculum/q_{name}"]) for name in self.names), self.bandit.tau, self.bandit.alpha)
+                raise ValueError(
+                    f"--resume: the logged curriculum buckets {names} are not this run's {sorted(self.names)}")
+        self.bandit = SECBandit(tuple(float(logged[-1][f"curriculum/q_{name}"]) for name in self.names),
+                                self.bandit.tau, self.bandit.alpha)
         self.given = [int(sum(r[f"curriculum/n_{name}"] for r in logged)) for name in self.names]
         self.step_given = [0] * len(self.names)
 

@@ -45,13 +45,15 @@ def reduce_loss_metrics(metrics: dict[str, float], tokens: float) -> dict[str, f
     weighted = {key: value * tokens if key.startswith("pg/") else value for key, value in metrics.items()}
     sums = distributed.all_reduce_sums({**weighted, "__tokens": tokens})
     total = sums.pop("__tokens")
-    return {key: (value / total if total else (1.0 if key == "pg/ratio_mean" else 0.0)) if key.startswith("pg/") else value
-            for key, value in sums.items()}
+    return {
+        key: (value / total if total else (1.0 if key == "pg/ratio_mean" else 0.0)) if key.startswith("pg/") else value
+        for key, value in sums.items()
+    }
 
 
-def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
-                update_logprobs: torch.Tensor | None, kl_estimator: str, generated_tokens: int, *, epochs: int = 1,
-                no_grad_passes: int = 0) -> dict[str, float]:
+def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tensor | None,
+                ref_logprobs: torch.Tensor | None, update_logprobs: torch.Tensor | None, kl_estimator: str,
+                generated_tokens: int, *, epochs: int = 1, no_grad_passes: int = 0) -> dict[str, float]:
     """This rank's counts and sums behind the token metrics (sum them over ranks before use).
 
     The log-probs ``entropy`` and ``kl/mean`` are computed from are those the step already has: every row's
@@ -72,11 +74,13 @@ def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tenso
         ``kl_sum`` (sum over the seen rows of ``sum_t kl_t``, with a reference) and ``kl_rows`` (seen rows with a
         target token). Padding and FSDP2's filler passes count nowhere.
     """
-    counts = {"rows": len(rows), "update_tokens": float(batch.attention_mask.sum()), "generated_tokens": generated_tokens,
-              "trained_tokens": float(batch.loss_mask[rows].sum()) * epochs,
-              "trained_seq_tokens": float(batch.attention_mask[rows].sum()) * epochs,
-              "scored_tokens": float(batch.attention_mask.sum()) * no_grad_passes,
-              "seen_tokens": 0.0, "logprob_sum": 0.0, "kl_sum": 0.0, "kl_rows": 0.0}
+    counts = {
+        "rows": len(rows), "update_tokens": float(batch.attention_mask.sum()), "generated_tokens": generated_tokens,
+        "trained_tokens": float(batch.loss_mask[rows].sum()) * epochs,
+        "trained_seq_tokens": float(batch.attention_mask[rows].sum()) * epochs,
+        "scored_tokens": float(batch.attention_mask.sum()) * no_grad_passes, "seen_tokens": 0.0, "logprob_sum": 0.0,
+        "kl_sum": 0.0, "kl_rows": 0.0
+    }
     if old_logprobs is not None:
         seen, mask, ref = old_logprobs, batch.loss_mask, ref_logprobs
     elif update_logprobs is not None:
@@ -86,7 +90,8 @@ def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tenso
         return counts
     counts.update(seen_tokens=float(mask.sum()), logprob_sum=float(masked_sum(seen, mask)))
     if ref is not None:
-        counts.update(kl_sum=float(sequence_kl(seen, ref, mask, kl_estimator).sum()), kl_rows=float((mask.sum(dim=-1) > 0).sum()))
+        counts.update(kl_sum=float(sequence_kl(seen, ref, mask, kl_estimator).sum()), kl_rows=float((mask.sum(dim=-1)
+                                                                                                     > 0).sum()))
     return counts
 
 
@@ -100,8 +105,10 @@ def sample_metrics(got: StepSamples, counts: dict[str, float], reward_kind: str)
     return {
         "reward/mean": all_raw.mean().item(),
         "reward/std": all_raw.std(unbiased=False).item(),
-        **({"reward/accuracy": (all_raw == 1.0).float().mean().item(), "reward/format_rate": (all_raw >= 0.1).float().mean().item()}
-           if reward_kind == "rule" else {}),
+        **({
+            "reward/accuracy": (all_raw == 1.0).float().mean().item(),
+            "reward/format_rate": (all_raw >= 0.1).float().mean().item()
+        } if reward_kind == "rule" else {}),
         "groups/tried": all_raw.shape[0],
         "groups/kept": len(got.kept),
         "samples/step": all_raw.numel(),
@@ -109,8 +116,8 @@ def sample_metrics(got: StepSamples, counts: dict[str, float], reward_kind: str)
     }  # fmt: skip
 
 
-def update_metrics(got: StepSamples, rewards: torch.Tensor, advantages: torch.Tensor, counts: dict[str, float], num_tokens: float,
-                   update_s: float, masked: bool = False) -> dict[str, float]:
+def update_metrics(got: StepSamples, rewards: torch.Tensor, advantages: torch.Tensor, counts: dict[str, float],
+                   num_tokens: float, update_s: float, masked: bool = False) -> dict[str, float]:
     """The metrics of a step that kept groups (B > 0): ``reward/shaped_mean`` (of ``rewards``, ``(B, k)``, what the
     advantages were computed from), ``adv/mean``, ``adv/std`` (of ``advantages``, ``(B, k)``),
     ``completion/mean_tokens`` (``num_tokens``, the step's completion tokens, per sample),
@@ -127,7 +134,8 @@ def update_metrics(got: StepSamples, rewards: torch.Tensor, advantages: torch.Te
         "adv/std": advantages.std(unbiased=False).item(),
         "completion/mean_tokens": num_tokens / (B * k),
         "completion/truncated_frac": truncated_frac,
-        "completion/looped_frac": sum(s.looped for row in got.samples for s in row) / max(sum(map(len, got.samples)), 1),
+        "completion/looped_frac": sum(s.looped for row in got.samples for s in row) /
+        max(sum(map(len, got.samples)), 1),
         "update/masked_frac": truncated_frac if masked else 0.0,
         "tokens_per_s/update": counts["update_tokens"] / max(update_s, 1e-9),
     }
@@ -155,7 +163,8 @@ def loss_metrics(epoch_metrics: list[dict[str, float]], objective: PolicyObjecti
 
 
 def mismatch_metrics(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tensor | None,
-                     update_logprobs: torch.Tensor | None, sampled: torch.Tensor, fresh_rows: int | None = None) -> dict[str, float]:
+                     update_logprobs: torch.Tensor | None, sampled: torch.Tensor,
+                     fresh_rows: int | None = None) -> dict[str, float]:
     """The sampler/trainer log-prob mismatch of the step: ``mismatch/abs_logp_mean`` (token mean of
     ``|trainer - sampler|`` log-prob, nats; summed over ranks) and ``mismatch/abs_logp_p99`` (its 99th percentile over
     this rank's tokens), on the tokens the trainer computed before the update (every row's ``old_logprobs`` when a

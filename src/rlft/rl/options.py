@@ -89,7 +89,9 @@ class SamplingOptions:
     docs/results/speed/rollout_cpu.md). Extra (prompt, sample) jobs queue and take a finished row's place."""
 
     def _check_sampling(self) -> None:
-        require(self.temperature > 0, f"--temperature must be > 0 (RL samples; log-probs at temperature 0 are undefined), got {self.temperature}")
+        require(
+            self.temperature > 0,
+            f"--temperature must be > 0 (RL samples; log-probs at temperature 0 are undefined), got {self.temperature}")
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,16 @@ class PolicyLossOptions:
 
     def _check_policy_loss(self) -> None:
         """k large enough for the estimator; a clip range only for a loss that clips, and inside (0, 1) below."""
-        require(self.k >= 2 or self.advantage in ("reinforce",) or (self.advantage == "raft" and self.raft_threshold is not None),
-                f"--advantage {self.advantage} needs --k >= 2 samples per prompt (a group baseline or a best sample), got {self.k}")
-        require(0 < self.clip_low < 1, f"--clip-low must lie in (0, 1): the ratio is clipped below at 1 - clip_low, got {self.clip_low}")
-        clipping = [name for name in ("clip_low", "clip_high") if getattr(self, name) != _default(PolicyLossOptions, name)]
+        require(
+            self.k >= 2 or self.advantage in ("reinforce", ) or
+            (self.advantage == "raft" and self.raft_threshold is not None),
+            f"--advantage {self.advantage} needs --k >= 2 samples per prompt (a group baseline or a best sample), got {self.k}"
+        )
+        require(0 < self.clip_low < 1,
+                f"--clip-low must lie in (0, 1): the ratio is clipped below at 1 - clip_low, got {self.clip_low}")
+        clipping = [
+            name for name in ("clip_low", "clip_high") if getattr(self, name) != _default(PolicyLossOptions, name)
+        ]
         require(POLICY_LOSSES[self.loss].clips or not clipping,
                 f"--{clipping[0].replace('_', '-') if clipping else ''} is only read by a loss that clips "
                 f"({', '.join(n for n, s in POLICY_LOSSES.items() if s.clips)}); --loss {self.loss} does not")
@@ -179,9 +187,11 @@ class ImportanceOptions:
     """The cap C of --is-correction."""
 
     def _check_importance(self) -> None:
-        require(self.is_cap >= 1, f"--is-cap must be >= 1 (a ratio of 1, no mismatch, is never capped), got {self.is_cap}")
-        require(self.is_correction != "none" or self.is_cap == _default(ImportanceOptions, "is_cap"),
-                "--is-cap is only read with --is-correction (token_truncate, token_mask, sequence_truncate, sequence_mask)")
+        require(self.is_cap >= 1,
+                f"--is-cap must be >= 1 (a ratio of 1, no mismatch, is never capped), got {self.is_cap}")
+        require(
+            self.is_correction != "none" or self.is_cap == _default(ImportanceOptions, "is_cap"),
+            "--is-cap is only read with --is-correction (token_truncate, token_mask, sequence_truncate, sequence_mask)")
 
 
 @dataclass(frozen=True)
@@ -214,12 +224,14 @@ class ReplayOptions:
                 f"buffer holds at most {staleness * per_step} groups (--max-staleness {staleness} x --prompts-per-step "
                 f"{per_step})")
         spec = POLICY_LOSSES[self.loss]
-        require(self.replay_size == 0 or spec.clips or spec.behaviour,
-                f"--replay-size trains on stale samples, whose importance ratio is unbounded under --loss {self.loss}: use "
-                f"--loss topr or a loss that clips ({', '.join(n for n, s in POLICY_LOSSES.items() if s.clips)})")
-        require(self.is_correction == "none" or (self.replay_size == 0 and not spec.behaviour),
-                f"--is-correction with {'--replay-size' if self.replay_size else '--loss ' + self.loss}: the ratio already "
-                "divides by the sampler's log-probs (the behaviour policy)")
+        require(
+            self.replay_size == 0 or spec.clips or spec.behaviour,
+            f"--replay-size trains on stale samples, whose importance ratio is unbounded under --loss {self.loss}: use "
+            f"--loss topr or a loss that clips ({', '.join(n for n, s in POLICY_LOSSES.items() if s.clips)})")
+        require(
+            self.is_correction == "none" or (self.replay_size == 0 and not spec.behaviour),
+            f"--is-correction with {'--replay-size' if self.replay_size else '--loss ' + self.loss}: the ratio already "
+            "divides by the sampler's log-probs (the behaviour policy)")
 
 
 @dataclass(frozen=True)
@@ -297,7 +309,8 @@ class ShapingOptions:
     def _check_shaping(self) -> None:
         require(not self.overlong_buffer or self.overlong_buffer <= self.max_new_tokens,
                 f"--overlong-buffer ({self.overlong_buffer}) must be <= --max-new-tokens ({self.max_new_tokens})")
-        require(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
+        require(self.overlong_penalty >= 0,
+                f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
         require(bool(self.overlong_buffer) or self.overlong_penalty == _default(ShapingOptions, "overlong_penalty"),
                 "--overlong-penalty is only read with --overlong-buffer (the last N of --max-new-tokens it ramps over)")
         require(self.repetition_limit is None or self.repetition_limit >= 2,
@@ -333,8 +346,11 @@ class InLoopEvalOptions:
     (screening recipes) or 'test' (the spec's held-out score)."""
 
     def _check_in_loop_eval(self) -> None:
-        require(not (self.eval_every and self.prompts_data is None and self.data is None and self.eval_limit > self.heldout_size),
-                f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on")
+        require(
+            not (self.eval_every and self.prompts_data is None and self.data is None and
+                 self.eval_limit > self.heldout_size),
+            f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on"
+        )
         require(self.eval_rows == _default(InLoopEvalOptions, "eval_rows") or self.data is not None,
                 f"--eval-rows {self.eval_rows} is only read with --data (a Countdown dataset's held-out rows)")
 
@@ -400,8 +416,10 @@ class RewardOptions:
     def _check_reward(self) -> None:
         require(self.reward_model is None or self.reward == "countdown",
                 f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
-        require(self.prompts_data is not None or (self.reward_model is None and self.reward != "remote"),
-                "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)")
+        require(
+            self.prompts_data is not None or (self.reward_model is None and self.reward != "remote"),
+            "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)"
+        )
         names = ("base_url", "judge_model", "api_key_env", "judge_timeout", "judge_max_retries")
         set_ = [name for name in names if getattr(self, name) != _default(RewardOptions, name)]
         require(self.reward == "remote" or not set_,

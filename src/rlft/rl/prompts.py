@@ -51,8 +51,8 @@ def load_rl_tasks(cfg: RLConfig) -> tuple[list[CountdownTask], list[CountdownTas
     if cfg.data is not None and not cfg.data_heldout:
         log.info("%s: %d training rows, none held out (--no-data-heldout: no in-loop evaluation)", cfg.data, len(train))
     elif cfg.data is not None:
-        log.info("%s: %d training rows; the in-loop evaluation reads its %d held-out %s rows", cfg.data, len(train), len(heldout),
-                 cfg.eval_rows)
+        log.info("%s: %d training rows; the in-loop evaluation reads its %d held-out %s rows", cfg.data, len(train),
+                 len(heldout), cfg.eval_rows)
     if not train:
         raise ValueError("no Countdown training tasks")
     return train, heldout
@@ -70,7 +70,8 @@ def read_chat_prompts(source: str, split: str, limit: int | None = None) -> list
 
     examples, counts = load_chat_examples(source, split=split, limit=limit, skip_invalid=True)
     if not examples:
-        raise ValueError(f"{source} ({split}): no usable prompt in {counts['rows']} rows ({counts['skipped_invalid']} invalid)")
+        raise ValueError(
+            f"{source} ({split}): no usable prompt in {counts['rows']} rows ({counts['skipped_invalid']} invalid)")
     unique: dict[str, list[dict]] = {}
     for ex in examples:
         last = max(i for i, m in enumerate(ex.messages) if m["role"] == "assistant")
@@ -94,10 +95,13 @@ def load_chat_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RL
     def rendered(conversations: list[list[dict]], what: str) -> list[RLPrompt]:
         prompts = [RLPrompt(render_generation_prompt(tokenizer, m), m, {"messages": m}) for m in conversations]
         if cfg.max_prompt_tokens is not None:
-            lengths = [len(ids) for ids in encode_prompts(tokenizer, [p.text for p in prompts], add_special_tokens=False)]
+            lengths = [
+                len(ids) for ids in encode_prompts(tokenizer, [p.text for p in prompts], add_special_tokens=False)
+            ]
             kept = [p for p, n in zip(prompts, lengths) if n <= cfg.max_prompt_tokens]
             if len(kept) < len(prompts):
-                log.info("%s prompts: dropped %d of %d longer than max_prompt_tokens=%d", what, len(prompts) - len(kept), len(prompts), cfg.max_prompt_tokens)
+                log.info("%s prompts: dropped %d of %d longer than max_prompt_tokens=%d", what,
+                         len(prompts) - len(kept), len(prompts), cfg.max_prompt_tokens)
             prompts = kept
         return prompts
 
@@ -110,7 +114,9 @@ def load_chat_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RL
                 raise ValueError(f"no eval prompts in {cfg.prompts_data} (split {cfg.eval_split})")
         else:
             if len(train) <= cfg.eval_prompts:
-                raise ValueError(f"{cfg.prompts_data} has {len(train)} usable prompts: too few to hold out eval_prompts={cfg.eval_prompts} and train on the rest")
+                raise ValueError(
+                    f"{cfg.prompts_data} has {len(train)} usable prompts: too few to hold out eval_prompts={cfg.eval_prompts} and train on the rest"
+                )
             train, heldout = train[: -cfg.eval_prompts], train[-cfg.eval_prompts :]
     held = {p.text for p in heldout}
     if dropped := sum(p.text in held for p in train):
@@ -131,26 +137,36 @@ def load_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPromp
     tasks, heldout = load_rl_tasks(cfg)
     train = [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in tasks]
     eval_tasks = heldout[: cfg.eval_limit]
-    return train, [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in eval_tasks], eval_tasks
+    return train, [
+        RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in eval_tasks
+    ], eval_tasks
 
 
 def evaluate_chat(engine, prompts: list[RLPrompt], reward: Reward, max_new_tokens: int) -> dict[str, float]:
     """Greedy responses to held-out chat prompts: ``eval/reward`` (mean raw reward, no truncation
     penalty) and ``eval/truncated_frac``."""
-    samples = [row[0] for row in engine.generate([p.text for p in prompts], SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))]
+    samples = [
+        row[0] for row in engine.generate([p.text for p in prompts
+                                           ], SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))
+    ]
     scores = reward.fn(prompts, [s.text for s in samples])
-    return {"eval/reward": sum(scores) / len(scores), "eval/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+    return {
+        "eval/reward": sum(scores) / len(scores),
+        "eval/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)
+    }
 
 
 def evaluate_heldout(engine, tasks: list[CountdownTask], prompts: list[str], max_new_tokens: int) -> dict[str, float]:
     """Greedy Countdown evaluation: ``eval/score`` (mean 0/0.1/1 score), ``eval/accuracy``, ``eval/format_rate``."""
     from rlft.eval.countdown import evaluate_countdown
 
-    result = evaluate_countdown(engine, tasks, prompts, SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))
+    result = evaluate_countdown(engine, tasks, prompts,
+                                SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))
     return {"eval/score": result.mean_score, "eval/accuracy": result.accuracy, "eval/format_rate": result.format_rate}
 
 
-def evaluate_sharded(engine, n: int, evaluate_part: Callable[[list[int]], dict[str, float]], params: SamplingParams) -> dict[str, float]:
+def evaluate_sharded(engine, n: int, evaluate_part: Callable[[list[int]], dict[str, float]],
+                     params: SamplingParams) -> dict[str, float]:
     """Metrics that are means over ``n`` held-out items, evaluated by every rank on its
     :func:`rlft.distributed.shard` of ``range(n)``: ``evaluate_part(indices)`` gives the means over those items,
     and the rank means weighted by their item counts are summed over ranks (the one-process means up to float
@@ -187,17 +203,22 @@ class PromptSource:
 def make_prompt_source(cfg: RLConfig, tokenizer, reward: Reward) -> PromptSource:
     """The run's prompt source: chat prompts when ``cfg.prompts_data`` is set, else Countdown tasks."""
     train, held, eval_tasks = load_prompts(cfg, tokenizer)
-    params = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.eval_max_new_tokens)  # what both evaluations sample with
+    params = SamplingParams(k=1, temperature=0.0,
+                            max_new_tokens=cfg.eval_max_new_tokens)  # what both evaluations sample with
     if eval_tasks is None:
         def evaluate(engine):
-            return evaluate_sharded(engine, len(held), lambda part: evaluate_chat(engine, [held[i] for i in part], reward, cfg.eval_max_new_tokens),
-                                    params)
+            return evaluate_sharded(
+                engine, len(held),
+                lambda part: evaluate_chat(engine, [held[i] for i in part], reward, cfg.eval_max_new_tokens), params)
 
         return PromptSource(train, held, evaluate, "chat")
     texts = [p.text for p in held]
 
     def evaluate_countdown_tasks(engine):
-        return evaluate_sharded(engine, len(held), lambda part: evaluate_heldout(engine, [eval_tasks[i] for i in part], [texts[i] for i in part],
-                                                                                 cfg.eval_max_new_tokens), params)
+        return evaluate_sharded(
+            engine, len(held),
+            lambda part: evaluate_heldout(engine, [eval_tasks[i]
+                                                   for i in part], [texts[i] for i in part], cfg.eval_max_new_tokens),
+            params)
 
     return PromptSource(train, held, evaluate_countdown_tasks, "countdown")

@@ -58,14 +58,18 @@ def _group(prompt: Any, samples: Sequence[Sample], rewards, step: int, where: st
     values = rewards.tolist() if isinstance(rewards, torch.Tensor) else list(rewards)
     values = [float(r) for r in values]
     if not samples or len(values) != len(samples):
-        raise ValueError(f"{where}: {len(samples)} samples and {len(values)} rewards (need k >= 1 of each, as many rewards as samples)")
+        raise ValueError(
+            f"{where}: {len(samples)} samples and {len(values)} rewards (need k >= 1 of each, as many rewards as samples)"
+        )
     if not all(math.isfinite(r) for r in values):
         raise ValueError(f"{where}: non-finite reward in {values}")
     for j, sample in enumerate(samples):
         if sample.logprobs is None:
             raise ValueError(f"{where}, sample {j}: no sampler log-probs; replay needs them for the importance ratio")
         if len(sample.logprobs) != len(sample.completion_ids):
-            raise ValueError(f"{where}, sample {j}: {len(sample.logprobs)} log-probs for {len(sample.completion_ids)} completion ids")
+            raise ValueError(
+                f"{where}, sample {j}: {len(sample.logprobs)} log-probs for {len(sample.completion_ids)} completion ids"
+            )
     return ReplayGroup(prompt, tuple(samples), tuple(values), int(step))
 
 
@@ -116,8 +120,12 @@ class ReplayBuffer:
                 Nothing is stored then.
         """
         if self._groups and step < self._groups[-1].step:
-            raise ValueError(f"groups of step {step} come after groups of step {self._groups[-1].step}: steps must not go back")
-        new = [_group(prompt, samples, rewards, step, f"group {b} of step {step}") for b, (prompt, samples, rewards) in enumerate(groups)]
+            raise ValueError(
+                f"groups of step {step} come after groups of step {self._groups[-1].step}: steps must not go back")
+        new = [
+            _group(prompt, samples, rewards, step, f"group {b} of step {step}")
+            for b, (prompt, samples, rewards) in enumerate(groups)
+        ]
         sizes = {len(g.samples) for g in self._groups[:1] + new}
         if len(sizes) > 1:
             raise ValueError(f"every group must have the same k, got k in {sorted(sizes)}")
@@ -213,7 +221,8 @@ class ReplayBuffer:
         self._trim()
 
     @staticmethod
-    def metrics(drawn: Sequence[ReplayGroup], fresh: int, step: int, log_ratios: torch.Tensor | None) -> dict[str, float]:
+    def metrics(drawn: Sequence[ReplayGroup], fresh: int, step: int,
+                log_ratios: torch.Tensor | None) -> dict[str, float]:
         """One step's replay metrics.
 
         Args:
@@ -231,7 +240,8 @@ class ReplayBuffer:
         replayed = sum(len(g.samples) for g in drawn)
         total = replayed + fresh
         staleness = sum(len(g.samples) * g.staleness(step) for g in drawn)
-        values = log_ratios.detach().flatten().double().abs() if log_ratios is not None else torch.zeros(0, dtype=torch.float64)
+        values = log_ratios.detach().flatten().double().abs() if log_ratios is not None else torch.zeros(
+            0, dtype=torch.float64)
         return {
             "replay/share": replayed / total if total else 0.0,
             "replay/staleness_mean": staleness / replayed if replayed else 0.0,

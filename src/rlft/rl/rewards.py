@@ -32,19 +32,25 @@ def make_reward(cfg: RLConfig, reward_fn: RewardFunction | None = None) -> Rewar
     if reward_fn is None and cfg.reward_model is not None:
         from rlft.rewards.reward_model import RewardModelScorer
 
-        scorer = RewardModelScorer(cfg.reward_model, batch_size=cfg.micro_batch_size, device=cfg.device, dtype=cfg.dtype)
+        scorer = RewardModelScorer(cfg.reward_model, batch_size=cfg.micro_batch_size, device=cfg.device,
+                                   dtype=cfg.dtype)
         log.info("reward: reward model %s", cfg.reward_model)
-        return Reward(lambda prompts, completions: scorer.score([p.messages for p in prompts], completions), "reward_model")
+        return Reward(lambda prompts, completions: scorer.score([p.messages for p in prompts], completions),
+                      "reward_model")
     if reward_fn is None and cfg.reward == "remote":
         from rlft.rewards.remote import RemoteRewardJudge
 
-        judge = RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env, timeout_s=cfg.judge_timeout,
-                                  max_retries=cfg.judge_max_retries)
+        judge = RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env,
+                                  timeout_s=cfg.judge_timeout, max_retries=cfg.judge_max_retries)
         log.info("reward: remote judge %s at %s", cfg.judge_model, cfg.base_url)
         return Reward(lambda prompts, completions: judge.score([p.messages for p in prompts], completions), "remote")
     if reward_fn is None:
         reward_fn = get_reward_function(cfg.reward, also=("remote",))
         if cfg.prompts_data is not None and cfg.reward == "countdown":
-            raise ValueError("chat prompts (--prompts-data) have no Countdown answer: pass --reward-model, --reward remote or a toy rule reward")
+            raise ValueError(
+                "chat prompts (--prompts-data) have no Countdown answer: pass --reward-model, --reward remote or a toy rule reward"
+            )
     fn = reward_fn
-    return Reward(lambda prompts, completions: fn([p.text for p in prompts], completions, [p.ground_truth for p in prompts]), "rule")
+    return Reward(
+        lambda prompts, completions: fn([p.text for p in prompts], completions, [p.ground_truth for p in prompts]),
+        "rule")

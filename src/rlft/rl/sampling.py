@@ -68,7 +68,8 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
     kept_prompts: list[RLPrompt] = []
     kept_samples: list[list[Sample]] = []
     local: list[int] = []
-    kept_rows: list[tuple[torch.Tensor, ...]] = []  # (raw, shaped, truncated, lengths, repeated) of each kept group, (k,) each
+    kept_rows: list[tuple[torch.Tensor,
+                          ...]] = []  # (raw, shaped, truncated, lengths, repeated) of each kept group, (k,) each
     all_raw: list[torch.Tensor] = []
     tried: list[int] = []
     kept_at: list[int] = []
@@ -93,7 +94,8 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         if len(scores) != len(flat):
             raise ValueError(f"the reward returned {len(scores)} scores for {len(flat)} completions")
         raw = torch.tensor(scores, dtype=torch.float32).view(len(batch_prompts), k)
-        truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
+        truncated = torch.tensor([s.finish_reason == "length" for s in flat],
+                                 dtype=torch.float32).view(len(batch_prompts), k)
         lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
         repeated = repeated_samples(cfg, [s.text for s in flat]).view(len(batch_prompts), k)
         raw, truncated, lengths, repeated = (distributed.gather_rows(t, mine, len(chosen))  # (len(chosen), k) each
@@ -111,16 +113,18 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
                 kept_at.append(offset + b)
         if len(kept_at) >= cfg.prompts_per_step:
             break
-    raw, shaped, truncated, lengths, repeated = (torch.stack([group[i] for group in kept_rows]) if kept_rows else torch.zeros(0, k) for i in range(5))
+    raw, shaped, truncated, lengths, repeated = (
+        torch.stack([group[i] for group in kept_rows]) if kept_rows else torch.zeros(0, k) for i in range(5))
     batch = None
     if tokenizer is not None:
-        batch = rollout_batch(tokenizer, [p.text for p in kept_prompts], kept_samples, add_special_tokens=engine.add_special_tokens)
-    return StepSamples(kept_prompts, kept_samples, local, raw, shaped, truncated, lengths, torch.cat(all_raw), tried, kept_at,
-                       generate_s, generated_tokens, batch, repeated=repeated)
+        batch = rollout_batch(tokenizer, [p.text for p in kept_prompts], kept_samples,
+                              add_special_tokens=engine.add_special_tokens)
+    return StepSamples(kept_prompts, kept_samples, local, raw, shaped, truncated, lengths, torch.cat(all_raw), tried,
+                       kept_at, generate_s, generated_tokens, batch, repeated=repeated)
 
 
-def with_replayed(cfg: RLConfig, got: StepSamples, groups: Sequence[ReplayGroup], prompts: list[RLPrompt], tokenizer=None, *,
-                  add_special_tokens: bool = True) -> tuple[StepSamples, list[ReplayGroup]]:
+def with_replayed(cfg: RLConfig, got: StepSamples, groups: Sequence[ReplayGroup], prompts: list[RLPrompt],
+                  tokenizer=None, *, add_special_tokens: bool = True) -> tuple[StepSamples, list[ReplayGroup]]:
     """The step ``got`` (B fresh groups) with the replayed ``groups`` after its own: one process only.
 
     Each replayed group (``group.prompt``: its index in ``prompts``) is shaped as a fresh one from what it kept, its raw
@@ -152,11 +156,13 @@ def with_replayed(cfg: RLConfig, got: StepSamples, groups: Sequence[ReplayGroup]
     samples_all = got.samples + [list(g.samples) for g in kept]
     batch = None
     if tokenizer is not None:
-        batch = rollout_batch(tokenizer, [p.text for p in prompts_all], samples_all, add_special_tokens=add_special_tokens)
-    return replace(got, prompts=prompts_all, samples=samples_all, local=list(range(len(prompts_all))),
-                   raw=torch.cat([got.raw, raw[keep]]), shaped=torch.cat([got.shaped, shaped[keep]]),
-                   truncated=torch.cat([got.truncated, truncated[keep]]), lengths=torch.cat([got.lengths, lengths[keep]]),
-                   repeated=torch.cat([fresh_repeated, repeated[keep]]), batch=batch), kept
+        batch = rollout_batch(tokenizer, [p.text for p in prompts_all], samples_all,
+                              add_special_tokens=add_special_tokens)
+    return replace(got, prompts=prompts_all, samples=samples_all, local=list(range(len(prompts_all))), raw=torch.cat([
+        got.raw, raw[keep]
+    ]), shaped=torch.cat([got.shaped, shaped[keep]]), truncated=torch.cat([got.truncated, truncated[keep]]),
+                   lengths=torch.cat([got.lengths, lengths[keep]]), repeated=torch.cat([fresh_repeated, repeated[keep]
+                                                                                        ]), batch=batch), kept
 
 
 def fresh_groups(got: StepSamples, fresh: int) -> list[tuple[int, list[Sample], torch.Tensor]]:

@@ -93,7 +93,8 @@ def repetition_term(cfg: RLConfig, raw: torch.Tensor, repeated: torch.Tensor) ->
     ``raw``."""
     if cfg.repetition_limit is None:
         return torch.zeros_like(raw, dtype=torch.float32)
-    added = -raw.to(torch.float32) if cfg.repetition_penalty is None else torch.full_like(raw, cfg.repetition_penalty, dtype=torch.float32)
+    added = -raw.to(torch.float32) if cfg.repetition_penalty is None else torch.full_like(
+        raw, cfg.repetition_penalty, dtype=torch.float32)
     return added * repeated
 
 
@@ -126,7 +127,8 @@ def shaping_metrics(cfg: RLConfig, lengths: torch.Tensor, raw: torch.Tensor | No
         return {}
     out: dict[str, float] = {}
     if overlong_on(cfg):
-        out["reward/overlong_penalty_mean"] = overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty).mean().item()
+        out["reward/overlong_penalty_mean"] = overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer,
+                                                               cfg.overlong_penalty).mean().item()
     if cfg.repetition_limit is not None and raw is not None and repeated is not None:
         out["reward/repetition_frac"] = repeated.to(torch.float32).mean().item()
         out["reward/repetition_penalty_mean"] = repetition_term(cfg, raw, repeated).mean().item()

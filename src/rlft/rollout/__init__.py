@@ -11,4 +11,7 @@ from rlft.rollout.engines import make_engine
 from rlft.rollout.hf import HFEngine, eos_token_ids
 from rlft.rollout.server import OpenAICompletionsEngine
 
-__all__ = ["GenerationEngine", "HFEngine", "OpenAICompletionsEngine", "Sample", "SamplingParams", "eos_token_ids", "make_engine"]
+__all__ = [
+    "GenerationEngine", "HFEngine", "OpenAICompletionsEngine", "Sample", "SamplingParams", "eos_token_ids",
+    "make_engine"
+]

@@ -47,7 +47,8 @@ class Decoded:
     """True when the loop stop (:class:`rlft.rollout.loops.LoopStop`) ended the row after a repeated line."""
 
 
-def token_statistics(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_statistics(logits: torch.Tensor, tokens: torch.Tensor,
+                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of ``logits`` ``(N, V)`` and chosen ``tokens`` ``(N,)``: the log-prob of the token under
     ``softmax(logits / temperature)`` (temperature 0 is read as 1) and the self-certainty
     ``KL(U || p) = -log V - mean_v log p_v`` of ``p = softmax(logits)`` (>= 0; 0 for a uniform p). Both ``(N,)``

@@ -36,8 +36,9 @@ def check_training_engine(kind: str) -> None:
         UsageError: under torchrun, an engine other than those of :data:`TRAINING_ENGINES_UNDER_TORCHRUN`.
     """
     if distributed.active() and kind not in TRAINING_ENGINES_UNDER_TORCHRUN:
-        raise UsageError(f"the RL loop under torchrun samples with --rollout-engine {' or '.join(TRAINING_ENGINES_UNDER_TORCHRUN)} "
-                         f"only, not {kind} (vLLM would need the policy's weights pushed from every rank)")
+        raise UsageError(
+            f"the RL loop under torchrun samples with --rollout-engine {' or '.join(TRAINING_ENGINES_UNDER_TORCHRUN)} "
+            f"only, not {kind} (vLLM would need the policy's weights pushed from every rank)")
 
 
 def make_engine(kind: str, model_name: str, tokenizer, spec, *, model=None, copy_weights: bool = False, copy_dtype=None,
@@ -67,8 +68,8 @@ def make_engine(kind: str, model_name: str, tokenizer, spec, *, model=None, copy
             from rlft.models import load_model
 
             model = load_model(model_name, spec.for_inference())
-        return HFEngine(model, tokenizer, batch_size=batch_size, show_progress=show_progress, add_special_tokens=add_special_tokens,
-                        copy_weights=copy_weights, copy_dtype=copy_dtype)
+        return HFEngine(model, tokenizer, batch_size=batch_size, show_progress=show_progress,
+                        add_special_tokens=add_special_tokens, copy_weights=copy_weights, copy_dtype=copy_dtype)
     if kind == "vllm":
         from rlft.rollout.vllm import VLLMEngine
 

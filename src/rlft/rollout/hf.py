@@ -94,8 +94,9 @@ class HFEngine:
       rank calls ``generate`` as often. Collective then: every rank must call :meth:`generate` together.
     """
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False, add_special_tokens: bool = True,
-                 decoder: Decoder = "auto", copy_weights: bool = False, copy_dtype: torch.dtype | None = None):
+    def __init__(self, model, tokenizer, *, batch_size: int = 32, show_progress: bool = False,
+                 add_special_tokens: bool = True, decoder: Decoder = "auto", copy_weights: bool = False,
+                 copy_dtype: torch.dtype | None = None):
         """``add_special_tokens``: passed to the tokenizer for every prompt (see :func:`encode_prompts`);
         False for chat-template-rendered prompts (they already carry BOS), True for plain text.
         ``decoder``: see :data:`Decoder`. ``copy_weights``, ``copy_dtype``: see the class docstring.
@@ -201,7 +202,8 @@ class HFEngine:
                 else:
                     for chunk in chunks:
                         batch = [prompt_ids[rows[r]] for r in chunk]
-                        for r, sample in zip(chunk, self._generate_batch(model, batch, params, eos_ids, pad_id, loop_stop)):
+                        for r, sample in zip(chunk,
+                                             self._generate_batch(model, batch, params, eos_ids, pad_id, loop_stop)):
                             results[r] = sample
                         advance(len(chunk))
                 for _ in range(fillers):  # after this rank's own chunks: its samples do not depend on them

@@ -77,7 +77,8 @@ def read_journal(path: Path, meta: dict, prompts: list[str], k: int) -> list[lis
         if len(samples) >= len(prompts) or row.get("prompt") != prompts[len(samples)]:
             raise ValueError(f"{path}: row {i}: its prompt is not prompt {len(samples)} of this run")
         if len(row.get("samples", [])) != k:
-            raise ValueError(f"{path}: row {i}: field 'samples': expected {k} samples, got {len(row.get('samples', []))}")
+            raise ValueError(
+                f"{path}: row {i}: field 'samples': expected {k} samples, got {len(row.get('samples', []))}")
         samples.append([Sample(s["ids"], s["text"], s["finish_reason"], looped=bool(s.get("looped", False)))
                         for s in row["samples"]])
     return samples
@@ -127,7 +128,8 @@ def _rewrite(path: Path, lines: list[str]) -> None:
 
 
 def sample_with_journal(engine: GenerationEngine, prompts: list[str], params: SamplingParams, path: str | Path,
-                        meta: dict, *, chunk_prompts: int = CHUNK_PROMPTS, progress=None) -> tuple[list[list[Sample]], float]:
+                        meta: dict, *, chunk_prompts: int = CHUNK_PROMPTS,
+                        progress=None) -> tuple[list[list[Sample]], float]:
     """``engine.generate(prompts, params)``, chunk by chunk, journalled at ``path`` (see the module docstring).
 
     Args:
@@ -164,10 +166,13 @@ def sample_with_journal(engine: GenerationEngine, prompts: list[str], params: Sa
         out = engine.generate(prompts[start:stop], chunk_params(params, chunk))
         share = (time.perf_counter() - t0) / (stop - start)
         seconds += share * (stop - start)
-        text = "".join(json.dumps({"index": b, "prompt": prompts[b], "seconds": share, "samples": [
-            {"ids": list(s.completion_ids), "text": s.text, "finish_reason": s.finish_reason, **({"looped": True} if s.looped else {})}
-            for s in row]}) + "\n"
-            for b, row in zip(range(start, stop), out))
+        text = "".join(
+            json.dumps({
+                "index": b, "prompt": prompts[b], "seconds": share, "samples": [{
+                    "ids": list(s.completion_ids), "text": s.text, "finish_reason": s.finish_reason,
+                    **({"looped": True} if s.looped else {})
+                } for s in row]
+            }) + "\n" for b, row in zip(range(start, stop), out))
         with path.open("a") as f:  # one write per chunk, flushed to disk before the next chunk starts
             f.write(text)
             f.flush()

@@ -145,9 +145,9 @@ class _Prompts:
 
 
 @torch.no_grad()
-def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], params: SamplingParams, eos_ids: list[int],
-                *, batch_size: int, pad_id: int, seed: int | None = None, loop_stop: LoopStop | None = None,
-                on_done: Callable[[int], None] | None = None,
+def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], params: SamplingParams,
+                eos_ids: list[int], *, batch_size: int, pad_id: int, seed: int | None = None,
+                loop_stop: LoopStop | None = None, on_done: Callable[[int], None] | None = None,
                 on_forward: Callable[[int, int], None] | None = None) -> list[Decoded]:
     """Decode every job with continuous batching (see the module docstring); returns one :class:`Decoded` per job,
     in the order of ``jobs``.
@@ -209,7 +209,9 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
             store.prefill([jobs[b][0] for b in batch])
             entries = [store.admit(jobs[b][0]) for b in batch]
             logits = torch.stack([logit for _, logit in entries])
-            batch_gens = None if params.greedy else [torch.Generator().manual_seed(job_seed(seed, *jobs[b])) for b in batch]
+            batch_gens = None if params.greedy else [
+                torch.Generator().manual_seed(job_seed(seed, *jobs[b])) for b in batch
+            ]
             tokens, logprobs, certainty = choose(logits, params, warpers, batch_gens)
             for r, (b, token, lp, c) in enumerate(zip(batch, tokens.tolist(), logprobs.tolist(), certainty.tolist())):
                 if record(b, token, lp, c):

@@ -77,7 +77,9 @@ class OpenAICompletionsEngine:
         try:
             import openai
         except ImportError:
-            raise ImportError("the server engine needs the openai client: pip install 'rlft[remote]' (or `pip install openai`)") from None
+            raise ImportError(
+                "the server engine needs the openai client: pip install 'rlft[remote]' (or `pip install openai`)"
+            ) from None
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS token id")
         if max_concurrency < 1:
@@ -150,8 +152,9 @@ class OpenAICompletionsEngine:
         Raises:
             UsageError: always.
         """
-        raise UsageError(f"--rollout-engine server samples from the weights of the server at {self.base_url}, which rlft cannot "
-                         "update: it cannot follow a policy being trained (use --rollout-engine hf or vllm)")
+        raise UsageError(
+            f"--rollout-engine server samples from the weights of the server at {self.base_url}, which rlft cannot "
+            "update: it cannot follow a policy being trained (use --rollout-engine hf or vllm)")
 
     def _to_sample(self, choice) -> Sample:
         lp = choice.logprobs
@@ -160,9 +163,11 @@ class OpenAICompletionsEngine:
         ids = _get(choice, "token_ids")
         if ids is None:
             if tokens is None:
-                raise RuntimeError("the server returned neither token_ids nor logprobs tokens; is it vLLM's OpenAI server?")
+                raise RuntimeError(
+                    "the server returned neither token_ids nor logprobs tokens; is it vLLM's OpenAI server?")
             if not all(t.startswith(TOKEN_ID_PREFIX) for t in tokens):
-                raise RuntimeError("logprobs tokens are not 'token_id:<id>': the server ignored return_tokens_as_token_ids")
+                raise RuntimeError(
+                    "logprobs tokens are not 'token_id:<id>': the server ignored return_tokens_as_token_ids")
             ids = [int(t[len(TOKEN_ID_PREFIX):]) for t in tokens]
         ids = [int(i) for i in ids]
         if logprobs is not None and len(logprobs) != len(ids):

@@ -75,7 +75,8 @@ class VLLMEngine:
         self._vllm = vllm
         path = resolve_model(model_name_or_path)
         llm_kwargs.setdefault("generation_config", "vllm")  # ignore the model's sampling defaults, as HFEngine does
-        self.llm = vllm.LLM(model=path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization, **llm_kwargs)
+        self.llm = vllm.LLM(model=path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                            **llm_kwargs)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_name_or_path)
         if self.tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS token id")
@@ -89,20 +90,23 @@ class VLLMEngine:
         if not prompts:
             return []
         prompt_ids = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)["input_ids"]
-        common = dict(n=params.k, max_tokens=params.max_new_tokens, stop_token_ids=sorted(self.eos_ids), skip_special_tokens=True)
+        common = dict(n=params.k, max_tokens=params.max_new_tokens, stop_token_ids=sorted(self.eos_ids),
+                      skip_special_tokens=True)
         if self.return_logprobs:
             common["logprobs"] = 0  # the sampled token's log-prob only
         if params.greedy:
             common.update(temperature=0.0)
         else:
-            common.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1)
+            common.update(temperature=params.temperature, top_p=params.top_p,
+                          top_k=params.top_k if params.top_k > 0 else -1)
         requests = [
             self._vllm.SamplingParams(**common, seed=None if params.seed is None else params.seed + b)
             for b in range(len(prompts))
         ]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], requests, use_tqdm=False)
         # params.stop_repeats: each whole sample cut where the loop stop would have ended it (no time saved)
-        return stop_loops([[self._to_sample(c) for c in out.outputs] for out in outputs], self.tokenizer, params.stop_repeats)
+        return stop_loops([[self._to_sample(c) for c in out.outputs] for out in outputs], self.tokenizer,
+                          params.stop_repeats)
 
     def _to_sample(self, completion) -> Sample:
         ids = list(completion.token_ids)
@@ -111,7 +115,8 @@ class VLLMEngine:
             logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs)]
         if completion.finish_reason == "stop":
             if not ids or ids[-1] not in self.eos_ids:  # make "stop" samples end with their EOS id, as HFEngine's do
-                stop = completion.stop_reason if isinstance(completion.stop_reason, int) else self.tokenizer.eos_token_id
+                stop = completion.stop_reason if isinstance(completion.stop_reason,
+                                                            int) else self.tokenizer.eos_token_id
                 ids.append(stop)
                 logprobs = None  # no log-prob for an id vLLM did not return
             return Sample(ids, completion.text, "stop", logprobs)
@@ -120,7 +125,8 @@ class VLLMEngine:
     def _runner_model(self):
         """The vLLM model object of this process (see the module docstring for the paths tried)."""
         engine = self.llm.llm_engine
-        for path in ("model_executor.driver_worker.worker.model_runner.model", "model_executor.driver_worker.model_runner.model"):
+        for path in ("model_executor.driver_worker.worker.model_runner.model",
+                     "model_executor.driver_worker.model_runner.model"):
             obj = engine
             try:
                 for attr in path.split("."):

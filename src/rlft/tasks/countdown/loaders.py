@@ -78,7 +78,9 @@ def _detect(columns: set[str]) -> str | None:
 def _layout_error(source, row: int, columns: set[str]) -> DataError:
     found = file_columns(source)
     return DataError(
-        str(source), row, "<row>",
+        str(source),
+        row,
+        "<row>",
         f"unknown Countdown layout with columns {found if found is not None else sorted(columns)}; expected target + nums/numbers, "
         "reward_model.ground_truth, or query + completion",
     )

@@ -86,7 +86,8 @@ class CountdownOptions:
     prompt_template: str = "base"
     """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template), 'short' (compact)."""
 
-    def generated_tasks(self, n_train: int, n_heldout: int | None = None) -> tuple[list[CountdownTask], list[CountdownTask]]:
+    def generated_tasks(self, n_train: int,
+                        n_heldout: int | None = None) -> tuple[list[CountdownTask], list[CountdownTask]]:
         """``(train, heldout)``: the first ``n_train`` generated training tasks and the first ``n_heldout`` (None:
         ``heldout_size``) held-out tasks of ``--preset`` with ``--split-seed``: ``make_splits(PRESETS[preset],
         n_train, heldout_size, split_seed)``. The held-out stream is prefix-stable and does not depend on

@@ -41,7 +41,8 @@ def step_timer(device: torch.device, times: list[float]):
 
 
 def add_precision_options(parser) -> None:
-    """``--dtype`` (rlft's: auto or float32) and ``--trl-precision`` (default, bf16 or float32): see :func:`trl_precision`."""
+    """``--dtype`` (rlft's: auto or float32) and ``--trl-precision`` (default, bf16 or float32):
+    see :func:`trl_precision`."""
     parser.add_argument(
         "--dtype", choices=["auto", "float32"], default="auto",
         help="rlft's --dtype (auto: bf16 weights on CUDA; bf16 autocast over float32 weights on a CPU with native bf16)"
@@ -58,7 +59,8 @@ def trl_precision(args) -> dict:
 
 
 class Report:
-    """Lines printed as they come (flushed) and kept, to write to ``--output`` at the end: ``say(text)``, ``write(path)``."""
+    """Lines printed as they come (flushed) and kept, to write to ``--output`` at the end: ``say(text)``,
+    ``write(path)``."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -69,7 +71,7 @@ class Report:
 
     def write(self, path) -> None:
         """Write the kept lines to ``path`` atomically (:mod:`rlft.fsio`), its folder made when missing. The script
-        checks ``path`` first (:func:`rlft.script_io.check_outputs`)."""
+        checks ``path`` first (:func:`rlft.lab.script_io.check_outputs`)."""
         from rlft.fsio import atomic_write_text
 
         Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)

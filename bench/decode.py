@@ -60,7 +60,8 @@ def main() -> None:
     print(
         f"{args.path}: {len(lengths)} completions in {seconds:.1f} s on {spec.device}/{spec.dtype}: "
         f"{len(lengths) / seconds:.2f} completions/s, {sum(lengths) / seconds:.1f} generated tokens/s "
-        f"(mean {sum(lengths) / len(lengths):.1f} tokens, longest {max(lengths)}, {truncated} cut at {args.max_new_tokens}); "
+        f"(mean {sum(lengths) / len(lengths):.1f} tokens, longest {max(lengths)}, {truncated} cut at "
+        f"{args.max_new_tokens}); "
         f"peak memory {peak_memory(spec.device)}")
 
 

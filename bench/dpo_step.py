@@ -14,9 +14,9 @@ Prints seconds per optimizer step (median), pairs/s, tokens/s (prompt + chosen +
 per pair, each side counting its own tokenization) and peak memory (CUDA: allocator peak; CPU: process
 max RSS, which only grows, so run each side in its own process: --path).
 
-    python bench/dpo_step.py --path rlft --data ../shared/data/ultrafeedback/train_clean.jsonl                   # --dtype auto
+    python bench/dpo_step.py --path rlft --data ../shared/data/ultrafeedback/train_clean.jsonl  # --dtype auto
     python bench/dpo_step.py --path rlft --data ../shared/data/ultrafeedback/train_clean.jsonl --dtype float32
-    python bench/dpo_step.py --path trl  --data ../shared/data/ultrafeedback/train_clean.jsonl                   # TRL's default
+    python bench/dpo_step.py --path trl  --data ../shared/data/ultrafeedback/train_clean.jsonl  # TRL's default
     python bench/dpo_step.py --path trl  --data ../shared/data/ultrafeedback/train_clean.jsonl --trl-precision float32
 """
 
@@ -147,9 +147,12 @@ def main() -> None:
         records = (run_rlft if args.path == "rlft" else run_trl)(args, pairs_file, Path(tmp) / "run")
     total_s = sum(r["step_s"] for r in records)
     print(
-        f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] pairs/step={args.batch_size} steps={len(records)} "
-        f"step_s={statistics.median(r['step_s'] for r in records):.2f} (median) pairs/s={sum(r['pairs'] for r in records) / total_s:.2f} "
-        f"tokens/s={sum(r['tokens'] for r in records) / total_s:.0f} tokens/pair={sum(r['tokens'] for r in records) / sum(r['pairs'] for r in records):.0f} "
+        f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] "
+        f"pairs/step={args.batch_size} steps={len(records)} "
+        f"step_s={statistics.median(r['step_s'] for r in records):.2f} (median) "
+        f"pairs/s={sum(r['pairs'] for r in records) / total_s:.2f} "
+        f"tokens/s={sum(r['tokens'] for r in records) / total_s:.0f} "
+        f"tokens/pair={sum(r['tokens'] for r in records) / sum(r['pairs'] for r in records):.0f} "
         f"peak_memory={peak_memory(spec.device)}")
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from rlft.fsio import atomic_write_text
-from rlft.script_io import ArgumentParser, check_outputs, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:

@@ -144,12 +144,14 @@ def main() -> None:
         results[side] = json.loads(out)
         r = results[side]
         print(
-            f"{args.task} {side:>6}: step_s={r['step_s']:.2f} (median of {r['steps']}) tokens/step={r['tokens_per_step']:.0f} "
-            f"computed/step={r['computed_per_step']:.0f} "
+            f"{args.task} {side:>6}: step_s={r['step_s']:.2f} (median of {r['steps']}) "
+            f"tokens/step={r['tokens_per_step']:.0f} computed/step={r['computed_per_step']:.0f} "
             f"tokens/s={r['tokens_per_s']:.0f} peak_memory={r['peak_memory']} device={r['device']}", flush=True)
     print(
-        f"{args.task}: packed/padded tokens/s = {results['packed']['tokens_per_s'] / results['padded']['tokens_per_s']:.2f}x "
-        f"(pack_length={args.pack_length}, batch {args.batch_size}, micro-batch {args.micro_batch_size}, max_length {args.max_length})"
+        f"{args.task}: packed/padded tokens/s = "
+        f"{results['packed']['tokens_per_s'] / results['padded']['tokens_per_s']:.2f}x "
+        f"(pack_length={args.pack_length}, batch {args.batch_size}, micro-batch {args.micro_batch_size}, "
+        f"max_length {args.max_length})"
     )
 
 

@@ -140,9 +140,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.model)
-    print(
-        f"threads {torch.get_num_threads()}, RLFT_CPU_BF16={os.environ.get('RLFT_CPU_BF16', 'unset')}, model {args.model}"
-    )
+    print(f"threads {torch.get_num_threads()}, RLFT_CPU_BF16={os.environ.get('RLFT_CPU_BF16', 'unset')}, "
+          f"model {args.model}")
     results = {}
     for name, spec in SPECS.items():
         sft, sft_loss0 = sft_bench(args, tokenizer, spec)
@@ -150,12 +149,14 @@ def main() -> None:
         dec, ids = decode_bench(args, tokenizer, spec)
         results[name] = dict(sft=sft, dpo=dpo, decode=dec, ids=ids)
         print(
-            f"{name:>10}: SFT {sft:8.1f} tok/s (first loss {sft_loss0:.4f})  DPO {dpo:8.1f} tok/s (first loss {dpo_loss0:.4f})  "
+            f"{name:>10}: SFT {sft:8.1f} tok/s (first loss {sft_loss0:.4f})  "
+            f"DPO {dpo:8.1f} tok/s (first loss {dpo_loss0:.4f})  "
             f"decode {dec:7.1f} tok/s   peak {peak_memory(CPU)}")
     a, b = results["float32"], results["bf16 mixed"]
     same = sum(x == y for x, y in zip(a["ids"], b["ids"])) / len(a["ids"])
     print(
-        f"bf16 / float32: SFT {b['sft'] / a['sft']:.2f}x  DPO {b['dpo'] / a['dpo']:.2f}x  decode {b['decode'] / a['decode']:.2f}x; "
+        f"bf16 / float32: SFT {b['sft'] / a['sft']:.2f}x  DPO {b['dpo'] / a['dpo']:.2f}x  "
+        f"decode {b['decode'] / a['decode']:.2f}x; "
         f"greedy rows identical: {same:.0%}")
 
 

@@ -44,7 +44,7 @@ import gpu_bench  # noqa: E402
 from rollout_gpu import BiasedEosTokenizer, bias_eos  # noqa: E402
 
 from rlft.fsio import atomic_write_json  # noqa: E402
-from rlft.script_io import ArgumentParser, check_outputs, run_script  # noqa: E402
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script  # noqa: E402
 
 REUSE = (1, 2, 4)
 
@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
     cfg = RLConfig(model="random", loss="ppo", loss_mode="seq_mean", lora_r=16, lora_alpha=32.0,
                    micro_batch_size=args.micro_batch_size)
     policy = apply_lora(model, cfg.lora_settings())
-    objective = make_objective(cfg)
+    objective = make_objective(cfg.policy, cfg.kl, cfg.importance)
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6, **optimizer_kernels("adamw", params, sharded=False))
     engine = HFEngine(policy, tokenizer, batch_size=args.gen_batch_size, copy_weights=True,

@@ -23,7 +23,8 @@ and not counted; printed per arm: the median of ``time/step_s`` over the other s
 ``time/update_s``, and the update's rate (mean ``tokens/trained`` over the median update seconds: the loss's
 micro-batches show there). ``--rounds 2`` runs before, after, before, after.
 
-    python bench/rl_step.py --model runs/demo/filtered/model --steps 3 --output docs/results/speed/data/rl_step_<date>.txt
+    python bench/rl_step.py --model runs/demo/filtered/model --steps 3 \\
+        --output docs/results/speed/data/rl_step_<date>.txt
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ import tempfile
 from pathlib import Path
 
 from rlft.fsio import atomic_write_text
-from rlft.script_io import ArgumentParser, check_outputs, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script
 
 ARMS = ("before", "after")
 COMPILED = "after-compile"
 
 
 def run_arm(arm: str, args, out: Path) -> dict:
-    """``rlft rl`` for ``args.steps`` steps in ``out``, sampling as ``arm`` says; the per-step metrics, step 1 left out."""
+    """``rlft rl`` for ``args.steps`` steps in ``out``, sampling as ``arm`` says; the per-step metrics, step 1 left
+    out."""
     import functools
 
     import rlft.rl.batch as rl_batch
@@ -126,9 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         lines.append("all " + summary(arm, per_arm[arm]))
     medians = {arm: statistics.median(r["time/step_s"] for r in per_arm[arm]) for arm in arms}
     for arm in arms[1:]:
-        lines.append(
-            f"before / {arm} step time = {medians['before']:.2f} / {medians[arm]:.2f} = {medians['before'] / medians[arm]:.2f}x"
-        )
+        lines.append(f"before / {arm} step time = {medians['before']:.2f} / {medians[arm]:.2f} = "
+                     f"{medians['before'] / medians[arm]:.2f}x")
     print("\n".join(lines[-2 * len(arms) + 1:]))
     if args.output is not None:
         atomic_write_text(args.output.expanduser(), "\n".join(lines) + "\n")

@@ -13,7 +13,8 @@ One batch of real samples (``--prompts`` Countdown prompts x ``--k``, T=1, ``--m
   sampling copy after each update (``sync_weights`` only forgets the copy; the next sampling builds it).
 
 Printed: seconds per candidate (median over rounds), its passes and the padded tokens they computed, and real
-(unpadded, prompt included) tokens per second. ``--profile`` also prints torch.profiler's top operators of one ``length`` pass.
+(unpadded, prompt included) tokens per second. ``--profile`` also prints torch.profiler's top operators of
+one ``length`` pass.
 
     python bench/rl_update.py --model <an RL start> --rounds 3 --output docs/results/speed/data/rl_update_<date>.txt
 """
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from rlft.script_io import ArgumentParser, check_outputs, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(args.model)
     cfg = RLConfig(model=args.model, loss="ppo", loss_mode="seq_mean", lora_r=16, lora_alpha=32.0)
     model = apply_lora(load_model(args.model, spec), cfg.lora_settings())
-    objective = make_objective(cfg)
+    objective = make_objective(cfg.policy, cfg.kl, cfg.importance)
     prompts = [render_prompt("short", task, tokenizer) for task in load_countdown(args.data, limit=args.prompts)]
     special = adds_special_tokens("short")
     engine = HFEngine(model, tokenizer, batch_size=args.prompts * args.k, add_special_tokens=special,

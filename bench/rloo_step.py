@@ -176,7 +176,8 @@ def main() -> None:
     tokens = sum(r["completion_tokens"] for r in timed)
     completions = sum(r["completions"] for r in timed)
     print(
-        f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] prompts/step={args.prompts_per_step} k={args.k} "
+        f"path={args.path} model={args.model} device={spec.device} precision=[{args.precision}] "
+        f"prompts/step={args.prompts_per_step} k={args.k} "
         f"steps={len(timed)} step_s={step_s:.2f} (median) completions/s={completions / total_s:.2f} "
         f"generated_tokens/s={tokens / total_s:.1f} mean_completion_tokens={tokens / completions:.1f} "
         f"peak_memory={peak_memory(spec.device)}")

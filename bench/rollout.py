@@ -49,7 +49,7 @@ import torch
 
 from rlft import provenance
 from rlft.rl.options import SamplingOptions
-from rlft.script_io import ArgumentParser, check_outputs, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script
 
 CANDIDATES = ("drop", "refill", "cb", "generate")
 STOP_REPEATS = SamplingOptions.stop_repeats
@@ -140,7 +140,8 @@ def run_cb(model, prompt_ids, params, eos_ids, pad_id, batch_size, cuda_graph: b
 def distribution(lengths: list[int], limit: int) -> str:
     q = statistics.quantiles(lengths, n=10)
     return (
-        f"mean {statistics.mean(lengths):.1f}, p10 {q[0]:.0f}, median {statistics.median(lengths):.0f}, p90 {q[-1]:.0f}, "
+        f"mean {statistics.mean(lengths):.1f}, p10 {q[0]:.0f}, median {statistics.median(lengths):.0f}, "
+        f"p90 {q[-1]:.0f}, "
         f"at the {limit}-token limit {sum(x >= limit for x in lengths) / len(lengths):.0%}")
 
 
@@ -204,11 +205,13 @@ def main(argv: list[str] | None = None) -> None:
         return run_engine(engines[text], prompts, replace(params, stop_repeats=STOP_REPEATS if stop else None))
 
     say(f"bench/rollout.py, {time.strftime('%Y-%m-%d %H:%M')}: {' '.join(sys.argv[1:]) or '(defaults)'}")
-    say(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}); "
+    say(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads "
+        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}); "
         f"torch {torch.__version__}, "
         f"transformers {transformers.__version__}")
-    say(f"model: {args.model} ({spec.label}; sampling from {next(sampler.parameters()).dtype} weights); prompts: {len(prompts)} "
-        f"'{args.prompt_template}' prompts from {source} ({min(map(len, prompt_ids))}-{max(map(len, prompt_ids))} tokens), "
+    say(f"model: {args.model} ({spec.label}; sampling from {next(sampler.parameters()).dtype} weights); "
+        f"prompts: {len(prompts)} '{args.prompt_template}' prompts from {source} "
+        f"({min(map(len, prompt_ids))}-{max(map(len, prompt_ids))} tokens), "
         f"k={args.k}, T=1, {args.max_new_tokens} new tokens, batch {args.batch_size} unless a candidate says @rows")
     warm = SamplingParams(k=2, temperature=1.0, max_new_tokens=8, seed=0)
     for name in candidates:
@@ -221,9 +224,9 @@ def main(argv: list[str] | None = None) -> None:
             lengths = sample(name, params)
             seconds = time.perf_counter() - t0
             runs[name].append((seconds, lengths))
-            say(f"round {r} {name:>15}: {seconds:6.1f} s, {sum(lengths)} tokens, {sum(lengths) / seconds:6.1f} tokens/s; "
-                f"{distribution(lengths, args.max_new_tokens)}")
-    rate = {name: sum(sum(l) for _, l in rs) / sum(s for s, _ in rs) for name, rs in runs.items()}
+            say(f"round {r} {name:>15}: {seconds:6.1f} s, {sum(lengths)} tokens, "
+                f"{sum(lengths) / seconds:6.1f} tokens/s; {distribution(lengths, args.max_new_tokens)}")
+    rate = {name: sum(sum(lens) for _, lens in rs) / sum(s for s, _ in rs) for name, rs in runs.items()}
     say("")
     first = candidates[0]
     width = max(9, len(first) + 2)
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, rs in runs.items():
         ratio = f"{rate[name] / rate[first]:.2f}"
         say(f"{name:>15} {statistics.mean(s for s, _ in rs):11.1f} {rate[name]:9.1f} {ratio:>{width}}  "
-            f"{distribution([x for _, l in rs for x in l], args.max_new_tokens)}")
+            f"{distribution([x for _, lens in rs for x in lens], args.max_new_tokens)}")
     if args.output:
         report.write(args.output)
 

@@ -44,7 +44,7 @@ from rlft.models import pick_device  # noqa: E402
 from rlft.rollout.base import SamplingParams  # noqa: E402
 from rlft.fsio import atomic_write_json  # noqa: E402
 from rlft.rollout.hf import HFEngine  # noqa: E402
-from rlft.script_io import ArgumentParser, check_outputs, run_script  # noqa: E402
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script  # noqa: E402
 
 
 class BiasedEosTokenizer(gpu_bench.IdTokenizer):

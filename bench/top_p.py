@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from rlft.script_io import ArgumentParser, check_outputs, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script
 
 
 def transformers_warpers(params):
@@ -95,11 +95,12 @@ def main(argv: list[str] | None = None) -> None:
             refill.logits_warpers = ours
 
     say(f"bench/top_p.py, {time.strftime('%Y-%m-%d %H:%M')}: {' '.join(sys.argv[1:]) or '(defaults)'}")
-    say(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}); "
+    say(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads "
+        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}); "
         f"torch {torch.__version__}, transformers {transformers.__version__}")
     say(f"model: {args.model} ({spec.label}); prompts: {len(prompts)} '{args.prompt_template}' prompts from {source}, "
-        f"k={args.k}, T={args.temperature}, top-p {args.top_p}, {args.max_new_tokens} new tokens, batch {args.batch_size}"
-        )
+        f"k={args.k}, T={args.temperature}, top-p {args.top_p}, {args.max_new_tokens} new tokens, "
+        f"batch {args.batch_size}")
     warm = SamplingParams(k=2, temperature=args.temperature, top_p=args.top_p, max_new_tokens=8, seed=0)
     for name in CANDIDATES:
         sample(name, warm)

@@ -16,10 +16,10 @@ UNPACKED_AS = {"metrics.jsonl": "run/metrics.jsonl", "pairs_stats.json": "pairs.
 
 def unpack_archive(variants: dict, archive: Path, out: Path) -> int:
     """Copy an archive's run files into the ``out/<variant>/s<seed>/`` layout that ``report`` and the plots read:
-    ``eval_*.json`` and ``train_time.json`` as they are, ``metrics.jsonl`` to ``run/metrics.jsonl``, ``pairs_stats.json``
-    to ``pairs.stats.json``; ``sft_start_eval_*.json`` to ``sft_start/``. Files of unknown variants and files already
-    in ``out`` are left alone (never replaced); each copy is written atomically (:mod:`rlft.fsio`: a copy cut short is
-    never left to be taken for the file). Returns the number of files copied."""
+    ``eval_*.json`` and ``train_time.json`` as they are, ``metrics.jsonl`` to ``run/metrics.jsonl``,
+    ``pairs_stats.json`` to ``pairs.stats.json``; ``sft_start_eval_*.json`` to ``sft_start/``. Files of unknown variants
+    and files already in ``out`` are left alone (never replaced); each copy is written atomically (:mod:`rlft.fsio`: a
+    copy cut short is never left to be taken for the file). Returns the number of files copied."""
     from rlft.fsio import atomic_write_bytes
 
     copied = 0

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rlft.compute import final_flops, model_parameter_count, summed_step_seconds
-from rlft.script_io import read_json
+from rlft.lab.script_io import read_json
 
 
 class Ablation(Protocol):

@@ -3,10 +3,12 @@
 Every finished variant/seed is paired against the SFT start task by task (mean difference, 95% interval, tasks
 better/worse), from the ``eval_*.json`` files of ``--out/<variant>/s<seed>/`` and ``--out/sft_start/``:
 
-    python scripts/ablation_report.py report --out runs/ablation --tasks 500   # table, samples_vs_score.png, paired_vs_samples.png
+    python scripts/ablation_report.py report --out runs/ablation --tasks 500   # table, samples_vs_score.png,
+                                                                               # paired_vs_samples.png
     python scripts/ablation_report.py report --out runs/ablation --overwrite   # ... replacing earlier plots
     python scripts/ablation_report.py churn --out runs/ablation --tasks 500    # which tasks each run flips
-    python scripts/ablation_report.py compare --pair A.json B.json             # A minus B, paired (rlft eval compare B A)
+    python scripts/ablation_report.py compare --pair A.json B.json             # A minus B, paired
+                                                                               # (rlft eval compare B A)
     python scripts/ablation_report.py unpack --out runs/bounded/archive        # an archive's files, laid out for report
 
 Variants are listed in the order of ``configs/countdown/ablation/`` (``--configs``). Nothing here loads a model: the
@@ -28,8 +30,8 @@ from countdown_ablation import CONFIGS, pairs_file  # noqa: E402  (the runner's 
 
 from rlft.eval.compare import check_same_tasks, compare_results, load as read  # noqa: E402
 from rlft.eval.stats import format_difference  # noqa: E402
-from rlft.recipes.pipeline import load_variants  # noqa: E402
-from rlft.script_io import ArgumentParser, check_outputs, fail, run_script  # noqa: E402
+from rlft.lab.pipeline import load_variants  # noqa: E402
+from rlft.lab.script_io import ArgumentParser, check_outputs, fail, run_script  # noqa: E402
 
 PLOTS = ("samples_vs_score.png", "paired_vs_samples.png")
 """The pictures ``report`` writes in ``--out`` (an existing one is replaced only with ``--overwrite``)."""
@@ -41,7 +43,8 @@ def load(path: Path):  # an evaluation (rlft.eval.compare.load): UsageError nami
 
 
 def seed_folders(variants: dict, out: Path, kind: str | None = None):
-    """``(variant name, seed folder)`` of every variant in ``variants`` order (of ``kind`` only when given), seeds sorted."""
+    """``(variant name, seed folder)`` of every variant in ``variants`` order (of ``kind`` only when given), seeds
+    sorted."""
     for name, spec in variants.items():
         if (kind is None or spec["kind"] == kind) and (out / name).exists():
             yield from ((name, folder) for folder in sorted((out / name).glob("s*")))
@@ -86,9 +89,8 @@ def report(variants: dict, out: Path, n: int) -> str:
         g, d = load(path), paired(path, start)["all"]
         sp = folder / f"eval_sampled_{n}.json"
         smp = load(sp) if sp.exists() else None
-        t = json.loads(
-            (folder / "train_time.json").read_text())["seconds"] if (folder /
-                                                                     "train_time.json").exists() else float("nan")
+        time_file = folder / "train_time.json"
+        t = json.loads(time_file.read_text())["seconds"] if time_file.exists() else float("nan")
         extra = f"{smp.mean_score:.3f} ({ci(paired(sp, p)['all'])})" if smp and sampled else "-"
         rows.append(f"| {name} | {folder.name[1:]} | {g.mean_score:.3f} | {ci(d)} | "
                     f"{d['better']}/{d['worse']} | {extra} | {pass_cells(smp)} | {real_cells(folder)} | {t:.0f} |")
@@ -107,10 +109,8 @@ def sizes(variants: dict, out: Path, n: int, split: str) -> str:
 
     start, sampled_start = file(out / "sft_start", "greedy"), file(out / "sft_start", "sampled")
     s = load(start)
-    rows = [
-        "| variant | seed | score (mixed / 3 / 4 numbers) | truncated | minus SFT, mixed | 3 numbers | 4 numbers | sampled minus SFT |",
-        "|---|---|---|---|---|---|---|---|"
-    ]
+    rows = ["| variant | seed | score (mixed / 3 / 4 numbers) | truncated | minus SFT, mixed | 3 numbers | 4 numbers | "
+            "sampled minus SFT |", "|---|---|---|---|---|---|---|---|"]
     ss = f"{load(sampled_start).mean_score:.3f}" if sampled_start.exists() else "-"
     rows.append(f"| SFT start | - | {scores(s)} | {s.truncated_rate:.3f} | - | - | - | {ss} |")
     for name, folder in seed_folders(variants, out):
@@ -169,8 +169,8 @@ def inloop_eval_file(folder: Path) -> str:
 
     path = folder / "run" / "config.yaml"
     cfg = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
-    on_validation = (cfg.get("data", RLConfig.data) and cfg.get("data_heldout", RLConfig.data_heldout)
-                     and cfg.get("eval_rows", RLConfig.eval_rows) == "validation")
+    on_validation = (cfg.get("data", RLConfig().data) and cfg.get("data_heldout", RLConfig().data_heldout)
+                     and cfg.get("eval_rows", RLConfig().eval_rows) == "validation")
     return "eval_val_greedy_" if on_validation else "eval_greedy_"
 
 
@@ -203,7 +203,8 @@ def plot_samples_vs_score(variants: dict, out: Path, n_curve: int = 100) -> Path
 def samples_generated(variants: dict, out: Path, name: str, folder: Path) -> int | None:
     """Samples a variant/seed generated before its update: an RL run's ``samples/total``, a DPO run's pair prompts x
     samples per prompt (``pairs.stats.json`` of the variant whose pairs it trains on) plus those of the variant it
-    starts from (``start_from``), 0 for continued SFT (it trains on its fixed dataset); None when a record is missing."""
+    starts from (``start_from``), 0 for continued SFT (it trains on its fixed dataset); None when a record is
+    missing."""
     from rlft.checkpoint import read_metrics
 
     spec = variants[name]
@@ -277,9 +278,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.pair[0]} ({d['mean_b']:.3f}) minus {args.pair[1]} ({d['mean_a']:.3f}) on {d['n']} tasks: "
               f"{format_difference(d)}, better/worse {d['better']}/{d['worse']}")
     elif args.command == "unpack":
-        print(
-            f"{unpack_archive(load_variants(args.configs), args.archive, args.out)} files copied from {args.archive} into {args.out}"
-        )
+        copied = unpack_archive(load_variants(args.configs), args.archive, args.out)
+        print(f"{copied} files copied from {args.archive} into {args.out}")
     elif args.command == "churn":
         print(churn(load_variants(args.configs), args.out, args.tasks))
     elif args.command == "sizes":
@@ -289,10 +289,9 @@ def main(argv: list[str] | None = None) -> None:
         print(plot_samples_vs_score(variants, args.out))
         print(plot_paired(variants, args.out, args.tasks))
     if UNCHECKED:
-        print(
-            f"note: {len(UNCHECKED)} pair(s) of files record no task list (older evaluations), paired by position with "
-            f"their number of tasks checked, e.g. {' and '.join(sorted(UNCHECKED)[0])}", file=sys.stderr)
+        print(f"note: {len(UNCHECKED)} pair(s) of files record no task list (older evaluations), paired by position "
+              f"with their number of tasks checked, e.g. {' and '.join(sorted(UNCHECKED)[0])}", file=sys.stderr)
 
 
-if __name__ == "__main__":  # user errors (a bad variant file, a missing or unreadable evaluation, other tasks): one line, exit 2
-    run_script(main)
+if __name__ == "__main__":  # user errors (a bad variant file, a missing or unreadable evaluation, other tasks):
+    run_script(main)  # one line, exit 2

@@ -17,7 +17,7 @@ p99 <= 0.25 nats. With --dtype float32: use e.g. --min-greedy-match 0.98 --max-m
     python scripts/compare_engines.py --model runs/gpu_check/rloo/model --server-url http://127.0.0.1:8011/v1
 
 Exit status 1 when a check fails; the numbers also go to --output (JSON: a new file, checked before anything loads;
-an existing one needs --overwrite). A user error is one line, exit status 2 (:mod:`rlft.script_io`).
+an existing one needs --overwrite). A user error is one line, exit status 2 (:mod:`rlft.lab.script_io`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from rlft.fsio import atomic_write_json
-from rlft.script_io import ArgumentParser, check_outputs, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script
 
 
 def first_divergence(a: list[int], b: list[int]) -> int:
@@ -127,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     report["ok"] = ok
     print(
         f"{name} vs transformers ({args.dtype}, {len(prompts)} prompts): greedy identical {match:.3f} "
-        f"(>= {args.min_greedy_match}); sampled-token |dlogp| mean {report['logprob_mean_abs']:.4f} (<= {args.max_mean_abs}) "
+        f"(>= {args.min_greedy_match}); sampled-token |dlogp| mean {report['logprob_mean_abs']:.4f} "
+        f"(<= {args.max_mean_abs}) "
         f"p99 {report['logprob_p99_abs']:.4f} (<= {args.max_p99_abs}) max {report['logprob_max_abs']:.4f} over "
         f"{report['logprob_tokens']} tokens: {'OK' if ok else 'FAIL'}")
     for m in mismatches[:5]:
-        print(
-            f"  greedy mismatch, prompt {m['prompt']} from token {m['first_divergence']}: vllm={m['vllm'][:80]!r} hf={m['hf'][:80]!r}"
-        )
+        print(f"  greedy mismatch, prompt {m['prompt']} from token {m['first_divergence']}: "
+              f"vllm={m['vllm'][:80]!r} hf={m['hf'][:80]!r}")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(args.output).expanduser(), report)

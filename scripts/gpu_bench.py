@@ -17,7 +17,8 @@ kernels; :data:`rlft.ops.CAUSAL_RIGHT_PADDING_DEVICES`, :data:`rlft.recipes.comm
 No run starts after ``--time-budget`` seconds (240: the whole script within 5 minutes on an H100; skipped runs
 are listed). Order: decoding, then eager, compile, compile+packing training (the first compiled step of each
 kind compiles, untimed). One table on stdout; ``--output`` writes the results as JSON (a new file, checked before the
-model is built; an existing one needs ``--overwrite``). A user error is one line, exit code 2 (:mod:`rlft.script_io`).
+model is built; an existing one needs ``--overwrite``). A user error is one line, exit code 2
+(:mod:`rlft.lab.script_io`).
 
     python scripts/gpu_bench.py --output gpu_bench.json                        # SmolLM2-135M shape, H100: < 5 min
     python scripts/gpu_bench.py --shape qwen2.5-0.5b --output gpu_bench_qwen.json
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -52,7 +54,7 @@ from rlft.recipes.sft import SFTConfig, micro_batch_tokens, sft_backward  # noqa
 from rlft.rollout.base import SamplingParams  # noqa: E402
 from rlft.rollout.hf import HFEngine  # noqa: E402
 from rlft.fsio import atomic_write_json  # noqa: E402
-from rlft.script_io import ArgumentParser, check_outputs, fail, run_script  # noqa: E402
+from rlft.lab.script_io import ArgumentParser, check_outputs, fail, run_script  # noqa: E402
 
 SHAPES = {
     "smollm2-135m": ("llama", dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -84,9 +86,9 @@ def build_model(args, spec):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     kind, fields = SHAPES[args.shape]
-    config = (LlamaConfig if kind == "llama" else Qwen2Config)(**fields, tie_word_embeddings=True,
-                                                               max_position_embeddings=4096, bos_token_id=0,
-                                                               pad_token_id=0, eos_token_id=None)
+    config = (LlamaConfig if kind == "llama" else Qwen2Config)(
+        **fields, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=0, pad_token_id=0,
+        eos_token_id=None)
     torch.manual_seed(0)
     with torch.device(spec.device):
         model = AutoModelForCausalLM.from_config(config, dtype=spec.dtype, attn_implementation=args.attn)
@@ -101,10 +103,8 @@ def sync(device) -> None:
 def bench_decode(model, args, spec, rows: int, decoder: str) -> dict:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(rows)
-    prompts = [
-        " ".join(map(str,
-                     torch.randint(1, vocab, (args.prompt_tokens, ), generator=g).tolist())) for _ in range(rows)
-    ]
+    prompts = [" ".join(map(str, torch.randint(1, vocab, (args.prompt_tokens, ), generator=g).tolist()))
+               for _ in range(rows)]
     engine = HFEngine(model, IdTokenizer(vocab), batch_size=rows, decoder=decoder)
     params = SamplingParams(k=1, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
     # static compiles per shape: warm up on the very shape; the others need only their kernels loaded
@@ -132,8 +132,7 @@ def random_sequences(n: int, length: int, vocab: int, rng: random.Random,
 def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args, n_params: int, run_dir: Path,
                 variant: str = "new") -> dict:
     old = variant == "old"  # the kernels of 2026-11-27 (module docstring); new: rlft's own defaults
-    ops.CAUSAL_RIGHT_PADDING_DEVICES = () if old else TODAYS_DEVICES[0]
-    common.FUSED_ADAMW_DEVICES = () if old else TODAYS_DEVICES[1]
+    ops.CAUSAL_RIGHT_PADDING_DEVICES, common.FUSED_ADAMW_DEVICES = ((), ()) if old else TODAYS_DEVICES
     vocab = model.config.vocab_size
     rng = random.Random(rows * 100_003 + length)
     options = dict(model="random-init", device=str(spec.device), lr=1e-5, save_every=0,
@@ -142,12 +141,11 @@ def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args,
                    output_dir=str(run_dir))
     if task == "sft":
         cfg = SFTConfig(**options, batch_size=rows, micro_batch_size=rows)
-        items = step_order_examples(random_sequences(rows, length, vocab, rng), cfg)
+        examples = random_sequences(rows, length, vocab, rng)
+        items = [examples[i] for i in step_order(list(range(rows)), lambda i: len(examples[i].input_ids), cfg)]
         tokens = sum(len(e.input_ids) for e in items)
         passes = len(step_micro_batches(items, cfg, micro_batch_tokens(cfg), False))
-
-        def backward():
-            sft_backward(model, items, cfg, 0, spec.device)
+        backward = partial(sft_backward, model, items, cfg, 0, spec.device)
     else:
         n = max(1, rows // 2)
         cfg = DPOConfig(**options, batch_size=n, micro_batch_size=n)
@@ -163,12 +161,9 @@ def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args,
         ref = {k: torch.zeros(n) for k in ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")}  # not timed
         loss_fn = build_preference_loss(cfg)
         tokens = sum(len(p.chosen.input_ids) + len(p.rejected.input_ids) for p in pairs)
-        passes = len(
-            step_micro_batches(indices, cfg, lambda idx: pair_batch_tokens([pairs[i] for i in idx], cfg.packing),
-                               False))
-
-        def backward():
-            preference_backward(model, pairs, indices, ref, loss_fn, cfg, 0, spec.device)
+        passes = len(step_micro_batches(
+            indices, cfg, lambda idx: pair_batch_tokens([pairs[i] for i in idx], cfg.packing), False))
+        backward = partial(preference_backward, model, pairs, indices, ref, loss_fn, cfg, 0, spec.device)
 
     setup = prepare_training("random-init", run_dir, spec, cfg, resume=False, total_steps=1000,
                              load=lambda name, s: model)
@@ -185,46 +180,37 @@ def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args,
             times.append(time.perf_counter() - t0)
     seconds = sorted(times)[len(times) // 2]
     peak = torch.cuda.max_memory_allocated() / 2**30 if spec.device.type == "cuda" else float("nan")
-    return {
-        "kind": "train", "task": task, "mode": mode + ("" if variant == "new" else f" ({variant})"),
-        "size": f"{rows}x{length}", "tokens": tokens, "micro_batches": passes, "step_s": seconds,
-        "tokens_per_s": tokens / seconds, "mfu": 6 * n_params * tokens / seconds / (args.peak_tflops * 1e12),
-        "peak_gib": peak
-    }
-
-
-def step_order_examples(examples: list[TokenizedExample], cfg) -> list[TokenizedExample]:
-    return [examples[i] for i in step_order(list(range(len(examples))), lambda i: len(examples[i].input_ids), cfg)]
+    return {"kind": "train", "task": task, "mode": mode + ("" if variant == "new" else f" ({variant})"),
+            "size": f"{rows}x{length}", "tokens": tokens, "micro_batches": passes, "step_s": seconds,
+            "tokens_per_s": tokens / seconds, "mfu": 6 * n_params * tokens / seconds / (args.peak_tflops * 1e12),
+            "peak_gib": peak}
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto", help="rlft's --dtype: auto is bfloat16 weights on CUDA")
-    parser.add_argument("--attn", default="sdpa",
-                        help="attn_implementation: sdpa, eager, flash_attention_2 (if installed)")
-    parser.add_argument("--peak-tflops", type=float, default=790.0,
-                        help="the device's dense bf16 peak for MFU (H100 SXM: 989)")
-    parser.add_argument("--decode-rows", default="64,256")
-    parser.add_argument("--decoders", default="drop,static,generate")
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--sizes", default="16x256,32x512,64x1024", help="training steps, ROWSxLENGTH")
-    parser.add_argument("--tasks", default="sft,dpo")
-    parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--variants", default="new", help="new (today's kernels), old (2026-11-27's): see above")
-    parser.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
-    parser.add_argument("--logits-chunk-size", type=int, default=0)
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation happens there)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps (the median is reported)")
-    parser.add_argument("--compile-backend", default=None,
-                        help="torch.compile backend (default inductor; --quick: aot_eager)")
-    parser.add_argument("--time-budget", type=float, default=240.0,
-                        help="seconds; runs that would start later are skipped")
-    parser.add_argument("--quick", action="store_true", help="tiny shape and sizes, 1 timed step: a CPU smoke test")
-    parser.add_argument("--output", default=None, help="write the results as JSON here (a new file)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    add = parser.add_argument
+    add("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    add("--device", default="auto")
+    add("--dtype", default="auto", help="rlft's --dtype: auto is bfloat16 weights on CUDA")
+    add("--attn", default="sdpa", help="attn_implementation: sdpa, eager, flash_attention_2 (if installed)")
+    add("--peak-tflops", type=float, default=790.0, help="the device's dense bf16 peak for MFU (H100 SXM: 989)")
+    add("--decode-rows", default="64,256")
+    add("--decoders", default="drop,static,generate")
+    add("--prompt-tokens", type=int, default=64)
+    add("--new-tokens", type=int, default=128)
+    add("--sizes", default="16x256,32x512,64x1024", help="training steps, ROWSxLENGTH")
+    add("--tasks", default="sft,dpo")
+    add("--modes", default=",".join(MODES))
+    add("--variants", default="new", help="new (today's kernels), old (2026-11-27's): see above")
+    add("--max-tokens-per-micro-batch", type=int, default=16384)
+    add("--logits-chunk-size", type=int, default=0)
+    add("--warmup", type=int, default=1, help="untimed steps first (compilation happens there)")
+    add("--steps", type=int, default=3, help="timed steps (the median is reported)")
+    add("--compile-backend", default=None, help="torch.compile backend (default inductor; --quick: aot_eager)")
+    add("--time-budget", type=float, default=240.0, help="seconds; runs that would start later are skipped")
+    add("--quick", action="store_true", help="tiny shape and sizes, 1 timed step: a CPU smoke test")
+    add("--output", default=None, help="write the results as JSON here (a new file)")
+    add("--overwrite", action="store_true", help="replace an existing --output")
     if parser.parse_known_args(argv)[0].quick:  # --quick changes the defaults; options given explicitly still win
         parser.set_defaults(shape="tiny", decode_rows="4,8", prompt_tokens=8, new_tokens=8, sizes="4x32,8x64", steps=1,
                             max_tokens_per_micro_batch=256, compile_backend="aot_eager")
@@ -240,21 +226,19 @@ def parse_args(argv=None):
 
 
 def print_table(meta: dict, results: list[dict]) -> None:
-    print(
-        f"\n{meta['device_name']} | shape {meta['shape']} ({meta['params'] / 1e6:.1f}M params) | {meta['precision']} | "
-        f"attn {meta['attn']} | peak {meta['peak_tflops']:g} TFLOP/s for MFU | torch {meta['torch']} | "
-        f"transformers {meta['transformers']} | compile backend {meta['compile_backend']}")
-    print(
-        f"{'what':<34}{'size':>10}{'tokens':>9}{'passes':>7}{'step ms':>10}{'tokens/s':>12}{'MFU %':>8}{'peak GiB':>9}")
+    print(f"\n{meta['device_name']} | shape {meta['shape']} ({meta['params'] / 1e6:.1f}M params) | "
+          f"{meta['precision']} | attn {meta['attn']} | peak {meta['peak_tflops']:g} TFLOP/s for MFU | "
+          f"torch {meta['torch']} | transformers {meta['transformers']} | compile backend {meta['compile_backend']}")
+    print(f"{'what':<34}{'size':>10}{'tokens':>9}{'passes':>7}{'step ms':>10}{'tokens/s':>12}{'MFU %':>8}"
+          f"{'peak GiB':>9}")
     for r in results:
         if r["kind"] == "decode":
-            print(
-                f"{'decode ' + r['decoder']:<34}{str(r['rows']) + ' rows':>10}{r['tokens']:>9}{'':>7}{r['seconds'] * 1e3:>10.0f}"
-                f"{r['tokens_per_s']:>12.0f}{'':>8}{'':>9}" + ("" if r["full_length"] else "  (rows stopped early!)"))
+            print(f"{'decode ' + r['decoder']:<34}{str(r['rows']) + ' rows':>10}{r['tokens']:>9}{'':>7}"
+                  f"{r['seconds'] * 1e3:>10.0f}{r['tokens_per_s']:>12.0f}{'':>8}{'':>9}"
+                  + ("" if r["full_length"] else "  (rows stopped early!)"))
         elif r["kind"] == "train":
-            print(
-                f"{r['task'] + ' ' + r['mode']:<34}{r['size']:>10}{r['tokens']:>9}{r['micro_batches']:>7}{r['step_s'] * 1e3:>10.0f}"
-                f"{r['tokens_per_s']:>12.0f}{100 * r['mfu']:>8.1f}{r['peak_gib']:>9.1f}")
+            print(f"{r['task'] + ' ' + r['mode']:<34}{r['size']:>10}{r['tokens']:>9}{r['micro_batches']:>7}"
+                  f"{r['step_s'] * 1e3:>10.0f}{r['tokens_per_s']:>12.0f}{100 * r['mfu']:>8.1f}{r['peak_gib']:>9.1f}")
         else:
             print(f"{r['what']:<34}  {r['kind']}: {r.get('reason', '')}")
 
@@ -267,12 +251,10 @@ def main(argv=None) -> dict:
     spec = pick_device(args.device, args.dtype)
     model = build_model(args, spec)
     n_params = sum(p.numel() for p in model.parameters())
-    meta = {
-        "device_name": torch.cuda.get_device_name(spec.device) if spec.device.type == "cuda" else "cpu",
-        "shape": args.shape, "params": n_params, "precision": spec.label, "attn": args.attn,
-        "peak_tflops": args.peak_tflops, "torch": torch.__version__, "transformers": transformers.__version__,
-        "compile_backend": os.environ.get(COMPILE_BACKEND_ENV, "inductor"), "args": vars(args)
-    }
+    meta = {"device_name": torch.cuda.get_device_name(spec.device) if spec.device.type == "cuda" else "cpu",
+            "shape": args.shape, "params": n_params, "precision": spec.label, "attn": args.attn,
+            "peak_tflops": args.peak_tflops, "torch": torch.__version__, "transformers": transformers.__version__,
+            "compile_backend": os.environ.get(COMPILE_BACKEND_ENV, "inductor"), "args": vars(args)}
     results: list[dict] = []
 
     def run(what: str, fn) -> None:
@@ -302,9 +284,8 @@ def main(argv=None) -> dict:
                     rows, length = map(int, size.lower().split("x"))
                     for variant in args.variants.split(","):
                         run_dir = Path(tmp) / f"{mode}-{task}-{i}-{variant}"
-                        run(
-                            f"{task} {mode} {size} {variant}", lambda: bench_train(
-                                task, mode, rows, length, model, spec, args, n_params, run_dir, variant))
+                        run(f"{task} {mode} {size} {variant}", lambda: bench_train(
+                            task, mode, rows, length, model, spec, args, n_params, run_dir, variant))
     meta["seconds"] = time.perf_counter() - start
     print_table(meta, results)
     print(f"total {meta['seconds']:.0f} s")

@@ -13,7 +13,7 @@ another model or sampling setting (``model``, its weights' ``model_sha256``, ``t
 ``max_new_tokens``, ``prompt_template``, ``select_reward_model``), a seed used twice (the samples would repeat),
 reward-model scores in some files only; before any file is read, an ``--output`` that is a folder, one of the inputs
 (even with ``--overwrite``) or an existing file without ``--overwrite``. Errors are one line, exit code 2
-(:mod:`rlft.script_io`). The output's
+(:mod:`rlft.lab.script_io`). The output's
 ``selection`` is empty (give test_time_study the greedy file); its ``config`` is the first file's with ``k`` the
 total, ``seed`` None, ``merged_from`` the files and ``seeds``.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rlft.eval.countdown import CountdownEvalResult, merge_samples, read_eval_file
 from rlft.fsio import atomic_write_json
-from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, fail, run_script
 
 SAME = ("model", "model_sha256", "temperature", "top_p", "max_new_tokens", "prompt_template", "select_reward_model")
 """Config fields every merged file must share."""
@@ -39,7 +39,8 @@ def check_configs(paths: list[Path], configs: list[dict]) -> None:
     seeds = [config.get("seed") for config in configs]
     for i, seed in enumerate(seeds):
         if seed is None or seeds.index(seed) != i:
-            why = "no seed (its samples cannot be shown to differ)" if seed is None else f"seed {seed}, as {paths[seeds.index(seed)]}"
+            why = ("no seed (its samples cannot be shown to differ)" if seed is None
+                   else f"seed {seed}, as {paths[seeds.index(seed)]}")
             fail(f"{paths[i]}: {why}; merge evaluations sampled with different --seed")
 
 

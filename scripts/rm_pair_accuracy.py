@@ -5,11 +5,11 @@ Pairs are read by :func:`rlft.data.preferences.load_preference_pairs`, as ``rlft
 (a missing field, an empty reply, chosen and rejected after different conversations) is an error naming the file,
 row and field, or with ``--skip-invalid`` is skipped and counted. The model scores both answers of each pair
 through :class:`rlft.rewards.reward_model.RewardModelScorer`; accuracy is the fraction with chosen > rejected, strictly
-(an exact score tie counts 0, as in ``rlft rm``'s held-out accuracy; ties are counted in ``score_ties``), with Wilson's 95% interval (:func:`rlft.eval.winrate.winrate_summary`). Pairs whose prompt
-alone is longer than ``--max-length`` are skipped and counted, as in training; longer answers are cut at the end,
-as in training.
+(an exact score tie counts 0, as in ``rlft rm``'s held-out accuracy; ties are counted in ``score_ties``), with
+Wilson's 95% interval (:func:`rlft.eval.winrate.winrate_summary`). Pairs whose prompt alone is longer
+than ``--max-length`` are skipped and counted, as in training; longer answers are cut at the end, as in training.
 
-Checked before the model loads (one line, exit code 2: :mod:`rlft.script_io`): ``--json`` is a new file (an existing
+Checked before the model loads (one line, exit code 2: :mod:`rlft.lab.script_io`): ``--json`` is a new file (an existing
 one needs ``--overwrite``) and never the ``--pairs`` file; ``--pairs`` exists; ``--model`` is a reward model (a
 folder written by ``rlft rm``: a 1-label sequence classifier; a plain causal LM would be scored by a random head);
 ``--max-length`` and ``--batch-size`` are >= 1 and ``--dtype`` is known.
@@ -27,7 +27,7 @@ from pathlib import Path
 from rlft.data.preferences import load_preference_pairs
 from rlft.eval.winrate import winrate_summary
 from rlft.rewards.reward_model import RewardModelScorer, check_reward_model
-from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, fail, run_script
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 

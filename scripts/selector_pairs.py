@@ -6,7 +6,7 @@ in a sampled ``rlft eval countdown --output`` file, at each n (the first n of ea
 
 Prints one line per n and selector B: A's mean selected score, B's, and A minus B with its paired 95% interval
 (:func:`rlft.eval.countdown.paired_difference`) and the tasks where A's pick scores higher / lower. Read-only.
-Refused (one line, exit code 2: :mod:`rlft.script_io`): a file that is not an evaluation or lacks what a selector
+Refused (one line, exit code 2: :mod:`rlft.lab.script_io`): a file that is not an evaluation or lacks what a selector
 needs, and ``--sizes`` below 1 or above the file's k (they would draw nothing).
 """
 
@@ -16,7 +16,7 @@ from rlft.eval.best_of_n import available_selectors
 from rlft.eval.countdown import paired_difference, read_eval_file
 from rlft.eval.select import SELECTORS, selected_scores
 from rlft.eval.stats import format_difference
-from rlft.script_io import ArgumentParser, fail, run_script
+from rlft.lab.script_io import ArgumentParser, fail, run_script
 
 
 SIZES = (1, 2, 4, 8, 16)
@@ -25,9 +25,9 @@ SIZES = (1, 2, 4, 8, 16)
 
 def pairs(path: str, a: str, bs: list[str], sizes: list[int] | None = None) -> list[dict]:
     """``[{"n", "b", "a_score", "b_score", "diff", "ci_low", "ci_high", "better", "worse"}]`` for each n <= k in
-    ``sizes`` (None: :data:`SIZES` up to k) and each selector of ``bs``. ScriptError (or ValueError) naming the file when it is not an evaluation,
-    lacks what a selector needs (e.g. reward-model scores), or has fewer than ``max(sizes)`` samples per task; or
-    naming ``--sizes`` when one is below 1."""
+    ``sizes`` (None: :data:`SIZES` up to k) and each selector of ``bs``. ScriptError (or ValueError) naming the file
+    when it is not an evaluation, lacks what a selector needs (e.g. reward-model scores), or has fewer
+    than ``max(sizes)`` samples per task; or naming ``--sizes`` when one is below 1."""
     if bad := [n for n in sizes or () if n < 1]:
         fail(f"--sizes must be >= 1, got {' '.join(map(str, bad))}")
     result = read_eval_file(path)[0]

@@ -22,9 +22,9 @@ generated per task, the long searches, and for every long search and model the c
 line per model x selector with 95% error bars (the interval of the mean selected score over tasks), greedy and long
 searches as points.
 
-Refused (one line, exit 2: :mod:`rlft.script_io`): an existing ``--markdown`` / ``--plot`` without ``--overwrite``, or
-one that is an input; a name or label given twice; a greedy file of other tasks, weights, prompt template or
-``max_new_tokens`` (:func:`rlft.eval.countdown.other_settings`); ``--sizes`` above every model's k.
+Refused (one line, exit 2: :mod:`rlft.lab.script_io`): an existing ``--markdown`` / ``--plot`` without
+``--overwrite``, or one that is an input; a name or label given twice; a greedy file of other tasks, weights, prompt
+template or ``max_new_tokens`` (:func:`rlft.eval.countdown.other_settings`); ``--sizes`` above every model's k.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from pathlib import Path
 from rlft.eval.best_of_n import (LABELS, available_selectors, check_same_tasks, equal_cost_comparison, selection_row,
                                  tokens_per_task)
 from rlft.eval.countdown import CountdownEvalResult, other_settings, other_weights, paired_difference, read_eval_file
-from rlft.eval.report import markdown_table
+from rlft.eval.report import markdown_table, plt
 from rlft.eval.select import SELECTORS, selected_scores
 from rlft.eval.stats import format_difference
 from rlft.fsio import atomic_write_text
-from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, check_picture, fail, run_script
 
 SIZES = (1, 2, 4, 8, 16)
 DIRECT_SELECTORS = ("majority", "oracle")
@@ -55,9 +55,8 @@ def check_same_model(name: str, sampled: dict, greedy: dict, greedy_path: str) -
              "pair the greedy evaluation of the same model file")
     if differ := "; ".join(
             f"{key} {a!r} in the samples, {b!r} there" for key, (a, b) in other_settings(sampled, greedy).items()):
-        fail(
-            f"--model {name}: {greedy_path} was evaluated with other settings ({differ}): pair a greedy evaluation alike"
-        )
+        fail(f"--model {name}: {greedy_path} was evaluated with other settings ({differ}): "
+             "pair a greedy evaluation alike")
 
 
 def named(spec: str, option: str) -> tuple[str, list[str]]:
@@ -69,7 +68,8 @@ def named(spec: str, option: str) -> tuple[str, list[str]]:
 
 
 def parse_specs(args) -> tuple[list[tuple[str, list[str], bool]], list[tuple[str, str]]]:
-    """``([(name, paths, direct)], [(label, path)])`` of the options; ScriptError when a name or label is given twice."""
+    """``([(name, paths, direct)], [(label, path)])`` of the options; ScriptError when a name or label is given
+    twice."""
     models = [(*named(s, "--direct" if direct else "--model"), direct)
               for s, direct in [(s, False) for s in args.model] + [(s, True) for s in args.direct]]
     points = [(label, paths[0]) for label, paths in (named(s, "--point") for s in args.point)]
@@ -106,24 +106,20 @@ def curves(result: CountdownEvalResult, greedy: list[list[float]] | None, select
 def verdict(model: str, label: str, cmp: dict | None, point: dict, span: tuple[float, float]) -> str:
     """One sentence, with numbers, on which is better at the long search's cost."""
     if cmp is None:
-        return (
-            f"{model} vs {label}: the long search's {point['tokens']:.0f} tokens per task lie outside {model}'s curve "
-            f"({span[0]:.0f}-{span[1]:.0f} tokens per task); no comparison without extrapolating.")
+        return (f"{model} vs {label}: the long search's {point['tokens']:.0f} tokens per task lie outside "
+                f"{model}'s curve ({span[0]:.0f}-{span[1]:.0f} tokens per task); no comparison without extrapolating.")
     ci = "" if cmp["ci_low"] is None else f" [95% CI {cmp['ci_low']:+.3f}, {cmp['ci_high']:+.3f}]"
     sure = cmp["ci_low"] is not None and (cmp["ci_low"] > 0 or cmp["ci_high"] < 0)
     winner = f"{model} best-of-N" if cmp["diff"] > 0 else label if cmp["diff"] < 0 else "neither"
-    return (
-        f"{model} vs {label}, at {cmp['tokens']:.0f} tokens per task: {LABELS[cmp['selector']]} (between n={cmp['n_low']} "
-        f"and n={cmp['n_high']}, w={cmp['w']:.2f}) scores {cmp['score']:.3f}, the long search {cmp['point_score']:.3f}: "
-        f"difference {cmp['diff']:+.3f}{ci}; better at equal generated tokens: " +
-        (winner if sure or cmp["ci_low"] is None else
-         f"not resolved (the interval includes 0; ahead on the point estimate: {winner})") + ".")
+    return (f"{model} vs {label}, at {cmp['tokens']:.0f} tokens per task: {LABELS[cmp['selector']]} (between "
+            f"n={cmp['n_low']} and n={cmp['n_high']}, w={cmp['w']:.2f}) scores {cmp['score']:.3f}, the long search "
+            f"{cmp['point_score']:.3f}: difference {cmp['diff']:+.3f}{ci}; better at equal generated tokens: "
+            + (winner if sure or cmp["ci_low"] is None else
+               f"not resolved (the interval includes 0; ahead on the point estimate: {winner})") + ".")
 
 
 def _cell(p: dict) -> str:
-    if p["diff"] is None:
-        return f"{p['score']:.3f}"
-    return f"{p['score']:.3f} ({format_difference(p)})"
+    return f"{p['score']:.3f}" if p["diff"] is None else f"{p['score']:.3f} ({format_difference(p)})"
 
 
 def table(models: dict[str, dict], sizes) -> str:
@@ -131,41 +127,32 @@ def table(models: dict[str, dict], sizes) -> str:
     header = ["model", "answer", *(f"n={n}" for n in sizes)]
     rows = []
     for name, m in models.items():
-        if m["greedy"] is not None:
-            g = m["greedy"]
+        if (g := m["greedy"]) is not None:
             rows.append([name, f"greedy: {g['score']:.3f}, {g['tokens']:.0f} tokens per task", *("" for _ in sizes)])
         for sel, pts in m["curves"].items():
             by_n = {p["n"]: p for p in pts}
             rows.append([name, LABELS[sel], *(_cell(by_n[n]) if n in by_n else "-" for n in sizes)])
         by_n = {p["n"]: p for p in next(iter(m["curves"].values()), [])}
-        rows.append([
-            name, "tokens per task", *(f"{by_n[n]['tokens_per_task']:.0f}" if n in by_n else "-" for n in sizes)
-        ])
+        rows.append([name, "tokens per task",
+                     *(f"{by_n[n]['tokens_per_task']:.0f}" if n in by_n else "-" for n in sizes)])
     return markdown_table(header, rows)
 
 
 def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
     """Score against tokens per task (log2 x): a line per model x selector with 95% error bars; greedy and the long
     searches as points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(10, 5))
     # colour: the model; line style and marker: the selector
     styles = {"majority": ("-", "o"), "self-certainty": ("--", "s"), "self-certainty-vote": ("-.", "^"),
               "reward-model": ((0, (5, 1, 1, 1, 1, 1)), "D"), "oracle": (":", "x")}
     for c, (name, m) in enumerate(models.items()):
-        color = f"C{c}"
         for sel, pts in m["curves"].items():
             linestyle, marker = styles.get(sel, ("-", "o"))
             ax.errorbar([p["tokens_per_task"] for p in pts], [p["score"] for p in pts], yerr=[p["half"] for p in pts],
-                        color=color, linestyle=linestyle, marker=marker, ms=4, capsize=2,
+                        color=f"C{c}", linestyle=linestyle, marker=marker, ms=4, capsize=2,
                         label=f"{name}: {LABELS[sel]}" + (" (direct)" if m["direct"] else ""))
-        if m["greedy"] is not None:
-            g = m["greedy"]
-            ax.errorbar([g["tokens"]], [g["score"]], yerr=[g["half"]], color=color, marker="s", ms=6, capsize=2,
+        if (g := m["greedy"]) is not None:
+            ax.errorbar([g["tokens"]], [g["score"]], yerr=[g["half"]], color=f"C{c}", marker="s", ms=6, capsize=2,
                         linestyle="none", label=f"{name}: greedy")
     for k, (label, p) in enumerate(points.items()):
         ax.errorbar([p["tokens"]], [p["score"]], yerr=[p["half"]], color="black", marker="*^vD"[k % 4], ms=10,
@@ -175,8 +162,7 @@ def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
            title="Test-time scaling: best-of-N vs a single long search")
     ax.grid(alpha=0.3)
     ncol = 1 + (len(ax.get_legend_handles_labels()[0]) - 1) // 24  # ~24 entries fit beside 5 inches of axes
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              ncol=ncol)  # beside the axes: never over a curve
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=ncol)  # beside the axes, not over a curve
     fig.set_size_inches(10 + 3 * (ncol - 1), 5)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -187,14 +173,13 @@ def plot(models: dict[str, dict], points: dict[str, dict], path: Path) -> Path:
 
 def greedy_entry(result: CountdownEvalResult) -> dict:
     score, half = mean_ci([row[0] for row in result.task_scores])
-    return {
-        "score": score, "half": half, "tokens": tokens_per_task(result.task_tokens, 1),
-        "task_scores": result.task_scores, "tasks": result.tasks
-    }
+    return {"score": score, "half": half, "tokens": tokens_per_task(result.task_tokens, 1),
+            "task_scores": result.task_scores, "tasks": result.tasks}
 
 
 def build(args) -> tuple[dict, dict, list[int]]:
-    """``(models, points, the n's)`` from the parsed options (module docstring); ScriptError or ValueError naming a file."""
+    """``(models, points, the n's)`` from the parsed options (module docstring); ScriptError or ValueError naming a
+    file."""
     sizes = sorted(set(args.sizes or SIZES))
     specs, point_specs = parse_specs(args)
     models = {}
@@ -212,14 +197,11 @@ def build(args) -> tuple[dict, dict, list[int]]:
         elif not direct:
             stored = sampled.selection.get("greedy")
             if stored is None:
-                fail(
-                    f"--model {name}: {paths[0]} has no stored greedy baseline (run with --select or pass NAME=SAMPLED,GREEDY)"
-                )
+                fail(f"--model {name}: {paths[0]} has no stored greedy baseline "
+                     "(run with --select or pass NAME=SAMPLED,GREEDY)")
             score, half = mean_ci([row[0] for row in stored["task_scores"]])
-            greedy = {
-                "score": score, "half": half, "tokens": stored["tokens_per_task"], "task_scores": stored["task_scores"],
-                "tasks": sampled.tasks
-            }
+            greedy = {"score": score, "half": half, "tokens": stored["tokens_per_task"],
+                      "task_scores": stored["task_scores"], "tasks": sampled.tasks}
         selectors, skipped = available_selectors(sampled, DIRECT_SELECTORS if direct else args.selectors or SELECTORS)
         for sel, why in skipped.items():
             print(f"note: {name}: {sel} skipped: {why}", file=sys.stderr)
@@ -239,7 +221,8 @@ def versus(models: dict[str, dict], names: list[str]) -> str:
     """``--versus A B``: Markdown of model A's best-of-N minus model B's, per selector both have and n of B's curve:
     at the same n (paired task by task, 95% interval), and at B's tokens per task (A's curve of the same selector
     interpolated to B's cost, :func:`rlft.eval.best_of_n.equal_cost_comparison`; "-" for the oracle and where B's cost
-    lies outside A's curve; a row only where one of the two exists). ScriptError when A or B is not a ``--model`` name or their tasks differ."""
+    lies outside A's curve; a row only where one of the two exists). ScriptError when A or B is not a ``--model`` name
+    or their tasks differ."""
     if len(names) != 2 or any(n not in models for n in names) or names[0] == names[1]:
         fail(f"--versus {names}: expected two different --model names ({', '.join(models)})")
     (na, a), (nb, b) = ((n, models[n]) for n in names)
@@ -260,9 +243,8 @@ def versus(models: dict[str, dict], names: list[str]) -> str:
             if p is not None or cmp is not None:  # else B's n is past A's samples and B's cost past A's curve
                 tokens = f"{p['tokens_per_task']:.0f}" if p is not None else "-"
                 rows.append([LABELS[sel], q["n"], same, f"{tokens} / {q['tokens_per_task']:.0f}", at])
-    header = [
-        "selector", "n", f"{na} minus {nb}, same n [95% CI]", "tokens per task", f"{na} at {nb}'s tokens minus {nb}"
-    ]
+    header = ["selector", "n", f"{na} minus {nb}, same n [95% CI]", "tokens per task",
+              f"{na} at {nb}'s tokens minus {nb}"]
     return f"## {na} against {nb}, task by task\n\n" + markdown_table(header, rows)
 
 

@@ -26,8 +26,8 @@ else the SmolLM2 tokenizer's count of the text (+1 for the EOS of a finished com
     python scripts/studies/loop_stop_study.py --output rows.json  # and every row as JSON (a new file; --overwrite)
 
 The files are read from ``--results`` (default ``docs/results``). ``--output`` is checked before anything is read
-(:func:`rlft.script_io.check_outputs`: never one of the files read, never an existing file without ``--overwrite``) and
-written atomically; a bad option or an unreadable input file is one line, exit 2.
+(:func:`rlft.lab.script_io.check_outputs`: never one of the files read, never an existing file without
+``--overwrite``) and written atomically; a bad option or an unreadable input file is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from rlft.eval.stats import format_difference
 from rlft.fsio import atomic_write_text
 from rlft.rewards.countdown import score_completions
 from rlft.rollout.loops import loop_cut
-from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, fail, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
             d = r["diff"]
             rows.append({"group": group, "score_mismatches": mismatched, **r})
             print(
-                f"| {group} | {n} | {r['completions']} | {sum(c.finished for c in completions)} | {r['mean_tokens']:.1f} | "
+                f"| {group} | {n} | {r['completions']} | {sum(c.finished for c in completions)} | "
+                f"{r['mean_tokens']:.1f} | "
                 f"{r['stopped']} ({r['stopped_finished']}) | {r['saved_share']:.1%} | {r['changed']} "
                 f"({r['lost_correct']}, {r['lost_format']}) | {format_difference(d, 4)} |")
         if mismatched:

@@ -10,8 +10,8 @@ each; an RL run at its summed ``time/step_s``, in-loop evaluation included). y: 
 500 protocol tasks with the 95% interval of the mean (unpaired: :func:`rlft.eval.countdown.paired_difference`
 against a zero score; paired differences, in the write-up and ``rlft eval compare``, are tighter). The SFT start's
 own curve was scored on the first 200 tasks only and is drawn dashed. A missing or unreadable archived file: one line
-naming it, exit 2 (:mod:`rlft.script_io`); so is an ``--out`` that is not a picture, is one of the archived files, or
-exists without ``--overwrite`` (the default ``--out`` exists: rebuilding it takes ``--overwrite``).
+naming it, exit 2 (:mod:`rlft.lab.script_io`); so is an ``--out`` that is not a picture, is one of the archived
+files, or exists without ``--overwrite`` (the default ``--out`` exists: rebuilding it takes ``--overwrite``).
 (``converged_2026-11-24/``, ``rl60_2026-11-24/``, ``dpo4x_2026-11-25/`` are the archive's folders.)
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from rlft.checkpoint import read_metrics
 from rlft.compute import summed_step_seconds  # the continued-SFT budget's own sum
 from rlft.eval.countdown import paired_difference
-from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, read_json, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, check_picture, fail, read_json, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "results" / "countdown-medium3" / "data"
@@ -31,13 +31,15 @@ PARALLEL_SLOWDOWN = 12.4 / 6.9  # s per SFT step: two 1-thread processes side by
 
 
 def load(path: Path):
-    """An archived JSON file. Raises ValueError naming it when it is missing or not JSON (rlft.script_io.read_json)."""
+    """An archived JSON file. Raises ValueError naming it when it is missing or not JSON
+    (rlft.lab.script_io.read_json)."""
     return read_json(path, "an archived file of docs/results/countdown-medium3/data")
 
 
 def mean_ci(path: Path) -> tuple[float, float]:
     """Mean per-task score of an eval file and the half-width of its 95% normal interval (the one rule of
-    :func:`rlft.eval.countdown.paired_difference`, against a score of 0 on every task: sd of the task means / sqrt(N))."""
+    :func:`rlft.eval.countdown.paired_difference`, against a score of 0 on every task: sd of the task means /
+    sqrt(N))."""
     data = load(path)
     if not isinstance(data, dict) or not data.get("task_scores"):
         fail(f"{path}: no task_scores (not an `rlft eval countdown` JSON)")
@@ -121,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         point(conv_x + sft_steps(s11 / f"{sft60}_metrics.jsonl") * step_s, s11 / f"{sft60}_eval_greedy_500.json",
               fmt="p", markersize=8, color="tab:olive",
               label="more SFT from continued SFT, RL-60's wall-clock (per seed)" if seed == 1 else None)
-    # dpo4x_2026-11-25/: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs. Its seconds (pairs +
-    # training) ran at 1 thread beside other 1-thread jobs: divided by PARALLEL_SLOWDOWN for the 2-thread axis
+    # dpo4x_2026-11-25/: DPO from the step-864 model on 1,920 prompts x 4 samples' best-vs-worst pairs. Its seconds
+    # (pairs + training) ran at 1 thread beside other 1-thread jobs: divided by PARALLEL_SLOWDOWN for the 2-thread axis
     for seed in (0,):  # seed 1's DPO was not run (killed for memory beside seed 0, then out of time)
         dpo = f"from_continued_dpo_wide_lora_1e4_s{seed}"
         point(conv_x + load(s12 / f"{dpo}_train_time.json")["seconds"] / PARALLEL_SLOWDOWN,

@@ -5,11 +5,12 @@ Reads only two RL runs' ``metrics.jsonl`` (``curriculum/p_<bucket>`` and ``compl
 writes one PNG with two panels:
 
     python scripts/plot_curriculum.py --sec docs/results/countdown-real/data/sec_s0_metrics.jsonl \\
-        --uniform docs/results/countdown-real/data/rl_s0_metrics.jsonl --out docs/results/countdown-real/curriculum_s0.png
+        --uniform docs/results/countdown-real/data/rl_s0_metrics.jsonl \\
+        --out docs/results/countdown-real/curriculum_s0.png
 
-Refused, one line and exit code 2 (:mod:`rlft.script_io`), naming the file: metrics that are missing or hold no
-curriculum records, an existing ``--out`` without ``--overwrite``, an ``--out`` that is an input. A last metrics line cut
-short by a kill is left out (:func:`rlft.script_io.read_metrics`).
+Refused, one line and exit code 2 (:mod:`rlft.lab.script_io`), naming the file: metrics that are missing or hold no
+curriculum records, an existing ``--out`` without ``--overwrite``, an ``--out`` that is an input. A last metrics line
+cut short by a kill is left out (:func:`rlft.lab.script_io.read_metrics`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlft.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
 
 
 def load(path: Path) -> list[dict]:

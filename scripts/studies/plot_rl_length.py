@@ -1,5 +1,5 @@
-"""How RL's gain grows with its length: RL runs from one start (say 20 and 60 steps of the same recipe), each end model's
-paired gain over the start against the samples the run generated, and the in-loop held-out score along the way.
+"""How RL's gain grows with its length: RL runs from one start (say 20 and 60 steps of the same recipe), each end
+model's paired gain over the start against the samples the run generated, and the in-loop held-out score along the way.
 
 Reads each run's ``metrics.jsonl`` (``samples/total``, ``flops/estimated`` and the ``eval/score`` records the RL loop
 logs every ``eval_every`` steps) and its end model's greedy evaluation, and the start's evaluation of the same tasks
@@ -10,12 +10,13 @@ logs every ``eval_every`` steps) and its end model's greedy evaluation, and the 
 2. the in-loop score (the loop's own held-out subset, usually 100 rows: noisier than panel 1) against samples.
 
     D=docs/results/countdown-real/data
+    G=$D/sft_patient_grpo
     python scripts/studies/plot_rl_length.py --start $D/sft_patient_s0_eval_validation_greedy.json.gz \\
-        --run "20 steps=$D/sft_patient_grpo_s0_metrics.jsonl,$D/sft_patient_grpo_s0_eval_validation_greedy.json.gz" \\
-        --run "60 steps=$D/sft_patient_grpo_60_s0_metrics.jsonl,$D/sft_patient_grpo_60_s0_eval_validation_greedy.json.gz" \\
+        --run "20 steps=${G}_s0_metrics.jsonl,${G}_s0_eval_validation_greedy.json.gz" \\
+        --run "60 steps=${G}_60_s0_metrics.jsonl,${G}_60_s0_eval_validation_greedy.json.gz" \\
         --out longer_rl_s0.png
 
-Refused, one line and exit code 2 (:mod:`rlft.script_io`), naming the file: a missing file, an evaluation of other
+Refused, one line and exit code 2 (:mod:`rlft.lab.script_io`), naming the file: a missing file, an evaluation of other
 tasks, a run with no ``samples/total`` records, an existing ``--out`` without ``--overwrite``, an ``--out`` that is an
 input.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 from rlft.eval.countdown import paired_difference, read_eval_file
 from rlft.eval.report import save_panels
 from rlft.eval.stats import format_difference
-from rlft.script_io import fail, read_labelled_run, run_script, start_and_runs_args
+from rlft.lab.script_io import fail, read_labelled_run, run_script, start_and_runs_args
 
 
 def load_run(spec: str, start) -> dict:

@@ -13,9 +13,9 @@ every run, checked) and the start's evaluation; writes one PNG with three panels
         --run "real_grpo=$D/rl_s0_metrics.jsonl,$D/rl_s0_eval_validation_greedy.json.gz" \\
         --run "mask=$D/mask_s0_metrics.jsonl,$D/mask_s0_eval_validation_greedy.json.gz" --out truncation_s0.png
 
-Refused, one line and exit code 2 (:mod:`rlft.script_io`), naming the file: a missing file, an evaluation of other
+Refused, one line and exit code 2 (:mod:`rlft.lab.script_io`), naming the file: a missing file, an evaluation of other
 tasks, a run with no step records, an existing ``--out`` without ``--overwrite``, an ``--out`` that is an input. A last
-metrics line cut short by a kill is left out (:func:`rlft.script_io.read_metrics`).
+metrics line cut short by a kill is left out (:func:`rlft.lab.script_io.read_metrics`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rlft.eval.countdown import CountdownEvalResult, read_eval_file
 from rlft.eval.report import save_panels
-from rlft.script_io import fail, read_labelled_run, run_script, start_and_runs_args
+from rlft.lab.script_io import fail, read_labelled_run, run_script, start_and_runs_args
 
 
 def load_eval(path: Path) -> CountdownEvalResult:

@@ -11,14 +11,14 @@ folder ``<out>/<variant>/s<seed>``: its reuse factor r (:func:`reuse_factor`), w
 validation rows, ``eval_greedy_<tasks>.json`` on test rows) paired task by task against the reference's
 (:func:`rlft.eval.compare.compare_results`: difference, 95% interval), and the same evaluation of its step-10 model
 (``<out>/<variant>/s<seed>/step10/``, from ``scripts/countdown_ablation.py checkpoint --step 10``: half the samples)
-paired against the reference's end. Then the protocol's leader rule
-(:func:`leader`) and ``<out>/reuse_samples_vs_score_s<seed>.png`` (:func:`rlft.eval.report.plot_samples_vs_score`, the start
+paired against the reference's end. Then the protocol's leader rule (:func:`leader`) and
+``<out>/reuse_samples_vs_score_s<seed>.png`` (:func:`rlft.eval.report.plot_samples_vs_score`, the start
 ``<start>/s<seed>``'s score on the same first rows drawn at 0 samples). A run still training (no end evaluation) is
 listed with its in-loop points. ``--split test`` (the confirmation) lists only the runs with a test evaluation, and
 neither applies the leader rule nor draws the in-loop plot; both splits draw each run's step-10 and end models paired
 against the reference's end, against samples generated (``<out>/reuse_paired_vs_samples_<split>_s<seed>.png``). A
 missing reference or a file that is not an evaluation: one line, exit 2; so is a plot that exists already, checked
-before anything is read (:func:`rlft.script_io.check_outputs`; ``--overwrite`` replaces it).
+before anything is read (:func:`rlft.lab.script_io.check_outputs`; ``--overwrite`` replaces it).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 from rlft.checkpoint import read_metrics
 from rlft.eval.compare import check_same_tasks, compare_results, load
 from rlft.eval.stats import format_difference
-from rlft.recipes.pipeline import read_yaml
-from rlft.script_io import ArgumentParser, check_outputs, fail, run_script
+from rlft.lab.pipeline import read_yaml
+from rlft.lab.script_io import ArgumentParser, check_outputs, fail, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ROOT / "configs" / "countdown" / "ablation" / "5_reuse.yaml"
@@ -135,7 +135,8 @@ def table(reference: dict, rows: list[dict]) -> str:
         lines.append(
             f"| {row['name']} | {row['method']} | {row['r']} | {row['steps']} | {fmt(row['samples'])} | "
             f"{fmt(row['generated'])} | {fmt(row['trained'])} | {fmt(row['flops'], '.2e')} | "
-            f"{row['step_s'] / 60:.1f} | {row['replay_share']:.2f} | {inloop} | {end} | {paired} | {half} | {half_paired} |"
+            f"{row['step_s'] / 60:.1f} | {row['replay_share']:.2f} | {inloop} | {end} | {paired} | {half} | "
+            f"{half_paired} |"
         )
     return "\n".join(lines)
 

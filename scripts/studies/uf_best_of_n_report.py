@@ -15,7 +15,7 @@ The rescoring scores the reference answers again too, in the same call, so all o
 (float32 by default); its labels of the picked answers can differ from the run's on near-ties (the run's batches and
 precision differ), and their number is reported as ``rescoring_mismatches``.
 
-``--json`` and ``--markdown`` are checked before anything is read or scored (:mod:`rlft.script_io`): new files (an
+``--json`` and ``--markdown`` are checked before anything is read or scored (:mod:`rlft.lab.script_io`): new files (an
 existing one needs ``--overwrite``), none of the files read; errors are one line, exit code 2.
 
 Usage:
@@ -35,7 +35,7 @@ from rlft.eval.countdown import paired_difference
 from rlft.eval.stats import format_difference
 from rlft.eval.winrate import winrate_label
 from rlft.fsio import atomic_write_json, atomic_write_text
-from rlft.script_io import ArgumentParser, check_outputs, run_script
+from rlft.lab.script_io import ArgumentParser, check_outputs, run_script
 
 
 def column(values: list[float]) -> list[list[float]]:

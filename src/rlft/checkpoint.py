@@ -30,7 +30,6 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 import yaml
 
+from rlft.composed import option_values
 from rlft.fsio import atomic_write_text
 
 log = logging.getLogger("rlft")
@@ -48,7 +48,8 @@ CONFIG = "config.yaml"
 
 
 def config_dict(cfg: Any) -> dict:
-    """``asdict(cfg)`` with tuples as lists and paths as strings: what ``config.yaml`` holds."""
+    """``asdict(cfg)`` (a composed config's options flat: :func:`rlft.composed.option_values`) with tuples as lists
+    and paths as strings: what ``config.yaml`` holds."""
 
     def plain(value):
         if isinstance(value, (list, tuple)):
@@ -59,11 +60,12 @@ def config_dict(cfg: Any) -> dict:
             return os.fspath(value)
         return value
 
-    return {k: plain(v) for k, v in asdict(cfg).items()}
+    return {k: plain(v) for k, v in option_values(cfg).items()}  # flat names, also of a composed config
 
 
 def write_run_config(run_dir: str | Path, cfg: Any) -> Path:
-    """Write ``run_dir/config.yaml`` (:func:`config_dict` of the config dataclass ``cfg``) atomically; returns its path."""
+    """Write ``run_dir/config.yaml`` (:func:`config_dict` of the config dataclass ``cfg``) atomically; returns its
+    path."""
     path = Path(run_dir) / CONFIG
     atomic_write_text(path, yaml.safe_dump(config_dict(cfg), sort_keys=False))
     return path
@@ -94,8 +96,8 @@ def weights_sha256(model: str | Path) -> str | None:
 
 
 def weights_fingerprint(model: str | Path) -> list[list]:
-    """``[name, bytes, mtime_ns]`` of each weights file (``*.safetensors``, ``*.bin``) in a local model folder, sorted by
-    name; ``[]`` for a built-in name or Hub id. What named the weights in cache keys and journals before 2026-12-02,
+    """``[name, bytes, mtime_ns]`` of each weights file (``*.safetensors``, ``*.bin``) in a local model folder, sorted
+    by name; ``[]`` for a built-in name or Hub id. What named the weights in cache keys and journals before 2026-12-02,
     and what names a folder of ``*.bin`` weights since (:func:`weights_id`)."""
     folder = Path(model)
     if not folder.is_dir():

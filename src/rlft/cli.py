@@ -20,9 +20,9 @@ import os
 import sys
 import traceback
 from contextlib import redirect_stderr
-from dataclasses import fields
 from typing import Any, Callable
 
+from rlft.composed import option_fields
 from rlft.config_files import merge_config_files
 from rlft.console import console, setup_logging
 from rlft.validation import OptionError, UsageError
@@ -33,35 +33,40 @@ def _commands(
     """Command name -> ``(config class, run function, one-line help[, defaults])``: ``defaults`` (a dict of field
     values) replace the class's own defaults, under ``--config`` values and flags."""
     from rlft.eval.compare import EvalCompareConfig, run_eval_compare
-    from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
-    from rlft.eval.ledger import EvalLedgerConfig, run_eval_ledger
+    from rlft.eval.countdown_command import EvalCountdownConfig
+    from rlft.lab.ledger import EvalLedgerConfig, run_eval_ledger
     from rlft.eval.winrate import WinrateConfig, run_winrate
-    from rlft.recipes.demo import DemoConfig, run_demo
+    from rlft.lab.demo import DemoConfig, run_demo
+    from rlft.lab.test_looks import run_eval_countdown_counted, train_rl_counted
     from rlft.recipes.reward_model import RMConfig, train_rm
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
     from rlft.losses.advantages import ADVANTAGES
     from rlft.losses.pg import POLICY_LOSSES
-    from rlft.recipes.rl import RLConfig, train_rl
+    from rlft.recipes.rl import RLConfig
     from rlft.rl.config import RLOO_DEFAULTS
     from rlft.recipes.sft import SFTConfig, train_sft
 
     return {
         "demo": (
             DemoConfig, run_demo,
-            "End-to-end demo with report: Countdown (base -> SFT -> filtered SFT -> RL / RPO, Countdown-Tasks-3to4) or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."
+            "End-to-end demo with report: Countdown (base -> SFT -> filtered SFT -> RL / RPO, Countdown-Tasks-3to4) "
+            "or --track ultrafeedback (SFT, DPO, RM, RLOO, win-rates)."
         ),
         "sft": (
             SFTConfig, train_sft,
-            "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data (SmolTalk, Pref-FT)."
+            "Supervised fine-tuning: Countdown traces, cog_behav, prompt/completion files, chat data "
+            "(SmolTalk, Pref-FT)."
         ),
         "rl": (
-            RLConfig, train_rl,
-            f"RL loop with a chosen advantage estimator (--advantage {'|'.join(ADVANTAGES)}) and loss (--loss {'|'.join(POLICY_LOSSES)}), group filtering, LoRA."
+            RLConfig, train_rl_counted,
+            f"RL loop with a chosen advantage estimator (--advantage {'|'.join(ADVANTAGES)}) "
+            f"and loss (--loss {'|'.join(POLICY_LOSSES)}), group filtering, LoRA."
         ),
         "rloo": (
-            RLConfig, train_rl,
-            "RLOO (REINFORCE, leave-one-out baseline): `rlft rl` with --advantage rloo --loss reinforce --loss-mode seq_sum --output-dir runs/rloo as defaults.",
+            RLConfig, train_rl_counted,
+            "RLOO (REINFORCE, leave-one-out baseline): `rlft rl` with --advantage rloo --loss reinforce "
+            "--loss-mode seq_sum --output-dir runs/rloo as defaults.",
             RLOO_DEFAULTS),
         "pairs countdown": (
             PairsConfig, make_countdown_pairs,
@@ -69,18 +74,21 @@ def _commands(
         ),
         "dpo": (
             DPOConfig, train_dpo,
-            "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data (UltraFeedback, HH)."
+            "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data "
+            "(UltraFeedback, HH)."
         ),
         "rm": (RMConfig, train_rm, "Bradley-Terry reward model (scalar head on a causal LM) on preference pairs."),
-        "eval countdown": (EvalCountdownConfig, run_eval_countdown,
+        "eval countdown": (EvalCountdownConfig, run_eval_countdown_counted,
                            "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
         "eval compare": (
             EvalCompareConfig, run_eval_compare,
-            "Paired difference B - A of `eval countdown --output` files of the same tasks (mixed, 3 and 4 numbers), 95% CI; BASE X Y ...: Holm across the batch."
+            "Paired difference B - A of `eval countdown --output` files of the same tasks (mixed, 3 and 4 numbers), "
+            "95% CI; BASE X Y ...: Holm across the batch."
         ),
         "eval ledger": (
             EvalLedgerConfig, run_eval_ledger,
-            "Count the test looks a ledger (test_looks.jsonl: one line per test evaluation) records, with a table per model."
+            "Count the test looks a ledger (test_looks.jsonl: one line per test evaluation) records, "
+            "with a table per model."
         ),
         "eval winrate": (WinrateConfig, run_winrate,
                          "Win-rate of a policy vs a reference, judged by a local reward model or a remote reward API."),
@@ -136,8 +144,9 @@ def load_config_defaults(cls: type, path: str | list[str], preset: dict[str, Any
 
 
 def flag_fields(cls: type, args: list[str]) -> set[str]:
-    """Names of the fields of ``cls`` that the flags ``args`` set (``--max-steps``, ``--max-steps=3``, ``--no-resume``)."""
-    names = {f.name for f in fields(cls)}
+    """Names of the fields of ``cls`` that the flags ``args`` set (``--max-steps``, ``--max-steps=3``,
+    ``--no-resume``)."""
+    names = {f.name for f in option_fields(cls)}
     out = set()
     for arg in args:
         if not arg.startswith("--"):
@@ -156,7 +165,7 @@ def value_sources(cls: type, rest: list[str], config_sources: dict[str, str], pr
     (a command's preset, e.g. ``rlft rloo``'s) or ``default``."""
     flags = flag_fields(cls, rest)
     out = {}
-    for f in fields(cls):
+    for f in option_fields(cls):
         if f.name in flags:
             out[f.name] = "flag"
         elif f.name in config_sources:
@@ -172,7 +181,8 @@ def preflight(name: str, cfg: Any) -> None:
     """The checks a command's run makes on its surroundings before loading anything, run at parse time, so that a
     real run and ``--dry-run`` refuse the same things: a sampling command under torchrun
     (:func:`rlft.distributed.require_one_process`), the run folder of a training command (claim rules, resume
-    compatibility: :func:`rlft.run_folder.check_run_dir`), the files a command writes (``cfg.check_outputs()``).
+    compatibility: :func:`rlft.run_folder.check_run_dir`), the files a command writes (``cfg.check_outputs()``), and
+    the lab's checks of a command (:func:`_lab_checks`: the test-look ledger of ``eval countdown``).
 
     Raises:
         UsageError: what the check refuses (the CLI exits with code 2).
@@ -182,13 +192,22 @@ def preflight(name: str, cfg: Any) -> None:
 
     if name in SAMPLING_COMMANDS:
         distributed.require_one_process(f"rlft {name}")
-    if isinstance(cfg, RunOptions):
+    if isinstance(cfg, RunOptions) or isinstance(getattr(cfg, "run", None), RunOptions):  # RLConfig: a block
         from rlft.run_folder import check_run_dir
 
         check_run_dir(cfg)
     check = getattr(cfg, "check_outputs", None)
     if callable(check):
         check()
+    if (lab_check := _lab_checks().get(name)) is not None:
+        lab_check(cfg)
+
+
+def _lab_checks() -> dict[str, Callable[[Any], None]]:
+    """Command name -> a check of the lab (:mod:`rlft.lab`) that :func:`preflight` runs after the config's own."""
+    from rlft.lab.test_looks import check_eval_ledger
+
+    return {"eval countdown": check_eval_ledger}
 
 
 SAMPLING_COMMANDS = ("eval countdown", "eval winrate", "pairs countdown")

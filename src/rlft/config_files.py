@@ -16,12 +16,12 @@ flags override them all. Every problem raises :class:`rlft.validation.OptionErro
 from __future__ import annotations
 
 import typing
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rlft.composed import option_fields, option_hints
 from rlft.validation import OptionError
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -141,7 +141,7 @@ def read_config_file(cls: type, path: str, command: str | None = None,
         raise OptionError(f"--config {path}: not valid YAML{at}") from None
     if not isinstance(loaded, dict):
         raise OptionError(f"--config {path}: expected a mapping of option names to values")
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in option_fields(cls)}  # a composed config's flat option names
     values = {str(key).replace("-", "_"): value for key, value in loaded.items()}
     if len(values) < len(loaded):
         twice = sorted(
@@ -150,7 +150,7 @@ def read_config_file(cls: type, path: str, command: str | None = None,
     unknown = sorted(set(values) - known)
     if unknown:
         raise OptionError(f"--config {path}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    hints = typing.get_type_hints(cls)
+    hints = option_hints(cls)
     return {k: _coerce(v, hints.get(k)) for k, v in values.items()}
 
 

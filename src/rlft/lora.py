@@ -169,8 +169,8 @@ def check_targets(model: torch.nn.Module, target_modules: str) -> None:
             for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
         })
         raise OptionError(
-            f"--lora-target-modules: {', '.join(map(repr, missing))} {'matches' if len(missing) == 1 else 'match'} no module of "
-            f"{type(model).__name__} (its linear layers: {', '.join(linear)}; or 'all-linear')")
+            f"--lora-target-modules: {', '.join(map(repr, missing))} {'matches' if len(missing) == 1 else 'match'} "
+            f"no module of {type(model).__name__} (its linear layers: {', '.join(linear)}; or 'all-linear')")
 
 
 def is_lora(model: torch.nn.Module) -> bool:
@@ -271,8 +271,8 @@ def _shape_problem(error: Exception) -> str:
 
 def merge_adapter(base: Path, adapter: Path, out: Path) -> Path:
     """Write ``out``: the model folder ``base`` with the LoRA adapter in ``adapter`` (a run's ``adapter/`` or one of its
-    checkpoints: a folder holding ``adapter_config.json``) merged into its weights, in float32, and ``base``'s tokenizer;
-    the folder is written atomically. This is the merge a LoRA run makes for its final ``model/``
+    checkpoints: a folder holding ``adapter_config.json``) merged into its weights, in float32, and ``base``'s
+    tokenizer; the folder is written atomically. This is the merge a LoRA run makes for its final ``model/``
     (:func:`save_final_model`), so a run's final adapter merged into the model it started from gives that file back;
     a checkpoint's adapter gives the model of that step (e.g. the half-way point of a run, for evaluation).
     ``base`` must hold the weights the adapter was trained from (:func:`check_base`; an adapter saved before

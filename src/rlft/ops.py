@@ -246,8 +246,9 @@ def causal_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor |
     token, so the mask changes nothing at the real positions: their hidden states (and log-probs, and gradients) are
     the masked ones up to kernel rounding, with positions 0..T-1 either way. Without the mask, transformers' SDPA
     path runs ``is_causal`` (the flash kernel on CUDA) instead of an explicit ``(B, 1, T, T)`` mask, with which
-    cuDNN's attention took twice the time or more (``docs/results/gpu-bench-h200/``). The pad positions' outputs change; nothing reads them
-    (``loss_mask`` is 0 there). Left padding keeps its mask (the positions would differ). ``(B, T)`` in.
+    cuDNN's attention took twice the time or more (``docs/results/gpu-bench-h200/``). The pad positions' outputs change;
+    nothing reads them (``loss_mask`` is 0 there). Left padding keeps its mask (the positions would differ). ``(B, T)``
+    in.
     """
     if attention_mask is None or attention_mask.device.type not in CAUSAL_RIGHT_PADDING_DEVICES:
         return attention_mask

@@ -20,7 +20,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from rlft.validation import NON_NEGATIVE, POSITIVE, POSITIVE_INT, PROBABILITY
+
+MAX_NEW_TOKENS = 256
+"""The default token budget of one completion, EOS included: the samplers' (``SamplingParams``, ``rlft rl``'s
+``--max-new-tokens`` and ``--eval-max-new-tokens``, the demo's), and on a CPU that of the commands whose budget follows
+the device (``eval countdown``, ``pairs countdown``). Declared once here."""
+MAX_NEW_TOKENS_CUDA = 1024
+"""The default token budget of one completion on CUDA for the commands whose budget follows the device."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +49,9 @@ class DeviceOptions:
 class RunOptions(DeviceOptions):
     """A training run's folder: checkpoints, resuming, replacing (and ``--device``, ``--dtype``)."""
 
-    save_every: int = 50
+    save_every: Annotated[int, NON_NEGATIVE] = 50
     """Write a resumable checkpoint every this many steps (0: only the final model)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: Annotated[int, POSITIVE_INT] = 2
     """How many recent checkpoints to keep."""
     resume: bool = False
     """Continue from the latest checkpoint in --output-dir: model, optimizer, scheduler, RNG state and data position
@@ -59,20 +68,20 @@ class RunOptions(DeviceOptions):
 class OptimizerOptions:
     """The optimizer and its learning-rate schedule (:func:`rlft.recipes.common.prepare_training`)."""
 
-    lr: float = 1e-5
+    lr: Annotated[float, POSITIVE] = 1e-5
     """Peak learning rate."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     """'adamw', or 'sgd' (plain SGD: each update is lr x the clipped gradient). AdamW moves every weight by ~lr per
     step whatever its gradient (its first steps are sign descent), which for a handful of steps on a sparse,
     noisy gradient spreads the update over all weights; SGD's update follows the gradient's direction
     and size. With SGD, lr is the length of a step whose gradient norm reaches max_grad_norm = 1 (try ~1e-2)."""
-    weight_decay: float = 0.0
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
     """Weight decay."""
-    warmup_ratio: float = 0.0
+    warmup_ratio: Annotated[float, PROBABILITY] = 0.0
     """Fraction of optimizer steps spent warming the learning rate up linearly from 0."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """Learning-rate decay after warmup."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, NON_NEGATIVE] = 1.0
     """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
 
 
@@ -98,7 +107,7 @@ class CheckpointingOptions(TrackingOptions):
 class MemoryOptions(CheckpointingOptions):
     """``--logits-chunk-size`` (and ``--gradient-checkpointing``, ``--report-to``)."""
 
-    logits_chunk_size: int = 0
+    logits_chunk_size: Annotated[int, NON_NEGATIVE] = 0
     """Compute the LM head over this many target tokens at a time, recomputed in the backward pass, so
     the full (tokens, vocab) logits never exist at once (large vocabularies, e.g. Qwen2.5's 151,936);
     0: all at once. Same values and gradients."""
@@ -112,7 +121,7 @@ class PackingOptions:
     """Padding-free packing: each micro-batch's sequences are concatenated into rows with no padding
     (position_ids restart at every sequence, attention stays inside each; see rlft.data.packing). Same
     loss and gradients as padding, up to float rounding."""
-    pack_length: int | None = None
+    pack_length: Annotated[int | None, POSITIVE_INT] = None
     """With --packing: most tokens per packed row (a longer sequence gets a row of its own). None: one row
     per micro-batch with flash-attention (its varlen kernel wants that); with SDPA/eager (CPU), whose
     block-diagonal mask costs the square of the row, rows as long as the micro-batch's longest sequence,
@@ -133,7 +142,7 @@ class CompileOptions:
 class SpeedOptions(CompileOptions):
     """``--compile``, ``--max-tokens-per-micro-batch``: throughput on a GPU (:mod:`rlft.recipes.memory`)."""
 
-    max_tokens_per_micro_batch: int | None = None
+    max_tokens_per_micro_batch: Annotated[int | None, POSITIVE_INT] = None
     """Cut each step's examples (length-sorted) into micro-batches by size instead of --micro-batch-size:
     as many as fit N padded tokens (rows x longest row; DPO and rm: 2 rows per pair) or, with --packing, N
     real tokens (a pair counts chosen + rejected); a longer example gets a micro-batch of its own. Steps and

@@ -7,10 +7,11 @@ machine with no Hub access.
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
 from pathlib import Path
 
 import yaml
+
+from rlft.composed import option_fields, option_values
 
 MODEL_FIELDS = ("model", "ref_model", "policy", "reference", "judge", "reward_model")
 """Options that name a model."""
@@ -69,7 +70,7 @@ def plan(command: str, cfg, sources: dict[str, str] | None = None) -> str:
     """The dry-run report of ``rlft <command>`` with the parsed and validated ``cfg``; ``sources`` (option name ->
     where its value came from: ``flag``, ``--config FILE``, a command's default, ``default``) are shown as a YAML
     comment after each option."""
-    names = {f.name for f in fields(cfg)}
+    names = {f.name for f in option_fields(cfg)}
     lines = [f"rlft {command}: dry run (options parsed and validated, output folder and files checked; nothing loaded, "
              "trained or written)"]
     for name in MODEL_FIELDS:
@@ -88,7 +89,7 @@ def plan(command: str, cfg, sources: dict[str, str] | None = None) -> str:
     if "distributed" in names:
         lines.append(f"  under torchrun: {distributed_plan(cfg)}")
     lines.append("options:")
-    for key, value in asdict(cfg).items():
+    for key, value in option_values(cfg).items():  # flat option names (rlft.composed)
         dumped = yaml.safe_dump({key: list(value) if isinstance(value, tuple) else value}, sort_keys=False).splitlines()
         if sources and key in sources:
             dumped[0] += f"  # {sources[key]}"

@@ -30,9 +30,11 @@ Rules (:func:`claim_run_dir`):
 
 The command line runs the same checks at parse time (:func:`check_run_dir`, also for ``--dry-run``), before any data
 or model loads; they include the one precision rule of a training run: no float16 weights
-(:func:`rlft.precision.check_training_dtype`). Single output files (``--output`` of ``pairs countdown`` and ``eval countdown``, the results of
-``eval winrate``) follow the same rule (:func:`check_output_file`): an existing file is refused unless
-``--overwrite``; a folder, or a path inside a model folder, always.
+(:func:`rlft.precision.check_training_dtype`). Single output files (``--output`` of ``pairs countdown`` and
+``eval countdown``, the results of ``eval winrate``) follow the same rule (:func:`check_output_file`): an existing
+file is refused unless
+``--overwrite``; a folder, or a path inside a model folder, always. A command or script writing several files checks
+them together (:func:`check_outputs`): none may be one of its inputs, or another of them.
 
 Which checkpoint a resume starts from, and the refusal to restart a run whose checkpoints are all
 unusable, is :func:`rlft.recipes.common.prepare_training`'s part.
@@ -43,15 +45,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
 from rlft import distributed
 from rlft.checkpoint import CONFIG, checkpoint_folders, count_metrics, remove_partial_saves
 from rlft.checkpoint import config_dict, write_run_config  # noqa: F401 (re-exported: config.yaml is part of a run folder)
+from rlft.composed import option_fields
 from rlft.provenance import record_environment
 from rlft.validation import OptionError, UsageError
 
@@ -227,7 +230,7 @@ def check_run_dir(cfg: Any, output_dir: str | Path | None = None, *, notes: bool
     overrides = tuple(getattr(cfg, "resume_override", ()) or ())
     if resume and overwrite:
         raise OptionError("--resume and --overwrite contradict each other: pass one of them")
-    known = {f.name for f in fields(cfg)}
+    known = {f.name for f in option_fields(cfg)}
     if unknown := [name for name in overrides if name.replace("-", "_") not in known]:
         raise OptionError(f"--resume-override: unknown option(s) {', '.join(unknown)}")
     if path.exists() and not path.is_dir():
@@ -268,7 +271,8 @@ def _as_flag(name: str, value: Any) -> str:
 
 
 def _check_movable(path: Path) -> None:
-    """Refuse ``--overwrite`` of a folder that cannot be moved aside: it holds the current folder, or is a mount point."""
+    """Refuse ``--overwrite`` of a folder that cannot be moved aside: it holds the current folder, or is a mount
+    point."""
     target, cwd = path.resolve(), Path.cwd().resolve()
     if target == cwd or target in cwd.parents:
         raise RunFolderError(f"--overwrite would move {path} aside, and it holds the current folder {cwd}; "
@@ -296,7 +300,7 @@ def _check_resume_config(path: Path, cfg: Any, overrides: set[str], notes: bool 
     if refused:
         listed = "; ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in refused.items())
         names = " ".join(k.replace("_", "-") for k in refused)
-        if "resume_override" in {f.name for f in fields(cfg)}:
+        if "resume_override" in {f.name for f in option_fields(cfg)}:
             advice = f"pass --resume-override {names} to resume with the new values anyway"
         else:  # rlft demo: each stage resumes with the options it started with, so there is nothing to override
             saved_values = " ".join(_as_flag(k, old) for k, (old, _) in refused.items())
@@ -355,3 +359,29 @@ def check_output_file(path: str | Path, *, option: str = "--output", overwrite: 
             raise OutputPathError(f"{option} {text}: {file} already exists; pass --overwrite to replace it, "
                                   f"or choose another {option}")
     return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.expanduser().resolve() == b.expanduser().resolve()
+
+
+def check_outputs(outputs: dict[str, str | Path | None], inputs: Iterable[str | Path] = (), *,
+                  overwrite: bool = False) -> dict[str, Path]:
+    """Check, before any work, that a command or script may write each of ``outputs`` (``{option: path}``; None: not
+    asked for): :func:`check_output_file` for each, and never one of ``inputs`` (not even with ``overwrite``) nor
+    another of the outputs. Writes nothing; returns ``{option: Path}`` of the paths given.
+
+    Raises:
+        OutputPathError: an output is one of ``inputs`` (even with ``overwrite``), two options name the same file, or
+            :func:`check_output_file` refuses one (a folder, inside a model folder, exists and not ``overwrite``).
+    """
+    given = {option: Path(path) for option, path in outputs.items() if path is not None}
+    read = [Path(p) for p in inputs]
+    for option, path in given.items():
+        if (same := next((p for p in read if _same_file(p, path)), None)) is not None:
+            raise OutputPathError(
+                f"{option} {path} is the input {same}: writing it would replace it; choose another {option}")
+        if (other := next((o for o, q in given.items() if o != option and _same_file(q, path)), None)) is not None:
+            raise OutputPathError(f"{option} and {other} name the same file {path}; choose two files")
+        check_output_file(path, option=option, overwrite=overwrite)
+    return given

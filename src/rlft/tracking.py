@@ -104,7 +104,9 @@ def _config_dict(config) -> dict:
     if config is None:
         return {}
     if dataclasses.is_dataclass(config):
-        return dataclasses.asdict(config)
+        from rlft.composed import option_values
+
+        return option_values(config)  # flat option names
     return dict(config)
 
 

@@ -1,14 +1,14 @@
 """Option validation shared by every command's config dataclass, run from its ``__post_init__``.
 
-One generic check, driven by the field's type and name, so a new config gets it by calling
+One generic check, driven by the field's type (and its declared range), so a new config gets it by calling
 :func:`validate_options` (or inheriting nothing at all: just call it):
 
 - **types**: each value must match its annotation (``int``, ``float`` (an int is fine), ``str`` (or a
   path), ``bool``, ``None`` in an ``X | None``, ``Literal[...]`` choices, ``tuple[str, ...]``); floats
   must be finite. tyro already enforces this for flags; YAML values (``--config``) and programmatic
   configs get the same check here.
-- **ranges**, by field name (exact, else the longest ``_``-separated suffix, so ``dpo_lr`` and
-  ``head_lr`` follow ``lr``, ``sft_steps`` follows ``steps``): see :data:`RULES`;
+- **ranges**, declared on the field (``k: Annotated[int, Range(ge=1)]``, :class:`Range`), else by the field's exact
+  name for the standard options (:data:`RULES`); never guessed from a name's suffix;
 - **choices** of string options whose values live elsewhere (``--preset``, ``--prompt-template``,
   ``--device``, ``--dtype``): see :data:`CHOICES`;
 - **step counts**: ``--max-steps`` at most :data:`MAX_STEPS`; the recipes check the counts they derive (from
@@ -26,8 +26,10 @@ import os
 import re
 import types
 import typing
-from dataclasses import fields
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Union
+
+from rlft.composed import option_fields, option_hints
 
 
 class UsageError(ValueError):
@@ -47,17 +49,40 @@ def flag(name: str) -> str:
 
 # ----------------------------------------------------------------------------- ranges
 
-Rule = tuple[Callable[[Any], bool], str]
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric option's range, declared on its field: ``k: Annotated[int, Range(ge=1)] = 4`` (read by
+    :func:`validate_options`; tyro ignores it). Bounds left None are open; ``None`` values (where the type allows
+    them) always pass: they mean unset."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def __call__(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    @property
+    def requirement(self) -> str:
+        """What the range requires, as the error says it: ``must be >= 1``, ``must lie in (0, 1]``."""
+        low = f"[{self.ge:g}" if self.ge is not None else f"({self.gt:g}" if self.gt is not None else None
+        high = f"{self.le:g}]" if self.le is not None else f"{self.lt:g})" if self.lt is not None else None
+        if low is not None and high is not None:
+            return f"must lie in {low}, {high}"
+        if low is not None:
+            return f"must be >= {self.ge:g}" if self.ge is not None else f"must be > {self.gt:g}"
+        return f"must be <= {self.le:g}" if self.le is not None else f"must be < {self.lt:g}"
 
 
-def _at_least(n: float) -> Rule:
-    return (lambda v: v >= n, f"must be >= {n:g}")
-
-
-POSITIVE_INT = _at_least(1)
-NON_NEGATIVE = _at_least(0)
-POSITIVE = (lambda v: v > 0, "must be > 0")
-PROBABILITY = (lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]")
+POSITIVE_INT = Range(ge=1)
+NON_NEGATIVE = Range(ge=0)
+POSITIVE = Range(gt=0)
+PROBABILITY = Range(ge=0, le=1)
+AT_LEAST_2 = Range(ge=2)
+"""The ranges options declare most often (``Annotated[int, POSITIVE_INT]``: a count)."""
 
 MAX_STEPS = 10_000_000
 """The most optimizer steps a training run may have, however they are set: ``--max-steps``, or derived from
@@ -79,7 +104,7 @@ def check_step_count(steps: float, source: str) -> None:
                           "(rlft.validation.MAX_STEPS)")
 
 
-RULES: dict[str, Rule] = {
+RULES: dict[str, Range] = {
     # counts: at least one
     **{
         name: POSITIVE_INT
@@ -111,6 +136,9 @@ RULES: dict[str, Rule] = {
             "max_tokens_per_micro_batch",
             "max_tokens",
             "seeds",
+            "micro_batch_size",
+            "eval_batch_size",
+            "eval_limit",
         )
     },
     # counts where 0 means "off" / "none"
@@ -136,8 +164,11 @@ RULES: dict[str, Rule] = {
             "overlong_buffer",  # rl: 0 (or None) is off
         )
     },
+    "validation_start": NON_NEGATIVE,
     # rates and coefficients
     "lr": POSITIVE,
+    "head_lr": POSITIVE,
+    "reference_temperature": NON_NEGATIVE,
     "epochs": POSITIVE,
     "timeout": POSITIVE,
     "judge_timeout": POSITIVE,
@@ -156,21 +187,22 @@ RULES: dict[str, Rule] = {
     "is_cap": POSITIVE,
     "lora_r": NON_NEGATIVE,
     "lora_alpha": POSITIVE,
-    "lora_dropout": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
+    "lora_dropout": Range(ge=0, lt=1),
     "temperature": NON_NEGATIVE,
-    "repetition_limit": _at_least(2),  # rl: a line written N times (not the "limit" count rule)
-    "stop_repeats": _at_least(2),  # a line written N times stops a sample
+    "repetition_limit": AT_LEAST_2,  # rl: a line written N times
+    "stop_repeats": AT_LEAST_2,  # a line written N times stops a sample
     "replay_size": NON_NEGATIVE,  # rl: groups replayed per step (0: off)
-    "max_staleness": _at_least(1),  # rl: steps a replayed group may be old
+    "max_staleness": POSITIVE_INT,  # rl: steps a replayed group may be old
     # probabilities
     "warmup_ratio": PROBABILITY,
     "give_up": PROBABILITY,
-    "top_p": (lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]"),
-    "eval_fraction": (lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
-    "label_smoothing": (lambda v: 0.0 <= v <= 0.5, "must lie in [0, 0.5]"),
+    "top_p": Range(gt=0, le=1),
+    "eval_fraction": Range(ge=0, lt=1),
+    "label_smoothing": Range(ge=0, le=0.5),
 }
-"""Range rules by field name (or name suffix): ``(predicate, what it requires)``. ``None`` (where the
-type allows it) always passes: it means unset."""
+"""Ranges of the options that do not declare one on their field (:class:`Range` in its ``Annotated`` type), by exact
+field name: the standard option names several commands share. A name is never guessed from a suffix: an option
+``dpo_lr`` declares its own range. ``None`` (where the type allows it) always passes: it means unset."""
 
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -184,14 +216,11 @@ CHOICES: dict[str, tuple[Callable[[str], bool], Callable[[], str]]] = {
 (:func:`rlft.tasks.countdown.options.check_countdown_names`), so this module imports nothing from rlft."""
 
 
-def rule_for(name: str) -> Rule | None:
-    """The rule of a field: its exact name, else the longest ``_``-suffix with a rule (``uf_rm_head_lr`` -> ``lr``)."""
-    parts = name.split("_")
-    for i in range(len(parts)):
-        rule = RULES.get("_".join(parts[i:]))
-        if rule is not None:
-            return rule
-    return None
+def rule_for(name: str, annotation: Any = None) -> Range | None:
+    """The range of an option: the :class:`Range` declared in its ``Annotated`` type ``annotation`` (a type hint
+    read with ``include_extras=True``), else the one :data:`RULES` gives its exact name, else None."""
+    declared = [m for m in getattr(annotation, "__metadata__", ()) if isinstance(m, Range)]
+    return declared[0] if declared else RULES.get(name)
 
 
 # ----------------------------------------------------------------------------- types
@@ -243,8 +272,8 @@ def validate_options(cfg: Any) -> None:
         OptionError: the first field (in declaration order) that is of the wrong type, not finite, or
             out of range, e.g. ``--max-steps must be >= 1 (or unset), got 0``.
     """
-    hints = typing.get_type_hints(type(cfg))
-    for f in fields(cfg):
+    hints, declared = option_hints(cfg), option_hints(cfg, include_extras=True)
+    for f in option_fields(cfg):  # a composed config's blocks in its place (rlft.composed)
         value, annotation = getattr(cfg, f.name), hints.get(f.name, Any)
         if not type_matches(value, annotation):
             raise OptionError(f"{flag(f.name)}: expected {_describe(annotation)}, got {value!r}")
@@ -256,10 +285,10 @@ def validate_options(cfg: Any) -> None:
             continue
         if isinstance(value, float) and not math.isfinite(value):
             raise OptionError(f"{flag(f.name)} must be a finite number, got {value!r}")
-        rule = rule_for(f.name)
-        if rule is not None and not rule[0](value):
+        rule = rule_for(f.name, declared.get(f.name))
+        if rule is not None and not rule(value):
             unset = " (or unset)" if type_matches(None, annotation) else ""
-            raise OptionError(f"{flag(f.name)} {rule[1]}{unset}, got {value!r}")
+            raise OptionError(f"{flag(f.name)} {rule.requirement}{unset}, got {value!r}")
         if f.name == "max_steps":
             check_step_count(value, f"{flag(f.name)} {value}")
     if getattr(cfg, "resume", False) is True and getattr(cfg, "overwrite", False) is True:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import fields
 
 import pytest
 
@@ -25,12 +24,12 @@ def test_every_option_has_help_text(name):
     result = subprocess.run([sys.executable, "-m", "rlft.cli", *name.split(), "--help"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
-    import typing
-
     import tyro
 
-    hints = typing.get_type_hints(cls, include_extras=True)
-    for f in fields(cls):
+    from rlft.composed import option_fields, option_hints
+
+    hints = option_hints(cls, include_extras=True)
+    for f in option_fields(cls):  # a composed config's (RLConfig's) options: its blocks' fields
         if tyro.conf.Positional[int].__metadata__[0] in getattr(hints[f.name], "__metadata__", ()):
             continue  # a positional argument (`rlft eval compare A.json B.json`): it has no flag
         flag = "--" + f.name.replace("_", "-")

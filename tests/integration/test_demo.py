@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlft.checkpoint import checkpoint_folders
-from rlft.recipes.demo import DemoConfig, run_demo
+from rlft.lab.demo import DemoConfig, run_demo
 from rlft.tasks.countdown.splits import load_split
 from rlft.validation import OptionError
 from tests.conftest import make_tiny_model, save_model_dir, write_jsonl_rows
@@ -114,8 +114,8 @@ def test_quick_demo_writes_report(demo_model_dir, tmp_path):
 
 def test_demo_defaults_are_the_countdown_real_setting():
     """The defaults: bounded standard-preset traces, the real rows that ship with rlft, 256 tokens; the RL loop's GRPO +
-    filtering + LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 80 SFT steps then 40 filtered ones; the sampled evaluation
-    (pass@k and best-of-N) only when asked for; a stage is skipped with 0."""
+    filtering + LoRA recipe at lr 2e-4; RPO at beta 0.5 with LoRA; 80 SFT steps then 40 filtered ones; the sampled
+    evaluation (pass@k and best-of-N) only when asked for; a stage is skipped with 0."""
     cfg = DemoConfig()
     assert (cfg.rows, cfg.preset, cfg.prompt_template, cfg.trace_style, cfg.max_new_tokens) == ("auto", "standard",
                                                                                                 "short", "bounded", 256)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlft.cli import main
-from rlft.recipes.demo import DemoConfig
-from rlft.recipes.demo_ultrafeedback import compare_judged, split_preferences
+from rlft.lab.demo import DemoConfig
+from rlft.lab.demo_ultrafeedback import compare_judged, split_preferences
 from tests.conftest import SHARED_DATA, make_tiny_model, save_model_dir, write_jsonl_rows
 
 UF = SHARED_DATA / "ultrafeedback" / "train_clean.jsonl"

@@ -244,7 +244,8 @@ def test_row3_pairs_under_torchrun_exits_2_and_writes_nothing(tmp_path, tiny_mod
             str(out)
         ], env, 120)
     assert done.returncode != 0
-    line = "rlft pairs countdown: error: torchrun started 2 processes, but `rlft pairs countdown` samples in one process"
+    line = ("rlft pairs countdown: error: torchrun started 2 processes, "
+            "but `rlft pairs countdown` samples in one process")
     # each rank refuses before it samples; once one rank has exited, torchrun stops the others, so a slower rank may
     # be stopped before it prints (seen on 2026-11-28 on a busy CPU): at least one says it, and none writes
     assert (done.stdout + done.stderr).count(line) >= 1, done.stderr[-3000:]
@@ -271,7 +272,7 @@ def test_row4_overlap_count_and_default_tasks_by_hand():
     from rlft.tasks.countdown.generator import PRESETS, make_splits, task_key
 
     # naive: the training tasks of a run holding out 8, against the first 40 test tasks
-    train = make_splits(PRESETS["tiny"], RLConfig.num_train, 8, 7)[0]
+    train = make_splits(PRESETS["tiny"], RLConfig().num_train, 8, 7)[0]
     tasks = make_splits(PRESETS["tiny"], 0, 40, 7)[1]
     naive = sum(any(task_key(t) == task_key(u) for u in train) for t in tasks)
     assert naive > 0 and training_overlap("tiny", 7, 8,
@@ -365,7 +366,7 @@ def test_row9_config_reads_are_bounded(capsys, tmp_path, source):
                  f"rlft sft: error: --config {path}: more than 1 MiB; an options file is a short YAML mapping")
 
 
-# --------------------------------------------------------------------------- row 6: --dry-run checks what the run checks
+# -------------------------------------------------------------------------- row 6: --dry-run checks what the run checks
 
 
 @pytest.fixture
@@ -507,7 +508,8 @@ def test_row11_a_folder_as_output_is_refused_before_sampling(capsys, tmp_path, t
         for path in (str(folder), str(tmp_path / "new") + "/"):
             assert_error(
                 capsys, [*command, "--model", tiny_model_dir, "--device", "cpu", "--output", path], 2,
-                f"rlft {' '.join(command)}: error: --output {path} is a folder; name a file to write (in it, or elsewhere)"
+                f"rlft {' '.join(command)}: error: --output {path} is a folder; "
+                "name a file to write (in it, or elsewhere)"
             )
     assert tree(tmp_path) == before and not stray_temps(tmp_path) and not (tmp_path / "new").exists()
 

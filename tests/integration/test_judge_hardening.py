@@ -194,7 +194,6 @@ def test_winrate_refuses_non_finite_rewards_from_any_judge(tmp_path, monkeypatch
                         output_dir=str(tmp_path / "out"))
     with pytest.raises(ValueError) as info:
         run_winrate(cfg)
-    assert str(
-        info.value
-    ) == "the judge 'stub' gave 1 non-finite reward(s), e.g. nan for the reference response to prompt 0; nothing was written"
+    assert str(info.value) == ("the judge 'stub' gave 1 non-finite reward(s), e.g. nan for the reference response "
+                               "to prompt 0; nothing was written")
     assert not (tmp_path / "out" / "winrate.json").exists() and not (tmp_path / "out" / "winrate.jsonl").exists()

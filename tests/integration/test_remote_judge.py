@@ -161,7 +161,8 @@ def api_key(monkeypatch):
 
 @pytest.fixture
 def all_logs(rlft_log):
-    """Capture DEBUG logs of rlft, openai and httpx (``rlft_log`` sees the rlft logger even if it does not propagate)."""
+    """Capture DEBUG logs of rlft, openai and httpx (``rlft_log`` sees the rlft logger even if it does not
+    propagate)."""
     for name in ("rlft", "openai", "httpx", "httpcore"):
         rlft_log.set_level(logging.DEBUG, logger=name)
     return rlft_log

@@ -15,9 +15,9 @@ import torch
 
 from rlft.compute import final_flops, model_parameter_count, parameter_count, summed_step_seconds
 from rlft.models import DeviceSpec, load_model
-from rlft.recipes.pipeline import heldout_tasks, load_settings, load_variants
+from rlft.lab.pipeline import heldout_tasks, load_settings, load_variants
 from rlft.validation import OptionError, UsageError
-from rlft.script_io import run_script
+from rlft.lab.script_io import run_script
 from tests.conftest import load_script, load_weights
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +176,8 @@ def test_compare_prints_the_paired_difference(report, tmp_path, capsys):
 
 
 def test_compare_and_report_refuse_evaluations_of_other_tasks(report, tmp_path, capsys):
-    """Two files of 3 tasks each, but not the same 3: refused in one line, exit 2 (it printed +1.000 [+1.000, +1.000])."""
+    """Two files of 3 tasks each, but not the same 3: refused in one line, exit 2 (it printed +1.000 [+1.000,
+    +1.000])."""
     other = [{"nums": [5, 6, 7], "target": 18}, *TASKS3[1:]]
     a, b = eval_json(tmp_path / "a.json", [1.0, 1.0, 1.0]), eval_json(tmp_path / "b.json", [0.0, 0.0, 0.0], other)
     with pytest.raises(SystemExit) as e:
@@ -200,7 +201,8 @@ def test_compare_and_report_refuse_evaluations_of_other_tasks(report, tmp_path, 
 
 def test_churn_bad_input_is_one_line_and_exit_2(report, tmp_path, capsys):
     """churn on a missing or damaged SFT start, no finished run, or a run of another size: one line, exit 2 (tracebacks
-    before: StatisticsError on no run or one run, JSONDecodeError); one run, or a run that changed nothing, is reported."""
+    before: StatisticsError on no run or one run, JSONDecodeError); one run, or a run that changed nothing, is
+    reported."""
     def churn() -> tuple[int, str, str]:
         try:
             run_script(report.main, ["churn", "--out", str(tmp_path), "--tasks", "3"], prog="ablation_report.py")
@@ -271,7 +273,7 @@ def test_the_bounded_setting_reaches_every_stage(ablation, tmp_path):
         seen["sft"] = (cfg.trace_style, cfg.give_up)
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
-    def fake_train_rl(cfg):
+    def fake_train_rl(cfg, **_):  # on_test_look: rlft.lab.test_looks.train_rl_counted's recorder
         seen["rl"] = (cfg.max_new_tokens, cfg.eval_max_new_tokens)
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
@@ -458,7 +460,7 @@ def test_steps_override_the_setting_and_a_variants_own_max_steps_overrides_steps
     """--steps 20 gives grpo_filter_lora_1e4 20 steps (the setting says 30); grpo_filter_lora_1e4_60 keeps its 60."""
     runs = []
 
-    def fake_train_rl(cfg):
+    def fake_train_rl(cfg, **_):  # on_test_look: rlft.lab.test_looks.train_rl_counted's recorder
         runs.append(cfg.max_steps)
         (Path(cfg.output_dir) / "model").mkdir(parents=True)
 
@@ -553,7 +555,7 @@ def test_sizes_pairs_each_run_by_count_of_numbers(report, tmp_path):
 
     write(tmp_path / "sft_start", [0.1, 0.0, 1.0, 0.1])
     write(tmp_path / "real_grpo" / "s0", [1.0, 0.1, 1.0, 0.1])
-    from rlft.recipes.pipeline import load_variants
+    from rlft.lab.pipeline import load_variants
 
     text = report.sizes(load_variants(report.CONFIGS), tmp_path, 4, "validation")
     assert "| SFT start | - | 0.300 / 0.550 / 0.050 | 0.250 |" in text
@@ -603,8 +605,8 @@ def test_samples_vs_score_draws_no_start_when_runs_evaluate_different_rows(repor
 def test_checkpoint_evaluates_the_kept_adapter_merged_into_the_variants_start(ablation, tmp_path, tiny_model_dir,
                                                                               smol_tokenizer):
     """checkpoint --step 10: reuse_topr_r2 (start_from real_sft_patient) gets its kept step-10 adapter merged into
-    real_sft_patient's model of the same seed, evaluated from <variant>/s0/step10/; the run's own checkpoint when no copy
-    was kept; no adapter at all: SystemExit naming the folder."""
+    real_sft_patient's model of the same seed, evaluated from <variant>/s0/step10/; the run's own checkpoint when no
+    copy was kept; no adapter at all: SystemExit naming the folder."""
     from transformers import AutoModelForCausalLM
 
     from rlft.checkpoint import save_model_folder

@@ -48,7 +48,8 @@ def test_selection_rows_by_hand():
     """majority@1 = sample 0: (.1 + 0 + 1) / 3; @2: task 0 (5 vs 9 tie: 5 first) .1, task 1 (None does not vote) .1,
     task 2 (16 vs 3 tie: 16) 1 -> 1.2/3; @4: task 0 still .1, task 1 (9 twice) 1, task 2 (3 three times) .1 -> 1.2/3.
     oracle@2 = (1 + .1 + 1) / 3, oracle@4 = 1. Tokens per task: n=1 (10+10+5)/3, n=2 (30+20+10)/3, n=4 (100+40+20)/3.
-    majority@4 minus greedy (1, .1, 0): d = (-.9, .9, .1), mean 1/30, sd from the sum of squared deviations 1.62667/2."""
+    majority@4 minus greedy (1, .1, 0): d = (-.9, .9, .1), mean 1/30, sd from the sum of squared deviations
+    1.62667/2."""
     rows = selection_rows(fake_result(), GREEDY, ["majority", "oracle"], [1, 2, 4])
     table = {(r["selector"], r["n"]): r for r in rows}
     assert [(r["selector"], r["n"]) for r in rows] == [("majority", 1), ("majority", 2), ("majority", 4),

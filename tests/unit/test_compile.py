@@ -22,7 +22,8 @@ from rlft.ops import sequence_logprobs
 from rlft.recipes.memory import COMPILE_BACKEND_ENV, compile_layers, enable_gradient_checkpointing
 
 from tests.conftest import make_scaled_tiny_model, make_tiny_model, write_jsonl_rows
-from tests.unit.test_token_micro_batches import assert_same_grads, capture_grads, dpo_cfg, dpo_rows, rm_rows, sft_cfg, varied_sft_rows
+from tests.unit.test_token_micro_batches import (assert_same_grads, capture_grads, dpo_cfg, dpo_rows, rm_rows, sft_cfg,
+                                                 varied_sft_rows)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

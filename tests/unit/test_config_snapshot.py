@@ -14,7 +14,6 @@ The tests compare today's parse with it: same values, same flags, same defaults 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -46,6 +45,7 @@ for _command in ("demo", "sft", "rl", "rloo", "pairs countdown", "eval countdown
 HELP_REWORDED["demo"] |= {"--rl-steps", "--pairs-samples", "--rl-eval-every"}  # they start from the filtered SFT model
 HELP_REWORDED["demo"] |= {"--eval-batch-size"}  # it sets RL's sampling batch too
 HELP_REWORDED["demo"] |= {"--rows", "--num-rows"}  # 'auto' reads the rows that ship with rlft since 2026-12-06
+HELP_REWORDED["demo"] |= {"--track"}  # names rlft.lab.demo_ultrafeedback, the demo's module since 2026-12-06
 HELP_REWORDED["sft"] |= {"--max-tokens-per-micro-batch"}  # one help text with rl's since 2026-12-02
 HELP_REWORDED["rl"] |= {"--gen-batch-size", "--micro-batch-size"}  # why 64; what to set on a GPU
 HELP_REWORDED["rloo"] |= {"--gen-batch-size", "--micro-batch-size"}
@@ -65,7 +65,8 @@ ADDED = {
         "max_staleness": 1, "max_tokens_per_micro_batch": None, "positive_weight": 1.0
     }, "EvalCountdownConfig": {"ledger": None, "stop_repeats": None}, "SFTConfig": {"max_tokens": None}
 }
-"""Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets it)."""
+"""Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets
+it)."""
 SET_SINCE = {"real_sft_correct_grpo": {"stop_repeats": None}}
 """Added options a variant (in every setting) sets explicitly, with its value: the recipe as named, before the
 option's default changed the sampling (configs/countdown/ablation/4_real.yaml)."""
@@ -78,7 +79,8 @@ ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-r
 
 def _without_added(record: dict, key: str = "") -> dict:
     """``record`` (of config file or variant ``key``) with the options added since the snapshot taken out, after
-    checking they hold their defaults (or the value ``SET_SINCE`` gives for the variant of ``key``, "setting/variant")."""
+    checking they hold their defaults (or the value ``SET_SINCE`` gives for the variant of ``key``,
+    "setting/variant")."""
     record_class = record.get("class")
     record = {k: v for k, v in record.items() if k != "class"}
     if "values" not in record:
@@ -117,7 +119,9 @@ def _jsonable(value):
 def _attempt(build) -> dict:
     try:
         cfg = build()
-        return {"values": _jsonable(dataclasses.asdict(cfg)), "class": type(cfg).__name__}  # class: not in the file
+        from rlft.composed import option_values  # dataclasses.asdict, a composed config's blocks flat (RLConfig)
+
+        return {"values": _jsonable(option_values(cfg)), "class": type(cfg).__name__}  # class: not in the file
     except (ValueError, TypeError) as e:  # OptionError is a ValueError
         return {"error": str(e)}
 
@@ -145,7 +149,7 @@ def ablation_configs() -> dict[str, dict]:
     ``settings.yaml`` and the variant files as scripts/countdown_ablation.py builds it (placeholders for paths)."""
     from rlft.recipes.dpo import DPOConfig
     from rlft.recipes.pairs import PairsConfig
-    from rlft.recipes.pipeline import load_settings, load_variants
+    from rlft.lab.pipeline import load_settings, load_variants
     from rlft.recipes.sft import SFTConfig
     from rlft.rl.config import RLConfig
 
@@ -247,7 +251,8 @@ def test_flags_defaults_and_help_unchanged(saved, command):
     now, before = help_flags(command), saved["help"][command]
     added = ADDED_FLAGS.get(command, set())
     assert added <= set(now) and sorted(set(now) - added) == sorted(before), \
-        f"rlft {command}: flags added {sorted(set(now) - added - set(before))}, removed {sorted(set(before) - set(now))}"
+        f"rlft {command}: flags added {sorted(set(now) - added - set(before))}, " \
+        f"removed {sorted(set(before) - set(now))}"
     reworded = HELP_REWORDED.get(command, set())
     for flag, text in before.items():
         if flag in REGISTRY_FLAGS:

@@ -56,8 +56,8 @@ def test_dry_run_describes_models_and_data(capsys, tmp_path):
 
 def test_dry_run_names_the_distributed_strategy_and_refuses_what_fsdp2_cannot_shard(capsys, tmp_path):
     main(["sft", "--distributed", "fsdp2", "--output-dir", str(tmp_path / "out"), "--dry-run"])
-    assert "under torchrun: --distributed fsdp2 (FSDP2: parameters, gradients and optimizer state sharded" in capsys.readouterr(
-    ).out
+    assert ("under torchrun: --distributed fsdp2 (FSDP2: parameters, gradients and optimizer state sharded"
+            in capsys.readouterr().out)
     main(["rl", "--output-dir", str(tmp_path / "out"), "--dry-run"])  # the default, auto: FSDP2 on many ranks
     assert "under torchrun: --distributed auto = fsdp2 (FSDP2: parameters" in capsys.readouterr().out
     main(["sft", "--lora-r", "4", "--output-dir", str(tmp_path / "out"), "--dry-run"])  # auto with LoRA: DDP

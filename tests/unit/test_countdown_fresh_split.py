@@ -141,7 +141,7 @@ def test_ledger_counts_fresh_and_original_test_looks_apart(tmp_path, capsys):
     before the field with a --data file was of the original rows, one without --data of generated tasks."""
     from rlft.cli import main
     from rlft.eval.countdown import summarize
-    from rlft.eval.ledger import LEDGER_NAME, looked_rows, read_looks, record_test_look
+    from rlft.lab.ledger import LEDGER_NAME, looked_rows, read_looks, record_test_look
 
     result = summarize("greedy", task_scores=[[1.0], [0.0]], tasks=[{"nums": [1, 2, 3], "target": 6}] * 2,
                        task_truncated=[[False]] * 2, task_tokens=[[5]] * 2, task_values=[[None]] * 2,
@@ -165,8 +165,9 @@ def test_eval_countdown_records_which_test_rows_it_looked_at(tmp_path, monkeypat
     and its ledger line and output config say ``heldout: fresh``; another file's test rows say ``original``."""
     import torch
 
-    from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
-    from rlft.eval.ledger import read_looks
+    from rlft.eval.countdown_command import EvalCountdownConfig
+    from rlft.lab.ledger import read_looks
+    from rlft.lab.test_looks import run_eval_countdown_counted
     from tests.conftest import make_tiny_model
 
     tasks = rows(1200, seed=5)
@@ -184,8 +185,9 @@ def test_eval_countdown_records_which_test_rows_it_looked_at(tmp_path, monkeypat
     try:
         for data, name in ((pool, "a"), (other, "b")):
             out = tmp_path / "evals" / f"{name}.json"
-            result = run_eval_countdown(EvalCountdownConfig(model=str(model_dir), data=data, split="test", limit=2,
-                                                            max_new_tokens=2, device="cpu", output=str(out)))
+            result = run_eval_countdown_counted(EvalCountdownConfig(model=str(model_dir), data=data, split="test",
+                                                                    limit=2, max_new_tokens=2, device="cpu",
+                                                                    output=str(out)))
             assert json.loads(out.read_text())["config"]["heldout"] == ("fresh" if name == "a" else "original")
             if name == "a":
                 assert [(e["nums"], e["target"]) for e in result.examples] == \

@@ -4,7 +4,6 @@ definition of the held-out split (evaluation never sees a training task)."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -22,23 +21,34 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "rlft"
 SHARED = ("data_split", "preset", "split_seed", "heldout_size", "prompt_template")
 
 
+def _countdown(cls: type) -> type:
+    """The class holding ``cls``'s Countdown options: ``cls`` (a sum of blocks), or its Countdown block field (a
+    composed config, RLConfig)."""
+    from rlft.composed import block_fields
+
+    return next((b for b in block_fields(cls).values() if issubclass(b, CountdownOptions)), cls)
+
+
 def test_the_four_configs_share_one_block_with_one_default_each():
+    from rlft.composed import option_fields
+
     for cls in (SFTConfig, PairsConfig, EvalCountdownConfig, RLConfig):
-        assert issubclass(cls, CountdownOptions), cls
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        assert issubclass(_countdown(cls), CountdownOptions), cls
+        defaults = {f.name: f.default for f in option_fields(cls)}
         assert {name: defaults[name]
                 for name in SHARED} == {
                     "data_split": "train", "preset": "easy3", "split_seed": 1234, "heldout_size": 200,
                     "prompt_template": "base"
                 }, cls
     for cls in (PairsConfig, EvalCountdownConfig, RLConfig):
-        assert issubclass(cls, CountdownDataOptions)
+        assert issubclass(_countdown(cls), CountdownDataOptions)
     for cls in (PairsConfig, RLConfig):
-        assert issubclass(cls, CountdownTrainingOptions)
-    # the Countdown fields are declared once, in the block: no config redeclares them (sft's --data-split reads any dataset)
+        assert issubclass(_countdown(cls), CountdownTrainingOptions)
+    # the Countdown fields are declared once, in the block: no config redeclares them
+    # (sft's --data-split reads any dataset)
     for cls in (PairsConfig, EvalCountdownConfig, RLConfig):
         assert not set(cls.__dict__.get("__annotations__", {})) & set(SHARED + ("data", "data_heldout")), cls
-    assert SFTConfig.num_train == RLConfig.num_train == DEFAULT_NUM_TRAIN
+    assert SFTConfig.num_train == RLConfig().num_train == DEFAULT_NUM_TRAIN
 
 
 def test_generated_tasks_is_make_splits_and_prefix_stable():

@@ -101,7 +101,7 @@ def test_answer_value(completion, value):
 def test_a_study_setting_with_a_dataset_evaluates_on_its_heldout_rows(tmp_path):
     from dataclasses import replace
 
-    from rlft.recipes.pipeline import heldout_tasks, load_settings
+    from rlft.lab.pipeline import heldout_tasks, load_settings
     from rlft.validation import OptionError
     from tests.conftest import write_jsonl_rows
 

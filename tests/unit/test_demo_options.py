@@ -1,4 +1,4 @@
-"""rlft.recipes.demo_config: DemoConfig's option blocks, --quick under explicit options, and the stages' options
+"""rlft.lab.demo_config: DemoConfig's option blocks, --quick under explicit options, and the stages' options
 checked when the demo is parsed, in the demo's own option names."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from rlft.cli import main
-from rlft.recipes.demo_config import (QUICK, RL_OPTIONS, DemoConfig, DemoEvalOptions, DemoPreferenceOptions,
+from rlft.composed import option_fields
+from rlft.lab.demo_config import (QUICK, RL_OPTIONS, DemoConfig, DemoEvalOptions, DemoPreferenceOptions,
                                       DemoRLOptions, DemoSFTOptions, DemoUltraFeedbackOptions)
 from rlft.rl.config import RLConfig
 from rlft.validation import OptionError
@@ -22,7 +23,7 @@ def test_demo_config_is_its_blocks():
     in_blocks = [f.name for block in BLOCKS for f in dataclasses.fields(block)]
     assert len(in_blocks) == len(set(in_blocks)) and not set(DemoConfig.__dict__["__annotations__"]) & set(in_blocks)
     assert all(n.startswith("rl_") for n in (f.name for f in dataclasses.fields(DemoRLOptions)))
-    assert set(RL_OPTIONS.values()) <= set(names) and set(RL_OPTIONS) <= {f.name for f in dataclasses.fields(RLConfig)}
+    assert set(RL_OPTIONS.values()) <= set(names) and set(RL_OPTIONS) <= {f.name for f in option_fields(RLConfig)}
 
 
 def test_quick_sizes_apply_where_an_option_is_left_at_its_default():

@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,9 +47,11 @@ def _free_port() -> int:
 
 def _flags(cfg) -> list[str]:
     """``--option value`` flags reproducing ``cfg`` (fields left at their defaults are skipped)."""
-    default = type(cfg)(**{k: v for k, v in asdict(cfg).items() if k in ("model",)})
+    from rlft.composed import option_values  # flat option names, also of a composed config (RLConfig)
+
+    default = type(cfg)(**{k: v for k, v in option_values(cfg).items() if k in ("model",)})
     out = []
-    for name, value in asdict(cfg).items():
+    for name, value in option_values(cfg).items():
         if value == getattr(default, name) and name not in ("model", "output_dir"):
             continue
         flag = "--" + name.replace("_", "-")
@@ -68,7 +70,8 @@ def _launch(args_for_port, env: dict, timeout: int) -> subprocess.CompletedProce
     for _ in range(3):
         port = str(_free_port())
         args = args_for_port(port)
-        # a process group of its own (start_new_session), so a timeout kills the workers too (killing torchrun alone leaves them behind)
+        # a process group of its own (start_new_session), so a timeout kills the workers too
+        # (killing torchrun alone leaves them behind)
         with subprocess.Popen(args, env={**env, "MASTER_PORT": port}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, start_new_session=True) as proc:
             try:
@@ -115,7 +118,8 @@ def assert_same_run(one: Path, two: Path, atol: float = 1e-5, norm_rtol: float |
             if key == "tokens_per_s":
                 continue
             if key == "rewards/accuracy" and max(abs(r1["rewards/chosen"]), abs(r1["rewards/rejected"])) < NOISE:
-                continue  # policy == reference (DPO's first step): each pair's reward margin is float noise, its sign arbitrary
+                # policy == reference (DPO's first step): each pair's reward margin is float noise, its sign arbitrary
+                continue
             if key in EXACT:
                 assert r1[key] == r2[key], (key, r1, r2)
             elif key == "grad_norm" and norm_rtol is not None:
@@ -630,7 +634,8 @@ model.generation_config.eos_token_id = list(range(0, model.config.vocab_size, 3)
 full = copy.deepcopy(model)
 sharded = distributed.wrap_model(model, "fsdp2")
 assert distributed.sharded(sharded)
-prompts = [["Count to three:", "Hello there, how are", "x"], ["A longer prompt than the others, with more words in it"]][rank]
+prompts = [["Count to three:", "Hello there, how are", "x"],
+           ["A longer prompt than the others, with more words in it"]][rank]
 lengths = set()
 # rank 0: 3 prompts x 2 samples in 3 chunks of 2 rows; rank 1: 1 chunk, then 2 filler chunks; then none at all
 for mine, params in ((prompts, SamplingParams(k=2, temperature=1.0, max_new_tokens=8, seed=7 + rank)),

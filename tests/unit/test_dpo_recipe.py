@@ -21,7 +21,8 @@ from rlft.data.files import DataError
 from rlft.recipes.dpo import DPOConfig, pair_logprobs, reference_logprobs, train_dpo
 from rlft.recipes.dpo_data import TextPair, load_text_pairs, tokenize_preference_pairs, tokenize_text_pair
 
-from tests.conftest import interrupt_after_checkpoints, load_weights, make_scaled_tiny_model, make_tiny_model, write_jsonl_rows
+from tests.conftest import (interrupt_after_checkpoints, load_weights, make_scaled_tiny_model, make_tiny_model,
+                            write_jsonl_rows)
 
 torch.set_num_threads(1)
 

@@ -9,12 +9,14 @@ import torch
 
 from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, paired_difference, pass_at_k_sizes
 from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
+from rlft.lab.test_looks import run_eval_countdown_counted
 from rlft.rollout import GenerationEngine, Sample, SamplingParams
 from rlft.types import CountdownTask
 from tests.conftest import make_tiny_model
 
 TASK = CountdownTask(nums=(3, 5, 2), target=16)
-PROMPT = "User: Using the numbers [3, 5, 2], create an equation that equals 16.\nAssistant: Let me solve this step by step.\n<think>"
+PROMPT = ("User: Using the numbers [3, 5, 2], create an equation that equals 16.\n"
+          "Assistant: Let me solve this step by step.\n<think>")
 # completion text -> (score, number of tokens, finish reason)
 CORRECT = " 3 + 5 = 8, 8 * 2 = 16 </think>\n<answer>(3 + 5) * 2</answer>"
 WRONG = " 3 + 5 + 2 = 10 </think>\n<answer>3 + 5 + 2</answer>"
@@ -161,7 +163,7 @@ def test_run_eval_countdown_tiny_model(tmp_path, smol_tokenizer, template):
             model=str(model_dir), limit=3, mode="sampled", k=2, max_new_tokens=4, batch_size=4,
             device="cpu", output=str(out), prompt_template=template,
         )
-        result = run_eval_countdown(cfg)
+        result = run_eval_countdown_counted(cfg)  # `rlft eval countdown`: the evaluation, its look counted
     finally:
         torch.set_num_threads(threads)
     assert (result.num_tasks, result.k, result.mode) == (3, 2, "sampled")
@@ -175,12 +177,33 @@ def test_run_eval_countdown_tiny_model(tmp_path, smol_tokenizer, template):
     assert saved["config"]["model"] == str(model_dir)
     assert CountdownEvalResult.from_dict(saved) == result
     # a look at the test tasks is counted: one ledger line beside the output, naming the weights
-    from rlft.eval.ledger import count_test_looks, read_looks
+    from rlft.lab.ledger import count_test_looks, read_looks
 
     looks = read_looks(out.parent / "test_looks.jsonl")
     assert len(looks) == 1 and looks[0]["model_sha256"] == saved["config"]["model_sha256"] is not None
     assert looks[0]["num_tasks"] == 3 and looks[0]["split"] == "test"
     assert count_test_looks(out.parent / "test_looks.jsonl", saved["config"]["model_sha256"]) == 1
+
+
+def test_the_library_evaluation_tells_its_caller_of_a_test_look_and_counts_none(tmp_path, smol_tokenizer):
+    """run_eval_countdown (the library) writes no ledger: it calls on_test_look once, on --split test only, with the
+    config record a ledger line reads (the weights' SHA-256, the held-out block); counting is the lab's
+    (rlft.lab.test_looks.run_eval_countdown_counted)."""
+    model_dir = tmp_path / "tiny"
+    make_tiny_model(len(smol_tokenizer)).save_pretrained(model_dir)
+    smol_tokenizer.save_pretrained(model_dir)
+    told = []
+    base = dict(model=str(model_dir), limit=2, max_new_tokens=2, batch_size=4, device="cpu")
+    out = tmp_path / "out" / "eval.json"
+    result = run_eval_countdown(EvalCountdownConfig(**base, output=str(out)),
+                                on_test_look=lambda r, config: told.append((r, config)))
+    saved = json.loads(out.read_text())
+    assert len(told) == 1 and told[0][0] is result
+    assert told[0][1]["model_sha256"] == saved["config"]["model_sha256"] is not None
+    assert (told[0][1]["split"], told[0][1]["model"]) == ("test", str(model_dir))
+    assert not (out.parent / "test_looks.jsonl").exists()
+    run_eval_countdown(EvalCountdownConfig(**base, split="train"), on_test_look=lambda r, config: told.append(r))
+    assert len(told) == 1  # training tasks are no look at the test rows
 
 
 def test_run_eval_countdown_from_file(tmp_path, smol_tokenizer):

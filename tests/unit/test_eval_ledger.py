@@ -1,4 +1,4 @@
-"""The test-look ledger (rlft.eval.ledger): one JSON line per test evaluation, appended in one write; counts per model;
+"""The test-look ledger (rlft.lab.ledger): one JSON line per test evaluation, appended in one write; counts per model;
 `rlft eval ledger [PATH]`."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from rlft.cli import main
 from rlft.eval.countdown import summarize
-from rlft.eval.ledger import (LEDGER_NAME, count_test_looks, default_ledger_path, read_looks, record_test_look,
+from rlft.lab.ledger import (LEDGER_NAME, count_test_looks, default_ledger_path, read_looks, record_test_look,
                               summarize_looks)
 from rlft.validation import UsageError
 
@@ -77,7 +77,7 @@ def test_record_from_a_result_in_memory_next_to_its_output(tmp_path):
 
 def _append(args):
     path, i = args
-    from rlft.eval.ledger import append_line
+    from rlft.lab.ledger import append_line
 
     append_line(path, {"i": i, "pad": "x" * 2000})
 

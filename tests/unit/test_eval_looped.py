@@ -10,7 +10,8 @@ from rlft.types import CountdownTask
 
 TASKS = [CountdownTask((3, 5), 8), CountdownTask((2, 7), 14)]
 PROMPTS = [
-    f"User: Using the numbers [{t.nums[0]}, {t.nums[1]}], create an equation that equals {t.target}.\nAssistant: <think>"
+    f"User: Using the numbers [{t.nums[0]}, {t.nums[1]}], create an equation that equals {t.target}.\n"
+    "Assistant: <think>"
     for t in TASKS
 ]
 CORRECT = {8: " 3+5=8.</think>\n<answer>3 + 5</answer>", 14: " 2*7=14.</think>\n<answer>2 * 7</answer>"}

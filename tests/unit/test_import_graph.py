@@ -2,8 +2,9 @@
 
 The import graph is read with ``ast`` (nothing is imported): every ``import`` / ``from ... import`` in
 src/rlft, module level or inside a function, and those under ``if TYPE_CHECKING:`` too (an annotation-only import
-is still a dependency a reader must follow; a cycle through one is a cycle). An edge goes to the module named, and for ``from package import name`` also to
-``package.name`` when that is a module. A package's ``__init__`` counts as the package.
+is still a dependency a reader must follow; a cycle through one is a cycle). An edge goes to the module named, and
+for ``from package import name`` also to ``package.name`` when that is a module. A package's ``__init__`` counts as
+the package.
 """
 
 from __future__ import annotations
@@ -141,8 +142,8 @@ def test_the_graph_sees_local_and_type_checking_imports():
 
 def test_no_import_cycles():
     cycles = find_cycles(import_graph())
-    assert not cycles, "import cycles in src/rlft (break them: move the shared part down a layer, see docs/design.md):\n" + "\n".join(
-        "  " + " -> ".join(cycle) for cycle in cycles)
+    assert not cycles, ("import cycles in src/rlft (break them: move the shared part down a layer, "
+                        "see docs/design.md):\n" + "\n".join("  " + " -> ".join(cycle) for cycle in cycles))
 
 
 def _line_counts(folder: Path, pattern: str) -> dict[str, int]:

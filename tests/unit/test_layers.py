@@ -89,7 +89,8 @@ def test_the_parser_reads_a_table_and_the_check_finds_upward_imports():
     text = (
         "## 2. Layers\n\n| layer | modules | holds | imports from rlft |\n|---|---|---|---|\n"
         "| 0 foundation | `types`, `ops` | x | layer 0 only |\n| 1 | `losses/` | x | `ops` only |\n"
-        "| 1 | `data/` | x | `types` |\n| 3 | `eval/` | x | layers 0-1 |\n| 6 | `cli.py` | x | everything |\n\n## 3. Next\n"
+        "| 1 | `data/` | x | `types` |\n| 3 | `eval/` | x | layers 0-1 |\n| 6 | `cli.py` | x | everything |\n"
+        "\n## 3. Next\n"
     )
     rows = parse_layer_table(text)
     assert [(r.layer, r.units) for r in rows] == [(0, ["types", "ops"]), (1, ["losses"]), (1, ["data"]), (3, ["eval"]),
@@ -111,3 +112,17 @@ def test_every_module_keeps_to_its_layer():
     assert set(modules()), "no modules found"
     found = violations(import_graph(), rows)
     assert not found, "imports against docs/design.md's layer table:\n" + "\n".join("  " + v for v in found)
+
+
+def test_the_lab_sits_above_the_library_and_below_the_command_line():
+    """The demo, the study pipeline, the test-look ledger and the scripts' I/O rules are the lab's (``rlft/lab/``): one
+    layer above ``recipes/``, one below ``cli.py``; so a library module importing one of them is reported."""
+    rows = parse_layer_table(DESIGN.read_text(encoding="utf-8"))
+    layer = {u: row.layer for row in rows for u in row.units}
+    assert layer["lab"] == layer["recipes"] + 1 and layer["cli"] == layer["lab"] + 1
+    assert max(layer.values()) == layer["cli"]
+    lab_modules = {m for m in modules() if unit_of(m) == "lab"}
+    assert {"rlft.lab.demo", "rlft.lab.pipeline", "rlft.lab.ledger", "rlft.lab.script_io",
+            "rlft.lab.test_looks"} <= lab_modules
+    graph = {"rlft.recipes.rl": {"rlft.lab.ledger"}, "rlft.lab.demo": {"rlft.recipes.rl"}}
+    assert violations(graph, rows) == ["rlft.recipes.rl (layer 5) imports rlft.lab.ledger (layer 6, higher)"]

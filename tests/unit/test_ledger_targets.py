@@ -1,6 +1,6 @@
-"""One rule for test-look ledgers (rlft.eval.ledger.check_ledger_target): a ledger is a .jsonl file whose lines are all
+"""One rule for test-look ledgers (rlft.lab.ledger.check_ledger_target): a ledger is a .jsonl file whose lines are all
 looks, never an input or an output of the evaluation (by resolved identity), writable, checked before the evaluation
-runs, by every writer: `rlft eval countdown --ledger`, rlft.recipes.pipeline.evaluate_cached and the demo."""
+runs, by every writer: `rlft eval countdown --ledger`, rlft.lab.pipeline.evaluate_cached and the demo."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 
 from rlft.cli import main
-from rlft.eval.ledger import LEDGER_NAME, check_ledger_target, read_looks
+from rlft.lab.ledger import LEDGER_NAME, check_ledger_target, read_looks
 from rlft.rollout.base import SamplingParams
 from rlft.types import CountdownTask
 from rlft.validation import UsageError
@@ -113,7 +113,7 @@ def test_an_unwritable_or_cut_ledger_is_refused_before_the_evaluation(files, cap
 
 def test_evaluate_cached_checks_its_ledger_before_hashing_or_loading(files):
     """The demo's and the ablation runner's writer: the same rule, before the weights are hashed or a model loads."""
-    from rlft.recipes.pipeline import EvalJob, evaluate_cached
+    from rlft.lab.pipeline import EvalJob, evaluate_cached
 
     model = files / "model"
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=8)
@@ -144,8 +144,8 @@ def test_check_ledger_target_compares_by_identity(files):
 def test_an_overwritten_demo_carries_its_looks_into_the_new_ledger(tmp_path, monkeypatch):
     """`rlft demo --overwrite` moves the earlier run aside; its test looks stay counted: they are appended to the
     new run's ledger before anything else (the count was lost when a rerun started a fresh ledger)."""
-    import rlft.recipes.demo_countdown as demo
-    from rlft.recipes.demo_config import DemoConfig
+    import rlft.lab.demo_countdown as demo
+    from rlft.lab.demo_config import DemoConfig
 
     run = tmp_path / "demo"
     (run / "eval").mkdir(parents=True)

@@ -1,11 +1,13 @@
-"""scripts/studies/loop_stop_study.py: the simulated stop on hand-made completions (cut, tokens saved, scores changed)."""
+"""scripts/studies/loop_stop_study.py: the simulated stop on hand-made completions (cut, tokens saved, scores
+changed)."""
 
 from __future__ import annotations
 
 from tests.conftest import load_script
 
 study = load_script("loop_stop_study")
-PROMPT = "User: Using the numbers [8, 20, 4], create an equation that equals 32. Answer as <answer> expression </answer>.\nAssistant: <think>"
+PROMPT = ("User: Using the numbers [8, 20, 4], create an equation that equals 32. "
+          "Answer as <answer> expression </answer>.\nAssistant: <think>")
 LINE = " 8+4=12, 12+20=32, no.\n"
 
 

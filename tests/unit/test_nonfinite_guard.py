@@ -16,7 +16,8 @@ from rlft.cli import main
 from rlft.models import DeviceSpec
 from rlft.options import OptimizerOptions
 from rlft.precision import NonFiniteError, check_training_dtype, non_finite_tensors
-from rlft.recipes.common import TrainingSetup, check_finite_weights, make_scheduler, optimizer_step, prepare_training, save_final
+from rlft.recipes.common import (TrainingSetup, check_finite_weights, make_scheduler, optimizer_step, prepare_training,
+                                 save_final)
 from rlft.validation import OptionError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -57,7 +58,7 @@ def test_float16_weights_are_refused_by_prepare_training(tmp_path, tiny_model_di
 
 
 def test_demo_refuses_float16_before_anything_runs(tmp_path):
-    from rlft.recipes.demo import DemoConfig, run_demo
+    from rlft.lab.demo import DemoConfig, run_demo
 
     with pytest.raises(OptionError, match="--dtype float16"):
         run_demo(DemoConfig(dtype="float16", output_dir=str(tmp_path / "demo"), quick=True))

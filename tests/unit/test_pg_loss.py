@@ -1,6 +1,6 @@
-"""rlft.losses.pg (and rlft.losses.advantages): leave-one-out advantages, KL estimators, the REINFORCE / PPO-clip policy loss, and the
-``seq_sum`` reduction of rlft.ops.aggregate. Hand-derived values (maths in the comments), a naive loop,
-and gradient properties."""
+"""rlft.losses.pg (and rlft.losses.advantages): leave-one-out advantages, KL estimators, the REINFORCE / PPO-clip
+policy loss, and the ``seq_sum`` reduction of rlft.ops.aggregate. Hand-derived values (maths in the comments), a naive
+loop, and gradient properties."""
 
 from __future__ import annotations
 

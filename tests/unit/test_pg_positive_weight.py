@@ -77,7 +77,10 @@ def test_make_objective_reads_the_option_and_nsr_skips_positive_rows():
     from rlft.rl.batch import gradient_rows
     from rlft.rl.config import RLConfig
 
-    assert make_objective(RLConfig()).positive_weight == 1.0
-    assert make_objective(RLConfig(positive_weight=0.1)).positive_weight == 0.1
-    nsr = make_objective(RLConfig(positive_weight=0.0))
+    def objective(cfg):
+        return make_objective(cfg.policy, cfg.kl, cfg.importance)
+
+    assert objective(RLConfig()).positive_weight == 1.0
+    assert objective(RLConfig(positive_weight=0.1)).positive_weight == 0.1
+    nsr = objective(RLConfig(positive_weight=0.0))
     assert gradient_rows(nsr.weights(A), nsr).tolist() == [1, 2]  # weight 0: no forward, no backward

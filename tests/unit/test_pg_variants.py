@@ -61,7 +61,8 @@ def test_seq_mean_aggregation_hand_value():
 
 def test_raft_is_nll_on_selected_samples():
     # Advantages (0.7, 0, -1.3): only sequence 0 is selected, with weight 1 whatever its size.
-    # token_mean over all 5 target tokens: loss = -(sum of seq 0's ratios) / 5 = -2/5 at ratio 1; grad -1/5 on seq 0's tokens.
+    # token_mean over all 5 target tokens: loss = -(sum of seq 0's ratios) / 5 = -2/5 at ratio 1;
+    # grad -1/5 on seq 0's tokens.
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1], [-3.0, -0.2]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
     loss, grad, _ = _grad(raft_loss, logp, logp, torch.tensor([0.7, 0.0, -1.3]), mask)

@@ -1,4 +1,4 @@
-"""rlft.recipes.pipeline: stages skipped when done, timed, checkpoints dropped; evaluations cached under a key that a
+"""rlft.lab.pipeline: stages skipped when done, timed, checkpoints dropped; evaluations cached under a key that a
 rebuilt model, other sampling or other tasks do not match; a study's settings and variants read from YAML."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from rlft.eval.countdown import CountdownEvalResult
 import rlft.models
-from rlft.recipes.pipeline import (EvalJob, StageTimes, Timer, done, drop_checkpoints, evaluate_cached, finished,
+from rlft.lab.pipeline import (EvalJob, StageTimes, Timer, done, drop_checkpoints, evaluate_cached, finished,
                                    heldout_tasks, load_settings, load_variants, run_stage)
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.types import CountdownTask
@@ -257,7 +257,7 @@ def test_a_damaged_cached_evaluation_is_an_error_naming_the_file(tmp_path, fake_
 
 
 def test_a_settings_file_that_is_not_yaml_is_named(tmp_path):
-    from rlft.recipes.pipeline import read_yaml
+    from rlft.lab.pipeline import read_yaml
 
     (tmp_path / "settings.yaml").write_text("common: {rl: [1, 2\n")
     with pytest.raises(OptionError, match=f"^{tmp_path / 'settings.yaml'}: not YAML \\(while parsing"):
@@ -267,8 +267,8 @@ def test_a_settings_file_that_is_not_yaml_is_named(tmp_path):
 def test_damaged_pair_counts_and_a_torn_metrics_line_in_the_demo(tmp_path, capsys):
     """The demo's other cached files: the pairs' stats (named when damaged) and a stage's metrics, whose last line cut
     by a kill is left out of the report's curves (with a note) instead of stopping the report."""
-    from rlft.recipes.demo_countdown import pairs_stats
-    from rlft.recipes.demo_countdown_report import _metrics
+    from rlft.lab.demo_countdown import pairs_stats
+    from rlft.lab.demo_countdown_report import _metrics
 
     pairs = tmp_path / "pairs" / "countdown.jsonl"
     pairs.parent.mkdir()
@@ -369,7 +369,7 @@ def test_a_fresh_evaluation_of_test_tasks_is_counted_in_the_ledger_once(tmp_path
     """The demo's and the ablation runner's test evaluations go through evaluate_cached: each fresh evaluation of a
     ``test_look`` job appends one ledger line naming the weights; a cached result read back is not a new look, and a
     validation job is not counted."""
-    from rlft.eval.ledger import read_looks
+    from rlft.lab.ledger import read_looks
 
     model, ledger = _model_folder(tmp_path / "model"), tmp_path / "test_looks.jsonl"
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=8)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlft.script_io import run_script
+from rlft.lab.script_io import run_script
 from tests.conftest import load_script
 
 

@@ -1,5 +1,5 @@
-"""scripts/studies/plot_curriculum.py: the SEC bucket curves read from metrics records, the PNG, its errors (one line, exit 2),
-a last metrics line cut short by a kill, and an --out that never replaces an input or an existing file."""
+"""scripts/studies/plot_curriculum.py: the SEC bucket curves read from metrics records, the PNG, its errors (one line,
+exit 2), a last metrics line cut short by a kill, and an --out that never replaces an input or an existing file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlft.script_io import ScriptError
+from rlft.lab.script_io import ScriptError
 from tests.conftest import load_script
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlft.eval.countdown import summarize
-from rlft.script_io import ScriptError
+from rlft.lab.script_io import ScriptError
 from tests.conftest import load_script
 
 TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [4, 5, 6, 7], "target": 22}]

@@ -1,5 +1,6 @@
-"""scripts/studies/plot_truncation.py on hand-built files: the table's numbers, the PNG written, the refusals (one line, exit 2),
-a last metrics line cut short by a kill left out, and the PNG that never replaces an input or an existing file."""
+"""scripts/studies/plot_truncation.py on hand-built files: the table's numbers, the PNG written, the refusals (one
+line, exit 2), a last metrics line cut short by a kill left out, and the PNG that never replaces an input or an existing
+file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlft.eval.countdown import summarize
-from rlft.script_io import ScriptError, read_labelled_run
+from rlft.lab.script_io import ScriptError, read_labelled_run
 from tests.conftest import load_script
 
 TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [4, 5, 6, 7], "target": 22}]
@@ -32,7 +33,8 @@ def write_metrics(path: Path, cut: list[float]) -> str:
 
 def test_table_and_plot(tmp_path, capsys):
     start = write_eval(tmp_path / "start.json", [0.1, 0.1], [False, False], [60, 80])
-    run = f"rl={write_metrics(tmp_path / 'm.jsonl', [0.0, 0.25])},{write_eval(tmp_path / 'rl.json', [1.0, 0.0], [False, True], [90, 256])}"
+    metrics = write_metrics(tmp_path / "m.jsonl", [0.0, 0.25])
+    run = f"rl={metrics},{write_eval(tmp_path / 'rl.json', [1.0, 0.0], [False, True], [90, 256])}"
     load_script("plot_truncation").main(["--start", start, "--run", run, "--out", str(tmp_path / "t.png")])
     out = capsys.readouterr().out
     assert "| start | 0.100 / 0.100 / 0.100 | 0.000 | 1.000 | 0.000 | 70 |" in out

@@ -61,7 +61,8 @@ def test_ultrafeedback_train_clean_counts(rlft_log):
     assert counts == {"rows": 1000, "kept": 998, "skipped_invalid": 2, "ties": 111, "dropped_ties": 0}
     assert len(pairs) == 998
     text = warnings_of(rlft_log)
-    assert "skipped 2 invalid rows" in text and "row 478: field 'rejected'" in text and "row 833: field 'chosen'" in text
+    assert "skipped 2 invalid rows" in text
+    assert "row 478: field 'rejected'" in text and "row 833: field 'chosen'" in text
     first = pairs[0]
     assert first == PreferencePair(
         [{"role": "user", "content": raw[0]["prompt"]}], raw[0]["chosen"], raw[0]["rejected"],

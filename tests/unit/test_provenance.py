@@ -57,7 +57,8 @@ def test_git_commit_and_dirty_by_hand(tmp_path):
 
 
 def test_cpu_bf16_reads_the_flags_lines_by_hand():
-    amx = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx512f avx512_bf16 amx_tile amx_bf16\n"
+    amx = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+           "flags\t\t: fpu avx512f avx512_bf16 amx_tile amx_bf16\n")
     epyc = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu avx512_bf16\n"
     arm = "processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n"
     assert cpu_bf16(amx) == ["amx_bf16", "avx512_bf16"]

@@ -1,5 +1,6 @@
 """scripts/studies/reuse_report.py on hand-written run folders: the reuse factor of each variant kind, the leader rule's
-outcomes, the table's paired differences (end and step-10 models) worked by hand, and the missing reference's one-line error."""
+outcomes, the table's paired differences (end and step-10 models) worked by hand, and the missing reference's one-line
+error."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from rlft.script_io import ScriptError
+from rlft.lab.script_io import ScriptError
 from tests.conftest import load_script
 from tests.unit.test_eval_compare import eval_file as by_hand
 
@@ -80,7 +81,8 @@ def test_leader_rule():
     # nobody beats the end score; the best one's step-10 model reaches the reference's end score
     ref, runs = rows(s, 0.60, [("a", 2, 0.52, 0.60), ("b", 4, 0.49, 0.70)])
     name, why = s.leader(ref, runs)
-    assert name == "a" and "step-10 model (half the samples) scores 0.600 >= the on-policy run's 0.600" in why  # not b's
+    assert name == "a"  # not b's
+    assert "step-10 model (half the samples) scores 0.600 >= the on-policy run's 0.600" in why
     # the best one's step-10 model not evaluated yet: no leader, and why says what to run
     ref, runs = rows(s, 0.60, [("a", 2, 0.52, None), ("b", 4, 0.49, 0.70)])
     name, why = s.leader(ref, runs)

@@ -229,8 +229,12 @@ def test_lora_options_are_validated():
 # --------------------------------------------------------------------------- in-loop evaluation on test rows
 
 
-def test_each_in_loop_evaluation_of_test_rows_is_a_counted_look(tiny_model_dir, tmp_path):
-    from rlft.eval.ledger import read_looks
+def test_each_in_loop_evaluation_of_test_rows_is_a_counted_look(tiny_model_dir, tmp_path, monkeypatch):
+    """`rlft rl` (rlft.lab.test_looks.train_rl_counted) counts every in-loop look at test rows in the run's ledger;
+    train_rl itself, given no recorder, refuses --eval-rows test before anything loads or is written."""
+    from rlft.lab.ledger import read_looks
+    from rlft.lab.test_looks import train_rl_counted
+    from rlft.validation import UsageError
     from rlft.tasks.countdown.generator import PRESETS, generate_tasks
 
     from tests.conftest import write_jsonl_rows
@@ -240,7 +244,14 @@ def test_each_in_loop_evaluation_of_test_rows_is_a_counted_look(tiny_model_dir, 
     cfg = make_cfg(tiny_model_dir, tmp_path / "test", reward="countdown", preset="standard", data=str(data),
                    num_train=8, prompts_per_step=4, max_steps=2, eval_every=1, eval_limit=3, eval_max_new_tokens=2,
                    eval_rows="test")
-    train_rl(cfg)
+    import rlft.recipes.rl as rl_recipe
+
+    with monkeypatch.context() as m:
+        m.setattr(rl_recipe, "start_ranks", lambda *a: pytest.fail("train_rl started before refusing"))
+        with pytest.raises(UsageError, match="--eval-rows test: every look at the test rows must be counted"):
+            train_rl(cfg)
+    assert not (tmp_path / "test").exists()
+    train_rl_counted(cfg)
     records = [r for r in read_metrics(tmp_path / "test" / "metrics.jsonl") if "eval/score" in r]
     looks = read_looks(tmp_path / "test" / "test_looks.jsonl")
     # one look per evaluation: before the first step, after each of the two

@@ -21,16 +21,27 @@ BLOCKS = (SamplingOptions, PolicyLossOptions, KLOptions, ImportanceOptions, Grou
           ReplayOptions)
 
 
-def test_rl_config_is_its_blocks():
+def test_rl_config_holds_its_blocks_as_fields():
+    from rlft.composed import block_fields, option_fields
+
+    blocks = block_fields(RLConfig)
+    assert len(blocks) == len(dataclasses.fields(RLConfig))  # nothing but blocks
     for block in BLOCKS:
-        assert issubclass(RLConfig, block)
-    own = set(RLConfig.__dict__["__annotations__"])
-    from_blocks = {f.name for block in BLOCKS for f in dataclasses.fields(block)}
-    assert not own & from_blocks  # a field lives in one place
+        assert [name for name, cls in blocks.items() if issubclass(cls, block)], block.__name__
+    names = [f.name for f in option_fields(RLConfig)]
     # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty, --replay-size, --max-staleness,
-    # --max-tokens-per-micro-batch, --positive-weight
-    assert len(dataclasses.fields(RLConfig)) == 92
+    # --max-tokens-per-micro-batch, --positive-weight; each in one block
+    assert len(names) == len(set(names)) == 92
     assert RLConfig().compile is False and RLConfig(compile=True).compile is True
+    cfg = RLConfig(k=3, beta=0.2, lr=1e-4)  # flat keywords go to their blocks; flat names read through
+    assert (cfg.sampling.k, cfg.kl.beta, cfg.optim.lr, cfg.k, cfg.beta) == (3, 0.2, 1e-4, 3, 0.2)
+    again = dataclasses.replace(cfg, k=5)
+    assert (again.sampling.k, again.kl.beta, again.optim.lr) == (5, 0.2, 1e-4)
+    assert RLConfig(sampling=SamplingOptions(k=6), temperature=0.5).sampling == SamplingOptions(k=6, temperature=0.5)
+    with pytest.raises(TypeError, match="no_such_option"):
+        RLConfig(no_such_option=1)
+    with pytest.raises(AttributeError, match="no_such_option"):
+        cfg.no_such_option
 
 
 REFUSED = [

@@ -91,8 +91,8 @@ def test_a_replayed_all_equal_group_gets_no_rows_and_the_batch_rows_follow_the_g
     expected = rollout_batch(smol_tokenizer, ["Say ok", "Say yo"], both.samples)
     assert torch.equal(both.batch.input_ids, expected.input_ids) and torch.equal(both.batch.loss_mask,
                                                                                  expected.loss_mask)
-    objective = make_objective(cfg)
-    weights = objective.weights(advantage_function(cfg)(both.shaped).flatten())  # rloo: [1, -1] and [0, 0]
+    objective = make_objective(cfg.policy, cfg.kl, cfg.importance, replay=True)
+    weights = objective.weights(advantage_function(cfg.policy)(both.shaped).flatten())  # rloo: [1, -1] and [0, 0]
     assert weights.tolist() == [1.0, -1.0, 0.0, 0.0]
     assert gradient_rows(weights, objective, both.batch.loss_mask).tolist() == [0, 1]
     # the behaviour log-probs of the replayed rows are those stored with the samples

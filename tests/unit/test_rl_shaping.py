@@ -1,6 +1,7 @@
-"""Answers that run past max_new_tokens or loop: DAPO's soft overlong punishment (rlft.rl.shaping, hand-checked values at
-the boundaries), the repetition-aware reward (hand-made completions, the refused options, the loop's metrics) and --mask-truncated (a masked sample adds exactly what an absent one adds: nothing; the loop
-leaves truncated samples out of the update)."""
+"""Answers that run past max_new_tokens or loop: DAPO's soft overlong punishment (rlft.rl.shaping, hand-checked values
+at the boundaries), the repetition-aware reward (hand-made completions, the refused options, the loop's metrics) and
+--mask-truncated (a masked sample adds exactly what an absent one adds: nothing; the loop leaves truncated samples out
+of the update)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from rlft.checkpoint import read_metrics
 from rlft.losses.advantages import rloo_advantages
 from rlft.losses.pg import PolicyObjective
 from rlft.recipes.rl import train_rl
-from rlft.rl.batch import LossContext, PassPlan, batch_logprobs, gradient_rows, policy_loss_backward, rollout_batch, take_rows, without_rows
+from rlft.rl.batch import (LossContext, PassPlan, batch_logprobs, gradient_rows, policy_loss_backward, rollout_batch,
+                           take_rows, without_rows)
 from rlft.rl.config import RLConfig
-from rlft.rl.shaping import overlong_penalty, repeated_samples, repeats_a_line, repetition_term, shaped_rewards, shaping_metrics
+from rlft.rl.shaping import (overlong_penalty, repeated_samples, repeats_a_line, repetition_term, shaped_rewards,
+                             shaping_metrics)
 from rlft.rollout.base import Sample
 
 from tests.conftest import make_tiny_model
@@ -52,14 +55,15 @@ def test_shaped_rewards_add_both_penalties_to_the_raw_reward():
     truncated = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
     lengths = torch.tensor([[3.0, 8.0], [7.0, 5.0]])  # L_max 8, L_cache 2: 7 -> -0.5 * 2, 8 -> -1 * 2
     cfg = RLConfig(max_new_tokens=8)
-    assert torch.equal(shaped_rewards(cfg, raw, truncated, lengths), raw)
+    assert torch.equal(shaped_rewards(cfg.shaping, 8, raw, truncated, lengths), raw)
     on = replace(cfg, overlong_buffer=2, overlong_penalty=2.0)
-    assert torch.allclose(shaped_rewards(on, raw, truncated, lengths),
+    assert torch.allclose(shaped_rewards(on.shaping, 8, raw, truncated, lengths),
                           torch.tensor([[1.0, 0.1 - 2.0], [0.0 - 1.0, 1.0]]), atol=1e-7, rtol=0)
     both = replace(on, truncation_penalty=-0.5)
-    assert torch.allclose(shaped_rewards(both, raw, truncated, lengths),
+    assert torch.allclose(shaped_rewards(both.shaping, 8, raw, truncated, lengths),
                           torch.tensor([[1.0, 0.1 - 0.5 - 2.0], [-1.0, 1.0]]), atol=1e-7, rtol=0)
-    assert torch.equal(shaped_rewards(replace(cfg, overlong_buffer=0), raw, truncated, lengths), raw)  # 0: off
+    off = replace(cfg, overlong_buffer=0).shaping  # 0: off
+    assert torch.equal(shaped_rewards(off, 8, raw, truncated, lengths), raw)
 
 
 def test_overlong_options_are_validated():
@@ -71,7 +75,7 @@ def test_overlong_options_are_validated():
         RLConfig(overlong_buffer=4, overlong_penalty=-1.0)
 
 
-# --------------------------------------------------------------------------- --mask-truncated: a masked row is an absent row
+# --------------------------------------------------------------------- --mask-truncated: a masked row is an absent row
 
 PROMPTS = ["User: Using the numbers [3, 5], make 8.\nAssistant: <think>", "Hi"]
 
@@ -196,10 +200,10 @@ def test_repeats_a_line_on_hand_made_completions():
 
 def test_repeated_samples_flags_each_completion_and_is_off_by_default():
     texts = [LOOP * 3, LOOP * 2 + "<answer>1+2</answer>", "one\ntwo\n", ""]
-    assert repeated_samples(RLConfig(), texts).tolist() == [0.0, 0.0, 0.0, 0.0]  # off
-    assert repeated_samples(RLConfig(repetition_limit=3), texts).tolist() == [1.0, 0.0, 0.0, 0.0]
-    assert repeated_samples(RLConfig(repetition_limit=2), texts).tolist() == [1.0, 1.0, 0.0, 0.0]
-    assert repeated_samples(RLConfig(repetition_limit=2), []).shape == (0,)
+    assert repeated_samples(RLConfig().shaping, texts).tolist() == [0.0, 0.0, 0.0, 0.0]  # off
+    assert repeated_samples(RLConfig(repetition_limit=3).shaping, texts).tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert repeated_samples(RLConfig(repetition_limit=2).shaping, texts).tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert repeated_samples(RLConfig(repetition_limit=2).shaping, []).shape == (0,)
 
 
 def test_shaped_rewards_score_a_repeating_sample_as_no_answer_or_add_the_penalty():
@@ -208,18 +212,20 @@ def test_shaped_rewards_score_a_repeating_sample_as_no_answer_or_add_the_penalty
     truncated = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
     lengths = torch.tensor([[3.0, 8.0], [8.0, 5.0]])
     cfg = RLConfig(max_new_tokens=8)
-    assert torch.equal(shaped_rewards(cfg, raw, truncated, lengths, repeated), raw)  # off: the flags are not read
+    # off: the flags are not read
+    assert torch.equal(shaped_rewards(cfg.shaping, 8, raw, truncated, lengths, repeated), raw)
     none = replace(cfg, repetition_limit=3)  # no answer: the raw reward of a repeating sample is 0
-    assert torch.equal(shaped_rewards(none, raw, truncated, lengths, repeated), torch.tensor([[0.0, 0.0], [0.0, 1.0]]))
-    assert torch.equal(shaped_rewards(none, raw, truncated, lengths), raw)  # no flags given: nothing repeats
+    assert torch.equal(shaped_rewards(none.shaping, 8, raw, truncated, lengths, repeated),
+                       torch.tensor([[0.0, 0.0], [0.0, 1.0]]))
+    assert torch.equal(shaped_rewards(none.shaping, 8, raw, truncated, lengths), raw)  # no flags given: nothing repeats
     penalty = replace(cfg, repetition_limit=3, repetition_penalty=-0.5)  # added to the raw reward
-    assert torch.allclose(shaped_rewards(penalty, raw, truncated, lengths, repeated),
+    assert torch.allclose(shaped_rewards(penalty.shaping, 8, raw, truncated, lengths, repeated),
                           torch.tensor([[0.5, -0.4], [-0.5, 1.0]]), atol=1e-7, rtol=0)
     # then the truncation and overlong penalties are added (L_max 8, L_cache 2: 8 tokens -> -1)
     both = replace(none, truncation_penalty=-0.25, overlong_buffer=2)
-    assert torch.allclose(shaped_rewards(both, raw, truncated, lengths, repeated),
+    assert torch.allclose(shaped_rewards(both.shaping, 8, raw, truncated, lengths, repeated),
                           torch.tensor([[0.0, 0.0 - 0.25 - 1.0], [0.0 - 0.25 - 1.0, 1.0]]), atol=1e-7, rtol=0)
-    assert torch.equal(repetition_term(none, raw, repeated), torch.tensor([[-1.0, -0.1], [-0.0, 0.0]]))
+    assert torch.equal(repetition_term(none.shaping, raw, repeated), torch.tensor([[-1.0, -0.1], [-0.0, 0.0]]))
     assert torch.equal(raw, torch.tensor([[1.0, 0.1], [0.0, 1.0]]))  # the input is not changed
 
 
@@ -227,16 +233,17 @@ def test_shaping_metrics_repetition_frac_and_mean_penalty():
     raw = torch.tensor([[1.0, 0.1], [0.0, 1.0]])
     repeated = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     lengths = torch.tensor([[3.0, 8.0], [8.0, 5.0]])
-    assert shaping_metrics(RLConfig(max_new_tokens=8), lengths, raw, repeated) == {}
-    none = shaping_metrics(RLConfig(max_new_tokens=8, repetition_limit=4), lengths, raw, repeated)
+    assert shaping_metrics(RLConfig(max_new_tokens=8).shaping, 8, lengths, raw, repeated) == {}
+    none = shaping_metrics(RLConfig(max_new_tokens=8, repetition_limit=4).shaping, 8, lengths, raw, repeated)
     assert none == pytest.approx({"reward/repetition_frac": 0.75, "reward/repetition_penalty_mean": -(1.0 + 0.1) / 4},
                                  abs=1e-7)
     penalty = shaping_metrics(
-        RLConfig(max_new_tokens=8, repetition_limit=4, repetition_penalty=-0.5, overlong_buffer=2), lengths, raw,
-        repeated)
+        RLConfig(max_new_tokens=8, repetition_limit=4, repetition_penalty=-0.5, overlong_buffer=2).shaping, 8, lengths,
+        raw, repeated)
     assert penalty == pytest.approx({"reward/repetition_frac": 0.75, "reward/repetition_penalty_mean": -0.5 * 3 / 4,
                                      "reward/overlong_penalty_mean": -2.0 / 4}, abs=1e-7)
-    assert shaping_metrics(RLConfig(repetition_limit=4), torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0, 2)) == {}
+    empty = torch.zeros(0, 2)
+    assert shaping_metrics(RLConfig(repetition_limit=4).shaping, 256, empty, empty, empty) == {}
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -284,7 +291,7 @@ def test_sample_step_flags_repeating_samples_and_shapes_them_once():
     got = sample_step(cfg, 0, prompts, lambda v: batch_indices(v, len(prompts), 2, cfg.seed), LoopingEngine(), reward)
     assert got.repeated.tolist() == [[0.0, 1.0, 1.0]] * 2 and got.raw.tolist() == [[1.0, 1.0, 1.0]] * 2
     assert got.shaped.tolist() == [[1.0, 0.0, 0.0]] * 2 and got.groups == 2 and got.samples_tried == 6
-    assert shaping_metrics(cfg, got.lengths, got.raw, got.repeated) == pytest.approx(
+    assert shaping_metrics(cfg.shaping, cfg.max_new_tokens, got.lengths, got.raw, got.repeated) == pytest.approx(
         {"reward/repetition_frac": 4 / 6, "reward/repetition_penalty_mean": -4 / 6}, abs=1e-7)
     # off: nothing is flagged, and the all-equal groups are dropped
     off = sample_step(replace(cfg, repetition_limit=None), 0, prompts,

@@ -1,4 +1,5 @@
-"""The RLOO recipe (``rlft rloo``: the RL loop with RLOO defaults) on a tiny random Llama with the SmolLM2 tokenizer (pad == eos):
+"""The RLOO recipe (``rlft rloo``: the RL loop with RLOO defaults) on a tiny random Llama with the SmolLM2 tokenizer
+(pad == eos):
 
 - the teacher-forcing batch of sampled sequences (EOS in the loss mask, prompt ids as the sampler's);
 - the recipe's loss on fixed samples: zero gradient for a group of equal rewards, and exactly the
@@ -282,8 +283,12 @@ def _dry_run_options(argv, capsys) -> dict:
 def test_rloo_command_is_the_rl_loop_with_rloo_defaults(tmp_path, capsys):
     from rlft.cli import _commands
 
+    from rlft.lab.test_looks import train_rl_counted
+
     cls, run, _, preset = _commands()["rloo"]
-    assert cls is RLConfig and run is train_rl and preset is RLOO_DEFAULTS
+    # the RL loop (train_rl) with its in-loop test looks counted in the ledger (the lab's wrapper)
+    assert cls is RLConfig and run is train_rl_counted and preset is RLOO_DEFAULTS
+    assert _commands()["rl"][:2] == (RLConfig, train_rl_counted)
     assert RLOO_DEFAULTS == {
         "advantage": "rloo", "loss": "reinforce", "loss_mode": "seq_sum", "output_dir": "runs/rloo"
     }
@@ -358,7 +363,8 @@ def test_training_tasks_never_include_heldout_tasks(tmp_path):
     assert len(train) == 300 and len(heldout) == 40
     assert not {task_key(t) for t in train} & {task_key(t) for t in heldout}
     # a Countdown file: its held-out block (validation + test) never trains, and the in-loop evaluation reads its
-    # validation rows (or --eval-rows test); rows equal to a held-out row are dropped too (tests/unit/test_countdown_splits)
+    # validation rows (or --eval-rows test); rows equal to a held-out row are dropped too
+    # (tests/unit/test_countdown_splits)
     from rlft.tasks.countdown.generator import PRESETS, generate_tasks
     from rlft.tasks.countdown.splits import load_split
 

@@ -13,7 +13,6 @@ import pytest
 
 from rlft.rewards.reward_model import RewardModelScorer
 from rlft.run_folder import OutputPathError
-from rlft.script_io import ScriptError
 from rlft.validation import UsageError
 from tests.conftest import load_script, make_tiny_rm, save_model_dir, write_jsonl_rows
 
@@ -81,7 +80,8 @@ def test_interval_is_wilsons(tmp_path, monkeypatch, smol_tokenizer):
 
 
 def test_an_exact_score_tie_counts_zero_as_in_rlft_rm(tmp_path, monkeypatch, smol_tokenizer):
-    """Identical answers score identically: the pair counts 0 (strict chosen > rejected) and is counted in score_ties."""
+    """Identical answers score identically: the pair counts 0 (strict chosen > rejected) and is counted in
+    score_ties."""
     model_dir = save_model_dir(tmp_path / "rm", make_tiny_rm(smol_tokenizer, seed=3), smol_tokenizer)
     same = {"prompt": "same", "chosen": "an answer", "rejected": "an answer"}
     out = run(monkeypatch, "--model", model_dir, "--pairs", write_jsonl_rows(tmp_path / "p.jsonl", [same] * 3),
@@ -96,7 +96,7 @@ def test_json_never_replaces_the_pairs_or_an_existing_file(tmp_path, monkeypatch
     pairs = write_jsonl_rows(tmp_path / "pairs.jsonl", ROWS[:3])
     data = pairs.read_bytes()
     for extra in ([], ["--overwrite"]):
-        with pytest.raises(ScriptError, match="--json .*pairs.jsonl is the input"):
+        with pytest.raises(OutputPathError, match="--json .*pairs.jsonl is the input"):
             script().main(["--model", str(tmp_path / "no-model"), "--pairs", str(pairs), "--json", str(pairs), *extra])
     assert pairs.read_bytes() == data
     old = tmp_path / "old.json"

@@ -80,7 +80,8 @@ def test_damaged_newest_checkpoint_resumes_from_the_previous_one(finished, tmp_p
 
     train_sft(replace(finished["cfg"], output_dir=str(run), resume=True))
 
-    assert f"--resume: skipped damaged checkpoint(s) step-00000006: {problem}; resuming from step-00000004 instead" in rlft_log.text
+    assert (f"--resume: skipped damaged checkpoint(s) step-00000006: {problem}; resuming from step-00000004 instead"
+            in rlft_log.text)
     weights = load_weights(run / "model")
     for name, tensor in finished["weights"].items():
         assert torch.allclose(weights[name], tensor, atol=1e-6, rtol=0), name
@@ -99,8 +100,8 @@ def test_no_usable_checkpoint_and_metrics_refuses_to_restart(finished, tmp_path,
         train_sft(replace(finished["cfg"], output_dir=str(run), resume=True))
     assert str(info.value) == (
         f"--resume: no usable checkpoint in {run / 'checkpoints'} (step-00000006: trainer_state.pt is missing; "
-        "step-00000004: trainer_state.pt is missing; step-00000002: trainer_state.pt is missing), but metrics.jsonl holds "
-        "6 records of a run; refusing to restart it. Pass --overwrite to start over")
+        "step-00000004: trainer_state.pt is missing; step-00000002: trainer_state.pt is missing), "
+        "but metrics.jsonl holds 6 records of a run; refusing to restart it. Pass --overwrite to start over")
     assert (run / "metrics.jsonl").read_bytes() == metrics_before  # never wiped
 
 
@@ -174,7 +175,8 @@ def test_partial_saves_are_removed_and_torn_metrics_lines_dropped(finished, tmp_
         f.write('{"step": 7, "loss/s')  # killed mid-write
     train_sft(replace(finished["cfg"], output_dir=str(run), resume=True))
     assert not (run / "checkpoints" / ".step-00000008.k2j3").exists() and not (run / ".model.x9").exists()
-    assert "removed 2 partial save(s) left by an interrupted run: .model.x9, checkpoints/.step-00000008.k2j3" in rlft_log.text
+    assert ("removed 2 partial save(s) left by an interrupted run: .model.x9, checkpoints/.step-00000008.k2j3"
+            in rlft_log.text)
     assert "metrics.jsonl: dropped 1 unreadable line(s)" in rlft_log.text
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 9))
 
@@ -205,8 +207,8 @@ def test_claim_checks(tmp_path, tiny_model_dir):
 
 
 def test_demo_folder_holding_an_earlier_demo_is_refused(tmp_path):
-    from rlft.recipes.demo import DemoConfig
-    from rlft.recipes.demo import run_demo
+    from rlft.lab.demo import DemoConfig
+    from rlft.lab.demo import run_demo
 
     folder = tmp_path / "runs" / "countdown"
     folder.mkdir(parents=True)
@@ -244,7 +246,7 @@ def test_demo_resume_with_changed_options_gives_advice_that_works(tmp_path):
     """`rlft demo` has no --resume-override: the refusal names the saved values as flags, and rerunning with them
     (appended to the same command line) resumes."""
     from rlft.cli import parse_config
-    from rlft.recipes.demo import DemoConfig
+    from rlft.lab.demo import DemoConfig
 
     folder = tmp_path / "demo"
     folder.mkdir()
@@ -267,7 +269,7 @@ def test_a_moved_run_folder_resumes_and_its_inner_paths_follow(tmp_path, monkeyp
     """The demo's folder moved (and renamed): its own path is not an option, and a stage's paths into the old folder
     (RL's --model is the SFT stage's model, --data the generated rows) name the same places in the new one. A path
     elsewhere that changed is still a difference; so is one inside the folder that names another place."""
-    from rlft.recipes.demo import DemoConfig
+    from rlft.lab.demo import DemoConfig
     from rlft.rl.config import RLConfig
     from rlft.run_folder import config_differences, moved_root
 

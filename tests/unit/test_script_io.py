@@ -1,4 +1,4 @@
-"""rlft.script_io: the scripts' one rule. Outputs never an input nor an existing file without --overwrite, JSON read
+"""rlft.lab.script_io: the scripts' one rule. Outputs never an input nor an existing file without --overwrite, JSON read
 naming the file, one-line errors with exit code 2; and rlft.eval.countdown.other_settings, which the scripts and
 --greedy-from use to refuse a pairing of other prompts or budgets."""
 
@@ -7,17 +7,19 @@ from __future__ import annotations
 import pytest
 
 from rlft.eval.countdown import other_settings
+from rlft import run_folder
+from rlft.lab.script_io import ArgumentParser, ScriptError, check_outputs, check_picture, read_json, run_script
 from rlft.run_folder import OutputPathError
-from rlft.script_io import ArgumentParser, ScriptError, check_outputs, check_picture, read_json, run_script
 
 
 def test_check_outputs_refuses_inputs_existing_files_folders_and_twins(tmp_path):
+    assert check_outputs is run_folder.check_outputs  # one rule: the scripts' import is the library's function
     data = tmp_path / "pairs.jsonl"
     data.write_text("{}\n")
     for overwrite in (False, True):
-        with pytest.raises(ScriptError, match="--json .*pairs.jsonl is the input .*pairs.jsonl"):
+        with pytest.raises(OutputPathError, match="--json .*pairs.jsonl is the input .*pairs.jsonl"):
             check_outputs({"--json": data}, [data], overwrite=overwrite)
-        with pytest.raises(ScriptError, match="is the input"):  # the same file by another spelling
+        with pytest.raises(OutputPathError, match="is the input"):  # the same file by another spelling
             check_outputs({"--json": tmp_path / "sub" / ".." / "pairs.jsonl"}, [data], overwrite=overwrite)
     old = tmp_path / "old.json"
     old.write_text("{}")
@@ -26,7 +28,7 @@ def test_check_outputs_refuses_inputs_existing_files_folders_and_twins(tmp_path)
     assert check_outputs({"--json": old, "--plot": None}, [data], overwrite=True) == {"--json": old}
     with pytest.raises(OutputPathError, match="is a folder"):
         check_outputs({"--json": tmp_path}, [])
-    with pytest.raises(ScriptError, match="--a and --b name the same file"):
+    with pytest.raises(OutputPathError, match="--a and --b name the same file"):
         check_outputs({"--a": tmp_path / "x", "--b": tmp_path / "x"}, [])
     assert old.read_text() == "{}" and data.read_text() == "{}\n"
     check_picture("--plot", "a/b.PNG")

@@ -1,6 +1,6 @@
 """Every script under scripts/ (scripts/studies/ included) and every bench/ script that writes an ``--output`` follows
-rlft.script_io's rule, read from its source with ``ast``: a script imports rlft.script_io, parses its options with
-script_io's ArgumentParser (argparse's own prints a usage block, not one line) and runs ``run_script(main)`` (user
+rlft.lab.script_io's rule, read from its source with ``ast``: a script imports rlft.lab.script_io, parses its options
+with script_io's ArgumentParser (argparse's own prints a usage block, not one line) and runs ``run_script(main)`` (user
 errors: one line, exit 2); a script that writes a file checks it first with ``check_outputs`` (never an input, never
 an existing file without ``--overwrite``), and no file is written raw (``write_text``, ``open(..., "w")``,
 ``json.dump``, ``shutil.copy``...): writes go through rlft.fsio's atomic writes (or matplotlib's ``savefig``, after the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlft.script_io import run_script
+from rlft.lab.script_io import run_script
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,8 +67,8 @@ def writes(tree: ast.AST) -> bool:
 
 
 def imports_script_io(tree: ast.AST) -> set[str]:
-    return {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "rlft.script_io"
-            for a in node.names}
+    return {a.name for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "rlft.lab.script_io" for a in node.names}
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -81,10 +81,10 @@ def test_every_script_follows_script_io(path):
     if block is None:  # a module the scripts import
         assert not writes(tree) or path.name in HELPERS_THAT_WRITE, f"{path.name} writes: say why in HELPERS_THAT_WRITE"
         return
-    assert {"run_script"} <= imports_script_io(tree), f"{path.name}: import run_script from rlft.script_io"
+    assert {"run_script"} <= imports_script_io(tree), f"{path.name}: import run_script from rlft.lab.script_io"
     assert "run_script" in {name for name, _ in called(block)}, f"{path.name}: its __main__ block is run_script(main)"
     own = [c.lineno for name, c in called(tree) if name == "ArgumentParser" and "argparse." in ast.unparse(c.func)]
-    assert not own, f"{path.name}: argparse.ArgumentParser at line(s) {own}; use rlft.script_io's"
+    assert not own, f"{path.name}: argparse.ArgumentParser at line(s) {own}; use rlft.lab.script_io's"
     if writes(tree):
         assert names & CHECKS, f"{path.name} writes files but never calls check_outputs"
 

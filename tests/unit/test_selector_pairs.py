@@ -9,7 +9,7 @@ import re
 import pytest
 
 from rlft.eval.countdown import CountdownEvalResult
-from rlft.script_io import ScriptError
+from rlft.lab.script_io import ScriptError
 from tests.conftest import load_script
 
 Z = 1.959963984540054
@@ -44,8 +44,8 @@ def test_reward_model_minus_majority_and_oracle_at_n2_by_hand(tmp_path, capsys):
     assert (rows[0]["better"], rows[0]["worse"]) == (1, 1)
     assert rows[1]["diff"] == pytest.approx(-1 / 3) and (rows[1]["better"], rows[1]["worse"]) == (0, 1)
     m.main([path, "--b", "majority", "--sizes", "2"])
-    assert f"n= 2 reward-model 0.667 minus majority 0.700: {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] (1 / 1)" \
-        in capsys.readouterr().out
+    assert (f"n= 2 reward-model 0.667 minus majority 0.700: {mean:+.3f} "
+            f"[{mean - half:+.3f}, {mean + half:+.3f}] (1 / 1)" in capsys.readouterr().out)
 
 
 def test_a_file_without_what_a_selector_needs_is_refused(tmp_path):

@@ -248,7 +248,8 @@ def test_make_engine_rejects_unknown_kind_and_server_without_url(smol_tokenizer)
 
 
 def test_eval_countdown_with_the_server_engine_matches_hf(tmp_path, smol_tokenizer):
-    """`rlft eval countdown --rollout-engine server` against a server backed by the same tiny model as `--rollout-engine hf`."""
+    """`rlft eval countdown --rollout-engine server` against a server backed by the same tiny model as
+    `--rollout-engine hf`."""
     from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
 
     from tests.conftest import save_model_dir

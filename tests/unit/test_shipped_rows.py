@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlft.plan import describe_data
-from rlft.recipes.demo_config import DemoConfig
-from rlft.recipes.demo_countdown import rows_source
+from rlft.lab.demo_config import DemoConfig
+from rlft.lab.demo_countdown import rows_source
 from rlft.tasks.countdown import shipped
 from rlft.tasks.countdown.loaders import load_countdown
 from rlft.tasks.countdown.shipped import SHIPPED_NAME, SHIPPED_ROWS, resolve_rows, write_shipped_rows

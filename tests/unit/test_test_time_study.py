@@ -12,7 +12,7 @@ import pytest
 from rlft.eval.best_of_n import bracket, equal_cost_comparison
 from rlft.eval.countdown import CountdownEvalResult
 from rlft.run_folder import OutputPathError
-from rlft.script_io import ScriptError
+from rlft.lab.script_io import ScriptError
 from tests.conftest import load_script
 
 Z = 1.959963984540054
@@ -76,7 +76,8 @@ def test_bracket_and_equal_cost_comparison_by_hand():
     assert equal_cost_comparison(curves, {**point, "tokens": 5.0}) is None
     text = m.verdict("rl", "long", cmp, point, (10, 100))
     assert "majority (between n=1 and n=2, w=0.50) scores 0.350, the long search 0.300: difference +0.050" in text
-    assert "better at equal generated tokens: not resolved (the interval includes 0; ahead on the point estimate: rl best-of-N)" in text
+    assert ("better at equal generated tokens: not resolved (the interval includes 0; "
+            "ahead on the point estimate: rl best-of-N)" in text)
     sure = m.verdict("rl", "long", {**cmp, "ci_low": 0.01, "ci_high": 0.09}, point, (10, 100))
     assert sure.endswith("better at equal generated tokens: rl best-of-N.")
     assert m.verdict("rl", "long", {**cmp, "diff": -0.05, "ci_low": -0.09, "ci_high": -0.01}, point,
@@ -86,10 +87,10 @@ def test_bracket_and_equal_cost_comparison_by_hand():
 
 
 def test_study_on_fake_files(tmp_path, capsys):
-    """Greedy (1, .1, 0) at 8 tokens. majority@1 = sample 0 (.1, 0, 1): d = (-.9, -.1, 1); @2 (.1, .1, 1) d = (-.9, 0, 1);
-    @4 (.1, 1, .1) d = (-.9, .9, .1). Tokens per task: n=1 25/3, n=2 20, n=4 160/3. The long search (1, 1, 0) at 30
-    tokens: majority between n=2 (20) and n=4 (53.3), w = .3, .4 both sides -> .4 vs 2/3: -0.267; per task the mixture
-    (.1, .37, .73) minus (1, 1, 0)."""
+    """Greedy (1, .1, 0) at 8 tokens. majority@1 = sample 0 (.1, 0, 1): d = (-.9, -.1, 1); @2 (.1, .1, 1)
+    d = (-.9, 0, 1); @4 (.1, 1, .1) d = (-.9, .9, .1). Tokens per task: n=1 25/3, n=2 20, n=4 160/3. The long search
+    (1, 1, 0) at 30 tokens: majority between n=2 (20) and n=4 (53.3), w = .3, .4 both sides -> .4 vs 2/3: -0.267; per
+    task the mixture (.1, .37, .73) minus (1, 1, 0)."""
     m = script()
     sampled = write(tmp_path / "s.json", **SAMPLED)
     greedy = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8], [8], [8]], k=1, mode="greedy")
@@ -107,8 +108,8 @@ def test_study_on_fake_files(tmp_path, capsys):
     assert "self-certainty skipped" in out.err  # the file has no certainty
     assert f"| m | majority | {ci_cell(1.1 / 3, [-0.9, -0.1, 1.0])} | {ci_cell(1.2 / 3, [-0.9, 0.0, 1.0])} | " \
            f"{ci_cell(1.2 / 3, [-0.9, 0.9, 0.1])} |" in text
-    assert f"| m | oracle = pass@n (upper bound) | {ci_cell(1.1 / 3, [-0.9, -0.1, 1.0])} | {ci_cell(2.1 / 3, [0.0, 0.0, 1.0])} | " \
-           f"{ci_cell(1.0, [0.0, 0.9, 1.0])} |" in text
+    assert f"| m | oracle = pass@n (upper bound) | {ci_cell(1.1 / 3, [-0.9, -0.1, 1.0])} | " \
+           f"{ci_cell(2.1 / 3, [0.0, 0.0, 1.0])} | {ci_cell(1.0, [0.0, 0.9, 1.0])} |" in text
     assert "| m | tokens per task | 8 | 20 | 53 |" in text
     assert "| m | greedy: 0.367, 8 tokens per task |" in text
     assert "| d | majority | 0.367 | 0.400 | 0.400 |" in text  # a direct model: no greedy, no interval
@@ -168,8 +169,9 @@ def _diff_cell(d: list[float]) -> str:
 def test_versus_pairs_two_models_at_the_same_n_and_at_equal_tokens(tmp_path):
     """A = SAMPLED: majority picks (.1, 0, 1) @1, (.1, .1, 1) @2, (.1, 1, .1) @4 at 25/3, 20, 160/3 tokens a task.
     B: every sample scores .1 with the same value, 10 tokens each: .1 at 10, 20, 40 tokens. Same n: A - B =
-    (0, -.1, .9), (0, 0, .9), (0, .9, 0). At B's tokens: 10 lies between A's n=1 and n=2, w = (10 - 25/3) / (35/3) = 1/7:
-    A's mixture (.1, 1/70, 1); 20 is A's n=2 (w = 1); 40 lies between n=2 and n=4, w = .6: (.1, .64, .46)."""
+    (0, -.1, .9), (0, 0, .9), (0, .9, 0). At B's tokens: 10 lies between A's n=1 and n=2,
+    w = (10 - 25/3) / (35/3) = 1/7: A's mixture (.1, 1/70, 1); 20 is A's n=2 (w = 1); 40 lies between n=2 and n=4,
+    w = .6: (.1, .64, .46)."""
     m = script()
     a = write(tmp_path / "a.json", **SAMPLED)
     b = write(tmp_path / "b.json", [[0.1] * 4] * 3, [[10] * 4] * 3, task_values=[[1.0] * 4] * 3,
@@ -186,21 +188,23 @@ def test_versus_pairs_two_models_at_the_same_n_and_at_equal_tokens(tmp_path):
            f"0.400 (n=1-2) - 0.100 = {_diff_cell([0, 0, 0.9])} |" in text
     assert f"| majority | 4 | 0.400 - 0.100 = {_diff_cell([0, 0.9, 0])} | 53 / 40 | " \
            f"0.400 (n=2-4) - 0.100 = {_diff_cell([0, 0.54, 0.36])} |" in text
-    assert f"| oracle = pass@n (upper bound) | 4 | 1.000 - 0.100 = {_diff_cell([0.9, 0.9, 0.9])} | 53 / 40 | - |" in text
+    assert (f"| oracle = pass@n (upper bound) | 4 | 1.000 - 0.100 = {_diff_cell([0.9, 0.9, 0.9])} | 53 / 40 | - |"
+            in text)
     with pytest.raises(ScriptError, match="expected two different --model names"):
         m.main(["--model", f"B={b},{greedy}", "--versus", "A", "B", "--plot", str(tmp_path / "q.png")])
 
 
 def test_outputs_never_replace_an_input_or_an_existing_file(tmp_path, capsys):
     """--markdown or --plot naming an input evaluation is refused even with --overwrite (the file is unchanged); an
-    existing output needs --overwrite; a folder never. Checked before any file is read: a missing input is not reached."""
+    existing output needs --overwrite; a folder never. Checked before any file is read: a missing input is not
+    reached."""
     m = script()
     sampled = write(tmp_path / "s.json", **SAMPLED)
     greedy = write(tmp_path / "g.json", [[1.0], [0.1], [0.0]], [[8], [8], [8]], k=1, mode="greedy")
     before = Path(greedy).read_bytes()
     base = ["--model", f"m={sampled},{greedy}", "--sizes", "1", "2"]
     for extra in ([], ["--overwrite"]):
-        with pytest.raises(ScriptError, match=f"--markdown {greedy} is the input"):
+        with pytest.raises(OutputPathError, match=f"--markdown {greedy} is the input"):
             m.main([*base, "--markdown", greedy, "--plot", str(tmp_path / "p.png"), *extra])
         with pytest.raises(ScriptError, match=f"--plot {sampled}: name a .png"):  # an input is never a picture's name
             m.main([*base, "--plot", sampled, *extra])
@@ -210,7 +214,7 @@ def test_outputs_never_replace_an_input_or_an_existing_file(tmp_path, capsys):
     with pytest.raises(OutputPathError, match="study.md already exists; pass --overwrite"):
         m.main(["--model", f"m={tmp_path / 'missing.json'}", "--markdown", str(md), "--plot", str(tmp_path / "p.png")])
     assert md.read_text() == "an earlier study"
-    with pytest.raises(ScriptError, match="--markdown and --plot name the same file"):
+    with pytest.raises(OutputPathError, match="--markdown and --plot name the same file"):
         m.main([*base, "--markdown", str(tmp_path / "x.png"), "--plot", str(tmp_path / "x.png")])
     (tmp_path / "folder.png").mkdir()
     with pytest.raises(OutputPathError, match="is a folder"):

@@ -76,7 +76,7 @@ def test_cut_properties_against_brute_force(packed):
         assert len(chunks) == fewest_pieces(lengths, size, budget), (lengths, budget)
 
 
-# --------------------------------------------------------------------------- recipes: gradients equal the one-pass gradient
+# ------------------------------------------------------------------- recipes: gradients equal the one-pass gradient
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""rlft.losses.topr: TOPR (Roux et al. 2025) -- a hand-derived gradient, REINFORCE when on-policy, the mask, micro-batches,
-and its POLICY_LOSSES entry."""
+"""rlft.losses.topr: TOPR (Roux et al. 2025) -- a hand-derived gradient, REINFORCE when on-policy, the mask,
+micro-batches, and its POLICY_LOSSES entry."""
 
 from __future__ import annotations
 
@@ -144,8 +144,8 @@ def test_registry_entry_and_objective():
         "topr"].fn is topr_loss and not POLICY_LOSSES["topr"].clips and not POLICY_LOSSES["topr"].selects
     assert "topr" not in CLIPPED_LOSSES
     cfg = SimpleNamespace(loss="topr", loss_mode="seq_mean", clip_low=0.2, clip_high=0.28, beta=0.0, kl_mode="reward",
-                          kl_estimator="k1", entropy_coef=0.0, is_correction="none", is_cap=3.0)
-    objective = make_objective(cfg)
+                          kl_estimator="k1", entropy_coef=0.0, is_correction="none", is_cap=3.0, positive_weight=1.0)
+    objective = make_objective(cfg, cfg, cfg)  # the policy-loss, KL and importance blocks' fields
     assert objective.loss_fn is topr_loss and objective.clip_low is None and objective.clip_high is None
     logp, old, adv, mask = _hand_case()
     loss, metrics = objective.loss(logp, old, objective.weights(adv), mask, num_sequences=2, num_tokens=6)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlft.rewards.countdown import score_completions
-from rlft.script_io import run_script
+from rlft.lab.script_io import run_script
 from rlft.tasks.countdown.prompts import render_prompt
 from rlft.tasks.countdown.traces import write_trace
 from rlft.types import CountdownTask

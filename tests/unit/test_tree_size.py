@@ -39,8 +39,8 @@ def test_no_tracked_file_is_over_2_mb():
     sizes = {str(p.relative_to(ROOT)): p.stat().st_size for p in tracked_files()}
     assert sizes, "git ls-files listed nothing"
     big = oversized(sizes, MAX_FILE_BYTES)
-    assert not big, "tracked files over 2 MB (model files are outputs: record their SHA-256 and rebuild command): " + ", ".join(
-        big)
+    assert not big, ("tracked files over 2 MB (model files are outputs: record their SHA-256 and rebuild command): "
+                     + ", ".join(big))
 
 
 def test_no_model_weights_are_tracked():

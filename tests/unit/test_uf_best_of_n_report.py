@@ -1,6 +1,6 @@
-"""scripts/studies/uf_best_of_n_report.py on fake win-rate folders and a stub judge: the paired differences, the rescoring of
-every candidate (pick vs random vs the judge's best), the selector-judge agreement, all worked by hand, and the
-errors on runs that do not share their reference answers."""
+"""scripts/studies/uf_best_of_n_report.py on fake win-rate folders and a stub judge: the paired differences, the
+rescoring of every candidate (pick vs random vs the judge's best), the selector-judge agreement, all worked by hand, and
+the errors on runs that do not share their reference answers."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def test_seed_report_by_hand(tmp_path):
     assert r["judge_best_win_rate"] == 1.0  # c on prompt 0, g on prompt 1
     assert r["rescoring_mismatches"] == 0 and r["rescored_win_rate"] == 0.5
     # agreement: prompt 0, selector order a>c>b>d, judge c>a>b>d: 5 of 6 pairs agree (a-c does not);
-    # prompt 1, selector f>g, f>e, f>h, g>e, g>h; e-g... ties (g-h, e?) skipped: selector scores e0 f5 g1 h1, judge e-1 f-1 g1 h-3
+    # prompt 1, selector f>g, f>e, f>h, g>e, g>h; e-g... ties (g-h, e?) skipped:
+    # selector scores e0 f5 g1 h1, judge e-1 f-1 g1 h-3
     # counted pairs (neither tied): e-g (s -, j -) agree; e-h (s -, j +) disagree; f-g (s +, j -) disagree;
     # f-h (s +, j +) agree; e-f (judge tie) and g-h (selector tie) skipped -> 2 of 4
     assert r["agreement_pairs"] == 6 + 4

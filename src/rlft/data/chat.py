@@ -105,7 +105,8 @@ def ensure_chat_template(tokenizer, name: str | None):
 def _require_template(tokenizer) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
-            f"the tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!s} has no chat template; "
+            f"the tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!s} "
+            "has no chat template; "
             f"pass --chat-template with {_choices()}")
 
 

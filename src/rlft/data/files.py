@@ -39,8 +39,9 @@ def read_rows(source: str | Path, *, split: str = "train", start: int = 0, limit
 
     Local files: ``.jsonl`` (one JSON object per line; blank lines are skipped), ``.json`` (a list of
     objects, or JSON Lines under a .json name), both also gzip-compressed (``.jsonl.gz``, ``.json.gz``),
-    ``.parquet`` (only ``columns`` that exist are read, when given). Anything else is a Hub dataset id, loaded with ``datasets.load_dataset(source,
-    split=split)``. A row that is not a JSON object is yielded as a :class:`DataError`.
+    ``.parquet`` (only ``columns`` that exist are read, when given). Anything else is a Hub dataset id, loaded
+    with ``datasets.load_dataset(source, split=split)``. A row that is not a JSON object is yielded as
+    a :class:`DataError`.
 
     Raises:
         FileNotFoundError: a local-looking path that does not exist.

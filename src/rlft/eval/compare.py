@@ -54,6 +54,7 @@ import tyro
 from rlft.eval.compare_inputs import base_group, check_distinct_files, check_seed_groups, count_error, load
 from rlft.eval.countdown import PAIRED_SETTINGS, CountdownEvalResult, paired_difference, size_summary
 from rlft.eval.stats import ALPHA, Z_95, holm, normal_p_value, z_for_level
+from rlft.options import MAX_NEW_TOKENS, MAX_NEW_TOKENS_CUDA
 from rlft.validation import OptionError, UsageError, validate_options
 
 SIGN = "B - A: the later file minus the first (BASE); positive means B scores higher"
@@ -78,11 +79,13 @@ class EvalCompareConfig:
     """A.json B.json: B minus A, paired task by task; A.json B.json C.json ...: each later file minus the first (BASE),
     with Holm-adjusted intervals across the batch beside the raw ones."""
     json: str | None = None
-    """Write the comparison to this JSON file (an existing file is refused unless --overwrite; one of the inputs always)."""
+    """Write the comparison to this JSON file (an existing file is refused unless --overwrite; one of the inputs
+    always)."""
     overwrite: bool = False
     """Replace an existing --json file."""
     holm: bool = True
-    """With more than one comparison, report Holm-adjusted 95% intervals across the batch beside the raw ones (--no-holm: raw only)."""
+    """With more than one comparison, report Holm-adjusted 95% intervals across the batch beside the raw
+    ones (--no-holm: raw only)."""
     allow_setting: tuple[Setting, ...] = ()
     """Evaluation settings allowed to differ between the files (refused otherwise): mode, k, temperature, top_p,
     stop_repeats, max_new_tokens, prompt_template. An allowed difference is named in the output."""
@@ -100,12 +103,12 @@ class EvalCompareConfig:
     def check_outputs(self) -> None:
         """Before reading anything: a number of files :func:`base_group` can group, each an existing file, none named
         twice under any path (:func:`check_distinct_files`); a --json that may be written and is none of the inputs,
-        even with --overwrite (:func:`rlft.script_io.check_outputs`, the rule of every output).
+        even with --overwrite (:func:`rlft.run_folder.check_outputs`, the rule of every output).
 
         Raises:
             UsageError: the message names the file, or the counts (:func:`count_error`).
         """
-        from rlft.script_io import check_outputs
+        from rlft.run_folder import check_outputs
 
         if not base_group(len(self.files), self.seeds):
             raise OptionError(count_error(len(self.files), self.seeds))
@@ -192,7 +195,7 @@ def resolved_max_new_tokens(result: CountdownEvalResult, config: dict) -> int | 
             if cut:
                 return tokens
     device = str(config.get("device", ""))
-    return 256 if device == "cpu" else 1024 if device.startswith("cuda") else None
+    return MAX_NEW_TOKENS if device == "cpu" else MAX_NEW_TOKENS_CUDA if device.startswith("cuda") else None
 
 
 def settings(result: CountdownEvalResult, config: dict) -> dict:
@@ -369,7 +372,8 @@ def format_comparison(report: dict) -> str:
 
 
 def run_eval_compare(cfg: EvalCompareConfig) -> dict:
-    """Compare ``cfg.files`` (:func:`compare_files`), print the tables and write ``cfg.json`` if set; returns the report.
+    """Compare ``cfg.files`` (:func:`compare_files`), print the tables and write ``cfg.json`` if set; returns the
+    report.
 
     Raises:
         UsageError: what :meth:`EvalCompareConfig.check_outputs` and :func:`compare_files` refuse (the CLI exits 2).

@@ -22,10 +22,11 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
-from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, other_settings, other_weights, print_result, read_eval_file
-from rlft.options import DeviceOptions, RolloutOptions
+from rlft.eval.countdown import (CountdownEvalResult, evaluate_countdown, other_settings, other_weights, print_result,
+                                 read_eval_file)
+from rlft.options import MAX_NEW_TOKENS, MAX_NEW_TOKENS_CUDA, DeviceOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownDataOptions, CountdownOptions
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
@@ -76,7 +77,7 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
     overwrite: bool = False
     """Replace an existing --output file."""
     ledger: str | None = None
-    """--split test: the test-look ledger this evaluation appends one line to (rlft.eval.ledger: the weights'
+    """--split test: the test-look ledger this evaluation appends one line to (rlft.lab.ledger: the weights'
     SHA-256, date, rlft commit, score); None: test_looks.jsonl in --output's folder (without --output the look is
     not recorded, with a warning). A .jsonl file of looks only, never an input or the --output (refused with another
     --split). `rlft eval ledger PATH` counts the looks."""
@@ -85,8 +86,9 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
     select: tuple[Selector, ...] = ()
     """Best-of-N selectors to apply to the k samples of each task (--mode sampled): majority (most common answer
     value), self-certainty (the most certain sample, Kang et al. 2025; the hf engine, whose row-dropping decoder is
-    then used on CUDA too), self-certainty-vote (Borda vote by certainty), reward-model (--select-reward-model's highest score), oracle (the best rule score: pass@n, the
-    upper bound). Each is paired against a greedy answer on the same tasks (see --greedy-from)."""
+    then used on CUDA too), self-certainty-vote (Borda vote by certainty), reward-model (--select-reward-model's highest
+    score), oracle (the best rule score: pass@n, the upper bound). Each is paired against a greedy answer on the same
+    tasks (see --greedy-from)."""
     select_n: tuple[int, ...] = ()
     """The n's of the best-of-N curve: each selector on the first n of the k samples (empty: 1, 2, 4, ... and k)."""
     select_reward_model: str | None = None
@@ -137,35 +139,20 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
 
     def check_outputs(self) -> None:
         """Refuse an --output that would replace a file (unless --overwrite), name a folder, or lie in a model folder
-        (:func:`rlft.run_folder.check_output_file`), a test-look ledger that is not one or cannot be written
-        (:func:`rlft.eval.ledger.check_ledger_target`: --ledger, else the one beside --output; never an input or the
-        --output), a --greedy-from that is not a file, and a --select-reward-model
-        that is not a reward model (:func:`rlft.rewards.reward_model.check_reward_model`); writes nothing. Run at parse time and before any
-        model is loaded."""
+        (:func:`rlft.run_folder.check_output_file`), a --greedy-from that is not a file, and a --select-reward-model
+        that is not a reward model (:func:`rlft.rewards.reward_model.check_reward_model`); writes nothing. Run at parse
+        time and before any model is loaded. (The test-look ledger is the lab's to check: ``rlft eval countdown`` runs
+        :func:`rlft.lab.test_looks.check_eval_ledger` too.)"""
         if self.output is not None:
             from rlft.run_folder import check_output_file
 
             check_output_file(self.output, overwrite=self.overwrite)
-        if (ledger := self.ledger_path()) is not None:
-            from rlft.eval.ledger import check_ledger_target
-
-            check_ledger_target(ledger, inputs=self.input_paths(), outputs={"--output": self.output},
-                                option="--ledger" if self.ledger else "the ledger beside --output")
         if self.greedy_from is not None and not Path(self.greedy_from).expanduser().is_file():
             raise OptionError(f"--greedy-from {self.greedy_from}: no such file")
         if self.select_reward_model is not None:
             from rlft.rewards.reward_model import check_reward_model
 
             check_reward_model(self.select_reward_model, "--select-reward-model")
-
-    def ledger_path(self) -> str | Path | None:
-        """The test-look ledger this evaluation appends to: ``--ledger``, else (``--split test`` with ``--output``)
-        :func:`rlft.eval.ledger.default_ledger_path`; None: no look is recorded."""
-        if self.split != "test" or not (self.ledger or self.output):
-            return None
-        from rlft.eval.ledger import default_ledger_path
-
-        return self.ledger or default_ledger_path(self.output)
 
     def input_paths(self) -> dict[str, str | None]:
         """The files and folders this evaluation reads, by option (built-in names and Hub ids included: they name
@@ -284,7 +271,8 @@ def best_of_n(cfg: EvalCountdownConfig, result: CountdownEvalResult, greedy: Cou
     """The ``selection`` dict of the output: ``greedy`` (:func:`rlft.eval.best_of_n.greedy_summary`), ``rows`` (every
     selector@n, :func:`rlft.eval.best_of_n.selection_rows`), ``sizes``, ``skipped`` (selectors the result cannot
     support, with why), ``reward_model`` and ``reward_model_input``. Prints the table."""
-    from rlft.eval.best_of_n import RM_INPUT, available_selectors, greedy_summary, print_selection, selection_rows, selection_sizes
+    from rlft.eval.best_of_n import (RM_INPUT, available_selectors, greedy_summary, print_selection, selection_rows,
+                                     selection_sizes)
 
     selectors, skipped = available_selectors(result, list(dict.fromkeys(cfg.select)))
     for name, why in skipped.items():
@@ -299,14 +287,24 @@ def best_of_n(cfg: EvalCountdownConfig, result: CountdownEvalResult, greedy: Cou
     return selection
 
 
-def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
+TestLookCallback = Callable[[CountdownEvalResult, dict], None]
+"""Told of an evaluation of the test rows (``--split test``) once it is done and written: the result and its config
+record (the options, the weights' ``model_sha256``, ``heldout``: which test rows). ``rlft eval countdown`` counts the
+look in the test-look ledger (:func:`rlft.lab.test_looks.run_eval_countdown_counted`)."""
+
+
+def run_eval_countdown(cfg: EvalCountdownConfig, *, on_test_look: TestLookCallback | None = None
+                       ) -> CountdownEvalResult:
     """Load the model, build tasks and prompts, evaluate, print a table, write ``cfg.output`` if set (the result, its
     ``config`` with the weights' ``model_sha256``, and the ``environment``, :func:`rlft.provenance.environment`); with
-    ``cfg.select``, also the best-of-N curves against a greedy answer (the output's ``selection`` key).
+    ``cfg.select``, also the best-of-N curves against a greedy answer (the output's ``selection`` key). With
+    ``--split test``, ``on_test_look`` (if given) is then called once (:data:`TestLookCallback`); this function counts
+    no look itself.
 
     Raises:
-        UsageError: launched by torchrun; an --output that must not be written (:meth:`EvalCountdownConfig.check_outputs`);
-            a --greedy-from of other tasks or other weights (:func:`load_greedy_baseline`); all before the model is loaded.
+        UsageError: launched by torchrun; an --output that must not be
+            written (:meth:`EvalCountdownConfig.check_outputs`); a --greedy-from of other tasks or other
+            weights (:func:`load_greedy_baseline`); all before the model is loaded.
         rlft.models.ModelNotFoundError: the model cannot be loaded.
         ValueError: unknown preset or prompt template, or no tasks.
     """
@@ -319,7 +317,7 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     require_one_process("rlft eval countdown")
     cfg.check_outputs()
     spec = pick_device(cfg.device, cfg.dtype)
-    max_new_tokens = cfg.max_new_tokens or (1024 if spec.device.type == "cuda" else 256)
+    max_new_tokens = cfg.max_new_tokens or (MAX_NEW_TOKENS_CUDA if spec.device.type == "cuda" else MAX_NEW_TOKENS)
     tasks = load_eval_tasks(cfg)
     heldout = cfg.heldout_block() if cfg.split in ("test", "validation") else None  # 'original' / 'fresh' rows
     model_sha256 = weights_sha256(cfg.model)
@@ -330,7 +328,8 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
     engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, url=cfg.rollout_url, batch_size=cfg.batch_size,
                          show_progress=True, add_special_tokens=adds_special_tokens(cfg.prompt_template))
     if any(name.startswith("self-certainty") for name in cfg.select) and getattr(engine, "decoder", None) == "auto":
-        engine.decoder = "drop"  # the hf decoder that reports self-certainty (CUDA's default, static-cache generate, does not)
+        # the hf decoder that reports self-certainty (CUDA's default, static-cache generate, does not)
+        engine.decoder = "drop"
     greedy_params = SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=cfg.seed,
                                    stop_repeats=cfg.stop_repeats)
     if cfg.mode == "greedy":
@@ -357,14 +356,6 @@ def run_eval_countdown(cfg: EvalCountdownConfig) -> CountdownEvalResult:
         atomic_write_json(path, {**result.to_dict(), "config": {**asdict(cfg), "model_sha256": model_sha256,
                                                                       "heldout": heldout},
                                  "environment": environment()})
-    if cfg.split == "test":  # a look at the held-out test tasks: counted (rlft.eval.ledger)
-        from rlft.eval.ledger import record_test_look
-
-        if (ledger := cfg.ledger_path()) is not None:
-            record_test_look(result, {**asdict(cfg), "model_sha256": model_sha256, "heldout": heldout}, ledger,
-                             eval_path=cfg.output,
-                             inputs=cfg.input_paths())
-            log.info("test look recorded in %s", ledger)
-        else:
-            log.warning("an evaluation of the test rows without --output or --ledger: this look is not recorded")
+    if cfg.split == "test" and on_test_look is not None:  # a look at the held-out test tasks: the caller counts it
+        on_test_look(result, {**asdict(cfg), "model_sha256": model_sha256, "heldout": heldout})
     return result

@@ -30,7 +30,8 @@ def normal_p_value(diff: float, half_width: float, z: float = Z_95) -> float:
     """The two-sided p-value of "the mean difference is 0" that agrees with the interval ``diff +- half_width`` drawn at
     quantile ``z`` (the normal approximation of :func:`rlft.eval.countdown.paired_difference`): the standard error is
     ``half_width / z`` and ``p = 2 (1 - Phi(|diff| / se))``, so the interval at error rate alpha excludes 0 exactly when
-    ``p < alpha``. A zero-width interval (every task's difference equal, or one task) gives 0 when ``diff != 0``, else 1.
+    ``p < alpha``. A zero-width interval (every task's difference equal, or one task) gives 0 when ``diff != 0``,
+    else 1.
     """
     if half_width <= 0.0:
         return 0.0 if diff != 0.0 else 1.0

@@ -130,9 +130,9 @@ class WinrateConfig(DeviceOptions):
                 "--best-of-n needs --temperature > 0: greedy samples of a prompt are all the same")
         require(
             self.judge == "remote" or not same_model(self.judge, self.selector_model),
-            f"--judge {self.judge} is the --selector-model: a judge rates the responses it picked highest, so best-of-N "
-            "would win by construction; use the remote judge (--judge remote) or a reward model trained on a "
-            "disjoint split")
+            f"--judge {self.judge} is the --selector-model: a judge rates the responses it picked highest, "
+            "so best-of-N would win by construction; use the remote judge (--judge remote) or a reward model trained "
+            "on a disjoint split")
 
     def check_outputs(self) -> None:
         """Refuse an --output-dir that is a file or a model folder, or (unless --overwrite) that holds the results of
@@ -335,7 +335,8 @@ def write_report(path: Path, summary: dict, rows: list[dict], examples: int) -> 
     lines = [
         "# Win-rate",
         "",
-        f"Policy `{summary['policy']}`{_picked(summary)} vs reference `{summary['reference']}`, judged by `{summary['judge']}`.",
+        f"Policy `{summary['policy']}`{_picked(summary)} vs reference `{summary['reference']}`, "
+        f"judged by `{summary['judge']}`.",
         "",
         markdown_table(
             [
@@ -374,8 +375,8 @@ def run_winrate(cfg: WinrateConfig) -> dict:
     """Generate (or read), judge, label and summarise; returns the summary written to ``winrate.json``.
 
     Raises:
-        UsageError: launched by torchrun; an --output-dir that must not be written (:meth:`WinrateConfig.check_outputs`);
-            both before anything is loaded.
+        UsageError: launched by torchrun; an --output-dir that must not be
+            written (:meth:`WinrateConfig.check_outputs`); both before anything is loaded.
     """
     from rlft.distributed import require_one_process
 

@@ -147,16 +147,17 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 ``raft`` selects each group's best samples (see :func:`raft_advantages`; a threshold is set by the loop)."""
 
 
-def advantage_function(cfg) -> AdvantageFn:
-    """The run's estimator, picked once from its config (an :class:`rlft.rl.config.RLConfig`; read, never changed):
-    ``ADVANTAGES[cfg.advantage]``, or RAFT's threshold selection when ``cfg.raft_threshold`` is set.
+def advantage_function(policy) -> AdvantageFn:
+    """The run's estimator, picked once from its policy-loss block (:class:`rlft.rl.options.PolicyLossOptions`; read,
+    never changed; never the whole config): ``ADVANTAGES[policy.advantage]``, or RAFT's threshold selection when
+    ``policy.raft_threshold`` is set.
 
     Raises:
-        ValueError: an unknown ``cfg.advantage``.
+        ValueError: an unknown ``policy.advantage``.
     """
-    if cfg.advantage not in ADVANTAGES:
-        raise ValueError(f"unknown advantage estimator {cfg.advantage!r}; expected one of {', '.join(ADVANTAGES)}")
-    if cfg.advantage == "raft" and cfg.raft_threshold is not None:
-        threshold = cfg.raft_threshold
+    if policy.advantage not in ADVANTAGES:
+        raise ValueError(f"unknown advantage estimator {policy.advantage!r}; expected one of {', '.join(ADVANTAGES)}")
+    if policy.advantage == "raft" and policy.raft_threshold is not None:
+        threshold = policy.raft_threshold
         return lambda rewards: raft_advantages(rewards, threshold)
-    return ADVANTAGES[cfg.advantage]
+    return ADVANTAGES[policy.advantage]

@@ -334,9 +334,8 @@ class PolicyObjective:
         if self.kl_placement not in (None, *KL_PLACEMENTS):
             raise ValueError(f"unknown KL placement {self.kl_placement!r}; expected None, 'reward' or 'loss'")
         if (self.kl_placement is not None) != (self.beta > 0):
-            raise ValueError(
-                f"a KL placement needs beta > 0 and beta > 0 a placement, got {self.kl_placement!r} with beta={self.beta}"
-            )
+            raise ValueError("a KL placement needs beta > 0 and beta > 0 a placement, "
+                             f"got {self.kl_placement!r} with beta={self.beta}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; expected 'k1' or 'k3'")
         if self.entropy_coef < 0:
@@ -426,24 +425,25 @@ class PolicyObjective:
         return loss, metrics
 
 
-def make_objective(cfg) -> PolicyObjective:
-    """The run's objective from its config (an :class:`rlft.rl.config.RLConfig`; read, never changed): the loss
-    ``cfg.loss`` of :data:`POLICY_LOSSES` aggregated by ``cfg.loss_mode``; its clip range when it clips
-    (``clip_high`` None: ``clip_low``), else none; the KL at ``cfg.kl_mode`` when ``cfg.beta > 0``, else none;
-    ``cfg.entropy_coef``; ``cfg.positive_weight`` (W-REINFORCE); the behaviour ratio when the loss asks for it or
-    ``cfg.replay_size > 0``.
+def make_objective(policy, kl, importance, *, replay: bool = False) -> PolicyObjective:
+    """The run's objective from its option blocks (read, never changed; never the whole config): ``policy``
+    (:class:`rlft.rl.options.PolicyLossOptions`): the loss ``policy.loss`` of :data:`POLICY_LOSSES` aggregated by
+    ``loss_mode``, its clip range when it clips (``clip_high`` None: ``clip_low``), ``entropy_coef``,
+    ``positive_weight`` (W-REINFORCE); ``kl`` (:class:`~rlft.rl.options.KLOptions`): the KL at ``kl_mode`` when
+    ``beta > 0``, else none; ``importance`` (:class:`~rlft.rl.options.ImportanceOptions`): the sampler-mismatch
+    correction; the behaviour ratio when the loss asks for it or ``replay`` (``--replay-size > 0``).
 
     Raises:
-        ValueError: an unknown ``cfg.loss``.
+        ValueError: an unknown ``policy.loss``.
     """
-    if cfg.loss not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {cfg.loss!r}; expected one of {', '.join(POLICY_LOSSES)}")
-    spec = POLICY_LOSSES[cfg.loss]
-    clip_low, clip_high = (cfg.clip_low,
-                           cfg.clip_high if cfg.clip_high is not None else cfg.clip_low) if spec.clips else (None, None)
-    use_kl = cfg.beta > 0
+    if policy.loss not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {policy.loss!r}; expected one of {', '.join(POLICY_LOSSES)}")
+    spec = POLICY_LOSSES[policy.loss]
+    low, high = policy.clip_low, policy.clip_high if policy.clip_high is not None else policy.clip_low
+    clip_low, clip_high = (low, high) if spec.clips else (None, None)
+    use_kl = kl.beta > 0
     return PolicyObjective(
-        loss_fn=spec.fn, loss_mode=cfg.loss_mode, clip_low=clip_low, clip_high=clip_high, select=spec.selects,
-        kl_placement=cfg.kl_mode if use_kl else None, beta=cfg.beta if use_kl else 0.0, kl_estimator=cfg.kl_estimator,
-        entropy_coef=cfg.entropy_coef, is_mode=cfg.is_correction, is_cap=cfg.is_cap, positive_weight=getattr(
-            cfg, "positive_weight", 1.0), behaviour_ratio=spec.behaviour or getattr(cfg, "replay_size", 0) > 0)
+        loss_fn=spec.fn, loss_mode=policy.loss_mode, clip_low=clip_low, clip_high=clip_high, select=spec.selects,
+        kl_placement=kl.kl_mode if use_kl else None, beta=kl.beta if use_kl else 0.0, kl_estimator=kl.kl_estimator,
+        entropy_coef=policy.entropy_coef, is_mode=importance.is_correction, is_cap=importance.is_cap,
+        positive_weight=policy.positive_weight, behaviour_ratio=spec.behaviour or replay)

@@ -102,9 +102,8 @@ def topr_loss(
     if advantages.dim() != 1 or advantages.shape[0] != logprobs.shape[0]:
         raise ValueError(f"advantages must have shape (B,) = ({logprobs.shape[0]},), got {tuple(advantages.shape)}")
     if clip_low is not None or clip_high is not None:
-        raise ValueError(
-            f"topr takes no clip range (its truncation is fixed at [0, 1]), got clip_low={clip_low}, clip_high={clip_high}"
-        )
+        raise ValueError("topr takes no clip range (its truncation is fixed at [0, 1]), "
+                         f"got clip_low={clip_low}, clip_high={clip_high}")
     weights, log_ratio = topr_sequence_weights(logprobs, old_logprobs, advantages, loss_mask)
     scale = (weights * advantages.detach().float()).to(logprobs.dtype).unsqueeze(-1)  # (B, 1), no grad
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

@@ -31,7 +31,8 @@ import torch
 
 from rlft import distributed
 from rlft.console import console
-from rlft.checkpoint import MetricsLog, checkpoint_folders, save_checkpoint, checkpoint_problem, count_metrics, read_trainer_state, restore_trainer_state
+from rlft.checkpoint import (MetricsLog, checkpoint_folders, save_checkpoint, checkpoint_problem, count_metrics,
+                             read_trainer_state, restore_trainer_state)
 from rlft.fsio import atomic_write_json
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.options import resolved_strategy
@@ -366,7 +367,8 @@ def _stop(setup: TrainingSetup, what: str, step: int | None = None) -> NoReturn:
 def last_good(run_dir: Path | None) -> str:
     """What a stopped run leaves: its newest checkpoint (resumable) or none; never a final model."""
     newest = checkpoint_folders(run_dir)[0] if run_dir is not None and checkpoint_folders(run_dir) else None
-    kept = f"the last good checkpoint {newest} stays (--resume continues from it)" if newest else "there is no checkpoint"
+    kept = (f"the last good checkpoint {newest} stays (--resume continues from it)" if newest
+            else "there is no checkpoint")
     return f"{kept}; no final model was written"
 
 
@@ -378,7 +380,8 @@ def check_finite_weights(model: torch.nn.Module, setup: TrainingSetup | None, st
     checkpoint or become the final model."""
     bad = non_finite_tensors(model.named_parameters())
     if (distributed.all_reduce_sum(float(len(bad))) if distributed.sharded(model) else len(bad)):
-        what = f"the weights hold NaN or infinite values ({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''})"
+        what = ("the weights hold NaN or infinite values "
+                f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''})")
         if setup is not None:
             _stop(setup, what, step)
         raise NonFiniteError(f"{what}; {last_good(run_dir)}")

@@ -147,7 +147,8 @@ def cut_by_tokens(items: Sequence[T], size: Callable[[list[T]], int], max_tokens
 
 
 def check_scale_options(cfg) -> None:
-    """Reject bad ``--pack-length`` / ``--logits-chunk-size`` values before any work (fields a config lacks are skipped).
+    """Reject bad ``--pack-length`` / ``--logits-chunk-size`` values before any work (fields a config lacks are
+    skipped).
 
     Raises:
         ValueError: ``pack_length < 1`` (None means one row per micro-batch) or ``logits_chunk_size < 0``.

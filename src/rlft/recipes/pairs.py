@@ -40,7 +40,7 @@ from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
 from rlft.rollout.journal import sample_with_journal
 from rlft.types import CountdownTask
 from rlft.validation import OptionError, validate_options
-from rlft.options import DeviceOptions, RolloutOptions
+from rlft.options import MAX_NEW_TOKENS, MAX_NEW_TOKENS_CUDA, DeviceOptions, RolloutOptions
 from rlft.tasks.countdown.options import CountdownTrainingOptions
 
 log = logging.getLogger("rlft")
@@ -70,7 +70,8 @@ class PairsConfig(DeviceOptions, RolloutOptions, CountdownTrainingOptions):
     batch_size: int = 32
     """Sequences generated together."""
     output: str = "runs/pairs/countdown.jsonl"
-    """Where to write the pairs (JSONL); stats go to the same name with suffix .stats.json, every sample to .samples.jsonl
+    """Where to write the pairs (JSONL); stats go to the same name with suffix .stats.json, every sample
+    to .samples.jsonl
     (the journal a killed run continues from). An existing file is refused unless --overwrite; a folder, or a path in a
     model folder, always."""
     overwrite: bool = False
@@ -124,7 +125,8 @@ def resolved_max_new_tokens(cfg: PairsConfig) -> int:
     """``cfg.max_new_tokens``, or its default on the device ``cfg`` runs on: 1024 on CUDA, 256 elsewhere."""
     from rlft.models import pick_device
 
-    return cfg.max_new_tokens or (1024 if pick_device(cfg.device, cfg.dtype).device.type == "cuda" else 256)
+    cuda = pick_device(cfg.device, cfg.dtype).device.type == "cuda"
+    return cfg.max_new_tokens or (MAX_NEW_TOKENS_CUDA if cuda else MAX_NEW_TOKENS)
 
 
 def journal_meta(cfg: PairsConfig, max_new_tokens: int) -> dict:

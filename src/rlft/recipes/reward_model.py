@@ -49,13 +49,15 @@ from rlft.fsio import atomic_write_json
 from rlft.losses.reward import bradley_terry_loss
 from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
-from rlft.options import CheckpointingOptions, DistributedOptions, PackingOptions, OptimizerOptions, RunOptions, SpeedOptions
+from rlft.options import (CheckpointingOptions, DistributedOptions, PackingOptions, OptimizerOptions, RunOptions,
+                          SpeedOptions)
 from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, micro_batch_label, optimizer_step,
                                  save_final, start_training, step_micro_batches, step_order, step_plan, TrainingSetup,
                                  write_run_config)
 from rlft.recipes.memory import packed_tokens, padded_tokens
 from rlft.validation import require, validate_options
-from rlft.rewards.reward_model import freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head, sequence_rewards
+from rlft.rewards.reward_model import (freeze_lower_layers, load_reward_model, packed_sequence_rewards, score_head,
+                                       sequence_rewards)
 from rlft.tracking import Tracker
 
 log = logging.getLogger("rlft")
@@ -102,7 +104,8 @@ class RMConfig(RunOptions, OptimizerOptions, LoRAOptions, CheckpointingOptions, 
     prompt alone does not fit are dropped (counted)."""
     max_prompt_length: int | None = None
     """Cut longer prompts to this many tokens, keeping their end (counted as truncated), so pairs with long prompts
-    are trained on instead of dropped; None: keep whole prompts. Applies to the held-out pairs too. Must be < --max-length."""
+    are trained on instead of dropped; None: keep whole prompts. Applies to the held-out pairs too. Must
+    be < --max-length."""
     margin_scale: float = 0.0
     """Llama-2 style margin: require r_chosen - r_rejected >= margin_scale * (score_chosen - score_rejected).
     0 turns it off; pairs without scores get margin 0."""
@@ -401,9 +404,8 @@ def train_rm(cfg: RMConfig) -> Path:
     }
     atomic_write_json(run_dir / "eval.json", summary)
     if last_eval is not None:
-        console.print(
-            f"[green]RM done[/]: held-out pairwise accuracy {last_eval['accuracy']:.3f} on {last_eval['n']} pairs; model saved to {final}"
-        )
+        console.print(f"[green]RM done[/]: held-out pairwise accuracy {last_eval['accuracy']:.3f} on {last_eval['n']} "
+                      f"pairs; model saved to {final}")
     else:
         console.print(f"[green]RM done[/]: model saved to {final} (no held-out pairs)")
     distributed.barrier()

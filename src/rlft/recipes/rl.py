@@ -108,8 +108,9 @@ Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` c
   probabilities the step's draws used, the values after its update, the prompts drawn from each bucket.
 - ``eval/score``, ``eval/accuracy``, ``eval/format_rate`` (Countdown, greedy, first eval_limit held-out
   tasks) or ``eval/reward``, ``eval/truncated_frac`` (chat), every eval_every steps, at step 0 and at the end
-  (:class:`rlft.rl.evaluation.InLoopEval`). With ``--eval-rows test`` each evaluation is a look at the test rows:
-  one line for it goes to ``<output_dir>/test_looks.jsonl`` (:mod:`rlft.eval.ledger`).
+  (:class:`rlft.rl.evaluation.InLoopEval`). With ``--eval-rows test`` each evaluation is a look at the test rows,
+  told to ``train_rl``'s ``on_test_look``: ``rlft rl`` counts it in ``<output_dir>/test_looks.jsonl``
+  (:func:`rlft.lab.test_looks.train_rl_counted`).
 """
 
 from __future__ import annotations
@@ -128,13 +129,14 @@ from rlft.console import training_progress
 from rlft.losses.advantages import advantage_function
 from rlft.losses.pg import PolicyObjective, make_objective
 from rlft.models import load_tokenizer, pick_device
-from rlft.recipes.common import batch_indices, checkpoint_if_due, claim_run_dir, finish_run, optimizer_step, start_training
+from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, optimizer_step,
+                                 start_training)
 from rlft.recipes.memory import eager_layers
 from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import LossContext, PassPlan, gradient_rows, policy_loss_backward, take_rows
 from rlft.rl.config import RLConfig
 from rlft.rl.curriculum import CurriculumSampler
-from rlft.rl.evaluation import InLoopEval
+from rlft.rl.evaluation import InLoopEval, InLoopLookCallback
 from rlft.rl.logprobs import LogprobPasses, step_logprobs
 from rlft.rl.metrics import NO_UPDATE, progress_line, reduce_loss_metrics, step_record
 from rlft.rl.prompts import make_prompt_source
@@ -146,7 +148,7 @@ from rlft.rl.sampling import PromptOrder, sample_step
 from rlft.rollout.engines import make_engine
 from rlft.tasks.countdown.prompts import adds_special_tokens
 from rlft.types import TokenBatch
-from rlft.validation import OptionError
+from rlft.validation import OptionError, UsageError
 
 log = logging.getLogger("rlft")
 
@@ -202,7 +204,8 @@ def update_policy(setup, cfg: RLConfig, batch: TokenBatch, weights: torch.Tensor
 # --------------------------------------------------------------------------- the loop
 
 
-def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
+def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None,
+             on_test_look: InLoopLookCallback | None = None) -> Path:
     """Run the RL loop as configured; returns the folder of the final model (``output_dir/model``).
 
     ``reward_fn`` overrides the configured reward (a rule function ``(prompts, completions,
@@ -222,19 +225,27 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
 
     With ``--replay-size`` (one process only) the buffer is saved in every checkpoint and restored from it on
     ``--resume`` (:class:`rlft.rl.reuse.Replay`), so a resumed run draws the groups the uninterrupted run would have
-    drawn. With ``--eval-rows test`` every in-loop evaluation appends a look to ``output_dir/test_looks.jsonl``.
+    drawn. With ``--eval-rows test`` every in-loop evaluation is a look at the test rows, told to ``on_test_look``
+    (:data:`rlft.rl.evaluation.InLoopLookCallback`; ``rlft rl`` counts it:
+    :func:`rlft.lab.test_looks.train_rl_counted`).
 
     Raises:
+        UsageError: ``--eval-rows test`` with ``--eval-every`` and no ``on_test_look`` (its looks would go uncounted),
+            before anything loads.
         UsageError: ``--rollout-engine vllm`` or ``--replay-size`` under torchrun (:func:`rlft.rl.ranks.start_ranks`);
             ``--resume --replay-size`` from a checkpoint holding no buffer, or one of another k.
     """
+    _require_look_recorder(cfg, on_test_look)  # --eval-rows test: every look at the test rows is counted
     start_ranks(cfg.device, cfg.rollout_engine, cfg.replay_size)  # torchrun's group; refusals before anything loads
     run = claim_run_dir(cfg)  # refuses a folder holding another run; writes nothing yet
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
     tokenizer = _tokenizer(cfg)
-    reward = make_reward(cfg, reward_fn)  # once: the loop calls reward.fn
-    advantage_fn, objective = advantage_function(cfg), make_objective(cfg)  # chosen by name, once
+    # once, each from its own option block: the loop calls reward.fn
+    reward = make_reward(cfg.scoring, reward_fn, chat_prompts=cfg.prompts_data is not None,
+                         batch_size=cfg.micro_batch_size, device=cfg.device, dtype=cfg.dtype)
+    advantage_fn = advantage_function(cfg.policy)  # chosen by name, once
+    objective = make_objective(cfg.policy, cfg.kl, cfg.importance, replay=cfg.replay_size > 0)
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
     source = make_prompt_source(cfg, tokenizer, reward)
@@ -252,7 +263,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
     history = read_metrics(run_dir / "metrics.jsonl") if start_step else []
     totals = RunTotals.restored(parameter_count(model), history)  # samples, tokens, FLOPs so far
     order, curriculum = _prompt_order(cfg, prompts, history)
-    evaluation = InLoopEval.for_run(cfg, source, run_dir)  # on test rows, each evaluation is a counted look
+    evaluation = InLoopEval.for_run(cfg, source, on_test_look)  # on test rows, each evaluation is a counted look
     _log_start(cfg, len(prompts), spec, reward.kind)
     engine.sync_weights(model)  # vLLM after --resume: the checkpoint's weights
     if start_step == 0 and evaluation.due(0):  # every rank: its shard of the held-out prompts
@@ -297,6 +308,13 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None) -> Path:
 
 
 # --------------------------------------------------------------------------- the loop's start-up
+
+
+def _require_look_recorder(cfg: RLConfig, on_test_look: InLoopLookCallback | None) -> None:
+    """UsageError when the run would evaluate on test rows with nobody to count the looks."""
+    if cfg.eval_rows == "test" and cfg.eval_every and on_test_look is None:
+        raise UsageError("--eval-rows test: every look at the test rows must be counted, and train_rl was given no "
+                         "on_test_look recorder; run `rlft rl` (rlft.lab.test_looks.train_rl_counted) or pass one")
 
 
 def _tokenizer(cfg: RLConfig):

@@ -163,14 +163,10 @@ def _countdown_pairs(cfg: SFTConfig, tokenizer) -> list[PromptCompletion]:
     from rlft.tasks.countdown.traces import write_trace
 
     train = countdown_train_tasks(cfg)
-    pairs = [
-        PromptCompletion(
-            render_prompt(cfg.prompt_template, task, tokenizer),
-            write_trace(task, cfg.trace_style, max_dead_ends=cfg.max_dead_ends, seed=cfg.split_seed + i,
-                        give_up=cfg.give_up, max_tries=cfg.max_tries),
-        )
-        for i, task in enumerate(train)
-    ]
+    pairs = [PromptCompletion(render_prompt(cfg.prompt_template, task, tokenizer),
+                              write_trace(task, cfg.trace_style, max_dead_ends=cfg.max_dead_ends,
+                                          seed=cfg.split_seed + i, give_up=cfg.give_up, max_tries=cfg.max_tries))
+             for i, task in enumerate(train)]
     if cfg.correct_only:
         from rlft.rewards.countdown import score_completions
 
@@ -206,7 +202,8 @@ def data_kind(cfg: SFTConfig) -> str:
 
 def _string_field(cfg: SFTConfig, i: int, row: dict, field: str) -> str:
     if field not in row:
-        hint = " (a preference row? --data-format chat trains on prompt + chosen reply: Pref-FT)" if "chosen" in row else ""
+        hint = (" (a preference row? --data-format chat trains on prompt + chosen reply: Pref-FT)"
+                if "chosen" in row else "")
         raise DataError(cfg.data, i, field, f"missing{hint}")
     if not isinstance(row[field], str):
         raise DataError(cfg.data, i, field, f"expected a string, got {type(row[field]).__name__}")
@@ -260,12 +257,8 @@ def _countdown_source(cfg: SFTConfig, tokenizer) -> tuple[list[PromptCompletion]
     return pairs, {"rows": len(pairs), "kept": len(pairs), "skipped_invalid": 0}
 
 
-SOURCES = {
-    "countdown": _countdown_source,
-    "prompt_completion": _prompt_completion_pairs,
-    "cog_behav": _cog_behav_pairs,
-    "chat": _chat_examples,
-}
+SOURCES = {"countdown": _countdown_source, "prompt_completion": _prompt_completion_pairs,
+           "cog_behav": _cog_behav_pairs, "chat": _chat_examples}
 """One reader per data kind: ``(cfg, tokenizer) -> (records, counts {rows, kept, skipped_invalid})``."""
 
 
@@ -313,10 +306,8 @@ def tokenize_chats(chats: list[ChatExample], tokenizer, max_length: int) -> list
     return _report(kept, len(examples) - len(kept), max_length, "no assistant token within max_length")
 
 
-TOKENIZERS = {
-    "countdown": tokenize_pairs, "prompt_completion": tokenize_pairs, "cog_behav": tokenize_pairs,
-    "chat": tokenize_chats
-}
+TOKENIZERS = {"countdown": tokenize_pairs, "prompt_completion": tokenize_pairs, "cog_behav": tokenize_pairs,
+              "chat": tokenize_chats}
 """The tokenization of each data kind: ``(records, tokenizer, max_length) -> examples``."""
 
 
@@ -332,11 +323,9 @@ def load_sft_examples(cfg: SFTConfig, tokenizer) -> tuple[list[TokenizedExample]
         ensure_chat_template(tokenizer, cfg.chat_template)
     records, counts = read_sft_data(cfg, tokenizer, kind)
     examples = TOKENIZERS[kind](records, tokenizer, cfg.max_length)
-    stats = {
-        "data_kind": kind, **counts, "used": len(records), "examples": len(examples),
-        "truncated": sum(e.truncated for e in examples), "dropped_too_long": len(records) - len(examples),
-        "max_length": cfg.max_length,
-    }
+    stats = {"data_kind": kind, **counts, "used": len(records), "examples": len(examples),
+             "truncated": sum(e.truncated for e in examples), "dropped_too_long": len(records) - len(examples),
+             "max_length": cfg.max_length}
     return examples, stats
 
 
@@ -346,8 +335,8 @@ def micro_batch_logprobs(model, examples: list[TokenizedExample], pad_token_id: 
     ``(B, T)`` right-padded, or ``(R, L)`` packed rows with ``cfg.packing``, and the non-padding token count."""
     if cfg.packing:
         lengths = [len(e.input_ids) for e in examples]
-        packed = pack_examples(examples, pad_token_id, cfg.pack_length or
-                               default_pack_length(model, lengths)).to(device)
+        pack_length = cfg.pack_length or default_pack_length(model, lengths)
+        packed = pack_examples(examples, pad_token_id, pack_length).to(device)
         logprobs = sequence_logprobs(model, packed.input_ids, None, packed.loss_mask, position_ids=packed.position_ids,
                                      logits_chunk_size=cfg.logits_chunk_size)
         return logprobs, packed.loss_mask, packed.num_tokens
@@ -443,23 +432,14 @@ def train_sft(cfg: SFTConfig) -> Path:
             loss_total, seen = sft_backward(model, chosen, cfg, tokenizer.pad_token_id, spec.device)
             summed, seen = distributed.all_reduce_counted({"loss": loss_total}, seen)
             loss_total = summed["loss"]
-            compute = totals.add(
-                0, {
-                    "generated_tokens": 0.0, "trained_tokens": float(sum(sum(e.loss_mask) for e in chosen)),
-                    "trained_seq_tokens": float(seen), "scored_tokens": 0.0
-                })
-            step_info = optimizer_step(setup, cfg.max_grad_norm,
-                                       loss=loss_total)  # stops on a non-finite loss or gradient
+            trained = float(sum(sum(e.loss_mask) for e in chosen))
+            compute = totals.add(0, {"generated_tokens": 0.0, "trained_tokens": trained,
+                                     "trained_seq_tokens": float(seen), "scored_tokens": 0.0})
+            step_info = optimizer_step(setup, cfg.max_grad_norm, loss=loss_total)  # stops on a non-finite loss/gradient
             elapsed = time.perf_counter() - t0
-            record = {
-                "step": step + 1,
-                "epoch": (step + 1) / steps_per_epoch,
-                "loss/sft": loss_total,
-                **step_info,
-                "tokens": seen,
-                "tokens_per_s": seen / elapsed,
-                **{key: compute[key] for key in ("tokens/trained", "tokens/trained_total", "flops/estimated")},
-            }
+            record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, "loss/sft": loss_total, **step_info,
+                      "tokens": seen, "tokens_per_s": seen / elapsed,
+                      **{key: compute[key] for key in ("tokens/trained", "tokens/trained_total", "flops/estimated")}}
             setup.metrics.log(record)
             progress.update(bar, advance=1, info=f"loss {loss_total:.3f}  {seen / elapsed:.0f} tok/s")
             checkpoint_if_due(setup, run_dir, step + 1, total_steps, tokenizer, cfg)

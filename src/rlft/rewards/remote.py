@@ -134,7 +134,8 @@ class RemoteRewardJudge:
         # The client's own retries are off: ours are explicit, bounded and logged.
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
         self.base_url, self.model = base_url, model
-        self.max_concurrency, self.max_retries, self.backoff_s, self.timeout_s = max_concurrency, max_retries, backoff_s, timeout_s
+        self.max_concurrency, self.max_retries = max_concurrency, max_retries
+        self.backoff_s, self.timeout_s = backoff_s, timeout_s
         self.reward_key = reward_key
         self.cache_path = Path(cache_path) if cache_path is not None else None
         self._cache: dict[str, float] = self._read_cache()

@@ -215,9 +215,8 @@ def freeze_lower_layers(model, train_layers: int) -> int:
     """
     blocks = getattr(model.base_model, "layers", None)
     if not isinstance(blocks, torch.nn.ModuleList):
-        raise TypeError(
-            f"{type(model.base_model).__name__} keeps no `.layers` block list: train_layers needs a Llama-style backbone"
-        )
+        raise TypeError(f"{type(model.base_model).__name__} keeps no `.layers` block list: "
+                        "train_layers needs a Llama-style backbone")
     if train_layers < 0:
         raise ValueError(f"train_layers must be >= 0, got {train_layers}")
     trainable_blocks = {id(p) for block in blocks[len(blocks) - train_layers :] for p in block.parameters()}
@@ -319,8 +318,8 @@ class RewardModelScorer:
         tokenizer: defaults to the folder's tokenizer.
         batch_size: pairs per forward pass.
         chat_template: passed to :func:`rlft.data.chat.ensure_chat_template` (a name such as
-            ``"chatml"`` or a path to a ``.jinja`` file) when the tokenizer should use another template than its own; None keeps the
-            folder's template (the one the reward model was trained with).
+            ``"chatml"`` or a path to a ``.jinja`` file) when the tokenizer should use another template than its own;
+            None keeps the folder's template (the one the reward model was trained with).
         max_length: longest scored sequence; longer responses are cut at the end as in training.
             None: no limit. A prompt alone longer than that raises ValueError.
     """

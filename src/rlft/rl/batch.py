@@ -32,7 +32,8 @@ def generation_seed(seed: int, step: int, rank: int = 0) -> int:
 
 
 def replay_seed(seed: int, step: int) -> int:
-    """The seed of a step's draw from the replay buffer (:meth:`rlft.rl.replay.ReplayBuffer.draw`): distinct per step and
+    """The seed of a step's draw from the replay buffer (:meth:`rlft.rl.replay.ReplayBuffer.draw`): distinct per step
+    and
     from every sampling seed, the same after a resume."""
     return generation_seed(seed, step) + (1 << 41)
 
@@ -327,7 +328,8 @@ def sampler_logprobs(batch: TokenBatch, samples: list[list[Sample]]) -> torch.Te
     when a sample has no log-probs (an engine that does not report them)."""
     flat = [s for row in samples for s in row]
     if any(s.logprobs is None or len(s.logprobs) != len(s.completion_ids) for s in flat):
-        return None  # (a rank with no samples gets an empty tensor: whether the sampler reports log-probs is the engine's)
+        # (a rank with no samples gets an empty tensor: whether the sampler reports log-probs is the engine's)
+        return None
     out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
     for i, s in enumerate(flat):
         positions = batch.loss_mask[i].nonzero().squeeze(1)

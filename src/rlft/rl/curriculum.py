@@ -113,8 +113,8 @@ def count_target_buckets(prompts: Sequence[RLPrompt]) -> tuple[list[int], list[s
         truth = p.ground_truth or {}
         if "target" not in truth or "numbers" not in truth:
             raise ValueError(
-                f"--curriculum-buckets count_target needs Countdown prompts (a target and numbers); prompt {i} has none "
-                "(chat prompts cannot be bucketed by difficulty)")
+                f"--curriculum-buckets count_target needs Countdown prompts (a target and numbers); prompt {i} has "
+                "none (chat prompts cannot be bucketed by difficulty)")
         band = next((j for j, (_, hi) in enumerate(TARGET_BANDS) if truth["target"] <= hi), len(TARGET_BANDS) - 1)
         keys.append((len(truth["numbers"]), band))
     order = sorted(set(keys))

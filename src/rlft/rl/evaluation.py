@@ -3,51 +3,49 @@
 The prompt source evaluates (:attr:`rlft.rl.prompts.PromptSource.evaluate`: greedy, on the held-out prompts, every rank
 its shard); this module decides when: with ``--eval-every N``, at step 0 (unless ``--no-eval-at-start`` or resumed),
 every N steps and at the last step. When the held-out rows are a dataset's test rows (``--eval-rows test``), each
-evaluation is a look at the test set, and the main rank appends one line for it to ``<output_dir>/test_looks.jsonl``
-(:func:`rlft.eval.ledger.record_test_look`): the run's folder as ``model`` (the weights are the policy in training, so
-``model_sha256`` is None), ``rlft rl in-loop, step S`` as ``label``, the score over the evaluated tasks (per-size scores
-are not kept in the loop, so ``score_by_size`` is empty).
+evaluation is a look at the test set, and the main rank tells the run's recorder of it (:data:`InLoopLookCallback`;
+``rlft rl`` counts it in ``<output_dir>/test_looks.jsonl``: :class:`rlft.lab.test_looks.InLoopLooks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 from typing import Callable, ContextManager
 
 from rlft import distributed
+from rlft.eval.countdown import CountdownEvalResult
 from rlft.rl.prompts import PromptSource
+
+InLoopLookCallback = Callable[[CountdownEvalResult, int], None]
+"""Told of each in-loop evaluation of test rows (main rank): what a look records (score, accuracy, format rate, tasks,
+greedy, k 1; the loop keeps no completion lengths: NaN) and the step it followed (0: before the first)."""
 
 
 class InLoopEval:
-    """The run's evaluation schedule and, on test rows, its ledger.
+    """The run's evaluation schedule and, on test rows, who counts its looks.
 
     Args:
         source: the prompt source (its held-out prompts and ``evaluate``).
         every: ``--eval-every`` (0: never).
         total_steps: the run's last step (always evaluated when ``every`` is set).
         at_start: ``--eval-at-start``.
-        ledger: the test-look ledger; None: the held-out rows are not test rows.
-        look: the ledger line's ``config`` (``model``, ``split``, ``data``).
+        on_look: told of each evaluation (:data:`InLoopLookCallback`); None: the held-out rows are not test rows.
     """
 
     def __init__(self, source: PromptSource, every: int, total_steps: int, *, at_start: bool = True,
-                 ledger: Path | None = None, look: dict | None = None) -> None:
+                 on_look: InLoopLookCallback | None = None) -> None:
         self.source, self.every, self.total_steps, self.at_start = source, every, total_steps, at_start
-        self.ledger, self.look = ledger, look or {}
+        self.on_look = on_look
         self.on = bool(every and source.eval)
 
     @classmethod
-    def for_run(cls, cfg, source: PromptSource, run_dir: Path) -> InLoopEval:
+    def for_run(cls, cfg, source: PromptSource, on_test_look: InLoopLookCallback | None) -> InLoopEval:
         """The evaluation of ``cfg`` (an :class:`rlft.rl.config.RLConfig`); on Countdown test rows
-        (``--eval-rows test``) its looks are counted in ``run_dir / test_looks.jsonl``."""
-        from rlft.eval.ledger import LEDGER_NAME
-
+        (``--eval-rows test``) each look goes to ``on_test_look``."""
         test = source.kind == "countdown" and cfg.eval_rows == "test"
         return cls(source, cfg.eval_every, cfg.max_steps, at_start=cfg.eval_at_start,
-                   ledger=Path(run_dir) / LEDGER_NAME if test else None,
-                   look={"model": str(run_dir), "model_sha256": None, "split": "test", "data": cfg.data})
+                   on_look=on_test_look if test else None)
 
     def due(self, step: int) -> bool:
         """Whether the run evaluates after ``step`` steps (0: before the first)."""
@@ -58,14 +56,10 @@ class InLoopEval:
         return step % self.every == 0 or step == self.total_steps
 
     def evaluate(self, engine, step: int) -> dict[str, float]:
-        """Evaluate now (every rank: its shard) and count the look on test rows (the main rank writes the line);
-        returns the ``eval/*`` metrics.
-
-        Raises:
-            UsageError / OSError: the ledger cannot take the line (:func:`rlft.eval.ledger.record_test_look`).
-        """
+        """Evaluate now (every rank: its shard) and, on test rows, tell ``on_look`` (the main rank); returns the
+        ``eval/*`` metrics. Raises what ``on_look`` raises (``rlft rl``: a ledger that cannot take the line)."""
         metrics = self.source.evaluate(engine)
-        if self.ledger is not None and distributed.is_main():
+        if self.on_look is not None and distributed.is_main():
             self._count(metrics, step)
         return metrics
 
@@ -81,13 +75,11 @@ class InLoopEval:
         return {**metrics, "time/eval_s": time.perf_counter() - t0}
 
     def _count(self, metrics: dict[str, float], step: int) -> None:
-        from rlft.eval.countdown import CountdownEvalResult
-        from rlft.eval.ledger import record_test_look
-
+        assert self.on_look is not None
         accuracy = metrics["eval/accuracy"]
         # what a look records (score, tasks, mode, k); the loop keeps no completion lengths: NaN, never written
         result = CountdownEvalResult(num_tasks=len(self.source.eval), k=1, mode="greedy",
                                      mean_score=metrics["eval/score"], accuracy=accuracy,
                                      format_rate=metrics["eval/format_rate"], pass_at_k={1: accuracy},
                                      mean_completion_tokens=float("nan"), truncated_rate=float("nan"))
-        record_test_look(result, self.look, self.ledger, label=f"rlft rl in-loop, step {step}")
+        self.on_look(result, step)

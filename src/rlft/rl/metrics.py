@@ -154,7 +154,8 @@ def loss_metrics(epoch_metrics: list[dict[str, float]], objective: PolicyObjecti
     for key in LOSS_KEYS:
         if (key != "loss/kl" or objective.kl_coef > 0) and (key != "loss/entropy" or objective.entropy_coef > 0):
             record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
-    # with an importance-sampling correction, or TOPR's truncation (token-weighted over micro-batches), when rows updated
+    # with an importance-sampling correction, or TOPR's truncation (token-weighted over micro-batches), when rows
+    # updated
     for key in ("pg/is_weight_mean", "pg/is_zero_frac", "pg/topr_truncated_frac", "pg/topr_weight_mean"):
         if all(key in m for m in epoch_metrics):
             record[key] = sum(m[key] for m in epoch_metrics) / len(epoch_metrics)
@@ -216,7 +217,7 @@ def step_record(got: StepSamples, logprobs: StepLogprobs, advantages: torch.Tens
     if got.groups:
         record.update(update_metrics(got, logprobs.rewards, advantages, counts, logprobs.step_tokens, update_s,
                                      cfg.mask_truncated))
-        record.update(shaping_metrics(cfg, got.lengths, got.raw, got.repeated))
+        record.update(shaping_metrics(cfg.shaping, cfg.max_new_tokens, got.lengths, got.raw, got.repeated))
     record.update({**loss_metrics(update.epoch_metrics, objective), "time/generate_s": got.generate_s,
                    "time/update_s": update_s})
     if logprobs.sampled_everywhere:

@@ -18,7 +18,9 @@ the loop, each with its own checks (``_check_*``, called from ``RLConfig.__post_
 - :class:`ChatPromptOptions`: ``--prompts-data`` and the chat track's prompt options;
 - :class:`RewardOptions`: ``--reward``, ``--reward-model`` and the remote judge's options (:mod:`rlft.rl.rewards`).
 
-An option that does nothing in the chosen setup is refused when it is set, i.e. differs from its default (as
+Each numeric option declares its range on its field (``k: Annotated[int, POSITIVE_INT]``,
+:class:`rlft.validation.Range`), checked with the types when the config is built. An option that does nothing in the
+chosen setup is refused when it is set, i.e. differs from its default (as
 ``rlft eval countdown`` refuses ``--select-n`` without ``--select``): ``--clip-low``/``--clip-high`` with a loss that
 does not clip, ``--is-cap`` without ``--is-correction``, ``--max-staleness`` without ``--replay-size``, the
 ``--curriculum-*`` values without ``--curriculum sec``, ``--overlong-penalty`` without ``--overlong-buffer``,
@@ -33,12 +35,14 @@ holds (``--max-staleness`` x ``--prompts-per-step`` groups). Each refusal names 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from rlft.losses.advantages import ADVANTAGES
 from rlft.losses.pg import IS_MODES, KL_ESTIMATORS, KL_PLACEMENTS, LOSS_MODES, POLICY_LOSSES
+from rlft.options import MAX_NEW_TOKENS
 from rlft.rl.curriculum import BUCKETINGS
-from rlft.validation import require
+from rlft.tasks.countdown.options import CountdownTrainingOptions
+from rlft.validation import AT_LEAST_2, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Range, require
 
 AdvantageName = Literal[tuple(ADVANTAGES)]  # type: ignore[valid-type]
 """Names of the advantage estimators: the keys of :data:`rlft.losses.advantages.ADVANTAGES`."""
@@ -65,25 +69,26 @@ def _default(cls: type, name: str):
 class SamplingOptions:
     """How each step's samples are drawn: k per prompt, at what temperature, by which engine."""
 
-    k: int = 4
+    k: Annotated[int, POSITIVE_INT] = 4
     """Samples per prompt (>= 2: each sample's baseline is the mean reward of the other k-1)."""
-    prompts_per_step: int = 8
+    prompts_per_step: Annotated[int, POSITIVE_INT] = 8
     """Prompts per step; a step trains on prompts_per_step * k samples."""
-    temperature: float = 1.0
+    temperature: Annotated[float, NON_NEGATIVE] = 1.0
     """Sampling temperature (> 0); policy and reference log-probs are computed at this temperature too."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
     """Nucleus sampling mass (1.0: off). Log-probs ignore the truncation, so keep 1.0 for exact on-policy maths."""
-    max_new_tokens: int = 256
+    max_new_tokens: Annotated[int, POSITIVE_INT] = MAX_NEW_TOKENS
     """Most tokens per sampled completion (EOS included)."""
-    stop_repeats: int | None = 5
+    stop_repeats: Annotated[int | None, AT_LEAST_2] = 5
     """Loop-aware stopping: a sample that has written an identical non-empty line this many times stops there
-    (rlft.rollout.loops; the hf engine stops it there, vllm cuts the whole sample there), counted as cut at the budget (no EOS: the truncation penalty and
+    (rlft.rollout.loops; the hf engine stops it there, vllm cuts the whole sample there), counted as cut at the budget
+    (no EOS: the truncation penalty and
     --mask-truncated treat it so) and logged as completion/looped_frac. 5 by default: on an RL model's 500 validation
     answers it changed no score (3 lost 15; docs/results/speed/loop_stop.md). None: off."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """Sampler: 'hf' (transformers generate on the training model itself) or 'vllm' (colocated vLLM, pip install
     'rlft[vllm]', CUDA: the training model's weights, LoRA merged, are pushed into it before every rollout)."""
-    gen_batch_size: int = 64
+    gen_batch_size: Annotated[int, POSITIVE_INT] = 64
     """Sequences generated together by the sampler: 64 holds a default step's 8 prompts x k=8 at once (at 32 half of
     them queued; on a 2-core CPU the hf engine's refill decoder sampled 1.38x as many tokens/s at 64 rows as at 32,
     docs/results/speed/rollout_cpu.md). Extra (prompt, sample) jobs queue and take a finished row's place."""
@@ -112,14 +117,14 @@ class PolicyLossOptions:
     """Aggregation: 'seq_sum' sums each sequence's token losses and averages over sequences (RLOO's
     sequence-level estimator; Dr. GRPO's no-length-normalisation); 'seq_mean' averages tokens within each
     sequence, then over sequences (GRPO); 'token_mean' averages over all completion tokens of the step (DAPO)."""
-    ppo_epochs: int = 1
+    ppo_epochs: Annotated[int, POSITIVE_INT] = 1
     """Optimizer steps per batch of samples: 1 = one on-policy update (the ratio is 1, clipping inactive);
     > 1 = further updates on the same samples against the pre-update log-probs (clipped with ppo / raft++)."""
-    clip_low: float = 0.2
+    clip_low: Annotated[float, NON_NEGATIVE] = 0.2
     """Lower clipping range: the ratio is clipped at 1 - clip_low (ppo and raft++ only)."""
-    clip_high: float | None = None
+    clip_high: Annotated[float | None, NON_NEGATIVE] = None
     """Upper clipping range: 1 + clip_high (None: clip_low). DAPO's clip-higher uses 0.28 with clip_low 0.2."""
-    entropy_coef: float = 0.0
+    entropy_coef: Annotated[float, NON_NEGATIVE] = 0.0
     """Entropy bonus: the loss gets -entropy_coef * aggregate(per-token entropy) (0: off). Computed from the full
     next-token distribution at the sampling temperature."""
     raft_threshold: float | None = None
@@ -130,13 +135,14 @@ class PolicyLossOptions:
     multiplied by this (the paper: 0.1), negative ones keep theirs (rlft.losses.wreinforce). 1: off; 0:
     negative samples only (the paper's NSR)."""
 
-    def _check_policy_loss(self) -> None:
-        """k large enough for the estimator; a clip range only for a loss that clips, and inside (0, 1) below."""
+    def _check_policy_loss(self, k: int) -> None:
+        """``k`` (``--k``) large enough for the estimator; a clip range only for a loss that clips, and inside (0, 1)
+        below."""
         require(
-            self.k >= 2 or self.advantage in ("reinforce", ) or
+            k >= 2 or self.advantage in ("reinforce", ) or
             (self.advantage == "raft" and self.raft_threshold is not None),
-            f"--advantage {self.advantage} needs --k >= 2 samples per prompt (a group baseline or a best sample), got {self.k}"
-        )
+            f"--advantage {self.advantage} needs --k >= 2 samples per prompt (a group baseline or a best sample), "
+            f"got {k}")
         require(0 < self.clip_low < 1,
                 f"--clip-low must lie in (0, 1): the ratio is clipped below at 1 - clip_low, got {self.clip_low}")
         clipping = [
@@ -155,7 +161,7 @@ class KLOptions:
 
     ref_model: str | None = None
     """Reference model of the KL penalty; None: the same as --model (loaded fresh, never from a checkpoint)."""
-    beta: float = 0.001
+    beta: Annotated[float, NON_NEGATIVE] = 0.001
     """KL coefficient (0: no KL and no reference model in memory)."""
     kl_mode: KLMode = "reward"
     """Where the KL goes: 'reward' subtracts beta * sum_t kl_t from each sample's reward before the
@@ -183,7 +189,7 @@ class ImportanceOptions:
     whose ratio exceeds it (TRL's vllm_importance_sampling_mode); ratio = exp(trainer - sampler log-prob), per
     token or its product over the sequence. Needs sampler log-probs (the HF engine's row-dropping decoder, vLLM).
     'none' (default): off; the mismatch is still logged (mismatch/abs_logp_mean, mismatch/abs_logp_p99)."""
-    is_cap: float = 3.0
+    is_cap: Annotated[float, POSITIVE] = 3.0
     """The cap C of --is-correction."""
 
     def _check_importance(self) -> None:
@@ -198,7 +204,7 @@ class ImportanceOptions:
 class ReplayOptions:
     """Off-policy reuse of sampled groups across steps (:class:`rlft.rl.replay.ReplayBuffer`)."""
 
-    replay_size: int = 0
+    replay_size: Annotated[int, NON_NEGATIVE] = 0
     """Replayed groups per step (0: off). Each step trains on its fresh groups plus up to this many groups drawn
     (seeded, uniformly, without replacement) from the kept groups of the last --max-staleness steps, which the replay
     buffer holds (at most --max-staleness x --prompts-per-step groups). A group keeps its samples, their behaviour
@@ -209,28 +215,29 @@ class ReplayOptions:
     mismatch/abs_logp_*); else the trainer's log-probs before the update of the step that sampled them (one more
     no-grad pass; the ratio then leaves the precision part out). Reuse factor R: --replay-size (R-1)x--prompts-per-step
     --max-staleness R-1. Needs --loss topr or a loss that clips; one process only."""
-    max_staleness: int = 1
+    max_staleness: Annotated[int, POSITIVE_INT] = 1
     """Oldest a replayed group may be, in steps (>= 1): generated at step s, it can be drawn at steps s+1 to
     s+max_staleness and is dropped after. Only read with --replay-size."""
 
-    def _check_replay(self) -> None:
+    def _check_replay(self, prompts_per_step: int, loss: str, is_correction: str) -> None:
+        """Against ``--prompts-per-step``, ``--loss`` and ``--is-correction``."""
         require(self.replay_size >= 0, f"--replay-size must be >= 0 (0: off), got {self.replay_size}")
         require(self.max_staleness >= 1,
                 f"--max-staleness must be >= 1 (a replayed group is at least one step old), got {self.max_staleness}")
         require(self.replay_size > 0 or self.max_staleness == _default(ReplayOptions, "max_staleness"),
                 "--max-staleness is only read with --replay-size (the groups kept for replay)")
-        staleness, per_step = self.max_staleness, self.prompts_per_step  # the buffer holds staleness x per_step groups
+        staleness, per_step = self.max_staleness, prompts_per_step  # the buffer holds staleness x per_step groups
         require(self.replay_size <= staleness * per_step, f"--replay-size {self.replay_size} can never be drawn: the "
                 f"buffer holds at most {staleness * per_step} groups (--max-staleness {staleness} x --prompts-per-step "
                 f"{per_step})")
-        spec = POLICY_LOSSES[self.loss]
+        spec = POLICY_LOSSES[loss]
         require(
             self.replay_size == 0 or spec.clips or spec.behaviour,
-            f"--replay-size trains on stale samples, whose importance ratio is unbounded under --loss {self.loss}: use "
+            f"--replay-size trains on stale samples, whose importance ratio is unbounded under --loss {loss}: use "
             f"--loss topr or a loss that clips ({', '.join(n for n, s in POLICY_LOSSES.items() if s.clips)})")
         require(
-            self.is_correction == "none" or (self.replay_size == 0 and not spec.behaviour),
-            f"--is-correction with {'--replay-size' if self.replay_size else '--loss ' + self.loss}: the ratio already "
+            is_correction == "none" or (self.replay_size == 0 and not spec.behaviour),
+            f"--is-correction with {'--replay-size' if self.replay_size else '--loss ' + loss}: the ratio already "
             "divides by the sampler's log-probs (the behaviour policy)")
 
 
@@ -241,7 +248,7 @@ class GroupFilterOptions:
     filter_groups: bool = False
     """Drop groups whose k rewards are all equal (no signal) and refill the step from further prompts
     (Reinforce-Rej / DAPO dynamic sampling), up to --max-prompt-batches batches of prompts per step."""
-    max_prompt_batches: int = 4
+    max_prompt_batches: Annotated[int, POSITIVE_INT] = 4
     """With --filter-groups: at most this many batches of prompts_per_step prompts are sampled per step; the step
     trains on the varied groups found (at most prompts_per_step)."""
 
@@ -265,20 +272,22 @@ class CurriculumOptions:
     curriculum_alpha: float = 0.5
     """--curriculum sec: step size of the bucket values' update, Q <- alpha * r + (1 - alpha) * Q (SEC: 0.5)."""
 
-    def _check_curriculum(self) -> None:
+    def _check_curriculum(self, prompts_data: str | None) -> None:
+        """``prompts_data``: ``--prompts-data`` (chat prompts have no difficulty)."""
         require(self.curriculum_tau > 0, f"--curriculum-tau must be > 0, got {self.curriculum_tau}")
         require(0 < self.curriculum_alpha <= 1, f"--curriculum-alpha must lie in (0, 1], got {self.curriculum_alpha}")
         set_ = [name for name in ("curriculum_buckets", "curriculum_tau", "curriculum_alpha")
                 if getattr(self, name) != _default(CurriculumOptions, name)]
         require(self.curriculum == "sec" or not set_,
                 f"--{set_[0].replace('_', '-') if set_ else ''} is only read with --curriculum sec")
-        require(self.curriculum == "none" or getattr(self, "prompts_data", None) is None,
+        require(self.curriculum == "none" or prompts_data is None,
                 "--curriculum sec buckets Countdown tasks by difficulty; chat prompts (--prompts-data) have none")
 
 
 @dataclass(frozen=True)
 class ShapingOptions:
-    """Rewards and losses of samples cut at max_new_tokens or writing one line again and again (:mod:`rlft.rl.shaping`)."""
+    """Rewards and losses of samples cut at max_new_tokens or writing one line again and again
+    (:mod:`rlft.rl.shaping`)."""
 
     truncation_penalty: float | None = None
     """Added to the raw reward of samples that hit max_new_tokens without EOS (e.g. -0.5), before the KL and the
@@ -289,14 +298,14 @@ class ShapingOptions:
     mask_truncated_completions): their rewards still count in the reward metrics and in their group's advantage
     baseline (advantages are computed over the whole group first), then their loss mask is zeroed; the loss's
     normalisers count the other samples only (sequences and tokens), so the update is the one without them."""
-    overlong_buffer: int | None = None
+    overlong_buffer: Annotated[int | None, NON_NEGATIVE] = None
     """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13), L_cache tokens: a completion longer than
     max_new_tokens - L_cache gets ((max_new_tokens - L_cache) - length) / L_cache * --overlong-penalty added to its
     raw reward (down to -penalty at max_new_tokens), before the KL and the advantages; logged as
     reward/overlong_penalty_mean. None or 0: off."""
     overlong_penalty: float = 1.0
     """Scale of the overlong punishment (--overlong-buffer): the reward added at max_new_tokens tokens is -this."""
-    repetition_limit: int | None = None
+    repetition_limit: Annotated[int | None, AT_LEAST_2] = None
     """Repetition-aware reward, N: a completion that writes one identical line N or more times (lines stripped; blank
     lines never count; its last line counts too, rlft.rollout.loops) scores as no answer (its raw reward replaced by
     0, the Countdown score of no answer) or, with --repetition-penalty, gets that added to its raw reward; before the
@@ -306,9 +315,11 @@ class ShapingOptions:
     """With --repetition-limit: added to the raw reward of a completion that repeats a line (<= 0, e.g. -0.5); None:
     such a completion scores as no answer (raw reward replaced by 0; a rule reward only)."""
 
-    def _check_shaping(self) -> None:
-        require(not self.overlong_buffer or self.overlong_buffer <= self.max_new_tokens,
-                f"--overlong-buffer ({self.overlong_buffer}) must be <= --max-new-tokens ({self.max_new_tokens})")
+    def _check_shaping(self, sampling: SamplingOptions, reward: RewardOptions) -> None:
+        """Against the sampling (``--max-new-tokens``, ``--stop-repeats``) and the reward (a rule's score of no
+        answer)."""
+        require(not self.overlong_buffer or self.overlong_buffer <= sampling.max_new_tokens,
+                f"--overlong-buffer ({self.overlong_buffer}) must be <= --max-new-tokens ({sampling.max_new_tokens})")
         require(self.overlong_penalty >= 0,
                 f"--overlong-penalty must be >= 0 (it is subtracted), got {self.overlong_penalty}")
         require(bool(self.overlong_buffer) or self.overlong_penalty == _default(ShapingOptions, "overlong_penalty"),
@@ -317,14 +328,14 @@ class ShapingOptions:
                 f"--repetition-limit must be >= 2 (the times one line is written), got {self.repetition_limit}")
         require(self.repetition_penalty is None or self.repetition_limit is not None,
                 "--repetition-penalty is only read with --repetition-limit (how many times a line must repeat)")
-        limit, stop = self.repetition_limit, self.stop_repeats
+        limit, stop = self.repetition_limit, sampling.stop_repeats
         require(limit is None or stop is None or limit <= stop,
                 f"--repetition-limit {limit} can never act: --stop-repeats {stop} stops a sample at its {stop}th "
                 f"identical line; pass --repetition-limit <= {stop}, or --stop-repeats None (off) or larger")
         require(self.repetition_penalty is None or self.repetition_penalty <= 0,
                 f"--repetition-penalty must be <= 0 (it is added to the reward), got {self.repetition_penalty}")
         require(self.repetition_limit is None or self.repetition_penalty is not None
-                or (getattr(self, "reward_model", None) is None and getattr(self, "reward", "countdown") != "remote"),
+                or (reward.reward_model is None and reward.reward != "remote"),
                 "--repetition-limit without --repetition-penalty scores a repeating reply as no answer (0), a rule "
                 "reward's score; a reward model or judge has no such score: set --repetition-penalty")
 
@@ -333,25 +344,27 @@ class ShapingOptions:
 class InLoopEvalOptions:
     """The greedy evaluation on held-out tasks during the run."""
 
-    eval_every: int = 0
+    eval_every: Annotated[int, NON_NEGATIVE] = 0
     """Greedy evaluation on held-out Countdown tasks every N steps (and at step 0 and the end); 0: off."""
     eval_at_start: bool = True
-    """Evaluate at step 0 too (off: skip it when the start model's score is already known, e.g. an ablation from one SFT model)."""
-    eval_limit: int = 50
+    """Evaluate at step 0 too (off: skip it when the start model's score is already known, e.g. an ablation from one
+    SFT model)."""
+    eval_limit: Annotated[int, POSITIVE_INT] = 50
     """Held-out tasks per evaluation (at most heldout_size)."""
-    eval_max_new_tokens: int = 256
+    eval_max_new_tokens: Annotated[int, POSITIVE_INT] = MAX_NEW_TOKENS
     """Most tokens per evaluation completion (the reference evaluates with >= 1024); chat track too."""
     eval_rows: Literal["validation", "test"] = "validation"
     """With --data: the held-out rows the in-loop evaluation scores (the first --eval-limit of them): 'validation'
     (screening recipes) or 'test' (the spec's held-out score)."""
 
-    def _check_in_loop_eval(self) -> None:
+    def _check_in_loop_eval(self, prompts_data: str | None, tasks: CountdownTrainingOptions) -> None:
+        """Against ``--prompts-data`` and the Countdown tasks (``--data``, ``--heldout-size``)."""
+        heldout = tasks.heldout_size
         require(
-            not (self.eval_every and self.prompts_data is None and self.data is None and
-                 self.eval_limit > self.heldout_size),
-            f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({self.heldout_size}) so evaluation tasks are never trained on"
-        )
-        require(self.eval_rows == _default(InLoopEvalOptions, "eval_rows") or self.data is not None,
+            not (self.eval_every and prompts_data is None and tasks.data is None and self.eval_limit > heldout),
+            f"--eval-limit ({self.eval_limit}) must be <= --heldout-size ({heldout}) so evaluation tasks are never "
+            "trained on")
+        require(self.eval_rows == _default(InLoopEvalOptions, "eval_rows") or tasks.data is not None,
                 f"--eval-rows {self.eval_rows} is only read with --data (a Countdown dataset's held-out rows)")
 
 
@@ -368,18 +381,20 @@ class ChatPromptOptions:
     --reward remote (or a toy rule reward such as uppercase_start)."""
     prompts_split: str = "train_prefs"
     """Split of --prompts-data when it is a Hub id (H4 UltraFeedback: train_prefs or train_gen)."""
-    prompts_limit: int | None = None
-    """Read at most the first N rows of --prompts-data (None: all); eval prompts held out from the tail come from these."""
-    max_prompt_tokens: int | None = 512
+    prompts_limit: Annotated[int | None, POSITIVE_INT] = None
+    """Read at most the first N rows of --prompts-data (None: all); eval prompts held out from the tail come from
+    these."""
+    max_prompt_tokens: Annotated[int | None, POSITIVE_INT] = 512
     """Chat prompts longer than this many tokens (rendered) are dropped, counted in the log; None: keep all."""
     chat_template: str | None = None
     """Chat template of the policy: a name (chatml, llama3) or a .jinja path; None: the tokenizer's own (required on
     the chat track). Saved with the model. The reward model keeps the template of its own folder."""
     eval_split: str | None = None
     """Chat track: split of --prompts-data (Hub id) holding the eval prompts, e.g. test_prefs or test_gen. None: the
-    last eval_prompts prompts read from --prompts-data (after the max_prompt_tokens filter) are held out from training. Either way training prompts
+    last eval_prompts prompts read from --prompts-data (after the max_prompt_tokens filter) are held out from training.
+    Either way training prompts
     equal to an eval prompt are dropped."""
-    eval_prompts: int = 50
+    eval_prompts: Annotated[int, NON_NEGATIVE] = 50
     """Chat track: held-out prompts of each evaluation (mean reward of greedy responses, eval/reward; every
     eval_every steps, at step 0 and at the end; 0: off)."""
 
@@ -392,7 +407,8 @@ class ChatPromptOptions:
 
 @dataclass(frozen=True)
 class RewardOptions:
-    """What scores a sample: a rule function, a local reward model or a remote judge (:func:`rlft.rl.rewards.make_reward`)."""
+    """What scores a sample: a rule function, a local reward model or a remote judge
+    (:func:`rlft.rl.rewards.make_reward`)."""
 
     reward: str = "countdown"
     """Reward function name: 'countdown' (TinyZero's exact score: 0 / 0.1 / 1) or 'uppercase_start' (toy); or
@@ -407,19 +423,20 @@ class RewardOptions:
     """Model name of the remote judge (--reward remote)."""
     api_key_env: str = "NVIDIA_API_KEY"
     """Environment variable holding the remote judge's API key (never logged or written)."""
-    judge_timeout: float = 60.0
+    judge_timeout: Annotated[float, POSITIVE] = 60.0
     """--reward remote: seconds allowed for each connect and each read of one judge request."""
-    judge_max_retries: int = 5
+    judge_max_retries: Annotated[int, NON_NEGATIVE] = 5
     """--reward remote: retries of a failed judge request (429/5xx, timeouts, non-finite or malformed rewards, with
     backoff); a sample takes at most (judge_max_retries + 1) x judge_timeout plus the backoff delays."""
 
-    def _check_reward(self) -> None:
+    def _check_reward(self, prompts_data: str | None) -> None:
+        """``prompts_data``: ``--prompts-data`` (what a reward model or judge scores)."""
         require(self.reward_model is None or self.reward == "countdown",
                 f"--reward-model and --reward {self.reward!r} both name a reward: pass one of them")
         require(
-            self.prompts_data is not None or (self.reward_model is None and self.reward != "remote"),
-            "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. HuggingFaceH4/ultrafeedback_binarized)"
-        )
+            prompts_data is not None or (self.reward_model is None and self.reward != "remote"),
+            "a reward model or remote judge scores chat prompts: set --prompts-data (e.g. "
+            "HuggingFaceH4/ultrafeedback_binarized)")
         names = ("base_url", "judge_model", "api_key_env", "judge_timeout", "judge_max_retries")
         set_ = [name for name in names if getattr(self, name) != _default(RewardOptions, name)]
         require(self.reward == "remote" or not set_,

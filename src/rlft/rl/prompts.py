@@ -115,8 +115,8 @@ def load_chat_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RL
         else:
             if len(train) <= cfg.eval_prompts:
                 raise ValueError(
-                    f"{cfg.prompts_data} has {len(train)} usable prompts: too few to hold out eval_prompts={cfg.eval_prompts} and train on the rest"
-                )
+                    f"{cfg.prompts_data} has {len(train)} usable prompts: too few to hold out "
+                    f"eval_prompts={cfg.eval_prompts} and train on the rest")
             train, heldout = train[: -cfg.eval_prompts], train[-cfg.eval_prompts :]
     held = {p.text for p in heldout}
     if dropped := sum(p.text in held for p in train):

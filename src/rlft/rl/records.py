@@ -66,7 +66,8 @@ class StepSamples:
     """``(B, k)`` raw rewards of the kept groups."""
     shaped: torch.Tensor
     """``(B, k)`` the rewards the advantages start from: ``raw`` after the repetition rule, plus the truncation penalty
-    and DAPO's overlong punishment, when they are on (:func:`rlft.rl.shaping.shaped_rewards`, computed once, by sampling; the loop
+    and DAPO's overlong punishment, when they are on (:func:`rlft.rl.shaping.shaped_rewards`, computed once, by
+    sampling; the loop
     subtracts the KL from them with ``--kl-mode reward``). ``--filter-groups`` keeps the groups these vary in."""
     truncated: torch.Tensor
     """``(B, k)`` 1.0 where a sample hit max_new_tokens without EOS."""

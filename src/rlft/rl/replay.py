@@ -59,8 +59,8 @@ def _group(prompt: Any, samples: Sequence[Sample], rewards, step: int, where: st
     values = [float(r) for r in values]
     if not samples or len(values) != len(samples):
         raise ValueError(
-            f"{where}: {len(samples)} samples and {len(values)} rewards (need k >= 1 of each, as many rewards as samples)"
-        )
+            f"{where}: {len(samples)} samples and {len(values)} rewards (need k >= 1 of each, as many rewards as "
+            "samples)")
     if not all(math.isfinite(r) for r in values):
         raise ValueError(f"{where}: non-finite reward in {values}")
     for j, sample in enumerate(samples):

@@ -17,39 +17,44 @@ from rlft.rl.records import Reward, RolloutReward
 __all__ = ["Reward", "RolloutReward", "make_reward"]
 
 if TYPE_CHECKING:
-    from rlft.rl.config import RLConfig
+    from rlft.rl.options import RewardOptions
 
 log = logging.getLogger("rlft")
 
-def make_reward(cfg: RLConfig, reward_fn: RewardFunction | None = None) -> Reward:
-    """The reward of the run, picked once: ``reward_fn`` (an override) if given, else the reward model
-    (``cfg.reward_model``: a :class:`~rlft.rewards.reward_model.RewardModelScorer`, loaded here), else the
-    remote judge (``cfg.reward == "remote"``), else the rule function ``cfg.reward``.
+
+def make_reward(scoring: RewardOptions, reward_fn: RewardFunction | None = None, *, chat_prompts: bool = False,
+                batch_size: int = 8, device: str = "auto", dtype: str = "auto") -> Reward:
+    """The reward of the run, picked once from its reward block (never the whole config): ``reward_fn`` (an
+    override) if given, else the reward model (``scoring.reward_model``: a
+    :class:`~rlft.rewards.reward_model.RewardModelScorer` scoring ``batch_size`` replies at a time on ``device`` in
+    ``dtype``, loaded here), else the remote judge (``scoring.reward == "remote"``), else the rule function
+    ``scoring.reward``.
 
     Rule functions get ``(prompt texts, completions, ground truths)``; judges ``(prompt messages,
     completions)``.
+
+    Raises:
+        ValueError: the Countdown rule reward for ``chat_prompts`` (``--prompts-data``: no Countdown answer).
     """
-    if reward_fn is None and cfg.reward_model is not None:
+    if reward_fn is None and scoring.reward_model is not None:
         from rlft.rewards.reward_model import RewardModelScorer
 
-        scorer = RewardModelScorer(cfg.reward_model, batch_size=cfg.micro_batch_size, device=cfg.device,
-                                   dtype=cfg.dtype)
-        log.info("reward: reward model %s", cfg.reward_model)
+        scorer = RewardModelScorer(scoring.reward_model, batch_size=batch_size, device=device, dtype=dtype)
+        log.info("reward: reward model %s", scoring.reward_model)
         return Reward(lambda prompts, completions: scorer.score([p.messages for p in prompts], completions),
                       "reward_model")
-    if reward_fn is None and cfg.reward == "remote":
+    if reward_fn is None and scoring.reward == "remote":
         from rlft.rewards.remote import RemoteRewardJudge
 
-        judge = RemoteRewardJudge(cfg.base_url, cfg.judge_model, api_key_env=cfg.api_key_env,
-                                  timeout_s=cfg.judge_timeout, max_retries=cfg.judge_max_retries)
-        log.info("reward: remote judge %s at %s", cfg.judge_model, cfg.base_url)
+        judge = RemoteRewardJudge(scoring.base_url, scoring.judge_model, api_key_env=scoring.api_key_env,
+                                  timeout_s=scoring.judge_timeout, max_retries=scoring.judge_max_retries)
+        log.info("reward: remote judge %s at %s", scoring.judge_model, scoring.base_url)
         return Reward(lambda prompts, completions: judge.score([p.messages for p in prompts], completions), "remote")
     if reward_fn is None:
-        reward_fn = get_reward_function(cfg.reward, also=("remote",))
-        if cfg.prompts_data is not None and cfg.reward == "countdown":
-            raise ValueError(
-                "chat prompts (--prompts-data) have no Countdown answer: pass --reward-model, --reward remote or a toy rule reward"
-            )
+        reward_fn = get_reward_function(scoring.reward, also=("remote",))
+        if chat_prompts and scoring.reward == "countdown":
+            raise ValueError("chat prompts (--prompts-data) have no Countdown answer: pass --reward-model, --reward "
+                             "remote or a toy rule reward")
     fn = reward_fn
     return Reward(
         lambda prompts, completions: fn([p.text for p in prompts], completions, [p.ground_truth for p in prompts]),

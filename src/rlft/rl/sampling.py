@@ -97,10 +97,10 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         truncated = torch.tensor([s.finish_reason == "length" for s in flat],
                                  dtype=torch.float32).view(len(batch_prompts), k)
         lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
-        repeated = repeated_samples(cfg, [s.text for s in flat]).view(len(batch_prompts), k)
+        repeated = repeated_samples(cfg.shaping, [s.text for s in flat]).view(len(batch_prompts), k)
         raw, truncated, lengths, repeated = (distributed.gather_rows(t, mine, len(chosen))  # (len(chosen), k) each
                                              for t in (raw, truncated, lengths, repeated))
-        shaped = shaped_rewards(cfg, raw, truncated, lengths, repeated)
+        shaped = shaped_rewards(cfg.shaping, cfg.max_new_tokens, raw, truncated, lengths, repeated)
         all_raw.append(raw)
         keep = varied_groups(shaped) if cfg.filter_groups else torch.ones(len(chosen), dtype=torch.bool)
         for b in keep.nonzero().squeeze(1).tolist():
@@ -145,8 +145,8 @@ def with_replayed(cfg: RLConfig, got: StepSamples, groups: Sequence[ReplayGroup]
     flat = [s for g in groups for s in g.samples]
     truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(groups), k)
     lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(groups), k)
-    repeated = repeated_samples(cfg, [s.text for s in flat]).view(len(groups), k)
-    shaped = shaped_rewards(cfg, raw, truncated, lengths, repeated)
+    repeated = repeated_samples(cfg.shaping, [s.text for s in flat]).view(len(groups), k)
+    shaped = shaped_rewards(cfg.shaping, cfg.max_new_tokens, raw, truncated, lengths, repeated)
     keep = varied_groups(shaped) if cfg.filter_groups else torch.ones(len(groups), dtype=torch.bool)
     kept = [g for g, keep_it in zip(groups, keep.tolist()) if keep_it]
     if not kept:

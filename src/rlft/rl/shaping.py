@@ -11,6 +11,8 @@
   answers loop on one miscomputed line (``"93-24=79, 79+2=81, no."`` 11 times) until ``max_new_tokens``.
 
 The repetition rule acts on the raw reward first; the truncation and overlong penalties are added to the result.
+Every function here is given the shaping block (:class:`rlft.rl.options.ShapingOptions`) and, where the overlong
+ramp needs it, ``--max-new-tokens``: never the whole config.
 
 Shape legend: B groups (prompts), k samples per prompt.
 """
@@ -24,7 +26,7 @@ import torch
 from rlft.rollout.loops import loop_cut
 
 if TYPE_CHECKING:
-    from rlft.rl.config import RLConfig
+    from rlft.rl.options import ShapingOptions
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
@@ -61,9 +63,9 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalt
     return torch.where(lengths > max_length, torch.full_like(lengths, -penalty), out)
 
 
-def overlong_on(cfg: RLConfig) -> bool:
+def overlong_on(shaping: ShapingOptions) -> bool:
     """Whether the run adds :func:`overlong_penalty` (``--overlong-buffer`` set and > 0)."""
-    return bool(cfg.overlong_buffer)
+    return bool(shaping.overlong_buffer)
 
 
 def repeats_a_line(text: str, limit: int) -> bool:
@@ -78,43 +80,44 @@ def repeats_a_line(text: str, limit: int) -> bool:
     return loop_cut(text + "\n", limit) is not None
 
 
-def repeated_samples(cfg: RLConfig, texts: list[str]) -> torch.Tensor:
+def repeated_samples(shaping: ShapingOptions, texts: list[str]) -> torch.Tensor:
     """``(n,)`` float32: 1.0 where the completion ``texts[i]`` repeats a line ``--repetition-limit`` times or more
     (:func:`repeats_a_line`); all 0 when the option is off."""
-    if cfg.repetition_limit is None:
+    if shaping.repetition_limit is None:
         return torch.zeros(len(texts))
-    return torch.tensor([repeats_a_line(t, cfg.repetition_limit) for t in texts], dtype=torch.float32)
+    return torch.tensor([repeats_a_line(t, shaping.repetition_limit) for t in texts], dtype=torch.float32)
 
 
-def repetition_term(cfg: RLConfig, raw: torch.Tensor, repeated: torch.Tensor) -> torch.Tensor:
+def repetition_term(shaping: ShapingOptions, raw: torch.Tensor, repeated: torch.Tensor) -> torch.Tensor:
     """What the repetition rule adds to the ``raw`` rewards (any shape, the loop's ``(B, k)``) of the samples flagged
     in ``repeated`` (1.0: repeats a line, :func:`repeated_samples`): ``--repetition-penalty`` when set, else
     ``-raw`` (the sample scores as no answer: 0); 0 elsewhere and when the option is off. float32, the shape of
     ``raw``."""
-    if cfg.repetition_limit is None:
+    if shaping.repetition_limit is None:
         return torch.zeros_like(raw, dtype=torch.float32)
-    added = -raw.to(torch.float32) if cfg.repetition_penalty is None else torch.full_like(
-        raw, cfg.repetition_penalty, dtype=torch.float32)
+    added = -raw.to(torch.float32) if shaping.repetition_penalty is None else torch.full_like(
+        raw, shaping.repetition_penalty, dtype=torch.float32)
     return added * repeated
 
 
-def shaped_rewards(cfg: RLConfig, raw: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor,
-                   repeated: torch.Tensor | None = None) -> torch.Tensor:
+def shaped_rewards(shaping: ShapingOptions, max_new_tokens: int, raw: torch.Tensor, truncated: torch.Tensor,
+                   lengths: torch.Tensor, repeated: torch.Tensor | None = None) -> torch.Tensor:
     """``(B, k)`` rewards the advantages are computed from (before the KL): ``raw``, with the samples flagged in
     ``repeated`` (1.0: repeat a line ``--repetition-limit`` times; None: none) scored as no answer (0) or given
     ``--repetition-penalty`` (:func:`repetition_term`), plus ``truncation_penalty`` on the ``truncated`` samples
     (1.0: hit max_new_tokens without EOS) when set, plus :func:`overlong_penalty` of the completion ``lengths``
-    (tokens) when ``--overlong-buffer`` is set. A new tensor."""
+    (tokens) when ``--overlong-buffer`` is set, ramping to ``max_new_tokens`` (``--max-new-tokens``). A new tensor."""
     if repeated is not None:
-        raw = raw + repetition_term(cfg, raw, repeated)
-    rewards = raw + cfg.truncation_penalty * truncated if cfg.truncation_penalty is not None else raw.clone()
-    if overlong_on(cfg):
-        rewards = rewards + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+        raw = raw + repetition_term(shaping, raw, repeated)
+    penalty = shaping.truncation_penalty
+    rewards = raw + penalty * truncated if penalty is not None else raw.clone()
+    if overlong_on(shaping):
+        rewards = rewards + overlong_penalty(lengths, max_new_tokens, shaping.overlong_buffer, shaping.overlong_penalty)
     return rewards
 
 
-def shaping_metrics(cfg: RLConfig, lengths: torch.Tensor, raw: torch.Tensor | None = None,
-                    repeated: torch.Tensor | None = None) -> dict[str, float]:
+def shaping_metrics(shaping: ShapingOptions, max_new_tokens: int, lengths: torch.Tensor,
+                    raw: torch.Tensor | None = None, repeated: torch.Tensor | None = None) -> dict[str, float]:
     """Means over the trained samples (``(B, k)`` each, B > 0) of the shaping terms that are on:
 
     - ``reward/overlong_penalty_mean``: the mean :func:`overlong_penalty` of the completion ``lengths`` (tokens);
@@ -126,10 +129,10 @@ def shaping_metrics(cfg: RLConfig, lengths: torch.Tensor, raw: torch.Tensor | No
     if not lengths.numel():
         return {}
     out: dict[str, float] = {}
-    if overlong_on(cfg):
-        out["reward/overlong_penalty_mean"] = overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer,
-                                                               cfg.overlong_penalty).mean().item()
-    if cfg.repetition_limit is not None and raw is not None and repeated is not None:
+    if overlong_on(shaping):
+        out["reward/overlong_penalty_mean"] = overlong_penalty(lengths, max_new_tokens, shaping.overlong_buffer,
+                                                               shaping.overlong_penalty).mean().item()
+    if shaping.repetition_limit is not None and raw is not None and repeated is not None:
         out["reward/repetition_frac"] = repeated.to(torch.float32).mean().item()
-        out["reward/repetition_penalty_mean"] = repetition_term(cfg, raw, repeated).mean().item()
+        out["reward/repetition_penalty_mean"] = repetition_term(shaping, raw, repeated).mean().item()
     return out

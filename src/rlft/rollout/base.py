@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from rlft.options import MAX_NEW_TOKENS
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -23,7 +25,7 @@ class SamplingParams:
     """Nucleus sampling mass in (0, 1]; 1.0 is off."""
     top_k: int = 0
     """Keep the k most likely tokens; 0 is off."""
-    max_new_tokens: int = 256
+    max_new_tokens: int = MAX_NEW_TOKENS
     """Most tokens generated per completion, EOS included."""
     seed: int | None = None
     """Seed for sampling; the same seed, prompts and engine settings give the same samples. None: use

@@ -85,7 +85,8 @@ def read_journal(path: Path, meta: dict, prompts: list[str], k: int) -> list[lis
 
 
 def _first_line(path: Path) -> bytes | None:
-    """The journal's first line (at most :data:`MAX_META_BYTES`), stripped; None when there is no journal or it is empty."""
+    """The journal's first line (at most :data:`MAX_META_BYTES`), stripped; None when there is no journal or it is
+    empty."""
     if not path.is_file():
         return None
     with path.open("rb") as f:

@@ -157,7 +157,8 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
             ``DynamicCache`` (:func:`rlft.rollout.decode.cache_keyword`) and ``logits_to_keep``.
         prompts: token ids of each prompt (non-empty).
         jobs: ``(prompt index, sample index)`` pairs; a job's samples depend on its pair and ``seed`` only.
-        params: greedy when ``params.temperature == 0``; else sampled through :func:`rlft.rollout.decode.logits_warpers`.
+        params: greedy when ``params.temperature == 0``; else sampled through
+            :func:`rlft.rollout.decode.logits_warpers`.
         eos_ids: a row stops after the first of these it generates (kept in its ids).
         batch_size: most rows decoded together.
         pad_id: the id written into padding positions (masked out; any id works).
@@ -230,7 +231,8 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
     mask = position = feed = None  # (B, L) attention mask of the cached columns, (B,) positions, (B,) next inputs
 
     def append(new, new_gens, kvs, lengths, firsts) -> None:
-        """Admitted jobs become new rows at the end of the batch (the cache widened on the left if a prompt is wider)."""
+        """Admitted jobs become new rows at the end of the batch (the cache widened on the left if a prompt is
+        wider)."""
         nonlocal cache, mask, rows, gens, position, feed
         cache, mask = _append_rows(cache, mask, kvs, lengths, device)
         rows, gens = rows + new, gens + new_gens

@@ -41,7 +41,8 @@ def _generation_config_eos(path: str) -> set[int]:
     return {value} if isinstance(value, int) else set(value)
 
 
-INSTALL_HINT = "VLLMEngine needs vLLM, which is not installed: run `pip install rlft[vllm]` (CUDA machines only), or use HFEngine"
+INSTALL_HINT = ("VLLMEngine needs vLLM, which is not installed: run `pip install rlft[vllm]` (CUDA machines only), "
+                "or use HFEngine")
 
 
 class VLLMEngine:

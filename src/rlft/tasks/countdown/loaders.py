@@ -81,8 +81,8 @@ def _layout_error(source, row: int, columns: set[str]) -> DataError:
         str(source),
         row,
         "<row>",
-        f"unknown Countdown layout with columns {found if found is not None else sorted(columns)}; expected target + nums/numbers, "
-        "reward_model.ground_truth, or query + completion",
+        f"unknown Countdown layout with columns {found if found is not None else sorted(columns)}; "
+        "expected target + nums/numbers, reward_model.ground_truth, or query + completion",
     )
 
 

@@ -50,7 +50,7 @@ class StageTimes(dict):
         super().__init__()
         self.journal = Path(journal)
         if resume and self.journal.exists():
-            from rlft.script_io import read_json
+            from rlft.lab.script_io import read_json
 
             earlier = read_json(self.journal, "the stage seconds of an earlier run")
             if not isinstance(earlier, dict) or not all(isinstance(v, (int, float)) for v in earlier.values()):
@@ -165,7 +165,7 @@ def read_cached(path: Path, key: dict, job: EvalJob, model: str | Path | None = 
     Raises:
         ValueError: naming ``path``: it is not JSON (damaged) or not an evaluation; deleting it evaluates again.
     """
-    from rlft.script_io import read_json
+    from rlft.lab.script_io import read_json
 
     if not path.is_file():
         return None
@@ -197,12 +197,12 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     With ``reuse``, a job whose cached file answers it (:func:`read_cached`) is read back; the model is loaded (once)
     only when some job is left. Each evaluated job is written to its ``path`` (atomically) as
     ``{**result.to_dict(), "eval_s", "model", "cache_key", "config"}`` (``config``: the weights' ``model_sha256``,
-    ``max_new_tokens``, ``prompt_template`` and ``stop_repeats``, as ``rlft eval countdown`` records them, so ``--greedy-from`` and
-    ``scripts/merge_sampled_evals.py`` can refuse another model file), and its metrics printed under
-    ``"<label> on <job name>"``. ``batch_size``: sequences generated together.
-    ``ledger``: the test-look ledger (:mod:`rlft.eval.ledger`) that every fresh evaluation of a job with
+    ``max_new_tokens``, ``prompt_template`` and ``stop_repeats``, as ``rlft eval countdown`` records them, so
+    ``--greedy-from`` and ``scripts/merge_sampled_evals.py`` can refuse another model file), and its metrics printed
+    under ``"<label> on <job name>"``. ``batch_size``: sequences generated together.
+    ``ledger``: the test-look ledger (:mod:`rlft.lab.ledger`) that every fresh evaluation of a job with
     ``test_look`` appends a line to (the weights' SHA-256, ``label``, date, commit, score); None: not recorded. It is
-    checked first, before anything is hashed or evaluated (:func:`rlft.eval.ledger.check_ledger_target`: a ``.jsonl``
+    checked first, before anything is hashed or evaluated (:func:`rlft.lab.ledger.check_ledger_target`: a ``.jsonl``
     file of looks that can be written, not inside the model folder nor a job's file) and only ever appended to.
 
     Raises:
@@ -217,7 +217,7 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
     if ledger is not None and any(job.test_look for job in jobs.values()):
-        from rlft.eval.ledger import check_ledger_target
+        from rlft.lab.ledger import check_ledger_target
 
         check_ledger_target(ledger, inputs={"model": model},
                             outputs={f"{name} file": job.path for name, job in jobs.items()})
@@ -258,7 +258,7 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
             tmp.write_text(json.dumps(data, indent=2))
             tmp.replace(job.path)
             if job.test_look and ledger is not None:
-                from rlft.eval.ledger import record_test_look
+                from rlft.lab.ledger import record_test_look
 
                 record_test_look(result, {**data["config"], "model": str(model), "split": "test"},
                                  ledger, label=f"{label or model} {name}", eval_path=job.path, inputs={"model": model})
@@ -330,7 +330,8 @@ class Setting:
     sft_continued: dict
     """SFTConfig options of continued SFT."""
     eval: dict
-    """``batch_size`` of the evaluation, and ``sampled``: the SamplingParams (k, temperature, top_p) of the sampled one."""
+    """``batch_size`` of the evaluation, and ``sampled``: the SamplingParams (k, temperature, top_p) of the sampled
+    one."""
 
 
 def load_settings(folder: str | Path) -> dict[str, Setting]:

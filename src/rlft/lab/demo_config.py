@@ -11,8 +11,8 @@
 value (a flag or ``--config`` YAML) is kept, so ``--quick --rl-steps 0`` skips RL. The config holds the values that run
 (and ``--dry-run`` shows them), and every check runs on them.
 
-The Countdown track (:mod:`rlft.recipes.demo_countdown`) and the UltraFeedback track
-(:mod:`rlft.recipes.demo_ultrafeedback`) both read this config; ``rlft demo`` (:func:`rlft.recipes.demo.run_demo`)
+The Countdown track (:mod:`rlft.lab.demo_countdown`) and the UltraFeedback track
+(:mod:`rlft.lab.demo_ultrafeedback`) both read this config; ``rlft demo`` (:func:`rlft.lab.demo.run_demo`)
 picks the track from ``--track``. Neither track imports the other.
 """
 
@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from rlft.models import DEFAULT_MODEL
+from rlft.options import MAX_NEW_TOKENS
 from rlft.rl.options import AdvantageName, LossMode, PolicyLossName
 from rlft.tasks.countdown.options import check_countdown_names
-from rlft.validation import OptionError, require, validate_options
+from rlft.validation import (AT_LEAST_2, NON_NEGATIVE, POSITIVE, POSITIVE_INT, PROBABILITY, OptionError, Range, require,
+                             validate_options)
 
 QUICK: dict[str, object] = dict(num_train=64, num_rows=2400, sft_steps=4, filtered_steps=2, batch_size=8,
                                 micro_batch_size=8, eval_limit=8, base_eval_limit=8, max_new_tokens=32, rl_steps=2,
@@ -85,27 +87,27 @@ class DemoSFTOptions:
     trace_style: str = "bounded"
     """SFT trace style: bounded (a ranked search that may give up and answer its closest attempt: ~45% of standard
     traces are correct, like the spec's cog_behav_all_strategies' ~43%), search or direct."""
-    give_up: float = 0.6
+    give_up: Annotated[float, PROBABILITY] = 0.6
     """Bounded traces: probability of giving up after each dead end."""
-    max_tries: int = 6
+    max_tries: Annotated[int, POSITIVE_INT] = 6
     """Bounded traces: candidates tried at most before giving up."""
-    max_dead_ends: int = 2
+    max_dead_ends: Annotated[int, NON_NEGATIVE] = 2
     """Dead ends shown per search trace."""
-    num_train: int = 8000
+    num_train: Annotated[int, POSITIVE_INT] = 8000
     """SFT's fixed dataset: one solver trace for each of num_train generated training tasks (the first sft_steps x
     batch_size of a seeded order are seen)."""
-    sft_steps: int = 40
+    sft_steps: Annotated[int, POSITIVE_INT] = 40
     """SFT optimizer steps on every trace, give-ups included (~7 min on a 2-core CPU; docs/results/countdown-real
     trains its start for 350)."""
-    filtered_steps: int = 35
+    filtered_steps: Annotated[int, NON_NEGATIVE] = 35
     """Filtered SFT: optimizer steps of SFT continued from the SFT model on only the traces that reach the target
     (rejection sampling by the rule reward, `rlft sft --correct-only`: ~45% of the bounded traces), same batch and
     lr. RL and the pairs for DPO start from its model (0 skips it: they start from the SFT model)."""
-    batch_size: int = 16
+    batch_size: Annotated[int, POSITIVE_INT] = 16
     """SFT examples per step."""
-    micro_batch_size: int = 8
+    micro_batch_size: Annotated[int, POSITIVE_INT] = 8
     """SFT examples per forward/backward pass."""
-    lr: float = 1e-4
+    lr: Annotated[float, POSITIVE] = 1e-4
     """SFT peak learning rate (constant after 3% warmup, the countdown-real recipe)."""
 
 
@@ -114,11 +116,11 @@ class DemoRLOptions:
     """The RL stage (`rlft rl` on the filtered SFT model, or the SFT model with ``--filtered-steps 0``; ``--rl-steps
     0`` skips it)."""
 
-    rl_steps: int = 5
+    rl_steps: Annotated[int, NON_NEGATIVE] = 5
     """RL steps from the filtered SFT model (`rlft rl`; 0 skips RL)."""
-    rl_k: int = 8
+    rl_k: Annotated[int, POSITIVE_INT] = 8
     """RL samples per prompt."""
-    rl_prompts_per_step: int = 8
+    rl_prompts_per_step: Annotated[int, POSITIVE_INT] = 8
     """RL prompt groups trained on per step."""
     rl_advantage: AdvantageName = "grpo"
     """RL advantage estimator (see `rlft rl --advantage`)."""
@@ -127,35 +129,36 @@ class DemoRLOptions:
     rl_loss_mode: LossMode = "seq_mean"
     """RL loss aggregation (see `rlft rl --loss-mode`)."""
     rl_filter_groups: bool = True
-    """Drop groups whose k rewards are all equal and refill the step from further prompts (see `rlft rl --filter-groups`)."""
-    rl_max_prompt_batches: int = 3
+    """Drop groups whose k rewards are all equal and refill the step from further prompts (see `rlft rl
+    --filter-groups`)."""
+    rl_max_prompt_batches: Annotated[int, POSITIVE_INT] = 3
     """With rl_filter_groups: at most this many batches of rl_prompts_per_step prompts are sampled per step."""
     rl_curriculum: Literal["none", "sec"] = "none"
     """RL prompt order: none (uniform, seeded) or sec (the self-evolving curriculum, `rlft rl --curriculum`)."""
     rl_mask_truncated: bool = False
     """Leave RL samples cut at max_new_tokens out of the loss (`rlft rl --mask-truncated`)."""
-    rl_overlong_buffer: int | None = None
+    rl_overlong_buffer: Annotated[int | None, NON_NEGATIVE] = None
     """DAPO's soft overlong penalty over the last N of max_new_tokens (`rlft rl --overlong-buffer`; None: off)."""
-    rl_repetition_limit: int | None = None
+    rl_repetition_limit: Annotated[int | None, AT_LEAST_2] = None
     """Repetition-aware reward: an RL sample that writes one identical line N or more times scores as no answer
     (`rlft rl --repetition-limit`; None: off)."""
     rl_repetition_penalty: float | None = None
     """With rl_repetition_limit: added to a repeating sample's reward instead (<= 0; `rlft rl --repetition-penalty`)."""
-    rl_lora_r: int = 16
+    rl_lora_r: Annotated[int, NON_NEGATIVE] = 16
     """RL LoRA rank (0: full fine-tuning)."""
-    rl_lora_alpha: float = 32.0
+    rl_lora_alpha: Annotated[float, POSITIVE] = 32.0
     """RL LoRA alpha."""
-    rl_lr: float = 2e-4
+    rl_lr: Annotated[float, POSITIVE] = 2e-4
     """RL learning rate (constant; 2e-4 is the best LoRA rate of docs/results/countdown-bounded, full fine-tuning
     wants ~1e-6 to 5e-6)."""
-    rl_beta: float = 0.0
+    rl_beta: Annotated[float, NON_NEGATIVE] = 0.0
     """RL KL coefficient (0: no reference model and no KL)."""
-    rl_temperature: float = 1.0
+    rl_temperature: Annotated[float, NON_NEGATIVE] = 1.0
     """RL sampling temperature (log-probs are taken at the same temperature)."""
-    rl_eval_every: int = 5
+    rl_eval_every: Annotated[int, NON_NEGATIVE] = 5
     """Greedy evaluation on the first rl_eval_limit held-out validation rows every N RL steps and at the end: the
     points of the samples-vs-score plot, which starts from the RL start's score on them (0: none)."""
-    rl_eval_limit: int = 100
+    rl_eval_limit: Annotated[int, POSITIVE_INT] = 100
     """Validation rows of the in-loop RL evaluation."""
 
     def rl_options(self) -> dict[str, object]:
@@ -186,36 +189,37 @@ class DemoPreferenceOptions:
     """On-policy pairs from the filtered SFT model (the SFT model with ``--filtered-steps 0``), and DPO on them
     (``--pairs-prompts 0`` skips both)."""
 
-    pairs_prompts: int = 128
+    pairs_prompts: Annotated[int, NON_NEGATIVE] = 128
     """Training rows sampled for on-policy DPO pairs (0 skips pairs and DPO)."""
-    pairs_samples: int = 2
+    pairs_samples: Annotated[int, POSITIVE_INT] = 2
     """Samples per prompt from DPO's start; the pair is best vs worst score, ties dropped."""
-    pairs_temperature: float = 1.0
+    pairs_temperature: Annotated[float, NON_NEGATIVE] = 1.0
     """Sampling temperature of the on-policy pairs."""
-    dpo_epochs: float = 2.0
+    dpo_epochs: Annotated[float, POSITIVE] = 2.0
     """DPO epochs over the kept pairs."""
-    dpo_batch_size: int = 32
+    dpo_batch_size: Annotated[int, POSITIVE_INT] = 32
     """DPO pairs per step."""
-    dpo_lr: float = 1e-4
+    dpo_lr: Annotated[float, POSITIVE] = 1e-4
     """DPO peak learning rate (cosine, 10% warmup)."""
     dpo_optimizer: Literal["adamw", "sgd"] = "adamw"
     """DPO optimizer (see `rlft dpo --optimizer`)."""
-    dpo_beta: float = 0.5
+    dpo_beta: Annotated[float, NON_NEGATIVE] = 0.5
     """DPO beta (0.5: the RPO recipe that cleared the DPO bar in docs/results/countdown-bounded; at 0.1 DPO pushed the
     give-up answers down until the searches stopped stopping)."""
     dpo_loss_type: Literal["dpo", "ipo", "rpo"] = "rpo"
     """Preference loss: dpo, ipo, or rpo (DPO + dpo_rpo_alpha * NLL of the chosen response: on self-generated pairs
     the NLL term is what keeps the chosen searches likely; docs/results/countdown-bounded)."""
-    dpo_rpo_alpha: float = 1.0
+    dpo_rpo_alpha: Annotated[float, NON_NEGATIVE] = 1.0
     """Weight of the chosen-response NLL when dpo_loss_type is rpo."""
-    dpo_lora_r: int = 16
+    dpo_lora_r: Annotated[int, NON_NEGATIVE] = 16
     """DPO LoRA rank (0: full fine-tuning)."""
-    dpo_lora_alpha: float = 32.0
+    dpo_lora_alpha: Annotated[float, POSITIVE] = 32.0
     """DPO LoRA alpha."""
 
     @property
     def dpo_micro_batch_size(self) -> int:
-        """Pairs per forward/backward pass of the DPO update: ``update_micro_batch_size``, at most ``dpo_batch_size``."""
+        """Pairs per forward/backward pass of the DPO update: ``update_micro_batch_size``, at most
+        ``dpo_batch_size``."""
         return min(self.update_micro_batch_size, self.dpo_batch_size)
 
     def _check_preference_stage(self) -> None:
@@ -235,24 +239,24 @@ class DemoPreferenceOptions:
 class DemoEvalOptions:
     """The evaluations: greedy on held-out test rows, sampled (pass@k, best-of-N) on a prefix of them."""
 
-    passk: int = 0
+    passk: Annotated[int, NON_NEGATIVE] = 0
     """Samples per task of the sampled evaluation of every trained model (mean score, pass@k, and the best-of-N
     selectors majority@k and self-certainty@k; 0, the default, skips it: ~2 min a model on a 2-core CPU at 4)."""
-    passk_temperature: float = 0.6
+    passk_temperature: Annotated[float, NON_NEGATIVE] = 0.6
     """Sampling temperature of the sampled evaluation."""
-    passk_top_p: float = 0.95
+    passk_top_p: Annotated[float, Range(gt=0, le=1)] = 0.95
     """Nucleus mass of the sampled evaluation."""
-    passk_limit: int = 50
+    passk_limit: Annotated[int, NON_NEGATIVE] = 50
     """Held-out test rows in the sampled evaluation (the first N of the greedy ones)."""
-    eval_limit: int = 500
+    eval_limit: Annotated[int, POSITIVE_INT] = 500
     """Held-out test rows evaluated greedily (the first N of the 500; half 3-number, half 4-number)."""
-    base_eval_limit: int = 100
+    base_eval_limit: Annotated[int, POSITIVE_INT] = 100
     """Held-out test rows the base model is evaluated on (greedy, a prefix of eval_limit's): it is paired with
     nothing and rarely writes an answer in the format, so a prefix shows its score at a fraction of the cost."""
-    max_new_tokens: int = 256
+    max_new_tokens: Annotated[int, POSITIVE_INT] = MAX_NEW_TOKENS
     """Most generated tokens per completion: rollouts, pairs and evaluation (the SFT start cuts few answers there;
     the reference evaluates with >= 1024 on GPU)."""
-    eval_batch_size: int = 256
+    eval_batch_size: Annotated[int, POSITIVE_INT] = 256
     """Sequences generated together during evaluation, pair sampling and RL sampling (on a 2-core CPU a 256-row
     greedy evaluation took 103 s at 256 against 157 s at 64: a decoding step costs about the same however many rows
     run)."""
@@ -264,12 +268,12 @@ class DemoEvalOptions:
             "test and validation rows (rlft.tasks.countdown.splits), so evaluation tasks are never trained on")
         require(
             self.base_eval_limit <= self.eval_limit,
-            f"--base-eval-limit ({self.base_eval_limit}) must be <= --eval-limit ({self.eval_limit}): a prefix of the same rows"
-        )
+            f"--base-eval-limit ({self.base_eval_limit}) must be <= --eval-limit ({self.eval_limit}): a prefix of the "
+            "same rows")
         require(
             self.passk_limit <= self.eval_limit,
-            f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation uses a prefix of the greedy one's tasks"
-        )
+            f"--passk-limit ({self.passk_limit}) must be <= --eval-limit ({self.eval_limit}): the sampled evaluation "
+            "uses a prefix of the greedy one's tasks")
         require(not self.passk or self.passk_temperature > 0,
                 f"--passk-temperature must be > 0: the sampled evaluation draws --passk {self.passk} different samples "
                 "(0: identical greedy copies); --passk 0 skips it")
@@ -288,37 +292,37 @@ class DemoUltraFeedbackOptions:
     uf_sft_data: str | None = None
     """UltraFeedback track: SmolTalk (messages rows: a file or Hub id such as HuggingFaceTB/smol-smoltalk) for the
     SFT stage. None, or a source that cannot be read (offline): Pref-FT on the chosen replies of the training pairs."""
-    uf_train_pairs: int = 400
+    uf_train_pairs: Annotated[int, POSITIVE_INT] = 400
     """UltraFeedback track: training pairs (ties included; DPO and the reward model drop them, ~11%), sampled (seeded
     by split_seed) from pairs whose prompts are not held out. The reward model trains on all of them (uf_rm_steps);
     SFT and DPO on the first uf_sft_steps x 8 and uf_pref_steps x 8."""
-    uf_eval_prompts: int = 96
+    uf_eval_prompts: Annotated[int, NON_NEGATIVE] = 96
     """UltraFeedback track: held-out prompts (disjoint from training) for the win-rates; the reward model's
     held-out accuracy is measured on their non-tie pairs."""
-    uf_max_length: int = 192
+    uf_max_length: Annotated[int, POSITIVE_INT] = 192
     """UltraFeedback track: longest prompt + reply in tokens for SFT, DPO and the reward model (UF replies
     are longer: most are truncated, and counted). Only pairs whose rendered prompt is at most
     uf_max_length - uf_max_new_tokens tokens are used (the others are set aside, counted)."""
-    uf_max_new_tokens: int = 64
+    uf_max_new_tokens: Annotated[int, POSITIVE_INT] = 64
     """UltraFeedback track: most generated tokens per reply (RLOO samples, win-rate responses)."""
-    uf_sft_steps: int = 30
+    uf_sft_steps: Annotated[int, POSITIVE_INT] = 30
     """UltraFeedback track: SFT optimizer steps of 8 conversations."""
-    uf_pref_steps: int = 24
+    uf_pref_steps: Annotated[int, POSITIVE_INT] = 24
     """UltraFeedback track: DPO optimizer steps, each of 8 pairs (one epoch of the first uf_pref_steps x 8 pairs)."""
-    uf_rm_steps: int = 45
+    uf_rm_steps: Annotated[int, POSITIVE_INT] = 45
     """UltraFeedback track: reward-model optimizer steps of 8 pairs (~one epoch of the non-tie training pairs)."""
-    uf_rm_train_layers: int | None = 6
+    uf_rm_train_layers: Annotated[int | None, POSITIVE_INT] = 6
     """UltraFeedback track: the reward model trains only its top N blocks, final norm and head (None: all); with 6 of
     SmolLM2-135M's 30 blocks a step costs ~2.6x less, so it sees about twice the pairs of DPO in less time."""
-    uf_rm_head_lr: float = 1e-3
+    uf_rm_head_lr: Annotated[float, POSITIVE] = 1e-3
     """UltraFeedback track: learning rate of the reward model's new score head (the body uses 5e-5)."""
     uf_rm_head_init: Literal["normal", "zero"] = "normal"
     """UltraFeedback track: init of the new score head: normal N(0, 1/(d+1)) or zero (rewards start at 0)."""
-    uf_rloo_steps: int = 10
+    uf_rloo_steps: Annotated[int, POSITIVE_INT] = 10
     """UltraFeedback track: RLOO steps of 4 prompts x uf_rloo_k samples, rewarded by the trained reward model."""
-    uf_rloo_k: int = 4
+    uf_rloo_k: Annotated[int, POSITIVE_INT] = 4
     """UltraFeedback track: RLOO samples per prompt."""
-    uf_rloo_beta: float = 0.001
+    uf_rloo_beta: Annotated[float, NON_NEGATIVE] = 0.001
     """UltraFeedback track: RLOO KL coefficient (a learned reward can be gamed, so the KL to SFT stays on)."""
     uf_truncation_penalty: float | None = -1.0
     """UltraFeedback track: added to the reward-model score of RLOO samples that hit uf_max_new_tokens without
@@ -357,9 +361,9 @@ class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOption
     first 10,240 rows that ship with rlft (rlft.tasks.countdown.shipped; the rows of ../shared/data/countdown/
     train.parquet). None: a generated stand-in (--num-rows tasks of the `standard` preset: the same distribution),
     written to <output-dir>/data/rows.jsonl. The report says which."""
-    num_rows: int = 10240
+    num_rows: Annotated[int, POSITIVE_INT] = 10240
     """Rows of the generated stand-in (--rows None)."""
-    update_micro_batch_size: int = 8
+    update_micro_batch_size: Annotated[int, POSITIVE_INT] = 8
     """Sequences per forward/backward pass of the RL and DPO updates (gradient accumulation is exact, so this trades
     memory for speed only; 8 keeps 256-token runs within 24 GB)."""
     split_seed: int = 1234
@@ -381,10 +385,12 @@ class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOption
     'bfloat16'."""
     track: Literal["countdown", "ultrafeedback"] = "countdown"
     """countdown: the Countdown story above. ultrafeedback: preference data -> SFT (or Pref-FT), DPO, reward model,
-    RLOO with that reward model, win-rates judged by it (rlft.recipes.demo_ultrafeedback; output folder
-    runs/demo-ultrafeedback unless --output-dir is given). It reads --data and the --uf-* options, plus model, output_dir, quick, dpo_beta,
+    RLOO with that reward model, win-rates judged by it (rlft.lab.demo_ultrafeedback; output folder
+    runs/demo-ultrafeedback unless --output-dir is given). It reads --data and the --uf-* options, plus model,
+    output_dir, quick, dpo_beta,
     eval_batch_size, split_seed, seed, resume, device, dtype; the other options are Countdown's.
-    Its small --uf-* defaults fit 36 of 45 minutes (measured) on a 2-core CPU with the 135M model in float32 (the token budget
+    Its small --uf-* defaults fit 36 of 45 minutes (measured) on a 2-core CPU with the 135M model in float32 (the token
+    budget
     of each stage is in that module's docstring); --quick shrinks them to a smoke test."""
 
     def __post_init__(self) -> None:

@@ -1,13 +1,15 @@
-"""The one rule of ``scripts/``, shared with the ``rlft`` command line: what a script may write, how it reads its
-JSON inputs, and how it reports a user's mistake.
+"""The one rule of ``scripts/`` (and ``bench/``), shared with the lab and the ``rlft`` command line: what a script
+may write, how it reads its JSON inputs, and how it reports a user's mistake.
 
-- **Outputs** (:func:`check_outputs`): every file a script writes (``--json``, ``--markdown``, ``--plot``, ...) is
-  checked before any work, as ``rlft --output`` is (:func:`rlft.run_folder.check_output_file`): never a folder or a
+- **Outputs** (:func:`check_outputs`, the library's :func:`rlft.run_folder.check_outputs`, imported here so that a
+  script imports its rules from one module): every file a script writes (``--json``, ``--markdown``, ``--plot``, ...)
+  is checked before any work, as ``rlft --output`` is (:func:`rlft.run_folder.check_output_file`): never a folder or a
   path inside a model folder, never an existing file unless ``--overwrite``, and never one of the script's inputs
   (not even with ``--overwrite``) nor another of its outputs.
 - **JSON inputs** (:func:`read_json`): a file that is missing, unreadable or not JSON is an error naming the file
   (never a bare "Unterminated string ..." from the parser). A run's ``metrics.jsonl`` (:func:`read_metrics`) is read
-  as a resumed run keeps it: a last line cut short by a kill is left out, with a note.
+  as a resumed run keeps it: a last line cut short by a kill is left out, with a note. The lab's demo and pipeline
+  read their files with them too.
 - **Errors** (:func:`run_script`): a user error, :class:`ScriptError` (or any :class:`rlft.validation.UsageError`,
   ``ValueError`` or ``OSError``: a bad file named by its message; or one of rlft's own errors, e.g. a model that does
   not load; or ``SystemExit("message")``, as older scripts raise) is one line on stderr,
@@ -26,10 +28,13 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, NoReturn
+from typing import Any, Callable, NoReturn
 
-from rlft.run_folder import check_output_file
+from rlft.run_folder import check_outputs
 from rlft.validation import UsageError
+
+__all__ = ["ArgumentParser", "ScriptError", "check_outputs", "check_picture", "fail", "parse_labelled_run",
+           "read_json", "read_labelled_run", "read_metrics", "run_script", "start_and_runs_args"]
 
 
 class ScriptError(UsageError):
@@ -48,31 +53,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise ScriptError(f"{message} (--help for usage)")
-
-
-def _same(a: Path, b: Path) -> bool:
-    return a.expanduser().resolve() == b.expanduser().resolve()
-
-
-def check_outputs(outputs: dict[str, str | Path | None], inputs: Iterable[str | Path] = (), *,
-                  overwrite: bool = False) -> dict[str, Path]:
-    """Check, before any work, that a script may write each of ``outputs`` (``{option: path}``; None: not asked
-    for). Writes nothing; returns ``{option: Path}`` of the paths given.
-
-    Raises:
-        ScriptError: an output is one of ``inputs`` (even with ``overwrite``), or two options name the same file.
-        rlft.run_folder.OutputPathError: an output is a folder, lies in a model folder, or exists and not
-            ``overwrite`` (:func:`rlft.run_folder.check_output_file`).
-    """
-    given = {option: Path(path) for option, path in outputs.items() if path is not None}
-    read = [Path(p) for p in inputs]
-    for option, path in given.items():
-        if (same := next((p for p in read if _same(p, path)), None)) is not None:
-            fail(f"{option} {path} is the input {same}: writing it would replace it; choose another {option}")
-        if (other := next((o for o, q in given.items() if o != option and _same(q, path)), None)) is not None:
-            fail(f"{option} and {other} name the same file {path}; choose two files")
-        check_output_file(path, option=option, overwrite=overwrite)
-    return given
 
 
 PICTURES = (".png", ".pdf", ".svg")
@@ -121,8 +101,9 @@ def start_and_runs_args(description: str, argv: list[str] | None) -> argparse.Na
     (a picture, :func:`check_picture`) and ``--overwrite``.
 
     Raises:
-        ScriptError: a bad option, or an ``--out`` that is one of the inputs (:func:`check_outputs`).
-        rlft.run_folder.OutputPathError: ``--out`` exists and not ``--overwrite``.
+        ScriptError: a bad option.
+        rlft.run_folder.OutputPathError: ``--out`` is one of the inputs, or exists and not ``--overwrite``
+            (:func:`check_outputs`).
     """
     parser = ArgumentParser(description=description)
     parser.add_argument("--start", type=Path, required=True, help="the start model's greedy evaluation")
@@ -197,7 +178,8 @@ def one_line(error: BaseException) -> str:
 def run_script(main: Callable[[list[str] | None], Any], argv: list[str] | None = None, prog: str | None = None) -> None:
     """Call ``main(argv)``; a user error (:class:`rlft.validation.UsageError`, ``ValueError``, ``OSError``, an
     exception class of rlft's own such as :class:`rlft.models.ModelNotFoundError`, a ``SystemExit`` whose code is a
-    message) is printed as ``<prog>: error: <message>`` on one line and ends the process with exit code 2 (``SystemExit(2)``).
+    message) is printed as ``<prog>: error: <message>`` on one line and ends the process with exit
+    code 2 (``SystemExit(2)``).
     ``prog``: the script's file name (default ``sys.argv[0]``'s). ``RLFT_DEBUG=1``: the traceback is printed too."""
     prog = prog or Path(sys.argv[0]).name
     try:

@@ -1,17 +1,18 @@
 """The Countdown demo's ``report.md``: held-out scores by count of numbers, paired differences of each stage against its
-own start (and of the pipeline against the SFT model), best-of-N selection of the sampled evaluation, the RL run's validation score against samples generated, curves."""
+own start (and of the pipeline against the SFT model), best-of-N selection of the sampled evaluation, the RL run's
+validation score against samples generated, curves."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlft.script_io import read_metrics
+from rlft.lab.script_io import read_metrics
 from rlft.eval.compare import check_same_tasks
 from rlft.eval.countdown import CountdownEvalResult, paired_difference, subset
 from rlft.eval.report import markdown_table, plot_curve, plot_grouped_bars, plot_samples_vs_score
 from rlft.eval.select import selected_scores
 from rlft.eval.stats import format_difference
-from rlft.recipes.demo_config import DemoConfig
+from rlft.lab.demo_config import DemoConfig
 
 GREEDY, SAMPLED = "greedy", "sampled"
 SIZES = ((None, "mixed"), (3, "3 numbers"), (4, "4 numbers"))
@@ -126,7 +127,7 @@ def selection_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalR
 
 def _metrics(path: Path) -> list[dict]:
     """A stage's metrics records ([] for a stage that did not run); a last line cut short by a kill is left out, any
-    other damage is a ValueError naming the file (:func:`rlft.script_io.read_metrics`)."""
+    other damage is a ValueError naming the file (:func:`rlft.lab.script_io.read_metrics`)."""
     return read_metrics(path) if Path(path).is_file() else []
 
 
@@ -155,8 +156,9 @@ def samples_vs_score_section(cfg: DemoConfig, run_dir: Path) -> str:
     trail = " -> ".join(
         f"{r['eval/score']:.3f} ({int(r['samples/total']):,} samples)" for r in records if "eval/score" in r)
     return (
-        f"## Validation score against samples generated (RL)\n\nGreedy score of the RL policy on the first {cfg.rl_eval_limit} "
-        f"held-out validation rows, during training: {trail}. Samples generated include the groups group filtering dropped.\n\n"
+        f"## Validation score against samples generated (RL)\n\nGreedy score of the RL policy on the first "
+        f"{cfg.rl_eval_limit} held-out validation rows, during training: {trail}. Samples generated include the groups "
+        "group filtering dropped.\n\n"
         f"![samples vs score]({png.name})\n")
 
 
@@ -181,10 +183,9 @@ def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, Co
                                                                   ("rewards/accuracy", "implicit reward accuracy")],
                        run_dir),
     ]
-    examples = [
-        f"**{m}**, nums {ex['nums']} target {ex['target']}, score {ex['score']}:\n\n```\n{ex['completion'].strip()}\n```"
-        for m, by in results.items() for ex in by[GREEDY].examples[:2]
-    ]
+    examples = [f"**{m}**, nums {ex['nums']} target {ex['target']}, score {ex['score']}:\n\n"
+                f"```\n{ex['completion'].strip()}\n```"
+                for m, by in results.items() for ex in by[GREEDY].examples[:2]]
     start = "filtered SFT" if "filtered" in results else "SFT"
     filtered = (
         f"Filtered SFT: {cfg.filtered_steps} more steps of {cfg.batch_size} from the SFT model on only the traces "
@@ -194,10 +195,13 @@ def write_report(cfg: DemoConfig, run_dir: Path, results: dict[str, dict[str, Co
                  if cfg.passk else "")
     text = f"""# rlft Countdown demo: {run_dir.name}
 
-Base model `{cfg.model}`. SFT: {cfg.sft_steps} steps of {cfg.batch_size} on `{cfg.trace_style}` solver traces of `{cfg.preset}`
-tasks, give-ups included (lr {cfg.lr}, constant). {filtered}RL from {start}: `rlft rl`, {cfg.rl_advantage} advantages, {cfg.rl_loss} loss ({cfg.rl_loss_mode}),
+Base model `{cfg.model}`. SFT: {cfg.sft_steps} steps of {cfg.batch_size} on `{cfg.trace_style}` solver traces \
+of `{cfg.preset}`
+tasks, give-ups included (lr {cfg.lr}, constant). {filtered}RL from {start}: `rlft rl`, \
+{cfg.rl_advantage} advantages, {cfg.rl_loss} loss ({cfg.rl_loss_mode}),
 {'group filtering, ' if cfg.rl_filter_groups else ''}{_lora(cfg.rl_lora_r)} at lr {cfg.rl_lr}, {cfg.rl_steps} steps of
-{cfg.rl_prompts_per_step} prompts x k={cfg.rl_k} at temperature {cfg.rl_temperature}. {cfg.dpo_loss_type.upper()} from {start}:
+{cfg.rl_prompts_per_step} prompts x k={cfg.rl_k} at temperature {cfg.rl_temperature}. \
+{cfg.dpo_loss_type.upper()} from {start}:
 {cfg.pairs_prompts} training rows x {cfg.pairs_samples} samples, best vs worst, ties dropped; beta {cfg.dpo_beta},
 {cfg.dpo_epochs:g} epochs, {_lora(cfg.dpo_lora_r)} at lr {cfg.dpo_lr}. Prompt template `{cfg.prompt_template}`, at most
 {cfg.max_new_tokens} new tokens. Scores use the TinyZero-exact `compute_score` (1.0 correct, 0.1 an answer that is

@@ -8,7 +8,7 @@ RPO (DPO + NLL, beta 0.5, LoRA). Every model is scored on the same held-out test
 (3, 4, and mixed: the spec's metric), and with ``--passk`` also sampled (``passk`` samples at T=0.6, top-p 0.95:
 mean score, pass@k, and the best-of-N selectors majority@k and self-certainty@k). ``<output_dir>/report.md``
 (default ``runs/demo``) gets the tables, the paired table (each stage against its own start, task by task), the RL
-run's validation score against samples generated, and plots (:mod:`rlft.recipes.demo_countdown_report`).
+run's validation score against samples generated, and plots (:mod:`rlft.lab.demo_countdown_report`).
 
 Rows: the Countdown-Tasks-3to4 rows that ship with rlft (``countdown-3to4``, :mod:`rlft.tasks.countdown.shipped`), a
 file or Hub id given with ``--rows``, or (``--rows None``) a generated stand-in of the same distribution. Its held-out
@@ -18,7 +18,7 @@ one are dropped, RL and pairs sample training rows only.
 
 Every finished evaluation is saved as JSON; ``--resume`` reuses those and resumes each stage from its last
 checkpoint, so a killed demo continues where it stopped. Time of the defaults: see the README. Every fresh test
-evaluation appends a line to ``<output_dir>/eval/test_looks.jsonl`` (:mod:`rlft.eval.ledger`); the file is only
+evaluation appends a line to ``<output_dir>/eval/test_looks.jsonl`` (:mod:`rlft.lab.ledger`); the file is only
 appended to: ``--overwrite`` moves the earlier run aside but carries its looks into the new ledger first.
 """
 
@@ -31,12 +31,12 @@ from pathlib import Path
 
 from rlft.console import console
 from rlft.eval.countdown import CountdownEvalResult
-from rlft.eval.ledger import LEDGER_NAME, append_line, check_ledger_target, read_looks
-from rlft.recipes.demo_config import DemoConfig
-from rlft.recipes.demo_countdown_report import write_report
+from rlft.lab.ledger import LEDGER_NAME, append_line, check_ledger_target, read_looks
+from rlft.lab.demo_config import DemoConfig
+from rlft.lab.demo_countdown_report import write_report
 from rlft.recipes.dpo import DPOConfig, train_dpo
 from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
-from rlft.recipes.pipeline import EvalJob, StageTimes, Timer, evaluate_cached, run_stage
+from rlft.lab.pipeline import EvalJob, StageTimes, Timer, evaluate_cached, run_stage
 from rlft.recipes.rl import train_rl
 from rlft.recipes.sft import SFTConfig, train_sft
 from rlft.rl.config import RLConfig
@@ -82,9 +82,9 @@ def eval_file(out_dir: Path, label: str, name: str) -> Path:
 
 def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoConfig, out_dir: Path,
                    sampled: bool = True, limit: int | None = None) -> dict[str, CountdownEvalResult]:
-    """Greedy on the first ``limit`` (default ``eval_limit``) test rows and (``sampled``) ``passk`` samples on the first ``passk_limit``;
-    cached as JSON in ``out_dir`` and, with ``--resume``, reused while the model's weights, sampling and tasks are
-    unchanged (:func:`rlft.recipes.pipeline.evaluate_cached`)."""
+    """Greedy on the first ``limit`` (default ``eval_limit``) test rows and (``sampled``) ``passk`` samples on the
+    first ``passk_limit``; cached as JSON in ``out_dir`` and, with ``--resume``, reused while the model's weights,
+    sampling and tasks are unchanged (:func:`rlft.lab.pipeline.evaluate_cached`)."""
     greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     jobs = {
         GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[:cfg.eval_limit if limit is None else limit], greedy,
@@ -104,7 +104,7 @@ def earlier_looks(ledger: Path, overwrite: bool) -> list[dict]:
     carried into the new run's ledger; [] without ``--overwrite`` (``--resume`` appends to the same file) or ledger.
 
     Raises:
-        UsageError: the earlier ledger is not one (:func:`rlft.eval.ledger.check_ledger_target`; a damaged line is
+        UsageError: the earlier ledger is not one (:func:`rlft.lab.ledger.check_ledger_target`; a damaged line is
             named), before anything is moved.
     """
     if not overwrite or not ledger.is_file():
@@ -120,7 +120,7 @@ def pairs_stats(pairs_path: Path) -> dict:
         ValueError: naming the file: missing, damaged (not JSON) or without those counts; deleting the pairs file and
             its stats samples them again on ``--resume``.
     """
-    from rlft.script_io import read_json
+    from rlft.lab.script_io import read_json
 
     path = pairs_path.with_suffix(".stats.json")
     what = "the pair counts `rlft pairs countdown` writes (delete it and the pairs file to sample them again)"
@@ -146,7 +146,7 @@ def sft_config(cfg: DemoConfig, rows: str, model: str, out: Path, filtered: bool
 
 def run_countdown_demo(cfg: DemoConfig) -> Path:
     """Run the Countdown demo; returns the report path. With --resume, stages whose output exists are skipped and
-    evaluations whose cache still answers them are read back (:mod:`rlft.recipes.pipeline`)."""
+    evaluations whose cache still answers them are read back (:mod:`rlft.lab.pipeline`)."""
     cfg = cfg.effective()
     folder = claim_run_dir(cfg)  # an earlier demo: --resume or --overwrite
     earlier = earlier_looks(folder.path / "eval" / LEDGER_NAME, folder.overwrite)

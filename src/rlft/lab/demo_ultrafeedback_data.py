@@ -1,5 +1,5 @@
 """The UltraFeedback demo's data: the preference split every stage reads, the SFT data choice, and the saved
-responses the win-rates judge (:mod:`rlft.recipes.demo_ultrafeedback` runs the stages)."""
+responses the win-rates judge (:mod:`rlft.lab.demo_ultrafeedback` runs the stages)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rlft.data.files import write_jsonl
 from rlft.eval.winrate import prompt_key
-from rlft.recipes.demo_config import DemoConfig
+from rlft.lab.demo_config import DemoConfig
 
 log = logging.getLogger("rlft")
 
@@ -71,8 +71,9 @@ def split_preferences(source: str, split: str, tokenizer, out_dir: Path, *, trai
     keys = list(dict.fromkeys(prompt_key(p.prompt) for p in usable))
     if len(keys) <= eval_prompts:
         raise ValueError(
-            f"{source}: {len(keys)} distinct prompts of at most {max_prompt_tokens} tokens among {len(pairs)} valid pairs: "
-            f"too few to hold out {eval_prompts} and train on the rest (lower --uf-eval-prompts or raise --uf-max-length)"
+            f"{source}: {len(keys)} distinct prompts of at most {max_prompt_tokens} tokens among {len(pairs)} "
+            f"valid pairs: too few to hold out {eval_prompts} and train on the rest "
+            "(lower --uf-eval-prompts or raise --uf-max-length)"
         )
     rng = random.Random(seed)
     rng.shuffle(keys)
@@ -107,8 +108,8 @@ def split_preferences(source: str, split: str, tokenizer, out_dir: Path, *, trai
 
 
 def sft_data(cfg: DemoConfig, data_dir: Path, train_path: Path, limit: int) -> dict:
-    """The SFT data: the first ``limit`` SmolTalk rows of --uf-sft-data when it can be read, else Pref-FT on train.jsonl.
-    The decision is saved in ``data_dir/sft_source.json`` (the report reads it on resumed runs)."""
+    """The SFT data: the first ``limit`` SmolTalk rows of --uf-sft-data when it can be read, else Pref-FT on
+    train.jsonl. The decision is saved in ``data_dir/sft_source.json`` (the report reads it on resumed runs)."""
     from rlft.data.files import HubUnavailableError
     from rlft.data.preferences import load_chat_examples
 
@@ -121,8 +122,8 @@ def sft_data(cfg: DemoConfig, data_dir: Path, train_path: Path, limit: int) -> d
             if not examples:
                 raise ValueError(f"no conversations in the first {wanted} rows")
         except (HubUnavailableError, OSError, ValueError) as e:
-            choice[
-                "note"] = f"SmolTalk source {cfg.uf_sft_data} could not be read ({type(e).__name__}: {str(e)[:200]}): Pref-FT instead"
+            choice["note"] = (f"SmolTalk source {cfg.uf_sft_data} could not be read "
+                              f"({type(e).__name__}: {str(e)[:200]}): Pref-FT instead")
             log.warning("%s", choice["note"])
         else:
             path = data_dir / "sft_smoltalk.jsonl"

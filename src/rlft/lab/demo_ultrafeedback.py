@@ -62,10 +62,10 @@ from rlft.console import console
 from rlft.data.files import read_jsonl
 from rlft.eval.report import markdown_table, plot_curve
 from rlft.eval.winrate import WinrateConfig, load_prompts, prompt_key, run_winrate, winrate_label, winrate_summary
-from rlft.recipes.demo_config import DemoConfig
-from rlft.recipes.demo_ultrafeedback_data import READ_LIMIT, generate_responses, resolve_data, sft_data
-from rlft.recipes.demo_ultrafeedback_data import split_preferences  # noqa: F401  (part of this track's interface)
-from rlft.recipes.pipeline import StageTimes, run_stage
+from rlft.lab.demo_config import DemoConfig
+from rlft.lab.demo_ultrafeedback_data import READ_LIMIT, generate_responses, resolve_data, sft_data
+from rlft.lab.demo_ultrafeedback_data import split_preferences  # noqa: F401  (part of this track's interface)
+from rlft.lab.pipeline import StageTimes, run_stage
 
 log = logging.getLogger("rlft")
 
@@ -185,8 +185,8 @@ def _verdict(s: dict | None) -> str:
 
 
 def _json(path: Path) -> dict:
-    """A JSON object a stage wrote (ValueError naming a missing or damaged file: :func:`rlft.script_io.read_json`)."""
-    from rlft.script_io import read_json
+    """A JSON object a stage wrote (ValueError naming a missing or damaged file: :func:`.script_io.read_json`)."""
+    from rlft.lab.script_io import read_json
 
     value = read_json(path, "a JSON object an earlier stage of the demo wrote")
     if not isinstance(value, dict):
@@ -209,13 +209,10 @@ def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str,
             rows.append([model, "— (reference)", "—", "—", "—", base_reward, truncated])
             continue
         wb, ws = vs_base.get(model), vs_sft.get(model)
-        rows.append([
-            model, wb["win_rate"],
-            _ci(wb), ws["win_rate"] if ws else "—",
-            _ci(ws), wb["mean_policy_reward"], truncated
-        ])
-    plot_winrates({m: {"base": vs_base[m], **({"sft": vs_sft[m]} if m in vs_sft else {})}
-                   for m in vs_base}, run_dir / "winrates.png")
+        rows.append([model, wb["win_rate"], _ci(wb), ws["win_rate"] if ws else "—", _ci(ws), wb["mean_policy_reward"],
+                     truncated])
+    plot_winrates({m: {"base": vs_base[m], **({"sft": vs_sft[m]} if m in vs_sft else {})} for m in vs_base},
+                  run_dir / "winrates.png")
 
     rm_eval = _json(run_dir / "rm" / "eval.json")
     if rm_eval.get("accuracy") is not None and rm_eval.get("n"):
@@ -228,50 +225,37 @@ def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str,
     sft_stats, dpo_stats = _json(run_dir / "sft" / "data_stats.json"), _json(run_dir / "dpo" / "data_stats.json")
     rm_data = rm_eval.get("data", {})
     rm_train, rm_heldout = rm_data.get("train", {}), rm_data.get("eval", {})
-    rloo_records = read_metrics(run_dir / "rloo" / "metrics.jsonl") if (run_dir / "rloo" /
-                                                                        "metrics.jsonl").is_file() else []
+    rloo_metrics = run_dir / "rloo" / "metrics.jsonl"
+    rloo_records = read_metrics(rloo_metrics) if rloo_metrics.is_file() else []
     rloo_trunc = [r["completion/truncated_frac"] for r in rloo_records if "completion/truncated_frac" in r]
     sft_choice = _json(run_dir / "data" / "sft_source.json")
     counts = [
         ["rows read", split["rows_read"], f"the first {READ_LIMIT} rows at most of `{split['source']}`"],
         ["invalid rows", split["skipped_invalid"], "skipped (empty replies, bad fields), counted by the loader"],
         ["score ties among valid pairs", split["ties"], "kept in the split files; DPO and the reward model drop them"],
-        [
-            "long prompts set aside", split["long_prompts_set_aside"],
-            f"rendered prompt > {split['max_prompt_tokens']} tokens"
-        ],
+        ["long prompts set aside", split["long_prompts_set_aside"],
+         f"rendered prompt > {split['max_prompt_tokens']} tokens"],
         ["held-out prompts", split["eval_prompts"], f"{split['eval_pairs']} pairs, {split['eval_ties']} ties"],
         ["training pairs", split["train_pairs"], f"{split['train_ties']} ties; {split['unused']} usable pairs unused"],
-        ["DPO ties dropped",
-         dpo_stats.get("dropped_ties", "—"), f"{dpo_stats.get('pairs', '—')} pairs trained"],
-        [
-            "DPO truncated replies",
-            f"{dpo_stats.get('chosen_truncated', '—')} chosen / {dpo_stats.get('rejected_truncated', '—')} rejected",
-            f"cut at {cfg.uf_max_length} tokens"
-        ],
-        [
-            "SFT truncated conversations", f"{sft_stats.get('truncated', '—')} of {sft_stats.get('examples', '—')}",
-            f"{sft_choice.get('kind', '?')} data, cut at {cfg.uf_max_length} tokens"
-        ],
-        [
-            "RM truncated replies (train)",
-            f"{rm_train.get('chosen_truncated', '—')} chosen / {rm_train.get('rejected_truncated', '—')} rejected",
-            f"{rm_train.get('pairs', '—')} pairs trained, {rm_heldout.get('pairs', '—')} held out"
-        ],
-        [
-            "RLOO truncated samples", f"{sum(rloo_trunc) / len(rloo_trunc):.2f} of samples" if rloo_trunc else "—",
-            f"hit {cfg.uf_max_new_tokens} new tokens (penalty {cfg.uf_truncation_penalty})"
-        ],
+        ["DPO ties dropped", dpo_stats.get("dropped_ties", "—"), f"{dpo_stats.get('pairs', '—')} pairs trained"],
+        ["DPO truncated replies",
+         f"{dpo_stats.get('chosen_truncated', '—')} chosen / {dpo_stats.get('rejected_truncated', '—')} rejected",
+         f"cut at {cfg.uf_max_length} tokens"],
+        ["SFT truncated conversations", f"{sft_stats.get('truncated', '—')} of {sft_stats.get('examples', '—')}",
+         f"{sft_choice.get('kind', '?')} data, cut at {cfg.uf_max_length} tokens"],
+        ["RM truncated replies (train)",
+         f"{rm_train.get('chosen_truncated', '—')} chosen / {rm_train.get('rejected_truncated', '—')} rejected",
+         f"{rm_train.get('pairs', '—')} pairs trained, {rm_heldout.get('pairs', '—')} held out"],
+        ["RLOO truncated samples", f"{sum(rloo_trunc) / len(rloo_trunc):.2f} of samples" if rloo_trunc else "—",
+         f"hit {cfg.uf_max_new_tokens} new tokens (penalty {cfg.uf_truncation_penalty})"],
     ]
 
     curves = [
         _curves("SFT", "sft", run_dir / "sft" / "metrics.jsonl", [("loss/sft", "training loss")], run_dir),
-        _curves("DPO", "dpo", run_dir / "dpo" / "metrics.jsonl", [("loss/dpo", "loss"),
-                                                                  ("rewards/accuracy", "implicit reward accuracy")],
-                run_dir),
-        _curves("Reward model", "rm", run_dir / "rm" / "metrics.jsonl", [("loss/bt", "Bradley-Terry loss"),
-                                                                         ("rm/accuracy", "training-batch accuracy")],
-                run_dir),
+        _curves("DPO", "dpo", run_dir / "dpo" / "metrics.jsonl",
+                [("loss/dpo", "loss"), ("rewards/accuracy", "implicit reward accuracy")], run_dir),
+        _curves("Reward model", "rm", run_dir / "rm" / "metrics.jsonl",
+                [("loss/bt", "Bradley-Terry loss"), ("rm/accuracy", "training-batch accuracy")], run_dir),
         _curves("RLOO", "rloo", run_dir / "rloo" / "metrics.jsonl",
                 [("reward/mean", "mean reward-model score per step"), ("kl/mean", "KL to SFT"),
                  ("completion/truncated_frac", "truncated fraction")], run_dir),
@@ -287,37 +271,39 @@ def write_report(cfg: DemoConfig, run_dir: Path, split: dict, vs_base: dict[str,
         for model in MODELS:
             if model in responses:
                 reward = base_rewards.get(key) if model == "base" else rewards.get(model, {}).get(key)
-                table_rows.append([
-                    model, "—" if reward is None else f"{reward:.3f}",
-                    _cell(responses[model][i]["response"])
-                ])
+                table_rows.append([model, "—" if reward is None else f"{reward:.3f}",
+                                   _cell(responses[model][i]["response"])])
         question = "\n".join(f"> **{m['role']}**: {_cell(m['content'], 600)}" for m in prompt)
-        examples += [
-            f"### Example {i + 1}", "", question, "",
-            markdown_table(["model", "judge reward", "response"], table_rows), ""
-        ]
+        examples += [f"### Example {i + 1}", "", question, "",
+                     markdown_table(["model", "judge reward", "response"], table_rows), ""]
 
-    targets = [
-        f"- {m} vs SFT: {vs_sft[m]['win_rate']:.3f} {_ci(vs_sft[m])}: {_verdict(vs_sft[m])}" for m in ("dpo", "rloo")
-        if m in vs_sft
-    ]
-    sft_what = ("SmolTalk conversations"
-                if sft_choice.get("kind") == "smoltalk" else "the chosen replies of the training pairs (Pref-FT)")
+    targets = [f"- {m} vs SFT: {vs_sft[m]['win_rate']:.3f} {_ci(vs_sft[m])}: {_verdict(vs_sft[m])}"
+               for m in ("dpo", "rloo") if m in vs_sft]
+    sft_what = ("SmolTalk conversations" if sft_choice.get("kind") == "smoltalk"
+                else "the chosen replies of the training pairs (Pref-FT)")
+    header = ["model", "win-rate vs base", "95% CI", "win-rate vs SFT", "95% CI", "mean judge reward",
+              "truncated responses"]
     text = f"""# rlft UltraFeedback demo: {run_dir.name}
 
-Base model `{cfg.model}`; data `{split['source']}`. SFT on {sft_what} ({cfg.uf_sft_steps} steps of {BATCH}, lr {LR['sft']});
-DPO from SFT on the training pairs ({cfg.uf_pref_steps} steps of {BATCH}, lr {LR['dpo']}, beta {cfg.dpo_beta}); a Bradley-Terry
-reward model from the base model on all training pairs ({cfg.uf_rm_steps} steps of {BATCH}; top {cfg.uf_rm_train_layers} blocks at lr
+Base model `{cfg.model}`; data `{split['source']}`. SFT on {sft_what} ({cfg.uf_sft_steps} steps of {BATCH}, \
+lr {LR['sft']});
+DPO from SFT on the training pairs ({cfg.uf_pref_steps} steps of {BATCH}, lr {LR['dpo']}, beta {cfg.dpo_beta}); \
+a Bradley-Terry
+reward model from the base model on all training pairs ({cfg.uf_rm_steps} steps of {BATCH}; \
+top {cfg.uf_rm_train_layers} blocks at lr
 {LR['rm']}, {cfg.uf_rm_head_init}-initialised head at lr {cfg.uf_rm_head_lr}); RLOO from SFT on the
-training prompts rewarded by that reward model ({cfg.uf_rloo_steps} steps of {RLOO_PROMPTS} prompts x k={cfg.uf_rloo_k}, lr {LR['rloo']},
-beta {cfg.uf_rloo_beta}, truncation penalty {cfg.uf_truncation_penalty}). Sequences are cut at {cfg.uf_max_length} tokens; responses
+training prompts rewarded by that reward model ({cfg.uf_rloo_steps} steps of {RLOO_PROMPTS} prompts \
+x k={cfg.uf_rloo_k}, lr {LR['rloo']},
+beta {cfg.uf_rloo_beta}, truncation penalty {cfg.uf_truncation_penalty}). Sequences are cut at {cfg.uf_max_length} \
+tokens; responses
 are greedy, at most {cfg.uf_max_new_tokens} new tokens.
 
 ## Win-rates on {split['eval_prompts']} held-out prompts (judge: the trained reward model)
 
-{markdown_table(["model", "win-rate vs base", "95% CI", "win-rate vs SFT", "95% CI", "mean judge reward", "truncated responses"], rows)}
+{markdown_table(header, rows)}
 
-Per prompt: 1 when the model's judge reward is higher, 0.5 on a tie (identical responses, or equal rewards), 0 otherwise;
+Per prompt: 1 when the model's judge reward is higher, 0.5 on a tie (identical responses, or equal rewards), \
+0 otherwise;
 the win-rate is the mean, with a 95% Wilson interval. Win-rates vs SFT use the judge scores of the runs against the base
 model (`winrate/<model>_vs_base/winrate.jsonl`).
 
@@ -358,7 +344,7 @@ Targets:
 
 def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
     """Run the UltraFeedback track (see the module docstring); returns the report path. With --resume, every stage
-    whose outputs are there is skipped (:func:`rlft.recipes.pipeline.run_stage`)."""
+    whose outputs are there is skipped (:func:`rlft.lab.pipeline.run_stage`)."""
     from rlft.models import load_tokenizer
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.reward_model import RMConfig, train_rm
@@ -397,83 +383,62 @@ def run_ultrafeedback_demo(cfg: DemoConfig) -> Path:
 
     def sft_stage():
         choice = sft_data(cfg, data_dir, train_path, limit=cfg.uf_sft_steps * BATCH)
-        return train_sft(
-            SFTConfig(
-                model=cfg.model,
-                data=choice["data"],
-                data_format="chat",
-                chat_template=template,
-                output_dir=str(run_dir / "sft"),
-                max_length=cfg.uf_max_length,
-                batch_size=BATCH,
-                micro_batch_size=BATCH,
-                max_steps=cfg.uf_sft_steps,
-                lr=LR["sft"],
-                limit=cfg.uf_sft_steps * BATCH,  # one epoch; Pref-FT: the chosen replies of the first training pairs
-                save_every=max(cfg.uf_sft_steps // 3, 1),
-                seed=cfg.seed,
-                resume=cfg.resume,
-                **device))
+        return train_sft(SFTConfig(
+            model=cfg.model, data=choice["data"], data_format="chat", chat_template=template,
+            output_dir=str(run_dir / "sft"), max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=BATCH,
+            max_steps=cfg.uf_sft_steps, lr=LR["sft"],
+            limit=cfg.uf_sft_steps * BATCH,  # one epoch; Pref-FT: the chosen replies of the first training pairs
+            save_every=max(cfg.uf_sft_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device))
 
     sft = stage("SFT", run_dir / "sft" / "model", sft_stage)
     if note := _json(data_dir / "sft_source.json").get("note"):
         notes.append(note)
 
-    dpo = stage(
-        "DPO", run_dir / "dpo" / "model", lambda: train_dpo(
-            DPOConfig(model=str(sft), data=str(train_path), data_format="chat", drop_ties=True, output_dir=str(
-                run_dir / "dpo"), beta=cfg.dpo_beta, max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=
-                      DPO_MICRO, max_steps=cfg.uf_pref_steps, limit=cfg.uf_pref_steps * BATCH, lr=LR["dpo"], save_every=
-                      max(cfg.uf_pref_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
+    dpo = stage("DPO", run_dir / "dpo" / "model", lambda: train_dpo(DPOConfig(
+        model=str(sft), data=str(train_path), data_format="chat", drop_ties=True, output_dir=str(run_dir / "dpo"),
+        beta=cfg.dpo_beta, max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=DPO_MICRO,
+        max_steps=cfg.uf_pref_steps, limit=cfg.uf_pref_steps * BATCH, lr=LR["dpo"],
+        save_every=max(cfg.uf_pref_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
 
-    rm = stage(
-        "reward model", [run_dir / "rm" / "model", run_dir / "rm" / "eval.json"], lambda: train_rm(
-            RMConfig(model=cfg.model, data=str(train_path), eval_data=str(
-                eval_path), drop_ties=True, eval_limit=None, chat_template=template, output_dir=str(
-                    run_dir / "rm"), max_length=cfg.uf_max_length, batch_size=BATCH, micro_batch_size=BATCH,
-                     eval_batch_size=BATCH, max_steps=cfg.uf_rm_steps, lr=LR["rm"], head_lr=cfg.uf_rm_head_lr, head_init
-                     =cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0, save_every=max(
-                         cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
+    rm = stage("reward model", [run_dir / "rm" / "model", run_dir / "rm" / "eval.json"], lambda: train_rm(RMConfig(
+        model=cfg.model, data=str(train_path), eval_data=str(eval_path), drop_ties=True, eval_limit=None,
+        chat_template=template, output_dir=str(run_dir / "rm"), max_length=cfg.uf_max_length, batch_size=BATCH,
+        micro_batch_size=BATCH, eval_batch_size=BATCH, max_steps=cfg.uf_rm_steps, lr=LR["rm"],
+        head_lr=cfg.uf_rm_head_lr, head_init=cfg.uf_rm_head_init, train_layers=cfg.uf_rm_train_layers, eval_every=0,
+        save_every=max(cfg.uf_rm_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
 
-    rloo = stage(
-        "RLOO",
-        run_dir / "rloo" / "model",
-        lambda: train_rl(
-            rloo_config(  # the RL loop with `rlft rloo`'s defaults
-                model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"), k=
-                cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps, lr=LR[
-                    "rloo"], beta=cfg.uf_rloo_beta, max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.
-                uf_truncation_penalty, eval_every=0, eval_prompts=0, max_prompt_tokens=max_prompt_tokens,
-                micro_batch_size=8, gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k, save_every=max(
-                    cfg.uf_rloo_steps // 3, 1), seed=cfg.seed, resume=cfg.resume, **device)))
+    rloo = stage("RLOO", run_dir / "rloo" / "model", lambda: train_rl(rloo_config(  # `rlft rloo`'s defaults
+        model=str(sft), prompts_data=str(train_path), reward_model=str(rm), output_dir=str(run_dir / "rloo"),
+        k=cfg.uf_rloo_k, prompts_per_step=RLOO_PROMPTS, max_steps=cfg.uf_rloo_steps, lr=LR["rloo"],
+        beta=cfg.uf_rloo_beta, max_new_tokens=cfg.uf_max_new_tokens, truncation_penalty=cfg.uf_truncation_penalty,
+        eval_every=0, eval_prompts=0, max_prompt_tokens=max_prompt_tokens, micro_batch_size=8,
+        gen_batch_size=RLOO_PROMPTS * cfg.uf_rloo_k, save_every=max(cfg.uf_rloo_steps // 3, 1), seed=cfg.seed,
+        resume=cfg.resume, **device)))
 
     prompts = load_prompts(str(eval_path), limit=None)
     models = {"base": cfg.model, "sft": str(sft), "dpo": str(dpo), "rloo": str(rloo)}
     responses: dict[str, list[dict]] = {}
     for label, name in models.items():
-        path = stage(
-            f"generate {label}", run_dir / "responses" / f"{label}.jsonl", lambda: generate_responses(
-                name, prompts, cfg, run_dir / "responses" / f"{label}.jsonl", chat_template=template
-                if label == "base" else None))
+        path = stage(f"generate {label}", run_dir / "responses" / f"{label}.jsonl", lambda: generate_responses(
+            name, prompts, cfg, run_dir / "responses" / f"{label}.jsonl",
+            chat_template=template if label == "base" else None))
         responses[label] = read_jsonl(path)
 
     vs_base: dict[str, dict] = {}
     judged: dict[str, list[dict]] = {}
     for label in ("sft", "dpo", "rloo"):
         out = run_dir / "winrate" / f"{label}_vs_base"
-        stage(
-            f"judge {label} vs base", [out / "winrate.json", out / "winrate.jsonl"], lambda: run_winrate(
-                WinrateConfig(policy=str(run_dir / "responses" / f"{label}.jsonl"), reference=str(
-                    run_dir / "responses" / "base.jsonl"), judge=str(rm), data=None, limit=None, max_new_tokens=cfg.
-                              uf_max_new_tokens, batch_size=cfg.eval_batch_size, output_dir=str(
-                                  out), seed=cfg.seed, **device)))
+        stage(f"judge {label} vs base", [out / "winrate.json", out / "winrate.jsonl"], lambda: run_winrate(
+            WinrateConfig(policy=str(run_dir / "responses" / f"{label}.jsonl"),
+                          reference=str(run_dir / "responses" / "base.jsonl"), judge=str(rm), data=None, limit=None,
+                          max_new_tokens=cfg.uf_max_new_tokens, batch_size=cfg.eval_batch_size, output_dir=str(out),
+                          seed=cfg.seed, **device)))
         vs_base[label] = _json(out / "winrate.json")
         judged[label] = read_jsonl(out / "winrate.jsonl")
     vs_sft: dict[str, dict] = {}
     for label in ("dpo", "rloo"):
-        vs_sft[label] = {
-            **compare_judged(judged[label], judged["sft"]), "policy": label, "reference": "sft", "judge": str(rm)
-        }
+        vs_sft[label] = {**compare_judged(judged[label], judged["sft"]), "policy": label, "reference": "sft",
+                         "judge": str(rm)}
         path, text = run_dir / "winrate" / f"{label}_vs_sft.json", json.dumps(vs_sft[label], indent=2) + "\n"
         if not (path.is_file() and path.read_text() == text):  # derived: rewritten only when it changes
             path.write_text(text)

@@ -45,7 +45,8 @@ LEDGER_NAME = "test_looks.jsonl"
 
 
 def default_ledger_path(output: str | Path) -> Path:
-    """Where the test looks of an evaluation written to ``output`` are counted: ``<output's folder>/test_looks.jsonl``."""
+    """Where the test looks of an evaluation written to ``output`` are counted:
+    ``<output's folder>/test_looks.jsonl``."""
     return Path(output).expanduser().parent / LEDGER_NAME
 
 
@@ -269,7 +270,8 @@ def read_looks(ledger_path: str | Path) -> list[dict]:
 
 
 def count_test_looks(ledger_path: str | Path, model_sha256: str | None = None) -> int:
-    """How many test looks ``ledger_path`` records (0 when it does not exist); with ``model_sha256``, of those weights only."""
+    """How many test looks ``ledger_path`` records (0 when it does not exist); with ``model_sha256``, of those weights
+    only."""
     return sum(model_sha256 is None or r.get("model_sha256") == model_sha256 for r in read_looks(ledger_path))
 
 
@@ -301,9 +303,8 @@ def format_looks(path: str, looks: list[dict]) -> str:
     """The count, then a table per model: SHA-256 (first 12 hex digits), looks, first and last time, scores, labels and
     model paths; then the looks per test rows (:func:`looked_rows`: fresh, original, generated)."""
     rows = summarize_looks(looks)
-    lines = [
-        f"{path}: {len(looks)} test look{'s' if len(looks) != 1 else ''} of {len(rows)} model{'s' if len(rows) != 1 else ''}"
-    ]
+    lines = [f"{path}: {len(looks)} test look{'s' if len(looks) != 1 else ''} "
+             f"of {len(rows)} model{'s' if len(rows) != 1 else ''}"]
     if rows:
         lines.append(f"{'model SHA-256':<14} {'looks':>5}  {'first':<20}  {'last':<20}  {'scores':<24}  labels / model")
     for row in rows:
@@ -326,7 +327,8 @@ class EvalLedgerConfig:
     """Count the test looks a ledger records (one line per test evaluation), per model."""
 
     path: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="[PATH]")] = LEDGER_NAME
-    """The ledger file (default: test_looks.jsonl in the current folder; rlft eval countdown's is next to its --output)."""
+    """The ledger file (default: test_looks.jsonl in the current folder; rlft eval countdown's is next to
+    its --output)."""
     model_sha256: str | None = None
     """Count only the looks at these weights: the SHA-256 an evaluation's config.model_sha256 records, or a unique
     prefix of it (at least 8 hex digits; the table prints 12)."""

@@ -91,6 +91,20 @@ def tiny_model_factory():
     return make_tiny_model
 
 
+@pytest.fixture(scope="session")
+def tool_model(smol_tokenizer):
+    """A tiny model that learned to call an ``add`` tool (``tests/tool_model.py``; ~40 s to train, once)."""
+    from tests.tool_model import train_tool_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, _ = train_tool_model(smol_tokenizer, make_tiny_model)
+    finally:
+        torch.set_num_threads(threads)
+    return model
+
+
 def make_scaled_tiny_model(vocab_size: int, seed: int = 0):
     """``make_tiny_model`` with its layer weights redrawn from N(0, 0.5) (seeded with ``seed + 1``), so that
     outputs depend on the whole context (with the default 0.02 init a tied-embedding model barely does)."""

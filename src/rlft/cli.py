@@ -34,6 +34,7 @@ def _commands(
     values) replace the class's own defaults, under ``--config`` values and flags."""
     from rlft.eval.compare import EvalCompareConfig, run_eval_compare
     from rlft.eval.countdown_command import EvalCountdownConfig
+    from rlft.eval.environment_command import EvalEnvConfig, run_eval_env
     from rlft.lab.ledger import EvalLedgerConfig, run_eval_ledger
     from rlft.eval.winrate import WinrateConfig, run_winrate
     from rlft.lab.demo import DemoConfig, run_demo
@@ -80,6 +81,8 @@ def _commands(
         "rm": (RMConfig, train_rm, "Bradley-Terry reward model (scalar head on a causal LM) on preference pairs."),
         "eval countdown": (EvalCountdownConfig, run_eval_countdown_counted,
                            "Score a model on held-out Countdown tasks (score, accuracy, format rate, pass@k)."),
+        "eval env": (EvalEnvConfig, run_eval_env,
+                     "Score a model on any environment's rows (--env path/to/file.py:ClassName) by its own reward."),
         "eval compare": (
             EvalCompareConfig, run_eval_compare,
             "Paired difference B - A of `eval countdown --output` files of the same tasks (mixed, 3 and 4 numbers), "

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from rlft.validation import NON_NEGATIVE, POSITIVE, POSITIVE_INT, PROBABILITY
+from rlft.validation import NON_NEGATIVE, POSITIVE, POSITIVE_INT, PROBABILITY, OptionError, require
 
 MAX_NEW_TOKENS = 256
 """The default token budget of one completion, EOS included: the samplers' (``SamplingParams``, ``rlft rl``'s
@@ -208,3 +208,43 @@ class RolloutOptions:
     --rollout-url)."""
     rollout_url: str | None = None
     """Server base URL for --rollout-engine server, e.g. http://127.0.0.1:8000/v1."""
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """``--env`` and the bounds of rollouts with tool calls (rl/rloo, eval countdown, eval env, pairs countdown).
+
+    The environment is named here and loaded by the command (:mod:`rlft.environment`); tools run in rollouts of the
+    CPU engines and CUDA's static path (:mod:`rlft.rollout.turns`)."""
+
+    env: str | None = None
+    """The environment: 'countdown' (Countdown with the rule reward; the default), 'countdown-calc' (Countdown with a
+    calculator tool, the 'calc' prompt), 'chat' (the --prompts-data track; its default), or a user's
+    path/to/file.py:ClassName (a subclass of rlft.environment.Environment)."""
+    max_turns: Annotated[int, POSITIVE_INT] = 4
+    """With tools: most model turns per rollout (a call in the last turn gets no answer). An environment may set its
+    own."""
+    max_observation_tokens: Annotated[int, POSITIVE_INT] = 32
+    """With tools: most tokens of one tool observation (cut beyond). Observations never count toward
+    --max-new-tokens, which bounds the model's own tokens."""
+    tool_timeout: Annotated[float, POSITIVE] = 5.0
+    """With tools: seconds one tool call may run; a slower call's observation is an error and the rollout goes on."""
+
+    def _check_env(self, prompts_data: str | None = None, rollout_engine: str = "hf") -> None:
+        """One-line errors for an env that cannot be loaded or does not fit the other options."""
+        from rlft.environment import check_env_spec, is_user_env
+
+        if self.env is None:
+            return
+        try:
+            check_env_spec(self.env)
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
+        require(self.env != "chat" or prompts_data is not None, "--env chat needs --prompts-data (the chat prompts)")
+        require(self.env == "chat" or prompts_data is None,
+                f"--env {self.env} brings its own prompts: drop --prompts-data (or use --env chat)")
+        require(self.env != "countdown-calc" or rollout_engine == "hf",
+                f"--env countdown-calc calls a tool in the middle of a rollout: --rollout-engine {rollout_engine} "
+                "cannot pause a row (use hf)")
+        require(not is_user_env(self.env) or rollout_engine == "hf",
+                f"--env {self.env}: a user's environment runs on --rollout-engine hf (its tools pause rollouts)")

@@ -47,6 +47,7 @@ HELP_REWORDED["demo"] |= {"--eval-batch-size"}  # it sets RL's sampling batch to
 HELP_REWORDED["demo"] |= {"--rows", "--num-rows"}  # 'auto' reads the rows that ship with rlft since 2026-12-06
 HELP_REWORDED["demo"] |= {"--track"}  # names rlft.lab.demo_ultrafeedback, the demo's module since 2026-12-06
 HELP_REWORDED["sft"] |= {"--max-tokens-per-micro-batch"}  # one help text with rl's since 2026-12-02
+HELP_REWORDED["sft"] |= {"--trace-style"}  # names the 'calc' style (a calculator tool's calls) since 2026-12-06
 HELP_REWORDED["rl"] |= {"--gen-batch-size", "--micro-batch-size"}  # why 64; what to set on a GPU
 HELP_REWORDED["rloo"] |= {"--gen-batch-size", "--micro-batch-size"}
 DEFAULT_CHANGED: dict[str, dict[str, str]] = {"demo": {"--sft-steps": "(default: 40)", "--passk": "(default: 0)",
@@ -59,11 +60,14 @@ its filtered SFT stage and skips the sampled evaluation; 2026-11-28, to fit 45 m
 prompts, 256 sequences decoded together; rl's sampler decodes a default step's 64 samples together, not 32)."""
 
 
+ENV_ADDED = {"env": None, "max_turns": 4, "max_observation_tokens": 32, "tool_timeout": 5.0}
+"""--env and the bounds of rollouts with tool calls (2026-12-06): one block, added to rl, rloo and eval countdown."""
+ENV_FLAGS = {"--env", "--max-turns", "--max-observation-tokens", "--tool-timeout"}
 ADDED = {
     "RLConfig": {
         "stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0,
-        "max_staleness": 1, "max_tokens_per_micro_batch": None, "positive_weight": 1.0
-    }, "EvalCountdownConfig": {"ledger": None, "stop_repeats": None}, "SFTConfig": {"max_tokens": None}
+        "max_staleness": 1, "max_tokens_per_micro_batch": None, "positive_weight": 1.0, **ENV_ADDED
+    }, "EvalCountdownConfig": {"ledger": None, "stop_repeats": None, **ENV_ADDED}, "SFTConfig": {"max_tokens": None}
 }
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets
 it)."""
@@ -71,10 +75,11 @@ SET_SINCE = {"real_sft_correct_grpo": {"stop_repeats": None}}
 """Added options a variant (in every setting) sets explicitly, with its value: the recipe as named, before the
 option's default changed the sampling (configs/countdown/ablation/4_real.yaml)."""
 ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats", "--max-tokens-per-micro-batch",
-                      "--positive-weight"},
+                      "--positive-weight", *ENV_FLAGS},
                "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats",
-                        "--max-tokens-per-micro-batch", "--positive-weight"},
-               "eval countdown": {"--ledger", "--stop-repeats"}, "demo": {"--filtered-steps"}, "sft": {"--max-tokens"}}
+                        "--max-tokens-per-micro-batch", "--positive-weight", *ENV_FLAGS},
+               "eval countdown": {"--ledger", "--stop-repeats", *ENV_FLAGS}, "demo": {"--filtered-steps"},
+               "sft": {"--max-tokens"}}
 
 
 def _without_added(record: dict, key: str = "") -> dict:
@@ -92,8 +97,9 @@ def _without_added(record: dict, key: str = "") -> dict:
 
 
 REGISTRY_FLAGS = {"--advantage", "--loss", "--loss-mode", "--is-correction", "--kl-mode", "--kl-estimator",
-                  "--curriculum-buckets", "--rl-advantage", "--rl-loss", "--rl-loss-mode"}
-"""Flags whose choices are a registry's keys (docs/design.md section 5): a new entry is a new choice, none may go."""
+                  "--curriculum-buckets", "--rl-advantage", "--rl-loss", "--rl-loss-mode", "--trace-style"}
+"""Flags whose choices are a registry's keys (docs/design.md section 5): a new entry is a new choice, none may go
+(sft's --trace-style: rlft.tasks.countdown.traces.TRACE_STYLES, which gained 'calc')."""
 
 
 def _registry_choices(before: str, now: str) -> tuple[str, str]:

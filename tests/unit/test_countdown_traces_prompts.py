@@ -222,7 +222,7 @@ def test_chat_prompt_with_qwen_chatml_and_without_template(smol_tokenizer):
 
 
 def test_prompt_templates_by_name(smol_tokenizer):
-    assert set(PROMPT_TEMPLATES) == {"base", "chat", "short"}
+    assert set(PROMPT_TEMPLATES) == {"base", "chat", "short", "calc"}
     for name, fn in PROMPT_TEMPLATES.items():
         prompt = fn(ROW0, smol_tokenizer)
         assert "Assistant:" in prompt or "<|im_start|>assistant" in prompt

@@ -16,6 +16,7 @@ from rlft.eval.passk import mean_pass_at_k
 from rlft.eval.stats import Z_95
 from rlft.rewards.countdown import answer_value, score_completions
 from rlft.rollout.base import GenerationEngine, SamplingParams
+from rlft.rollout.turns import ToolUse
 from rlft.types import CountdownTask
 
 PROMPT_TAIL_CHARS = 200
@@ -72,6 +73,14 @@ class CountdownEvalResult:
     """Best-of-N curves against a greedy baseline (``rlft eval countdown --select``; :mod:`rlft.eval.best_of_n`):
     ``greedy``, ``sizes``, ``rows`` (one per selector@n), ``skipped``, ``reward_model``, ``reward_model_input``; empty
     without --select."""
+    task_tool_calls: list[list[int]] = field(default_factory=list)
+    """(num_tasks, k): complete tool calls of each sample (``--env countdown-calc``); empty without tools."""
+    task_tool_errors: list[list[int]] = field(default_factory=list)
+    """(num_tasks, k): of those, the calls answered with an error; empty without tools."""
+    tool_calls_per_answer: float = 0.0
+    """Mean tool calls per sample (0.0 without tools)."""
+    tool_errors_per_answer: float = 0.0
+    """Mean tool calls answered with an error per sample."""
     by_size: dict[str, dict] = field(default_factory=dict)
     """Per count of numbers (``"3"``, ``"4"``) and ``"all"``: ``n`` tasks, ``score``, ``accuracy``, ``format_rate``,
     ``truncated_rate`` over that subset's samples (:func:`size_summary`)."""
@@ -172,10 +181,13 @@ def evaluate_countdown(
     params: SamplingParams,
     *,
     num_examples: int = 3,
+    tool_use: ToolUse | None = None,
 ) -> CountdownEvalResult:
     """Generate ``params.k`` completions for each of the B prompts and score them against ``tasks``.
 
-    ``prompts[b]`` is the rendered prompt of ``tasks[b]``. Greedy mode is ``params.temperature == 0``.
+    ``prompts[b]`` is the rendered prompt of ``tasks[b]``. Greedy mode is ``params.temperature == 0``. ``tool_use``:
+    rollouts with tool calls (the calculator of ``--env countdown-calc``; each task's ground truth is its tools'
+    context); the score is the same rule on the final answer, and the tool calls and errors of each sample are kept.
 
     Raises:
         ValueError: no tasks, ``len(tasks) != len(prompts)``, or an engine result of the wrong shape.
@@ -184,7 +196,10 @@ def evaluate_countdown(
         raise ValueError("no tasks to evaluate")
     if len(tasks) != len(prompts):
         raise ValueError(f"{len(tasks)} tasks but {len(prompts)} prompts")
-    samples = engine.generate(prompts, params)
+    if tool_use is None:
+        samples = engine.generate(prompts, params)
+    else:
+        samples = engine.generate(prompts, params, tool_use=tool_use, contexts=[t.ground_truth() for t in tasks])
     if len(samples) != len(prompts) or any(len(s) != params.k for s in samples):
         raise ValueError(f"the engine must return {len(prompts)} lists of {params.k} samples")
 
@@ -202,7 +217,7 @@ def evaluate_countdown(
         }
         for task, prompt, row, row_scores in list(zip(tasks, prompts, samples, scores))[:num_examples]
     ]
-    return summarize(
+    result = summarize(
         "greedy" if params.temperature == 0.0 else "sampled",
         task_scores=scores,
         tasks=[{"nums": list(task.nums), "target": task.target} for task in tasks],
@@ -213,6 +228,14 @@ def evaluate_countdown(
         examples=examples,
         task_looped=[[s.looped for s in row] for row in samples],
     )
+    if tool_use is not None:
+        result.task_tool_calls = [[s.tool_calls for s in row] for row in samples]
+        result.task_tool_errors = [[s.tool_errors for s in row] for row in samples]
+        count = len(tasks) * params.k
+        result.tool_calls_per_answer = sum(map(sum, result.task_tool_calls)) / count
+        result.tool_errors_per_answer = sum(map(sum, result.task_tool_errors)) / count
+        result.by_size = size_summary(result)
+    return result
 
 
 def summarize(mode: str, *, task_scores: list[list[float]], tasks: list[dict], task_truncated: list[list[bool]],
@@ -292,6 +315,10 @@ def size_summary(result: CountdownEvalResult) -> dict[str, dict]:
             "format_rate": sum(x >= 0.1 for x in scores) / len(scores),
             "truncated_rate": sum(cut) / len(cut) if cut else float("nan")
         }
+        if result.task_tool_calls:
+            answers = len(rows) * result.k
+            out[name]["tool_calls"] = sum(x for i in rows for x in result.task_tool_calls[i]) / answers
+            out[name]["tool_errors"] = sum(x for i in rows for x in result.task_tool_errors[i]) / answers
     return out
 
 
@@ -344,6 +371,8 @@ def print_result(result: CountdownEvalResult, title: str = "Countdown eval") -> 
         ("format rate", f"{result.format_rate:.4f}"),
         *((f"pass@{j}", f"{v:.4f}") for j, v in result.pass_at_k.items()),
         ("mean completion tokens", f"{result.mean_completion_tokens:.1f}"),
+        *([("tool calls / errors per answer", f"{result.tool_calls_per_answer:.2f} / "
+            f"{result.tool_errors_per_answer:.2f}")] if result.task_tool_calls else []),
         ("truncated rate", f"{result.truncated_rate:.4f}"),
         *((("looped rate", f"{result.looped_rate:.4f}"),) if result.task_looped else ()),
     ]

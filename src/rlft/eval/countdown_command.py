@@ -26,8 +26,9 @@ from typing import Callable, Literal
 
 from rlft.eval.countdown import (CountdownEvalResult, evaluate_countdown, other_settings, other_weights, print_result,
                                  read_eval_file)
-from rlft.options import MAX_NEW_TOKENS, MAX_NEW_TOKENS_CUDA, DeviceOptions, RolloutOptions
+from rlft.options import MAX_NEW_TOKENS, MAX_NEW_TOKENS_CUDA, DeviceOptions, EnvOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
+from rlft.rollout.turns import ToolUse
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownDataOptions, CountdownOptions
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.types import CountdownTask
@@ -43,7 +44,7 @@ Selector = Literal["majority", "self-certainty", "self-certainty-vote", "reward-
 
 
 @dataclass(frozen=True)
-class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
+class EvalCountdownConfig(DeviceOptions, RolloutOptions, EnvOptions, CountdownDataOptions):
     """Evaluate a model on held-out Countdown tasks."""
 
     model: str = "smollm2-135m"
@@ -101,6 +102,12 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, CountdownDataOptions):
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_countdown()
+        self._check_env(rollout_engine=self.rollout_engine)
+        require(self.env in (None, "countdown", "countdown-calc"),
+                f"--env {self.env}: `rlft eval countdown` evaluates the Countdown environments; use `rlft eval env`")
+        require(self.env != "countdown-calc" or self.prompt_template in ("base", "calc"),
+                f"--env countdown-calc renders its own prompt (the 'calc' template): drop --prompt-template "
+                f"{self.prompt_template}")
         require(self.mode == "sampled" or self.k == 1,
                 f"--k {self.k} needs --mode sampled: greedy evaluation draws one completion per task")
         require(
@@ -253,8 +260,8 @@ class RecordingEngine:
         self.engine = engine
         self.texts: list[list[str]] = []
 
-    def generate(self, prompts, params):
-        samples = self.engine.generate(prompts, params)
+    def generate(self, prompts, params, **tools):
+        samples = self.engine.generate(prompts, params, **tools)
         self.texts = [[s.text for s in row] for row in samples]
         return samples
 
@@ -293,6 +300,17 @@ record (the options, the weights' ``model_sha256``, ``heldout``: which test rows
 look in the test-look ledger (:func:`rlft.lab.test_looks.run_eval_countdown_counted`)."""
 
 
+def countdown_env(cfg) -> tuple[str, ToolUse | None]:
+    """``(prompt template, tools)`` of a Countdown command's ``--env``: ``('calc', the calculator)`` for
+    countdown-calc (:data:`rlft.rewards.countdown_calc.CALC_TOOLS`, with ``--max-turns``, ``--max-observation-tokens``
+    and ``--tool-timeout``), else ``(--prompt-template, None)``."""
+    if cfg.env != "countdown-calc":
+        return cfg.prompt_template, None
+    from rlft.rewards.countdown_calc import CALC_TOOLS
+
+    return "calc", ToolUse(CALC_TOOLS, cfg.max_turns, cfg.max_observation_tokens, cfg.tool_timeout)
+
+
 def run_eval_countdown(cfg: EvalCountdownConfig, *, on_test_look: TestLookCallback | None = None
                        ) -> CountdownEvalResult:
     """Load the model, build tasks and prompts, evaluate, print a table, write ``cfg.output`` if set (the result, its
@@ -324,9 +342,10 @@ def run_eval_countdown(cfg: EvalCountdownConfig, *, on_test_look: TestLookCallba
     greedy = (load_greedy_baseline(cfg.greedy_from, tasks, max_new_tokens, model_sha256, cfg.prompt_template)
               if cfg.greedy_from else None)
     tokenizer = load_tokenizer(cfg.model)
-    prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
+    template, tool_use = countdown_env(cfg)
+    prompts = [render_prompt(template, task, tokenizer) for task in tasks]
     engine = make_engine(cfg.rollout_engine, cfg.model, tokenizer, spec, url=cfg.rollout_url, batch_size=cfg.batch_size,
-                         show_progress=True, add_special_tokens=adds_special_tokens(cfg.prompt_template))
+                         show_progress=True, add_special_tokens=adds_special_tokens(template))
     if any(name.startswith("self-certainty") for name in cfg.select) and getattr(engine, "decoder", None) == "auto":
         # the hf decoder that reports self-certainty (CUDA's default, static-cache generate, does not)
         engine.decoder = "drop"
@@ -338,7 +357,8 @@ def run_eval_countdown(cfg: EvalCountdownConfig, *, on_test_look: TestLookCallba
         params = SamplingParams(k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens,
                                 seed=cfg.seed, stop_repeats=cfg.stop_repeats)
     recorder = RecordingEngine(engine)
-    result = evaluate_countdown(recorder, tasks, prompts, params)
+    tools = {"tool_use": tool_use} if tool_use is not None else {}
+    result = evaluate_countdown(recorder, tasks, prompts, params, **tools)
     print_result(result, title=f"Countdown eval: {cfg.model}")
     if cfg.select:
         if cfg.select_reward_model is not None:
@@ -348,7 +368,7 @@ def run_eval_countdown(cfg: EvalCountdownConfig, *, on_test_look: TestLookCallba
         source = cfg.greedy_from
         if greedy is None:
             log.info("greedy baseline: %d tasks, max_new_tokens %d", len(tasks), max_new_tokens)
-            greedy, source = evaluate_countdown(engine, tasks, prompts, greedy_params), "this run"
+            greedy, source = evaluate_countdown(engine, tasks, prompts, greedy_params, **tools), "this run"
         result.selection = best_of_n(cfg, result, greedy, source)
     if cfg.output:
         path = Path(cfg.output).expanduser()

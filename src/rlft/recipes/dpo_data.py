@@ -44,7 +44,8 @@ from rlft.data import preferences
 from rlft.data.chat import ensure_chat_template
 from rlft.data.chat import tokenize_preference_pair as tokenize_chat_sequences
 from rlft.data.files import DataError, read_rows
-from rlft.data.tokenize import TokenizedExample, tokenize_prompt_completion
+from rlft.data.tokenize import TokenizedExample, tokenize_segments
+from rlft.tasks.countdown.calc import trace_segments
 from rlft.recipes.dpo_config import DPOConfig
 
 log = logging.getLogger("rlft")
@@ -167,12 +168,15 @@ def _limited(pairs: list, cfg: DPOConfig) -> list:
 
 
 def tokenize_text_pair(tokenizer, pair: TextPair, max_length: int) -> TokenizedPair | None:
-    """Plain-text tokenization: ``prompt + response + EOS`` for each response, loss on response + EOS.
+    """Plain-text tokenization: ``prompt + response + EOS`` for each response, loss on response + EOS, and none on
+    the tool observations of a response with tool calls (``rlft pairs countdown --env countdown-calc``:
+    :func:`rlft.tasks.countdown.calc.trace_segments`, tokenized piece by piece as the rollout was; a response without
+    observations gives the ids and mask of one piece).
 
     Returns None when the prompt alone leaves no room for a response token.
     """
-    chosen = tokenize_prompt_completion(tokenizer, pair.prompt, pair.chosen, max_length=max_length)
-    rejected = tokenize_prompt_completion(tokenizer, pair.prompt, pair.rejected, max_length=max_length)
+    chosen = tokenize_segments(tokenizer, pair.prompt, trace_segments(pair.chosen), max_length=max_length)
+    rejected = tokenize_segments(tokenizer, pair.prompt, trace_segments(pair.rejected), max_length=max_length)
     if chosen is None or rejected is None:
         return None
     return TokenizedPair(chosen, rejected)

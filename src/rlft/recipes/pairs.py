@@ -39,15 +39,15 @@ from rlft.rewards.countdown import score_completions
 from rlft.rollout.base import GenerationEngine, Sample, SamplingParams
 from rlft.rollout.journal import sample_with_journal
 from rlft.types import CountdownTask
-from rlft.validation import OptionError, validate_options
-from rlft.options import MAX_NEW_TOKENS, MAX_NEW_TOKENS_CUDA, DeviceOptions, RolloutOptions
+from rlft.validation import OptionError, require, validate_options
+from rlft.options import MAX_NEW_TOKENS, MAX_NEW_TOKENS_CUDA, DeviceOptions, EnvOptions, RolloutOptions
 from rlft.tasks.countdown.options import CountdownTrainingOptions
 
 log = logging.getLogger("rlft")
 
 
 @dataclass(frozen=True)
-class PairsConfig(DeviceOptions, RolloutOptions, CountdownTrainingOptions):
+class PairsConfig(DeviceOptions, RolloutOptions, EnvOptions, CountdownTrainingOptions):
     """Sample responses to Countdown training prompts, score them, and write best-vs-worst preference pairs."""
 
     model: str = "runs/sft/model"
@@ -82,6 +82,10 @@ class PairsConfig(DeviceOptions, RolloutOptions, CountdownTrainingOptions):
     def __post_init__(self) -> None:
         validate_options(self)
         self._check_countdown()
+        self._check_env(rollout_engine=self.rollout_engine)
+        require(self.env in (None, "countdown", "countdown-calc"),
+                f"--env {self.env}: `rlft pairs countdown` samples the Countdown environments (countdown, "
+                "countdown-calc)")
         _validate(self)
 
     def check_outputs(self) -> None:
@@ -133,7 +137,9 @@ def journal_meta(cfg: PairsConfig, max_new_tokens: int) -> dict:
     """The meta of ``cfg``'s journal: :data:`JOURNAL_KEYS`, the resolved ``max_new_tokens``, the model's weights
     (:func:`model_weights_id`)."""
     return {**{key: getattr(cfg, key) for key in JOURNAL_KEYS}, "max_new_tokens": max_new_tokens,
-            "model_weights": model_weights_id(cfg.model, journal_path(cfg.output))}
+            "model_weights": model_weights_id(cfg.model, journal_path(cfg.output)),
+            **({"env": cfg.env, "max_turns": cfg.max_turns, "max_observation_tokens": cfg.max_observation_tokens}
+               if cfg.env == "countdown-calc" else {})}
 
 
 def _own_stats(path: Path, output: str) -> bool:
@@ -281,6 +287,7 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
     from rlft.distributed import require_one_process
     from rlft.models import pick_device
     from rlft.rollout.journal import journal_differences
+    from rlft.eval.countdown_command import countdown_env
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 
     require_one_process("rlft pairs countdown")
@@ -296,7 +303,12 @@ def make_countdown_pairs(cfg: PairsConfig, *, engine: GenerationEngine | None = 
                              batch_size=cfg.batch_size, show_progress=True,
                              add_special_tokens=adds_special_tokens(cfg.prompt_template))
     tokenizer = getattr(engine, "tokenizer", None)
-    prompts = [render_prompt(cfg.prompt_template, task, tokenizer) for task in tasks]
+    template, tool_use = countdown_env(cfg)  # --env countdown-calc: the 'calc' prompt and the calculator
+    prompts = [render_prompt(template, task, tokenizer) for task in tasks]
+    if tool_use is not None:
+        from rlft.rollout.turns import WithTools
+
+        engine = WithTools(engine, tool_use, {p: t.ground_truth() for p, t in zip(prompts, tasks)})
     params = SamplingParams(k=cfg.num_samples, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                             max_new_tokens=meta["max_new_tokens"], seed=cfg.seed)
     journal = journal_path(cfg.output)

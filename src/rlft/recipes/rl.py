@@ -136,6 +136,7 @@ from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import LossContext, PassPlan, gradient_rows, policy_loss_backward, take_rows
 from rlft.rl.config import RLConfig
 from rlft.rl.curriculum import CurriculumSampler
+from rlft.rl.environments import environment_reward, environment_source, load_user_env
 from rlft.rl.evaluation import InLoopEval, InLoopLookCallback
 from rlft.rl.logprobs import LogprobPasses, step_logprobs
 from rlft.rl.metrics import NO_UPDATE, progress_line, reduce_loss_metrics, step_record
@@ -241,14 +242,17 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None,
     if cfg.beta > 0 and cfg.kl_mode == "loss" and cfg.kl_estimator == "k1":
         log.warning("--kl-mode loss with the k1 estimator: its expected gradient is zero; consider --kl-estimator k3")
     tokenizer = _tokenizer(cfg)
-    # once, each from its own option block: the loop calls reward.fn
-    reward = make_reward(cfg.scoring, reward_fn, chat_prompts=cfg.prompts_data is not None,
-                         batch_size=cfg.micro_batch_size, device=cfg.device, dtype=cfg.dtype)
+    # once, each from its own option block: the loop calls reward.fn; a user's --env file gives its own reward
+    env = load_user_env(cfg.environment)
+    reward = environment_reward(env) if env is not None else make_reward(
+        cfg.scoring, reward_fn, chat_prompts=cfg.prompts_data is not None, batch_size=cfg.micro_batch_size,
+        device=cfg.device, dtype=cfg.dtype)
     advantage_fn = advantage_function(cfg.policy)  # chosen by name, once
     objective = make_objective(cfg.policy, cfg.kl, cfg.importance, replay=cfg.replay_size > 0)
     torch.manual_seed(cfg.seed)
     spec = pick_device(cfg.device, cfg.dtype)
-    source = make_prompt_source(cfg, tokenizer, reward)
+    source = (environment_source(env, cfg, tokenizer, reward) if env is not None else  # with its tools, if any
+              make_prompt_source(cfg, tokenizer, reward))
     prompts = _training_prompts(cfg, source.train)  # before the model loads
     run_dir = run.open()
     # the shared start-up: model (resumed), optimizer over ppo_epochs optimizer steps per step, gradient checkpointing,
@@ -278,7 +282,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None,
             # all ranks together, their (B, k) raw and shaped rewards; this rank's at positions got.local, with their
             # batch. 2b. --replay-size: groups of earlier steps after them, shaped and filtered as fresh ones.
             with generating():
-                got = sample_step(cfg, step, prompts, order, engine, reward, tokenizer)
+                got = sample_step(cfg, step, prompts, order, engine, reward, tokenizer, source.tool_use)
             got = replay.add_replayed(step, got, prompts, tokenizer, add_special_tokens=engine.add_special_tokens)
             t1 = time.perf_counter()
             # 3-4. Log-probs before the update (sampler, reference, pre-update, behaviour) and what follows from them:

@@ -45,11 +45,12 @@ from rlft.data.chat import ensure_chat_template, render_chat
 from rlft.data.files import DataError, read_rows
 from rlft.data.preferences import ChatExample, load_chat_examples
 from rlft.data.packing import default_pack_length, pack_examples
-from rlft.data.tokenize import TokenizedExample, collate, tokenize_prompt_completion
+from rlft.data.tokenize import TokenizedExample, collate, tokenize_segments
 from rlft.losses.sft import sft_loss
 from rlft.models import DEFAULT_MODEL
 from rlft.lora import LoRAOptions
 from rlft.options import DistributedOptions, MemoryOptions, PackingOptions, OptimizerOptions, RunOptions, SpeedOptions
+from rlft.tasks.countdown.calc import trace_segments
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownOptions
 from rlft.recipes.common import (batch_indices, begin_run, checkpoint_if_due, finish_run, micro_batch_label,
                                  optimizer_step, start_training, step_micro_batches, step_order, step_plan,
@@ -98,10 +99,10 @@ class SFTConfig(RunOptions, OptimizerOptions, LoRAOptions, MemoryOptions, Packin
     correct_only: bool = False
     """--data countdown: train only on the traces whose answer is correct (a 'bounded' search that did not give up):
     SFT on rejection-sampled data, a baseline for RL from a bounded-trace start. The kept count is logged."""
-    trace_style: Literal["direct", "search", "bounded"] = "search"
-    """Solver trace style: 'direct' (just the solution steps), 'search' (dead ends, backtracking, check) or
-    'bounded' (the ranked search tried in order by a searcher who may give up with a wrong answer; ~48% of
-    medium3 traces correct at --give-up 0.6, like cog_behav's ~43%)."""
+    trace_style: Literal["direct", "search", "bounded", "calc"] = "search"
+    """Solver trace style: 'direct' (just the solution steps), 'search' (dead ends, backtracking, check), 'bounded'
+    (ranked tries by a searcher who may give up with a wrong answer; ~48% of medium3 traces correct at --give-up 0.6)
+    or 'calc' (bounded's, each try a calculator tool call; observations untrained; needs --prompt-template calc)."""
     max_dead_ends: int = 2
     """Most dead ends a 'search' trace shows before the solution."""
     give_up: float = 0.6
@@ -292,8 +293,10 @@ def _report(examples: list[TokenizedExample], dropped: int, max_length: int, why
 
 
 def tokenize_pairs(pairs: list[PromptCompletion], tokenizer, max_length: int) -> list[TokenizedExample]:
-    """Tokenize prompt/completion pairs; report how many were truncated and how many dropped (prompt too long)."""
-    examples = [tokenize_prompt_completion(tokenizer, p.prompt, p.completion, max_length=max_length) for p in pairs]
+    """Tokenize prompt/completion pairs, tool observations untrained (:func:`rlft.data.tokenize.tokenize_segments`);
+    report how many were truncated and how many dropped (prompt too long)."""
+    examples = [tokenize_segments(tokenizer, p.prompt, trace_segments(p.completion), max_length=max_length)
+                for p in pairs]
     kept = [e for e in examples if e is not None]
     return _report(kept, len(examples) - len(kept), max_length, "prompt alone too long")
 

@@ -45,8 +45,9 @@ def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *,
     Prompt ids come from :func:`rlft.rollout.hf.encode_prompts`, the function :class:`HFEngine` tokenizes
     with; pass the engine's ``add_special_tokens`` (the recipe does), so the ids are those the sampler
     conditioned on. ``loss_mask`` is 1 on every generated id, the EOS included (masks come from lengths,
-    never from token values, so pad == EOS is harmless). No samples (a rank with no groups this step): a
-    ``(0, 1)`` batch, which every pass below goes through with no forward.
+    never from token values, so pad == EOS is harmless), and 0 on a rollout's observations
+    (``Sample.loss_mask``: tool output is context, with no log-prob, KL or entropy term of its own). No samples (a
+    rank with no groups this step): a ``(0, 1)`` batch, which every pass below goes through with no forward.
     """
     if not samples:
         return TokenBatch(torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1), dtype=torch.long),
@@ -55,7 +56,8 @@ def rollout_batch(tokenizer, prompts: list[str], samples: list[list[Sample]], *,
     examples = [
         TokenizedExample(
             input_ids=list(prompt_ids[b]) + list(sample.completion_ids),
-            loss_mask=[0] * len(prompt_ids[b]) + [1] * len(sample.completion_ids),
+            loss_mask=[0] * len(prompt_ids[b]) + (
+                [1] * len(sample.completion_ids) if sample.loss_mask is None else list(sample.loss_mask)),
             truncated=sample.finish_reason == "length",
         )
         for b, row in enumerate(samples)
@@ -333,7 +335,8 @@ def sampler_logprobs(batch: TokenBatch, samples: list[list[Sample]]) -> torch.Te
     out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
     for i, s in enumerate(flat):
         positions = batch.loss_mask[i].nonzero().squeeze(1)
-        out[i, positions[: len(s.logprobs)].cpu()] = torch.tensor(s.logprobs, dtype=torch.float32)
+        own = s.logprobs if s.loss_mask is None else [lp for lp, m in zip(s.logprobs, s.loss_mask) if m]
+        out[i, positions[: len(own)].cpu()] = torch.tensor(own, dtype=torch.float32)
     return out.to(batch.loss_mask.device)
 
 
@@ -347,8 +350,10 @@ def with_logprobs(samples: list[list[Sample]], batch: TokenBatch, logprobs: torc
         filled = []
         for s in row:
             if s.logprobs is None:
-                positions = batch.loss_mask[i].nonzero().squeeze(1)[: len(s.completion_ids)]
-                s = replace(s, logprobs=logprobs[i, positions].tolist())
+                positions = batch.loss_mask[i].nonzero().squeeze(1)[: s.model_tokens]
+                own = iter(logprobs[i, positions].tolist())
+                mask = s.loss_mask if s.loss_mask is not None else [1] * len(s.completion_ids)
+                s = replace(s, logprobs=[next(own) if m else 0.0 for m in mask])
             filled.append(s)
             i += 1
         out.append(filled)

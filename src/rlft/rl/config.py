@@ -26,7 +26,7 @@ from tyro.conf import arg
 from rlft.composed import composed
 from rlft.lora import LoRAOptions
 from rlft.models import DEFAULT_MODEL
-from rlft.options import DistributedOptions, MemoryOptions, OptimizerOptions, RunOptions, SpeedOptions
+from rlft.options import DistributedOptions, EnvOptions, MemoryOptions, OptimizerOptions, RunOptions, SpeedOptions
 from rlft.rl.options import (AdvantageName, BucketingName, ChatPromptOptions, CurriculumOptions, GroupFilterOptions,
                              ImportanceOptions, InLoopEvalOptions, ISMode, KLEstimatorName, KLMode, KLOptions, LossMode,
                              PolicyLossName, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions,
@@ -125,6 +125,8 @@ class RLConfig:
     """The optimizer."""
     run: Annotated[RLRunOptions, FLAT] = _block(RLRunOptions)
     """The run folder, its length, the device."""
+    environment: Annotated[EnvOptions, FLAT] = _block(EnvOptions)
+    """The environment (--env) and the bounds of rollouts with tool calls."""
 
     def __post_init__(self) -> None:
         validate_options(self)  # types, ranges declared on the fields, known presets/templates
@@ -140,6 +142,7 @@ class RLConfig:
         self.replay._check_replay(self.sampling.prompts_per_step, self.policy.loss, self.importance.is_correction)
         self.kl._check_kl()
         self.chat._check_chat_prompts()
+        self.environment._check_env(self.chat.prompts_data, self.sampling.rollout_engine)
         run, epochs = self.run, self.policy.ppo_epochs
         check_step_count(run.max_steps * epochs, f"--max-steps {run.max_steps} x --ppo-epochs {epochs}")  # optimizer
         per_step, num_train = self.sampling.prompts_per_step, self.run.num_train

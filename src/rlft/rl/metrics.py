@@ -125,7 +125,8 @@ def update_metrics(got: StepSamples, rewards: torch.Tensor, advantages: torch.Te
     counted in ``truncated_frac`` too), ``update/masked_frac`` (the share of the samples left out of the loss: the
     truncated ones when ``masked``, ``--mask-truncated``; else 0), ``tokens_per_s/update`` (over ``update_s``
     seconds), ``entropy`` (minus the mean seen log-prob: a Monte-Carlo estimate), ``kl/mean`` (mean over seen rows
-    of ``sum_t kl_t``) and ``tokens_per_s/generate``."""
+    of ``sum_t kl_t``) and ``tokens_per_s/generate``; with tool calls, per sample of this rank: ``tools/calls``,
+    ``tools/errors`` and ``tools/observation_tokens``."""
     B, k = got.raw.shape
     truncated_frac = got.truncated.mean().item()
     record = {
@@ -139,6 +140,11 @@ def update_metrics(got: StepSamples, rewards: torch.Tensor, advantages: torch.Te
         "update/masked_frac": truncated_frac if masked else 0.0,
         "tokens_per_s/update": counts["update_tokens"] / max(update_s, 1e-9),
     }
+    flat = [s for row in got.samples for s in row]
+    if flat and any(s.loss_mask is not None for s in flat):  # rollouts with tool calls (this rank's samples)
+        record |= {"tools/calls": sum(s.tool_calls for s in flat) / len(flat),
+                   "tools/errors": sum(s.tool_errors for s in flat) / len(flat),
+                   "tools/observation_tokens": sum(len(s.completion_ids) - s.model_tokens for s in flat) / len(flat)}
     if counts["seen_tokens"] > 0:
         record["entropy"] = -counts["logprob_sum"] / counts["seen_tokens"]
         if counts["kl_rows"] > 0:

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from rlft import distributed
+from rlft.eval.countdown_command import countdown_env
 from rlft.rl.records import Reward, RLPrompt
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf import encode_prompts
+from rlft.rollout.turns import ToolUse
 from rlft.types import CountdownTask
 
 if TYPE_CHECKING:
@@ -129,17 +131,18 @@ def load_chat_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RL
 
 def load_prompts(cfg: RLConfig, tokenizer) -> tuple[list[RLPrompt], list[RLPrompt], list[CountdownTask] | None]:
     """``(train, eval, eval_tasks)``: chat prompts (``eval_tasks`` None), or Countdown prompts rendered with
-    ``prompt_template`` (``eval_tasks``: the first ``eval_limit`` held-out tasks)."""
+    ``prompt_template`` (``--env countdown-calc``: the 'calc' template; ``eval_tasks``: the first ``eval_limit``
+    held-out tasks)."""
     if cfg.prompts_data is not None:
         return *load_chat_prompts(cfg, tokenizer), None
     from rlft.tasks.countdown.prompts import render_prompt
 
+    template, _ = countdown_env(cfg)
     tasks, heldout = load_rl_tasks(cfg)
-    train = [RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in tasks]
+    train = [RLPrompt(render_prompt(template, t, tokenizer), None, t.ground_truth()) for t in tasks]
     eval_tasks = heldout[: cfg.eval_limit]
-    return train, [
-        RLPrompt(render_prompt(cfg.prompt_template, t, tokenizer), None, t.ground_truth()) for t in eval_tasks
-    ], eval_tasks
+    return train, [RLPrompt(render_prompt(template, t, tokenizer), None, t.ground_truth()) for t in eval_tasks
+                   ], eval_tasks
 
 
 def evaluate_chat(engine, prompts: list[RLPrompt], reward: Reward, max_new_tokens: int) -> dict[str, float]:
@@ -156,13 +159,18 @@ def evaluate_chat(engine, prompts: list[RLPrompt], reward: Reward, max_new_token
     }
 
 
-def evaluate_heldout(engine, tasks: list[CountdownTask], prompts: list[str], max_new_tokens: int) -> dict[str, float]:
-    """Greedy Countdown evaluation: ``eval/score`` (mean 0/0.1/1 score), ``eval/accuracy``, ``eval/format_rate``."""
+def evaluate_heldout(engine, tasks: list[CountdownTask], prompts: list[str], max_new_tokens: int,
+                     tool_use: ToolUse | None = None) -> dict[str, float]:
+    """Greedy Countdown evaluation: ``eval/score`` (mean 0/0.1/1 score), ``eval/accuracy``, ``eval/format_rate``;
+    with tools also ``eval/tool_calls`` and ``eval/tool_errors`` (per answer)."""
     from rlft.eval.countdown import evaluate_countdown
 
     result = evaluate_countdown(engine, tasks, prompts,
-                                SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens))
-    return {"eval/score": result.mean_score, "eval/accuracy": result.accuracy, "eval/format_rate": result.format_rate}
+                                SamplingParams(k=1, temperature=0.0, max_new_tokens=max_new_tokens), tool_use=tool_use)
+    tools = {"eval/tool_calls": result.tool_calls_per_answer,
+             "eval/tool_errors": result.tool_errors_per_answer} if tool_use is not None else {}
+    return {"eval/score": result.mean_score, "eval/accuracy": result.accuracy, "eval/format_rate": result.format_rate,
+            **tools}
 
 
 def evaluate_sharded(engine, n: int, evaluate_part: Callable[[list[int]], dict[str, float]],
@@ -197,11 +205,15 @@ class PromptSource:
     """``evaluate(engine) -> metrics`` on the held-out prompts (greedy; under torchrun every rank evaluates its shard:
     call it on every rank)."""
     kind: str
-    """'countdown' or 'chat'."""
+    """'countdown', 'chat' or 'env' (a user's environment)."""
+    tool_use: ToolUse | None = None
+    """The tools rollouts may call (``--env countdown-calc``, a user's environment with tools); None: one turn."""
 
 
 def make_prompt_source(cfg: RLConfig, tokenizer, reward: Reward) -> PromptSource:
-    """The run's prompt source: chat prompts when ``cfg.prompts_data`` is set, else Countdown tasks."""
+    """The run's prompt source of a built-in environment: chat prompts when ``cfg.prompts_data`` is set, else
+    Countdown tasks (with the calculator for ``--env countdown-calc``). A user's environment has its own
+    (:func:`rlft.rl.environments.environment_source`)."""
     train, held, eval_tasks = load_prompts(cfg, tokenizer)
     params = SamplingParams(k=1, temperature=0.0,
                             max_new_tokens=cfg.eval_max_new_tokens)  # what both evaluations sample with
@@ -213,12 +225,12 @@ def make_prompt_source(cfg: RLConfig, tokenizer, reward: Reward) -> PromptSource
 
         return PromptSource(train, held, evaluate, "chat")
     texts = [p.text for p in held]
+    _, tool_use = countdown_env(cfg)
 
     def evaluate_countdown_tasks(engine):
         return evaluate_sharded(
-            engine, len(held),
-            lambda part: evaluate_heldout(engine, [eval_tasks[i]
-                                                   for i in part], [texts[i] for i in part], cfg.eval_max_new_tokens),
-            params)
+            engine, len(held), lambda part: evaluate_heldout(engine, [eval_tasks[i] for i in part],
+                                                             [texts[i] for i in part], cfg.eval_max_new_tokens,
+                                                             tool_use), params)
 
-    return PromptSource(train, held, evaluate_countdown_tasks, "countdown")
+    return PromptSource(train, held, evaluate_countdown_tasks, "countdown", tool_use)

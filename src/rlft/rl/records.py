@@ -72,7 +72,8 @@ class StepSamples:
     truncated: torch.Tensor
     """``(B, k)`` 1.0 where a sample hit max_new_tokens without EOS."""
     lengths: torch.Tensor
-    """``(B, k)`` completion lengths in tokens (EOS included), float."""
+    """``(B, k)`` completion lengths in the model's own tokens (EOS included; a rollout's observations not counted),
+    float."""
     all_raw: torch.Tensor
     """``(G, k)`` raw rewards of every group sampled this step (G >= B)."""
     tried: list[int]

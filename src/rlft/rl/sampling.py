@@ -21,6 +21,7 @@ from rlft.rl.records import Reward, RLPrompt, StepSamples
 from rlft.rl.replay import ReplayGroup
 from rlft.rl.shaping import repeated_samples, shaped_rewards
 from rlft.rollout.base import Sample, SamplingParams
+from rlft.rollout.turns import ToolUse
 
 if TYPE_CHECKING:
     from rlft.rl.config import RLConfig
@@ -39,7 +40,7 @@ def sampling_params(cfg: RLConfig) -> SamplingParams:
 
 
 def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: PromptOrder, engine, reward: Reward,
-                tokenizer=None) -> StepSamples:
+                tokenizer=None, tool_use: ToolUse | None = None) -> StepSamples:
     """Sample, score and shape this step's groups (steps 1-2 of the loop) with :func:`sampling_params`.
 
     Without filtering: the prompts of ``order(step)``, sampled with ``generation_seed(seed, step)``. With
@@ -60,6 +61,8 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         reward: scores ``(prompts, completions)``.
         tokenizer: builds this rank's teacher-forcing batch (:func:`rlft.rl.batch.rollout_batch`, prompts
             tokenized with ``engine.add_special_tokens``, as the engine did); None: no batch (``batch`` None).
+        tool_use: rollouts with tool calls (each prompt's ground truth is its tools' context): the samples' observations
+            get ``loss_mask`` 0 in the batch, and their lengths count the model's own tokens; None: one turn.
     Raises:
         ValueError: the reward returned another number of scores than completions.
     """
@@ -86,7 +89,9 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         t0 = time.perf_counter()
         seed = generation_seed(cfg.seed, virtual, distributed.rank())
         # every rank calls generate, with no prompts too: a sharded model's generation is collective (HFEngine)
-        samples = engine.generate([p.text for p in batch_prompts], replace(sampling, seed=seed))
+        texts, params = [p.text for p in batch_prompts], replace(sampling, seed=seed)
+        samples = engine.generate(texts, params) if tool_use is None else engine.generate(
+            texts, params, tool_use=tool_use, contexts=[p.ground_truth for p in batch_prompts])
         generate_s += time.perf_counter() - t0
         flat = [s for row in samples for s in row]
         generated_tokens += sum(len(s.completion_ids) for s in flat)
@@ -96,7 +101,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         raw = torch.tensor(scores, dtype=torch.float32).view(len(batch_prompts), k)
         truncated = torch.tensor([s.finish_reason == "length" for s in flat],
                                  dtype=torch.float32).view(len(batch_prompts), k)
-        lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
+        lengths = torch.tensor([s.model_tokens for s in flat], dtype=torch.float32).view(len(batch_prompts), k)
         repeated = repeated_samples(cfg.shaping, [s.text for s in flat]).view(len(batch_prompts), k)
         raw, truncated, lengths, repeated = (distributed.gather_rows(t, mine, len(chosen))  # (len(chosen), k) each
                                              for t in (raw, truncated, lengths, repeated))
@@ -144,7 +149,7 @@ def with_replayed(cfg: RLConfig, got: StepSamples, groups: Sequence[ReplayGroup]
     raw = torch.tensor([g.rewards for g in groups], dtype=torch.float32).view(len(groups), k)
     flat = [s for g in groups for s in g.samples]
     truncated = torch.tensor([s.finish_reason == "length" for s in flat], dtype=torch.float32).view(len(groups), k)
-    lengths = torch.tensor([len(s.completion_ids) for s in flat], dtype=torch.float32).view(len(groups), k)
+    lengths = torch.tensor([s.model_tokens for s in flat], dtype=torch.float32).view(len(groups), k)
     repeated = repeated_samples(cfg.shaping, [s.text for s in flat]).view(len(groups), k)
     shaped = shaped_rewards(cfg.shaping, cfg.max_new_tokens, raw, truncated, lengths, repeated)
     keep = varied_groups(shaped) if cfg.filter_groups else torch.ones(len(groups), dtype=torch.bool)

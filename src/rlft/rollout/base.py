@@ -80,6 +80,18 @@ class Sample:
     looped: bool = False
     """True when ``SamplingParams.stop_repeats`` stopped the completion after a repeated line (then
     ``finish_reason == "length"``)."""
+    loss_mask: list[int] | None = None
+    """A rollout with tool calls (:mod:`rlft.rollout.turns`): 1 on each of ``completion_ids`` the model wrote, 0 on
+    the observations' ids (context, never trained on); None: every id is the model's."""
+    tool_calls: int = 0
+    """Complete tool calls the model wrote."""
+    tool_errors: int = 0
+    """Of those, the calls whose observation is an error (unparseable, unknown tool, failed, too slow)."""
+
+    @property
+    def model_tokens(self) -> int:
+        """The ids the model wrote (``completion_ids`` less the observations): what ``max_new_tokens`` bounds."""
+        return len(self.completion_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 @runtime_checkable

@@ -142,7 +142,7 @@ def next_tokens(logits: torch.Tensor, params: SamplingParams, warpers=None) -> t
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-           eos_ids: list[int], loop_stop=None) -> list[Decoded]:
+           eos_ids: list[int], loop_stop=None, budgets: list[int] | None = None) -> list[Decoded]:
     """Generate up to ``params.max_new_tokens`` tokens for each left-padded row; returns each row's tokens and
     their statistics (:class:`Decoded`).
 
@@ -156,7 +156,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params:
             is not read here (the caller seeds the RNG).
         eos_ids: a row stops after the first of these it generates (the EOS is kept in its list).
         loop_stop: a :class:`rlft.rollout.loops.LoopStop`: a row also stops (``looped``) right after it completes
-            a repeated line; None: off.
+            a repeated line; None: off. Anything with its ``trigger_ids`` and ``looped(token_ids)`` works (the turn
+            stop of :mod:`rlft.rollout.turns` also ends a row at a complete tool call).
+        budgets: most tokens of each row (<= ``params.max_new_tokens``); None: ``params.max_new_tokens`` for all.
 
     Returns:
         N :class:`Decoded`: token ids that end with an EOS id, or ``max_new_tokens`` ids and no EOS; their
@@ -193,6 +195,10 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, params:
         if step == params.max_new_tokens - 1:
             break
         live = ~torch.isin(tokens, eos)
+        if budgets is not None:
+            for r, row in enumerate(rows.tolist()):
+                if len(completions[row].token_ids) >= budgets[row]:
+                    live[r] = False
         if loop_stop is not None:
             for r, (row, token) in enumerate(zip(rows.tolist(), tokens.tolist())):
                 if token in loop_stop.trigger_ids and live[r] and loop_stop.looped(completions[row].token_ids):

@@ -4,6 +4,7 @@ sharded by FSDP2 under torchrun (every rank generating its own prompts, in step 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Literal, get_args
 
 import torch
@@ -13,6 +14,7 @@ from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.decode import Decoded, decode
 from rlft.rollout.loops import LoopStop
 from rlft.rollout.refill import decode_jobs
+from rlft.rollout.turns import ToolUse, TurnStop, generate_turns
 
 Decoder = Literal["auto", "drop", "refill", "generate", "static"]
 """How :class:`HFEngine` decodes: 'drop' (:func:`rlft.rollout.decode.decode`, rows leave the batch as they
@@ -161,15 +163,21 @@ class HFEngine:
         """The prompt ids :meth:`generate` conditions on (:func:`encode_prompts` with this engine's setting)."""
         return encode_prompts(self.tokenizer, prompts, add_special_tokens=self.add_special_tokens)
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
+    def generate(self, prompts: list[str], params: SamplingParams, tool_use: ToolUse | None = None,
+                 contexts: list[dict | None] | None = None) -> list[list[Sample]]:
         """Sample ``params.k`` completions per prompt; returns B lists of k :class:`Sample`.
+
+        ``tool_use``: rollouts with tool calls (:func:`rlft.rollout.turns.generate_turns`, on every decoder of one
+        process), ``contexts`` what each prompt's tools receive; None: one turn, as always.
 
         Raises:
             ValueError: invalid ``params`` (see :meth:`SamplingParams.validate`), a prompt that
-                tokenizes to nothing, or no EOS id anywhere.
+                tokenizes to nothing, no EOS id anywhere, or tools with a model sharded by FSDP2.
         """
         params.validate()
         synced = distributed.sharded(self.model)
+        if tool_use is not None and synced:
+            raise ValueError("rollouts with tool calls run in one process: a model sharded by FSDP2 is not supported")
         if not prompts and not synced:
             return []
         eos_ids = sorted(eos_token_ids(self.model, self.tokenizer))
@@ -194,6 +202,8 @@ class HFEngine:
         try:
             with self._rng(params.seed, model.device), torch.no_grad(), compute_context(model), \
                     self._progress(len(rows)) as advance:
+                if tool_use is not None:
+                    return self._generate_turns(model, prompt_ids, params, tool_use, contexts, eos_ids, pad_id)
                 if self.decoder_for(model, params) == "refill":  # all rows in one queue; row r is job (r // k, r % k)
                     jobs = [(b, j) for b in range(len(prompts)) for j in range(params.k)]
                     decoded = decode_jobs(model, prompt_ids, jobs, params, eos_ids, batch_size=self.batch_size,
@@ -211,6 +221,59 @@ class HFEngine:
         finally:
             model.train(was_training)
         return [results[b * params.k : (b + 1) * params.k] for b in range(len(prompts))]
+
+    def _generate_turns(self, model, prompt_ids: list[list[int]], params: SamplingParams, tool_use: ToolUse,
+                        contexts, eos_ids: list[int], pad_id: int) -> list[list[Sample]]:
+        """:func:`rlft.rollout.turns.generate_turns` with this engine's decoder for ``model`` and ``params``."""
+        decoder = self.decoder_for(model, params)
+
+        def decode_turn(prompts, jobs, seeds, budgets, stop: TurnStop) -> list[Decoded]:
+            if decoder == "refill":
+                return decode_jobs(model, prompts, jobs, params, eos_ids, batch_size=self.batch_size, pad_id=pad_id,
+                                   seed=params.seed, loop_stop=stop, seeds=seeds, budgets=budgets)
+            out: list[Decoded | None] = [None] * len(jobs)
+            order = sorted(range(len(jobs)), key=lambda r: -len(prompts[jobs[r][0]]))
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start : start + self.batch_size]
+                decoded = self._decode_batch(model, [prompts[jobs[r][0]] for r in chunk], params, eos_ids, pad_id,
+                                             stop, [budgets[r] for r in chunk])
+                for r, d in zip(chunk, decoded):
+                    out[r] = d
+            return out
+
+        return generate_turns(decode_turn, self.tokenizer, prompt_ids, params, tool_use, eos_ids, contexts)
+
+    def _decode_batch(self, model, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int,
+                      stop: TurnStop, budgets: list[int]) -> list[Decoded]:
+        """One turn of the rows ``batch`` (prompt ids, left-padded here) with 'drop' (stopped early) or ``generate``
+        / 'static' (generated to the longest budget, then each row cut at its EOS, its budget and its stop: the same
+        ids, no time saved, no log-probs)."""
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, ids in enumerate(batch):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[i, width - len(ids) :] = 1
+        longest = replace(params, max_new_tokens=max(budgets))
+        device = model.device
+        decoder = self.decoder_for(model, params)
+        if decoder == "drop":
+            return decode(model, input_ids.to(device), attention_mask.to(device), longest, eos_ids, stop, budgets)
+        sampling = dict(do_sample=False) if params.greedy else dict(
+            do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+        static = dict(cache_implementation="static") if decoder == "static" else {}
+        with _clean_generation_config(model):
+            output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                    max_new_tokens=longest.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
+                                    use_cache=True, **static, **sampling)
+        rows = []
+        for generated, budget in zip(output[:, width:].tolist(), budgets):
+            ids = generated[:budget]
+            end = next((t + 1 for t, token in enumerate(ids) if token in eos_ids), len(ids))
+            ids = ids[:end]
+            cut = stop.cut(ids)
+            rows.append(Decoded(ids if cut is None else ids[:cut], looped=cut is not None))
+        return rows
 
     def _generate_batch(
         self, model, batch: list[list[int]], params: SamplingParams, eos_ids: list[int], pad_id: int,

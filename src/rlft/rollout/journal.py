@@ -6,7 +6,8 @@ lost when the process is stopped. The journal's first line is ``{"meta": {...}}`
 sampling parameters, task range; the caller decides); every further line is one prompt::
 
     {"index": b, "prompt": str, "seconds": float,
-     "samples": [{"ids": [int, ...], "text": str, "finish_reason": "stop"|"length", "looped": true?}, ...]}
+     "samples": [{"ids": [int, ...], "text": str, "finish_reason": "stop"|"length", "looped": true?,
+                  "loss_mask": [0|1, ...]?, "tool_calls": int?, "tool_errors": int?}, ...]}
 
 (``looped`` only where the loop stop ended the sample: ``Sample.looped``.)
 
@@ -79,8 +80,9 @@ def read_journal(path: Path, meta: dict, prompts: list[str], k: int) -> list[lis
         if len(row.get("samples", [])) != k:
             raise ValueError(
                 f"{path}: row {i}: field 'samples': expected {k} samples, got {len(row.get('samples', []))}")
-        samples.append([Sample(s["ids"], s["text"], s["finish_reason"], looped=bool(s.get("looped", False)))
-                        for s in row["samples"]])
+        samples.append([Sample(s["ids"], s["text"], s["finish_reason"], looped=bool(s.get("looped", False)),
+                               loss_mask=s.get("loss_mask"), tool_calls=int(s.get("tool_calls", 0)),
+                               tool_errors=int(s.get("tool_errors", 0))) for s in row["samples"]])
     return samples
 
 
@@ -171,7 +173,9 @@ def sample_with_journal(engine: GenerationEngine, prompts: list[str], params: Sa
             json.dumps({
                 "index": b, "prompt": prompts[b], "seconds": share, "samples": [{
                     "ids": list(s.completion_ids), "text": s.text, "finish_reason": s.finish_reason,
-                    **({"looped": True} if s.looped else {})
+                    **({"looped": True} if s.looped else {}),
+                    **({"loss_mask": s.loss_mask, "tool_calls": s.tool_calls, "tool_errors": s.tool_errors}
+                       if s.loss_mask is not None else {})
                 } for s in row]
             }) + "\n" for b, row in zip(range(start, stop), out))
         with path.open("a") as f:  # one write per chunk, flushed to disk before the next chunk starts

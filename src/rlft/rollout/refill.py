@@ -46,10 +46,12 @@ from rlft.rollout.decode import Decoded, cache_keyword, logits_warpers
 from rlft.rollout.loops import LoopStop
 
 
-def job_seed(seed: int, prompt: int, sample: int) -> int:
+def job_seed(seed: int, prompt: int, sample: int, turn: int = 0) -> int:
     """The seed of job (``prompt``, ``sample``) under ``seed``: the first 63 bits of SHA-256 of ``"seed/prompt/sample"``
-    (a pure function: no two small triples collide in practice, and neighbouring jobs get unrelated streams)."""
-    digest = hashlib.sha256(f"{seed}/{prompt}/{sample}".encode()).digest()
+    (a pure function: no two small triples collide in practice, and neighbouring jobs get unrelated streams); turn
+    ``t > 0`` of a rollout with tool calls (:mod:`rlft.rollout.turns`) hashes ``"seed/prompt/sample/t"``."""
+    key = f"{seed}/{prompt}/{sample}" + (f"/{turn}" if turn else "")
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -148,7 +150,8 @@ class _Prompts:
 def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], params: SamplingParams,
                 eos_ids: list[int], *, batch_size: int, pad_id: int, seed: int | None = None,
                 loop_stop: LoopStop | None = None, on_done: Callable[[int], None] | None = None,
-                on_forward: Callable[[int, int], None] | None = None) -> list[Decoded]:
+                on_forward: Callable[[int, int], None] | None = None, seeds: list[int] | None = None,
+                budgets: list[int] | None = None) -> list[Decoded]:
     """Decode every job with continuous batching (see the module docstring); returns one :class:`Decoded` per job,
     in the order of ``jobs``.
 
@@ -167,6 +170,9 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         on_done: called with 1 as each job finishes (progress bars).
         on_forward: called as ``(rows, tokens per row)`` before each forward returns: prefills ``(prompts, width)``,
             decoding steps ``(rows, 1)`` (tests count the batch widths with it).
+        seeds: one generator seed per job, instead of :func:`job_seed` of ``seed`` and the job's pair (the later turns
+            of a rollout with tool calls); None: :func:`job_seed`.
+        budgets: most tokens of each job (>= 1), instead of ``params.max_new_tokens`` for all; None: that.
 
     Raises:
         ValueError: ``batch_size < 1``, an empty prompt, or a job naming no prompt.
@@ -177,6 +183,11 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         raise ValueError(f"jobs name prompts outside 0..{len(prompts) - 1}")
     if any(not prompts[i] for i, _ in jobs):
         raise ValueError("a job's prompt has no tokens")
+    if (seeds is not None and len(seeds) != len(jobs)) or (budgets is not None and len(budgets) != len(jobs)):
+        raise ValueError(f"seeds and budgets need one entry per job ({len(jobs)})")
+    if budgets is not None and any(n < 1 for n in budgets):
+        raise ValueError("every budget must be >= 1 token")
+    limits = budgets if budgets is not None else [params.max_new_tokens] * len(jobs)
     on_forward = on_forward or (lambda rows, width: None)
     on_done = on_done or (lambda n: None)
     if seed is None and not params.greedy:
@@ -194,7 +205,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         d.token_ids.append(token)
         d.logprobs.append(logprob)
         d.certainty_sum += certainty
-        if token in done_ids or len(d.token_ids) >= params.max_new_tokens:
+        if token in done_ids or len(d.token_ids) >= limits[job]:
             return True
         if loop_stop is not None and token in loop_stop.trigger_ids and loop_stop.looped(d.token_ids):
             d.looped = True
@@ -211,7 +222,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
             entries = [store.admit(jobs[b][0]) for b in batch]
             logits = torch.stack([logit for _, logit in entries])
             batch_gens = None if params.greedy else [
-                torch.Generator().manual_seed(job_seed(seed, *jobs[b])) for b in batch
+                torch.Generator().manual_seed(job_seed(seed, *jobs[b]) if seeds is None else seeds[b]) for b in batch
             ]
             tokens, logprobs, certainty = choose(logits, params, warpers, batch_gens)
             for r, (b, token, lp, c) in enumerate(zip(batch, tokens.tolist(), logprobs.tolist(), certainty.tolist())):

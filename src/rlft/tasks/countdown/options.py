@@ -84,7 +84,8 @@ class CountdownOptions:
     which no training task equals (keep it equal across commands; `rlft eval countdown --split test` evaluates at most
     this many, a larger --limit is refused). Not used with --data, whose held-out rows are fixed."""
     prompt_template: str = "base"
-    """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template), 'short' (compact)."""
+    """Countdown prompt template: 'base' (TinyZero), 'chat' (the tokenizer's chat template), 'short' (compact), 'calc'
+    ('base' telling of a calculator tool, for --trace-style calc)."""
 
     def generated_tasks(self, n_train: int,
                         n_heldout: int | None = None) -> tuple[list[CountdownTask], list[CountdownTask]]:
@@ -110,10 +111,13 @@ class CountdownOptions:
         return train, heldout[:n_heldout]
 
     def _check_countdown(self) -> None:
-        """Checks across the Countdown options, and their preset and template names (:func:`check_countdown_names`)."""
+        """Checks across the Countdown options (``calc`` traces need the ``calc`` prompt, which tells of the tool), and
+        their preset and template names (:func:`check_countdown_names`)."""
         from rlft.validation import require
 
         check_countdown_names(self)
+        require(getattr(self, "trace_style", None) != "calc" or self.prompt_template == "calc",
+                "--trace-style calc needs --prompt-template calc (the prompt that tells the model of the calculator)")
         data = getattr(self, "data", None)
         require(self.data_split == "train" or isinstance(data, str),
                 f"--data-split {self.data_split} is only read with --data (a Hub dataset id)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from rlft.tasks.countdown.calc import CALC_INSTRUCTIONS
 from rlft.types import CountdownTask
 
 # The user instruction of TinyZero's `examples/data_preprocess/countdown.py` (make_prefix).
@@ -57,6 +58,13 @@ def short_prompt(task: CountdownTask, tokenizer: Any = None) -> str:
     return SHORT_TEMPLATE.format(**_fields(task))
 
 
+def calc_prompt(task: CountdownTask, tokenizer: Any = None) -> str:
+    """The "base" prompt with :data:`rlft.tasks.countdown.calc.CALC_INSTRUCTIONS` (the calculator tool and its call
+    syntax) after the user's instruction; the rest is "base"'s, character for character, ending with ``<think>``."""
+    head, marker, tail = base_prompt(task).rpartition("\nAssistant: ")
+    return f"{head} {CALC_INSTRUCTIONS}{marker}{tail}"
+
+
 def chat_prompt(task: CountdownTask, tokenizer: Any = None) -> str:
     """The tokenizer's chat template around the user instruction, then the assistant's opening.
 
@@ -77,6 +85,7 @@ PROMPT_TEMPLATES: dict[str, Callable[..., str]] = {
     "base": base_prompt,
     "chat": chat_prompt,
     "short": short_prompt,
+    "calc": calc_prompt,
 }
 """Prompt functions by name; each is called as ``fn(task, tokenizer)``."""
 

@@ -44,8 +44,30 @@ Styles:
   are correct (the solution is the first-ranked candidate for 38% of tasks, within the first three
   for 67%). The give-up draws are seeded by ``seed`` and the task, so a trace is reproducible.
 
+* ``"calc"`` - the ``bounded`` search (the same tries, give-up draws and seeding), each try a call of the
+  calculator tool on the try's whole expression (:mod:`rlft.tasks.countdown.calc`; the prompt template ``calc``
+  tells the model about it) instead of written arithmetic, followed by the observation the tool returns. The next
+  call, or ``</think>`` once the value is the target, follows the observation directly::
+
+       <tool_call>{"name":"calc","arguments":{"expression":"3*7+5"}}</tool_call>
+      <tool_response>26</tool_response>
+      <tool_call>{"name":"calc","arguments":{"expression":"3*5+7"}}</tool_call>
+      <tool_response>22</tool_response>
+      </think>
+      <answer>3 * 5 + 7</answer>
+
+  A searcher who gives up writes ``Closest: 3*7+5=26.`` after its last observation and answers that. Each
+  observation is ``"\\n<tool_response>" + value + "</tool_response>\\n"`` with the exact value: the very text a
+  rollout appends after that call (``tests/unit/test_tool_traces.py`` runs every call through the tool).
+  :func:`rlft.tasks.countdown.calc.trace_segments` cuts a trace at its observations, which SFT does not train on
+  (``rlft sft --trace-style calc --prompt-template calc``). Short, as a 135M model's 256-token budget counts only
+  its own tokens: with ``give_up=0, max_tries=6`` (81% correct, as ``bounded``), the 2,000 ``standard`` training
+  traces of ``rlft sft`` hold 119 of the model's tokens on average, EOS included, and 251 at most, plus 42
+  observation tokens (SmolLM2; a comparison line such as ``26 is not 22.`` after each observation would put 10% over
+  256).
+
 Every number written in a trace is computed exactly; every ``direct`` and ``search`` trace scores
-1.0 under :func:`rlft.rewards.countdown.compute_score`, a ``bounded`` trace 1.0 or (given up)
+1.0 under :func:`rlft.rewards.countdown.compute_score`, a ``bounded`` or ``calc`` trace 1.0 or (given up)
 0.1. Lengths with the defaults, in SmolLM2 tokens (one per digit): "easy3" search ~64 on average
 (direct ~34); 4-number "standard" search ~111; "medium3" bounded ~61 (longest 144).
 """
@@ -57,10 +79,11 @@ from collections.abc import Callable, Iterable
 from itertools import combinations
 from typing import Literal, get_args
 
+from rlft.tasks.countdown.calc import call_text, observation_text
 from rlft.tasks.countdown.solver import OPS, Step, Tree, apply, is_solvable, render
 from rlft.types import CountdownTask, PromptCompletion
 
-TraceStyle = Literal["direct", "search", "bounded"]
+TraceStyle = Literal["direct", "search", "bounded", "calc"]
 TRACE_STYLES: tuple[str, ...] = get_args(TraceStyle)
 
 State = tuple[int, ...]
@@ -144,9 +167,11 @@ def write_trace(
     ``max_dead_ends`` dead ends, then the solution and a check; when more candidates fail, the
     best-ranked are shown, or with an integer ``seed`` a seeded random subset of them) or
     ``"bounded"`` (ranked tries in order, giving up after each dead end with probability
-    ``give_up`` and after ``max_tries`` dead ends at the latest; see the module docstring). The
-    same arguments always give the same text. Raises ValueError for an unsolvable task, an unknown
-    style, ``give_up`` outside [0, 1] or ``max_tries`` < 1.
+    ``give_up`` and after ``max_tries`` dead ends at the latest; see the module docstring) or ``"calc"``
+    (the ``"bounded"`` search with each try a calculator call and its observation, which the text holds:
+    :func:`rlft.tasks.countdown.calc.trace_segments` finds them). The same arguments always give the
+    same text. Raises ValueError for an unsolvable task, an unknown style, ``give_up`` outside [0, 1]
+    or ``max_tries`` < 1.
     """
     if style not in TRACE_STYLES:
         raise ValueError(f"unknown trace style {style!r}; expected one of {', '.join(map(repr, TRACE_STYLES))}")
@@ -161,8 +186,9 @@ def write_trace(
     answer = render(_tree(nums, path))
     if style == "direct":
         return f" {_steps_text(path)}.</think>\n<answer>{answer}</answer>"
-    if style == "bounded":
-        return _bounded_trace(nums, target, path, answer, random.Random(f"{seed}:{nums}:{target}"), give_up, max_tries)
+    if style in ("bounded", "calc"):
+        writer = _bounded_trace if style == "bounded" else _calc_trace
+        return writer(nums, target, path, answer, random.Random(f"{seed}:{nums}:{target}"), give_up, max_tries)
 
     # Search: the candidates ranked above the solution's first step all fail; show some of them.
     candidates = _candidates(nums, target)
@@ -186,23 +212,60 @@ def _trace(lines: list[str], answer: str) -> str:
     return " " + "\n".join(lines) + f"</think>\n<answer>{answer}</answer>"
 
 
-def _bounded_trace(nums: State, target: int, path: list[Step], answer: str, rng: random.Random, give_up: float,
-                   max_tries: int) -> str:
-    """A ``"bounded"`` trace: ranked candidates in order until the solution ``path`` (whose first step is the
-    first-ranked candidate that can still reach the target; ``answer`` renders it), or until the searcher gives up."""
-    lines, closest = [], None  # closest: (distance to target, path) of the dead ends written so far
+def _bounded_search(nums: State, target: int, path: list[Step], rng: random.Random, give_up: float,
+                    max_tries: int) -> tuple[list[list[Step]], bool]:
+    """The tries of a ``"bounded"`` search: ``(dead ends, solved)``. Ranked candidates are tried in order, each dead end
+    finished greedily (its whole path), until the solution ``path``'s first step (the first-ranked candidate that can
+    still reach the target: ``solved``) or until the searcher gives up (after each dead end with probability
+    ``give_up``, drawn from ``rng``; always after ``max_tries`` dead ends)."""
+    dead_ends: list[list[Step]] = []
     for step, rest in _candidates(nums, target):
         if step == path[0]:
-            return _trace(lines + [_check_line(path, answer, target)], answer)
-        tried = [step] + _greedy_path(rest, target)
-        lines.append(f"{_steps_text(tried)}, no.")
-        if closest is None or abs(tried[-1][3] - target) < closest[0]:
-            closest = (abs(tried[-1][3] - target), tried)
-        if len(lines) >= max_tries or rng.random() < give_up:
+            return dead_ends, True
+        dead_ends.append([step] + _greedy_path(rest, target))
+        if len(dead_ends) >= max_tries or rng.random() < give_up:
             break
-    closest_answer = render(_tree(nums, closest[1]))
-    lines.append(f"Closest: {closest_answer.replace(' ', '')}={closest[1][-1][3]}.")
+    return dead_ends, False
+
+
+def _closest(dead_ends: list[list[Step]], target: int) -> list[Step]:
+    """The first dead end whose value is closest to ``target``."""
+    return min(dead_ends, key=lambda tried: abs(tried[-1][3] - target))
+
+
+def _bounded_trace(nums: State, target: int, path: list[Step], answer: str, rng: random.Random, give_up: float,
+                   max_tries: int) -> str:
+    """A ``"bounded"`` trace: the tries of :func:`_bounded_search` as lines, then the solution ``path`` with its check
+    (``answer`` renders it) or the closest attempt."""
+    dead_ends, solved = _bounded_search(nums, target, path, rng, give_up, max_tries)
+    lines = [f"{_steps_text(tried)}, no." for tried in dead_ends]
+    if solved:
+        return _trace(lines + [_check_line(path, answer, target)], answer)
+    closest = _closest(dead_ends, target)
+    closest_answer = render(_tree(nums, closest))
+    lines.append(f"Closest: {closest_answer.replace(' ', '')}={closest[-1][3]}.")
     return _trace(lines, closest_answer)
+
+
+def _calc_trace(nums: State, target: int, path: list[Step], answer: str, rng: random.Random, give_up: float,
+                max_tries: int) -> str:
+    """A ``"calc"`` trace: the tries of :func:`_bounded_search` (the same search and draws as ``"bounded"``), each a
+    call of the calculator on the try's whole expression and its observation (the exact value, as the tool returns
+    it); then the answer, or the closest attempt."""
+    dead_ends, solved = _bounded_search(nums, target, path, rng, give_up, max_tries)
+    parts = [call_text(_compact(render(_tree(nums, tried)))) + observation_text(str(tried[-1][3]))
+             for tried in dead_ends]
+    if solved:
+        parts.append(call_text(_compact(answer)) + observation_text(str(target)))
+    else:
+        closest = _closest(dead_ends, target)
+        answer = render(_tree(nums, closest))
+        parts.append(f"Closest: {_compact(answer)}={closest[-1][3]}.")
+    return " " + "".join(parts) + f"</think>\n<answer>{answer}</answer>"
+
+
+def _compact(expression: str) -> str:
+    return expression.replace(" ", "")
 
 
 def sft_examples(

@@ -42,6 +42,7 @@ def _commands(
     from rlft.recipes.reward_model import RMConfig, train_rm
     from rlft.recipes.dpo import DPOConfig, train_dpo
     from rlft.recipes.pairs import PairsConfig, make_countdown_pairs
+    from rlft.recipes.pairs_env import PairsEnvConfig, make_env_pairs
     from rlft.losses.advantages import ADVANTAGES
     from rlft.losses.pg import POLICY_LOSSES
     from rlft.recipes.rl import RLConfig
@@ -73,6 +74,10 @@ def _commands(
             PairsConfig, make_countdown_pairs,
             "On-policy preference pairs: sample n per prompt, score with compute_score, keep best vs worst, drop ties."
         ),
+        "pairs env": (
+            PairsEnvConfig, make_env_pairs,
+            "On-policy pairs of any environment (--env file.py:Class): n rollouts per row scored by its reward, "
+            "best vs worst."),
         "dpo": (
             DPOConfig, train_dpo,
             "Direct preference optimisation (DPO, IPO, cDPO, RPO) on Countdown pairs or chat preference data "
@@ -213,7 +218,7 @@ def _lab_checks() -> dict[str, Callable[[Any], None]]:
     return {"eval countdown": check_eval_ledger}
 
 
-SAMPLING_COMMANDS = ("eval countdown", "eval winrate", "pairs countdown")
+SAMPLING_COMMANDS = ("eval countdown", "eval winrate", "pairs countdown", "eval env", "pairs env")
 """Commands that sample in one process: refused under torchrun (both ranks would sample the same tasks and write
 the same files)."""
 

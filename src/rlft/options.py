@@ -221,9 +221,9 @@ class EnvOptions:
     """The environment: 'countdown' (Countdown with the rule reward; the default), 'countdown-calc' (Countdown with a
     calculator tool, the 'calc' prompt), 'chat' (the --prompts-data track; its default), or a user's
     path/to/file.py:ClassName (a subclass of rlft.environment.Environment)."""
-    max_turns: Annotated[int, POSITIVE_INT] = 4
-    """With tools: most model turns per rollout (a call in the last turn gets no answer). An environment may set its
-    own."""
+    max_turns: Annotated[int, POSITIVE_INT] = 8
+    """With tools: most model turns per rollout (a call in the last turn gets no answer): 8 answers the 7 calls of a
+    patient Countdown search (6 dead ends and the solution). An environment may set its own."""
     max_observation_tokens: Annotated[int, POSITIVE_INT] = 32
     """With tools: most tokens of one tool observation (cut beyond). Observations never count toward
     --max-new-tokens, which bounds the model's own tokens."""

@@ -56,6 +56,14 @@ def test_word_sum_with_a_tool_trains_and_evaluates(tool_model, smol_tokenizer, t
           "--output", str(report), "--device", "cpu"])
     result = json.loads(report.read_text())
     assert result["num_rows"] == 8 and result["tool_calls_per_answer"] > 0
+    # on-policy pairs of the environment, scored by its reward, DPO-ready
+    pairs = tmp_path / "pairs.jsonl"
+    main(["pairs", "env", "--env", env, "--model", str(model_dir), "--num-prompts", "8", "--num-samples", "4",
+          "--temperature", "1.0", "--max-new-tokens", "40", "--output", str(pairs), "--device", "cpu"])
+    stats = json.loads(pairs.with_suffix(".stats.json").read_text())
+    rows = [json.loads(line) for line in pairs.read_text().splitlines()]
+    assert stats["prompts"] == 8 and stats["kept"] == len(rows) and stats["tool_calls_per_sample"] > 0
+    assert all(r["score_chosen"] > r["score_rejected"] for r in rows)
 
 
 @pytest.mark.parametrize("body,error", [

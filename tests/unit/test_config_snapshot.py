@@ -60,14 +60,17 @@ its filtered SFT stage and skips the sampled evaluation; 2026-11-28, to fit 45 m
 prompts, 256 sequences decoded together; rl's sampler decodes a default step's 64 samples together, not 32)."""
 
 
-ENV_ADDED = {"env": None, "max_turns": 4, "max_observation_tokens": 32, "tool_timeout": 5.0}
+ENV_ADDED = {"env": None, "max_turns": 8, "max_observation_tokens": 32, "tool_timeout": 5.0}
 """--env and the bounds of rollouts with tool calls (2026-12-06): one block, added to rl, rloo and eval countdown."""
 ENV_FLAGS = {"--env", "--max-turns", "--max-observation-tokens", "--tool-timeout"}
+HINT_FLAGS = {"--hint", "--hint-fraction"}  # solver-guided rollouts (2026-12-06)
 ADDED = {
     "RLConfig": {
         "stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0,
-        "max_staleness": 1, "max_tokens_per_micro_batch": None, "positive_weight": 1.0, **ENV_ADDED
-    }, "EvalCountdownConfig": {"ledger": None, "stop_repeats": None, **ENV_ADDED}, "SFTConfig": {"max_tokens": None}
+        "max_staleness": 1, "max_tokens_per_micro_batch": None, "positive_weight": 1.0, **ENV_ADDED,
+        "hint": "none", "hint_fraction": 0.5
+    }, "EvalCountdownConfig": {"ledger": None, "stop_repeats": None, "keep_completions": False, **ENV_ADDED},
+    "PairsConfig": ENV_ADDED, "SFTConfig": {"max_tokens": None}
 }
 """Options added since the snapshot, per config class, with their defaults (a config file that does not set one gets
 it)."""
@@ -75,11 +78,16 @@ SET_SINCE = {"real_sft_correct_grpo": {"stop_repeats": None}}
 """Added options a variant (in every setting) sets explicitly, with its value: the recipe as named, before the
 option's default changed the sampling (configs/countdown/ablation/4_real.yaml)."""
 ADDED_FLAGS = {"rl": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats", "--max-tokens-per-micro-batch",
-                      "--positive-weight", *ENV_FLAGS},
+                      "--positive-weight", *ENV_FLAGS, *HINT_FLAGS},
                "rloo": {"--compile", "--replay-size", "--max-staleness", "--stop-repeats",
-                        "--max-tokens-per-micro-batch", "--positive-weight", *ENV_FLAGS},
-               "eval countdown": {"--ledger", "--stop-repeats", *ENV_FLAGS}, "demo": {"--filtered-steps"},
-               "sft": {"--max-tokens"}}
+                        "--max-tokens-per-micro-batch", "--positive-weight", *ENV_FLAGS, *HINT_FLAGS},
+               "eval countdown": {"--ledger", "--stop-repeats", "--keep-completions", *ENV_FLAGS},
+               "pairs countdown": ENV_FLAGS, "demo": {"--filtered-steps"}, "sft": {"--max-tokens"}}
+DEMO_ENV_ADDED = {**ENV_ADDED, "env": "countdown"}
+"""rlft demo's --env countdown|countdown-calc (default countdown) and the same bounds (2026-12-06, rlft.lab.demo_env):
+added deliberately, the one change to the demo's options (a config file without them runs as before)."""
+ADDED["DemoConfig"] = DEMO_ENV_ADDED
+ADDED_FLAGS["demo"] |= ENV_FLAGS
 
 
 def _without_added(record: dict, key: str = "") -> dict:

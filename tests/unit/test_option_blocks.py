@@ -85,7 +85,7 @@ api_key_env judge_timeout judge_max_retries distributed compile max_tokens_per_m
 gradient_checkpointing logits_chunk_size lora_r lora_alpha lora_dropout lora_target_modules lr optimizer
 weight_decay warmup_ratio schedule max_grad_norm device dtype save_every keep_checkpoints resume overwrite
 resume_override model num_train output_dir max_steps micro_batch_size seed
-env max_turns max_observation_tokens tool_timeout""".split()  # the last line: --env (2026-12-06), appended
+env max_turns max_observation_tokens tool_timeout hint hint_fraction""".split()  # last line: --env, --hint (2026-12-06)
 
 
 def test_saved_config_keeps_the_flat_names_in_their_order():

@@ -77,6 +77,8 @@ class CountdownEvalResult:
     """(num_tasks, k): complete tool calls of each sample (``--env countdown-calc``); empty without tools."""
     task_tool_errors: list[list[int]] = field(default_factory=list)
     """(num_tasks, k): of those, the calls answered with an error; empty without tools."""
+    task_completions: list[list[str]] = field(default_factory=list)
+    """(num_tasks, k): each sample's text (``rlft eval countdown --keep-completions``); empty otherwise."""
     tool_calls_per_answer: float = 0.0
     """Mean tool calls per sample (0.0 without tools)."""
     tool_errors_per_answer: float = 0.0
@@ -182,12 +184,14 @@ def evaluate_countdown(
     *,
     num_examples: int = 3,
     tool_use: ToolUse | None = None,
+    keep_completions: bool = False,
 ) -> CountdownEvalResult:
     """Generate ``params.k`` completions for each of the B prompts and score them against ``tasks``.
 
     ``prompts[b]`` is the rendered prompt of ``tasks[b]``. Greedy mode is ``params.temperature == 0``. ``tool_use``:
     rollouts with tool calls (the calculator of ``--env countdown-calc``; each task's ground truth is its tools'
     context); the score is the same rule on the final answer, and the tool calls and errors of each sample are kept.
+    ``keep_completions``: the result holds every sample's text (``task_completions``).
 
     Raises:
         ValueError: no tasks, ``len(tasks) != len(prompts)``, or an engine result of the wrong shape.
@@ -228,6 +232,8 @@ def evaluate_countdown(
         examples=examples,
         task_looped=[[s.looped for s in row] for row in samples],
     )
+    if keep_completions:
+        result.task_completions = [[s.text for s in row] for row in samples]
     if tool_use is not None:
         result.task_tool_calls = [[s.tool_calls for s in row] for row in samples]
         result.task_tool_errors = [[s.tool_errors for s in row] for row in samples]

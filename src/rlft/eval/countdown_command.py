@@ -84,6 +84,8 @@ class EvalCountdownConfig(DeviceOptions, RolloutOptions, EnvOptions, CountdownDa
     --split). `rlft eval ledger PATH` counts the looks."""
     seed: int = 0
     """Sampling seed."""
+    keep_completions: bool = False
+    """Write every sample's text into --output (task_completions): what a study of the failures reads."""
     select: tuple[Selector, ...] = ()
     """Best-of-N selectors to apply to the k samples of each task (--mode sampled): majority (most common answer
     value), self-certainty (the most certain sample, Kang et al. 2025; the hf engine, whose row-dropping decoder is
@@ -358,6 +360,7 @@ def run_eval_countdown(cfg: EvalCountdownConfig, *, on_test_look: TestLookCallba
                                 seed=cfg.seed, stop_repeats=cfg.stop_repeats)
     recorder = RecordingEngine(engine)
     tools = {"tool_use": tool_use} if tool_use is not None else {}
+    tools |= {"keep_completions": True} if cfg.keep_completions else {}
     result = evaluate_countdown(recorder, tasks, prompts, params, **tools)
     print_result(result, title=f"Countdown eval: {cfg.model}")
     if cfg.select:

@@ -5,11 +5,14 @@
   option names: :data:`RL_OPTIONS`);
 - :class:`DemoPreferenceOptions`: on-policy pairs and DPO (``--pairs-*``, ``--dpo-*``);
 - :class:`DemoEvalOptions`: the greedy and sampled evaluations;
-- :class:`DemoUltraFeedbackOptions`: the UltraFeedback track (``--data``, ``--uf-*``).
+- :class:`DemoUltraFeedbackOptions`: the UltraFeedback track (``--data``, ``--uf-*``);
+- :class:`~rlft.lab.demo_env.DemoEnvOptions`: the Countdown track's environment (``--env countdown|countdown-calc``)
+  and the bounds of its rollouts with tool calls.
 
 ``--quick`` applies the small sizes of :data:`QUICK` to every option left at its default; an option set to another
-value (a flag or ``--config`` YAML) is kept, so ``--quick --rl-steps 0`` skips RL. The config holds the values that run
-(and ``--dry-run`` shows them), and every check runs on them.
+value (a flag or ``--config`` YAML) is kept, so ``--quick --rl-steps 0`` skips RL; ``--env countdown-calc`` applies
+its prompt template and trace style (``calc``) the same way. The config holds the values that run (and ``--dry-run``
+shows them), and every check runs on them.
 
 The Countdown track (:mod:`rlft.lab.demo_countdown`) and the UltraFeedback track
 (:mod:`rlft.lab.demo_ultrafeedback`) both read this config; ``rlft demo`` (:func:`rlft.lab.demo.run_demo`)
@@ -22,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from rlft.lab.demo_env import DemoEnvOptions
 from rlft.models import DEFAULT_MODEL
 from rlft.options import MAX_NEW_TOKENS
 from rlft.rl.options import AdvantageName, LossMode, PolicyLossName
@@ -178,7 +182,8 @@ class DemoRLOptions:
         from rlft.rl.config import RLConfig
 
         try:
-            RLConfig(**self.rl_options(), data="rows", eval_rows="validation", eval_max_new_tokens=self.max_new_tokens)
+            RLConfig(**self.rl_options(), **self.env_options(), data="rows", eval_rows="validation",
+                     eval_max_new_tokens=self.max_new_tokens)
         except ValueError as e:
             names = {"--" + rl.replace("_", "-"): "--" + demo.replace("_", "-") for rl, demo in RL_OPTIONS.items()}
             raise OptionError(re.sub(r"--[a-z0-9-]+", lambda m: names.get(m.group(0), m.group(0)), str(e))) from None
@@ -343,7 +348,8 @@ class DemoUltraFeedbackOptions:
 
 
 @dataclass(frozen=True)
-class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOptions, DemoRLOptions, DemoSFTOptions):
+class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOptions, DemoRLOptions, DemoSFTOptions,
+                 DemoEnvOptions):
     """Base model -> SFT on Countdown solver traces -> filtered SFT on the correct ones -> RL and DPO from it ->
     evaluation -> Markdown report with plots."""
 
@@ -396,7 +402,9 @@ class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOption
     def __post_init__(self) -> None:
         validate_options(self)
         check_countdown_names(self)  # --preset, --prompt-template, --trace-style
+        self._check_demo_env()
         self._apply_quick()
+        self._check_env_options()
         self._check_evaluations()
         self._check_rl_stage()
         self._check_preference_stage()
@@ -404,13 +412,13 @@ class DemoConfig(DemoUltraFeedbackOptions, DemoEvalOptions, DemoPreferenceOption
 
     def _apply_quick(self) -> None:
         """With ``--quick``: :data:`QUICK`'s value for every option still at its default (an option given another
-        value is kept). Runs while the config is built: it is never changed afterwards."""
-        if not self.quick:
-            return
-        for name, value in QUICK.items():
+        value is kept); likewise ``--env``'s (:meth:`~rlft.lab.demo_env.DemoEnvOptions.env_defaults`: countdown-calc's
+        prompt template and trace style). Runs while the config is built: it is never changed afterwards."""
+        for name, value in {**(QUICK if self.quick else {}), **self.env_defaults()}.items():
             if getattr(self, name) == _default(self, name):
                 object.__setattr__(self, name, value)
 
     def effective(self) -> "DemoConfig":
-        """The config that runs: itself (``--quick``'s sizes are applied when it is built)."""
+        """The config that runs: itself (``--quick``'s sizes and ``--env``'s prompt and traces are applied when it is
+        built)."""
         return self

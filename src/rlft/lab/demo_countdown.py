@@ -10,6 +10,9 @@ mean score, pass@k, and the best-of-N selectors majority@k and self-certainty@k)
 (default ``runs/demo``) gets the tables, the paired table (each stage against its own start, task by task), the RL
 run's validation score against samples generated, and plots (:mod:`rlft.lab.demo_countdown_report`).
 
+``--env countdown-calc`` runs the same story with a calculator tool (:mod:`rlft.lab.demo_env`): SFT on the solver's
+tool-call traces with the ``calc`` prompt, RL, the pairs and every evaluation rolling out with the calculator.
+
 Rows: the Countdown-Tasks-3to4 rows that ship with rlft (``countdown-3to4``, :mod:`rlft.tasks.countdown.shipped`), a
 file or Hub id given with ``--rows``, or (``--rows None``) a generated stand-in of the same distribution. Its held-out
 block (500
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from rlft.console import console
 from rlft.eval.countdown import CountdownEvalResult
+from rlft.eval.countdown_command import countdown_env
 from rlft.lab.ledger import LEDGER_NAME, append_line, check_ledger_target, read_looks
 from rlft.lab.demo_config import DemoConfig
 from rlft.lab.demo_countdown_report import write_report
@@ -84,7 +88,8 @@ def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoC
                    sampled: bool = True, limit: int | None = None) -> dict[str, CountdownEvalResult]:
     """Greedy on the first ``limit`` (default ``eval_limit``) test rows and (``sampled``) ``passk`` samples on the
     first ``passk_limit``; cached as JSON in ``out_dir`` and, with ``--resume``, reused while the model's weights,
-    sampling and tasks are unchanged (:func:`rlft.lab.pipeline.evaluate_cached`)."""
+    sampling, tasks and environment are unchanged (:func:`rlft.lab.pipeline.evaluate_cached`). ``--env
+    countdown-calc``: rollouts with the calculator (:func:`rlft.eval.countdown_command.countdown_env`)."""
     greedy = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     jobs = {
         GREEDY: EvalJob(eval_file(out_dir, label, GREEDY), test[:cfg.eval_limit if limit is None else limit], greedy,
@@ -94,9 +99,11 @@ def evaluate_model(model: str, label: str, test: list[CountdownTask], cfg: DemoC
         params = SamplingParams(k=cfg.passk, temperature=cfg.passk_temperature, top_p=cfg.passk_top_p,
                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
         jobs[SAMPLED] = EvalJob(eval_file(out_dir, label, SAMPLED), test[: cfg.passk_limit], params, test_look=True)
-    return evaluate_cached(model, jobs, prompt_template=cfg.prompt_template, batch_size=cfg.eval_batch_size,
-                           device=cfg.device, dtype=cfg.dtype, reuse=cfg.resume, label=label, show_progress=True,
-                           ledger=out_dir / LEDGER_NAME)
+    template, tool_use = countdown_env(cfg)  # countdown: (--prompt-template, None)
+    tools = {"env": cfg.env, "tool_use": tool_use} if tool_use is not None else {}
+    return evaluate_cached(model, jobs, prompt_template=template, batch_size=cfg.eval_batch_size, device=cfg.device,
+                           dtype=cfg.dtype, reuse=cfg.resume, label=label, show_progress=True,
+                           ledger=out_dir / LEDGER_NAME, **tools)
 
 
 def earlier_looks(ledger: Path, overwrite: bool) -> list[dict]:
@@ -133,7 +140,8 @@ def pairs_stats(pairs_path: Path) -> dict:
 
 def sft_config(cfg: DemoConfig, rows: str, model: str, out: Path, filtered: bool = False) -> SFTConfig:
     """The SFT stage's config (``filtered``: the filtered SFT stage, ``filtered_steps`` on only the traces that reach
-    the target, continued from ``model``, the SFT model): ``cfg``'s traces, batch and constant lr after 3% warmup."""
+    the target, continued from ``model``, the SFT model): ``cfg``'s traces, batch and constant lr after 3% warmup
+    (``--env countdown-calc``: ``cfg``'s trace style and prompt template are ``calc``, :mod:`rlft.lab.demo_env`)."""
     steps = cfg.filtered_steps if filtered else cfg.sft_steps
     return SFTConfig(model=model, data="countdown", preset=cfg.preset, num_train=cfg.num_train, correct_only=filtered,
                      heldout_size=1000, heldout_data=rows, trace_style=cfg.trace_style, max_dead_ends=cfg.max_dead_ends,
@@ -142,6 +150,26 @@ def sft_config(cfg: DemoConfig, rows: str, model: str, out: Path, filtered: bool
                      micro_batch_size=cfg.micro_batch_size, max_steps=steps, lr=cfg.lr, schedule="constant",
                      warmup_ratio=0.03, save_every=max(steps // 4, 1), split_seed=cfg.split_seed, seed=cfg.seed,
                      resume=cfg.resume, device=cfg.device, dtype=cfg.dtype)
+
+
+def rl_config(cfg: DemoConfig, rows: str, model: str, num_train: int, out: Path) -> RLConfig:
+    """The RL stage's config: ``cfg``'s ``--rl-*`` options (:data:`rlft.lab.demo_config.RL_OPTIONS`) and environment
+    (``--env countdown-calc`` and its bounds; nothing for countdown), from ``model`` on the ``num_train`` training rows
+    of ``rows``, evaluated on the validation rows at the start and every ``rl_eval_every`` steps."""
+    return RLConfig(**cfg.rl_options(), **cfg.env_options(), model=model, data=rows, num_train=num_train,
+                    output_dir=str(out), eval_at_start=True, eval_rows="validation",
+                    eval_max_new_tokens=cfg.max_new_tokens, save_every=max(cfg.rl_steps // 3, 1), resume=cfg.resume)
+
+
+def pairs_config(cfg: DemoConfig, rows: str, model: str, num_train: int, output: Path) -> PairsConfig:
+    """The on-policy pairs' config: ``pairs_prompts`` of the last training rows of ``rows`` (``num_train`` of them)
+    sampled ``pairs_samples`` times from ``model``, in ``cfg``'s environment (``--env countdown-calc``: with the
+    calculator)."""
+    return PairsConfig(model=model, data=rows, num_prompts=cfg.pairs_prompts, start=num_train - cfg.pairs_prompts,
+                       prompt_template=cfg.prompt_template, num_samples=cfg.pairs_samples,
+                       temperature=cfg.pairs_temperature, max_new_tokens=cfg.max_new_tokens,
+                       batch_size=cfg.eval_batch_size, output=str(output), seed=cfg.seed, device=cfg.device,
+                       dtype=cfg.dtype, **cfg.env_options())
 
 
 def run_countdown_demo(cfg: DemoConfig) -> Path:
@@ -159,6 +187,10 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
     timings = StageTimes(run_dir / "timings.json", cfg.resume)  # a resumed demo adds to the earlier run's seconds
     notes: list[str] = [f"rows: {rows_note}; {len(split.train):,} training rows, held out {len(split.validation)} "
                         f"validation and {len(split.test)} test rows"]
+    if cfg.env == "countdown-calc":
+        notes.append(f"environment: countdown-calc, a calculator tool over each task's numbers (the `calc` prompt, "
+                     f"SFT on its tool-call traces, observations untrained); rollouts of at most {cfg.max_turns} "
+                     f"turns, observations cut at {cfg.max_observation_tokens} tokens, {cfg.tool_timeout:g} s a call")
     stage = partial(run_stage, timings=timings, resume=cfg.resume, keep_checkpoints=cfg.keep_checkpoints)
     device = dict(device=cfg.device, dtype=cfg.dtype)
     evals = run_dir / "eval"
@@ -179,22 +211,16 @@ def run_countdown_demo(cfg: DemoConfig) -> Path:
         start_label, starts["filtered"] = "filtered", "sft"
 
     if cfg.rl_steps:
-        rl = stage("RL", run_dir / "rl" / "model", lambda: train_rl(RLConfig(
-            **cfg.rl_options(), model=str(start), data=rows, num_train=len(split.train), output_dir=str(run_dir / "rl"),
-            eval_at_start=True, eval_rows="validation", eval_max_new_tokens=cfg.max_new_tokens,
-            save_every=max(cfg.rl_steps // 3, 1), resume=cfg.resume)))
+        rl = stage("RL", run_dir / "rl" / "model",
+                   lambda: train_rl(rl_config(cfg, rows, str(start), len(split.train), run_dir / "rl")))
         with Timer(timings, "evaluate RL"):
             results["rl"] = evaluate_model(str(rl), "rl", split.test, cfg, evals)
         starts["rl"] = start_label
 
     if cfg.pairs_prompts:
         pairs_path = run_dir / "pairs" / "countdown.jsonl"
-        stage(
-            "on-policy pairs", pairs_path, lambda: make_countdown_pairs(
-                PairsConfig(model=str(start), data=rows, num_prompts=cfg.pairs_prompts, start=len(
-                    split.train) - cfg.pairs_prompts, prompt_template=cfg.prompt_template, num_samples=cfg.
-                            pairs_samples, temperature=cfg.pairs_temperature, max_new_tokens=cfg.max_new_tokens,
-                            batch_size=cfg.eval_batch_size, output=str(pairs_path), seed=cfg.seed, **device)))
+        stage("on-policy pairs", pairs_path,
+              lambda: make_countdown_pairs(pairs_config(cfg, rows, str(start), len(split.train), pairs_path)))
         stats = pairs_stats(pairs_path)
         notes.append(f"on-policy pairs: {stats['prompts']} prompts (the last training rows), {stats['kept']} kept, "
                      f"{stats['dropped_ties']} dropped as ties")

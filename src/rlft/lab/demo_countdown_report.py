@@ -30,10 +30,14 @@ def _mean(rows: list[list[float]]) -> float:
 
 
 def scores_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResult]]) -> str:
-    """One row per model: greedy mixed score, accuracy, format and truncation rates, 3- and 4-number scores; and the
-    sampled evaluation's mean score and pass@k."""
+    """One row per model: greedy mixed score, accuracy, format and truncation rates, 3- and 4-number scores (with
+    ``--env countdown-calc``, the greedy answers' tool calls and errors per answer); and the sampled evaluation's mean
+    score and pass@k."""
     header = ["model", "score (mixed)", "accuracy", "format rate", "truncated", "score, 3 numbers", "score, 4 numbers",
               "accuracy, 4 numbers"]
+    tools = cfg.env == "countdown-calc"
+    if tools:
+        header += ["tool calls / answer", "tool errors / answer"]
     if cfg.passk:
         header += ["sampled score", "pass@1", f"pass@{cfg.passk}"]
     rows, most = [], max(by[GREEDY].num_tasks for by in results.values())
@@ -43,6 +47,8 @@ def scores_table(cfg: DemoConfig, results: dict[str, dict[str, CountdownEvalResu
         name = model if g.num_tasks == most else f"{model} (first {g.num_tasks} rows)"  # the base model: a prefix
         row = [name, g.mean_score, g.accuracy, g.format_rate, g.truncated_rate, sizes.get("3", {}).get("score", "-"),
                sizes.get("4", {}).get("score", "-"), sizes.get("4", {}).get("accuracy", "-")]
+        if tools:
+            row += [g.tool_calls_per_answer, g.tool_errors_per_answer]
         if cfg.passk:
             s = by.get(SAMPLED)
             row += [s.mean_score, s.pass_at_k[1], s.pass_at_k[cfg.passk]] if s is not None else ["-", "-", "-"]

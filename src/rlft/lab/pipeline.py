@@ -10,7 +10,8 @@ continues where it stopped. This module is their one home:
   :class:`~rlft.rollout.base.SamplingParams` (HF engine) and writes each result as JSON in the ``rlft eval countdown``
   format (:class:`~rlft.eval.countdown.CountdownEvalResult` fields, plus ``eval_s``, ``model`` and ``cache_key``).
   A cached result is reused only while its :func:`cache_key` matches: the SHA-256 of the model folder's weights
-  (:func:`rlft.checkpoint.weights_sha256`), the sampling parameters, the prompt template and the tasks. A model
+  (:func:`rlft.checkpoint.weights_sha256`), the sampling parameters, the prompt template, the tasks and, for rollouts
+  with tool calls (``--env countdown-calc``), the environment and its bounds (:func:`env_key`). A model
   trained again at the same path is therefore evaluated again unless it is the same bytes (a bit-for-bit rebuild
   reuses its predecessor's scores, which are its own), never paired with another model's scores;
 - a study's settings and variants as data (:func:`load_settings`, :func:`load_variants`: YAML files such as
@@ -31,6 +32,7 @@ from typing import Any, Callable, Iterable
 
 from rlft.eval.countdown import CountdownEvalResult
 from rlft.rollout.base import SamplingParams
+from rlft.rollout.turns import ToolUse
 from rlft.types import CountdownTask
 from rlft.validation import OptionError
 
@@ -136,13 +138,24 @@ class EvalJob:
     (:func:`evaluate_cached`'s ``ledger``; a cached result read back is not a new look)."""
 
 
-def cache_key(weights: str | list, job: EvalJob, prompt_template: str) -> dict:
+def env_key(env: str | None, tool_use: ToolUse | None) -> dict | None:
+    """The environment an evaluation ran in, as its cache key and config record it: None for one turn without tools
+    (every evaluation before environments, and ``--env countdown``), else ``{"name": env, "tools": [their names],
+    "max_turns", "max_observation_tokens", "tool_timeout"}`` (tool_timeout in seconds)."""
+    if tool_use is None:
+        return None if env in (None, "countdown") else {"name": env, "tools": []}
+    return {"name": env, "tools": sorted(tool_use.tools), "max_turns": tool_use.max_turns,
+            "max_observation_tokens": tool_use.max_observation_tokens, "tool_timeout": tool_use.timeout_s}
+
+
+def cache_key(weights: str | list, job: EvalJob, prompt_template: str, env: dict | None = None) -> dict:
     """What a cached evaluation must share with the one asked for: the model's weights
-    (:func:`rlft.checkpoint.weights_id`), the sampling parameters, the prompt template and a SHA-256 of the tasks
-    (numbers and target of each, in order)."""
+    (:func:`rlft.checkpoint.weights_id`), the sampling parameters, the prompt template, a SHA-256 of the tasks
+    (numbers and target of each, in order) and, when given, the environment (:func:`env_key`; a key without one is
+    an evaluation without tools, and neither is reused for the other: :func:`read_cached`)."""
     tasks = hashlib.sha256(json.dumps([[list(t.nums), t.target] for t in job.tasks]).encode()).hexdigest()
     return {"weights": weights, "sampling": asdict(job.params), "prompt_template": prompt_template,
-            "tasks_sha256": tasks}
+            "tasks_sha256": tasks, **({"env": env} if env is not None else {})}
 
 
 def _legacy_weights_match(recorded: dict, model: str | Path | None) -> bool:
@@ -175,7 +188,8 @@ def read_cached(path: Path, key: dict, job: EvalJob, model: str | Path | None = 
         raise ValueError(f"{path}: not {what}")
     recorded = data.get("cache_key")
     legacy = recorded is not None and _legacy_weights_match(recorded, model)
-    stale = [name for name in key if recorded is not None and recorded.get(name) != key[name]
+    names = [*key, *(["env"] if "env" not in key else [])]  # an evaluation with tools never answers one without
+    stale = [name for name in names if recorded is not None and recorded.get(name) != key.get(name)
              and not (legacy and name == "weights")]
     if data.get("k") != job.params.k or len(data.get("task_scores", [])) != len(job.tasks):
         stale.append("size")
@@ -190,7 +204,8 @@ def read_cached(path: Path, key: dict, job: EvalJob, model: str | Path | None = 
 
 def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_template: str, batch_size: int,
                     device: str = "auto", dtype: str = "auto", reuse: bool = True, label: str | None = None,
-                    show_progress: bool = False, ledger: str | Path | None = None) -> dict[str, CountdownEvalResult]:
+                    show_progress: bool = False, ledger: str | Path | None = None, env: str | None = None,
+                    tool_use: ToolUse | None = None) -> dict[str, CountdownEvalResult]:
     """Evaluate ``model`` (a local folder, built-in name or Hub id) on every job; returns ``{job name: result}`` in
     the order of ``jobs``.
 
@@ -200,7 +215,10 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     ``max_new_tokens``, ``prompt_template`` and ``stop_repeats``, as ``rlft eval countdown`` records them, so
     ``--greedy-from`` and ``scripts/merge_sampled_evals.py`` can refuse another model file), and its metrics printed
     under ``"<label> on <job name>"``. ``batch_size``: sequences generated together.
-    ``ledger``: the test-look ledger (:mod:`rlft.lab.ledger`) that every fresh evaluation of a job with
+    ``tool_use``: rollouts with tool calls (:func:`rlft.eval.countdown.evaluate_countdown`'s; ``env``, the
+    environment's name, e.g. countdown-calc): the environment and its bounds join every job's cache key and written
+    ``config`` (:func:`env_key`), so a cached evaluation without tools is never reused for one with them, nor the
+    other way round. ``ledger``: the test-look ledger (:mod:`rlft.lab.ledger`) that every fresh evaluation of a job with
     ``test_look`` appends a line to (the weights' SHA-256, ``label``, date, commit, score); None: not recorded. It is
     checked first, before anything is hashed or evaluated (:func:`rlft.lab.ledger.check_ledger_target`: a ``.jsonl``
     file of looks that can be written, not inside the model folder nor a job's file) and only ever appended to.
@@ -225,8 +243,10 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
     precision = str(pick_device(device, dtype).for_inference().label)  # a bf16 evaluation is not a float32 one
     sha256 = weights_sha256(model)  # hashed once for every job's key and the written config
     weights = weights_id(model, sha256)
-    keys = {name: {**cache_key(weights, job, prompt_template), "precision": precision}
+    environment = env_key(env, tool_use)
+    keys = {name: {**cache_key(weights, job, prompt_template, environment), "precision": precision}
             for name, job in jobs.items()}
+    tools = {"tool_use": tool_use} if tool_use is not None else {}
     todo = []
     for name, job in jobs.items():
         cached = read_cached(job.path, keys[name], job, model) if reuse else None
@@ -245,12 +265,13 @@ def evaluate_cached(model: str | Path, jobs: dict[str, EvalJob], *, prompt_templ
             job = jobs[name]
             t0 = time.perf_counter()
             prompts = [render_prompt(prompt_template, t, tokenizer) for t in job.tasks]
-            result = evaluate_countdown(engine, job.tasks, prompts, job.params)
+            result = evaluate_countdown(engine, job.tasks, prompts, job.params, **tools)
             data = {
                 **result.to_dict(), "eval_s": time.perf_counter() - t0, "model": str(model), "cache_key": keys[name],
                 "config": {
                     "model_sha256": sha256, "max_new_tokens": job.params.max_new_tokens,
-                    "prompt_template": prompt_template, "stop_repeats": job.params.stop_repeats
+                    "prompt_template": prompt_template, "stop_repeats": job.params.stop_repeats,
+                    **({"env": environment} if environment is not None else {})
                 }
             }
             job.path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from rlft.composed import composed
 from rlft.lora import LoRAOptions
 from rlft.models import DEFAULT_MODEL
 from rlft.options import DistributedOptions, EnvOptions, MemoryOptions, OptimizerOptions, RunOptions, SpeedOptions
+from rlft.rl.hints import HintOptions
 from rlft.rl.options import (AdvantageName, BucketingName, ChatPromptOptions, CurriculumOptions, GroupFilterOptions,
                              ImportanceOptions, InLoopEvalOptions, ISMode, KLEstimatorName, KLMode, KLOptions, LossMode,
                              PolicyLossName, PolicyLossOptions, ReplayOptions, RewardOptions, SamplingOptions,
@@ -127,6 +128,8 @@ class RLConfig:
     """The run folder, its length, the device."""
     environment: Annotated[EnvOptions, FLAT] = _block(EnvOptions)
     """The environment (--env) and the bounds of rollouts with tool calls."""
+    hints: Annotated[HintOptions, FLAT] = _block(HintOptions)
+    """Solver-guided rollouts (rlft.rl.hints)."""
 
     def __post_init__(self) -> None:
         validate_options(self)  # types, ranges declared on the fields, known presets/templates
@@ -143,6 +146,7 @@ class RLConfig:
         self.kl._check_kl()
         self.chat._check_chat_prompts()
         self.environment._check_env(self.chat.prompts_data, self.sampling.rollout_engine)
+        self.hints._check_hint(self.environment.env, self.chat.prompts_data, self.replay.replay_size)
         run, epochs = self.run, self.policy.ppo_epochs
         check_step_count(run.max_steps * epochs, f"--max-steps {run.max_steps} x --ppo-epochs {epochs}")  # optimizer
         per_step, num_train = self.sampling.prompts_per_step, self.run.num_train

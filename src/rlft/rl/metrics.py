@@ -207,7 +207,8 @@ def step_record(got: StepSamples, logprobs: StepLogprobs, advantages: torch.Tens
     """The step's metrics, before the replay, curriculum, evaluation and step-time ones: :func:`sample_metrics`, the
     run's totals (:meth:`rlft.compute.RunTotals.add`: tokens, FLOPs), with kept groups :func:`update_metrics` and
     :func:`rlft.rl.shaping.shaping_metrics`, :func:`loss_metrics`, ``time/generate_s`` and ``time/update_s``, and when
-    every rank has the sampler's log-probs :func:`mismatch_metrics` of the fresh rows.
+    every rank has the sampler's log-probs :func:`mismatch_metrics` of the fresh rows; with ``--hint solver`` the
+    step's ``hint/*`` metrics (:mod:`rlft.rl.hints`).
 
     Args:
         advantages: ``(B, k)``, every rank's.
@@ -219,7 +220,7 @@ def step_record(got: StepSamples, logprobs: StepLogprobs, advantages: torch.Tens
     counts = distributed.all_reduce_sums(step_counts(
         logprobs.train, update.rows, logprobs.old, logprobs.ref, update.logprobs, objective.kl_estimator,
         got.generated_tokens, epochs=cfg.ppo_epochs, no_grad_passes=logprobs.no_grad_passes))
-    record = {**sample_metrics(got, counts, reward_kind), **totals.add(got.samples_tried, counts)}
+    record = {**sample_metrics(got, counts, reward_kind), **totals.add(got.samples_tried, counts), **got.hints}
     if got.groups:
         record.update(update_metrics(got, logprobs.rewards, advantages, counts, logprobs.step_tokens, update_s,
                                      cfg.mask_truncated))

@@ -12,7 +12,7 @@ N = ``len(local) * k`` rows of this rank's batch, T tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import torch
@@ -91,6 +91,8 @@ class StepSamples:
     repeated: torch.Tensor | None = None
     """``(B, k)`` 1.0 where a sample writes one identical line ``--repetition-limit`` times or more
     (:func:`rlft.rl.shaping.repeated_samples`; all 0 when the option is off); None: a record built without it."""
+    hints: dict[str, float] = field(default_factory=dict)
+    """``--hint solver``: the step's ``hint/*`` metrics (:func:`rlft.rl.hints.hint_metrics`); empty without hints."""
 
     @property
     def groups(self) -> int:

@@ -17,11 +17,13 @@ import torch
 from rlft import distributed
 from rlft.rl.batch import generation_seed, rollout_batch
 from rlft.rl.groups import varied_groups
+from rlft.rl.hints import failed_groups, hint_metrics, hinted_prompt, step_fraction
 from rlft.rl.records import Reward, RLPrompt, StepSamples
 from rlft.rl.replay import ReplayGroup
 from rlft.rl.shaping import repeated_samples, shaped_rewards
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.turns import ToolUse
+from rlft.validation import UsageError
 
 if TYPE_CHECKING:
     from rlft.rl.config import RLConfig
@@ -78,6 +80,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
     kept_at: list[int] = []
     generate_s = 0.0
     generated_tokens = 0
+    hints: dict[str, float] = {}
     batches = cfg.max_prompt_batches if cfg.filter_groups else 1
     for j in range(batches):
         virtual = step * cfg.max_prompt_batches + j if cfg.filter_groups else step
@@ -86,18 +89,18 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         tried.extend(chosen)
         mine = distributed.shard(list(range(len(chosen))))  # this rank's groups of the batch (all in one process)
         batch_prompts = [prompts[chosen[b]] for b in mine]
-        t0 = time.perf_counter()
         seed = generation_seed(cfg.seed, virtual, distributed.rank())
         # every rank calls generate, with no prompts too: a sharded model's generation is collective (HFEngine)
-        texts, params = [p.text for p in batch_prompts], replace(sampling, seed=seed)
-        samples = engine.generate(texts, params) if tool_use is None else engine.generate(
-            texts, params, tool_use=tool_use, contexts=[p.ground_truth for p in batch_prompts])
-        generate_s += time.perf_counter() - t0
+        samples, scores, seconds, tokens = _roll(engine, batch_prompts, replace(sampling, seed=seed), reward, tool_use)
+        if cfg.hint == "solver" and batch_prompts:  # groups that all failed: again, from a solver prefix
+            batch_prompts, samples, scores, more = _hinted(cfg, step, batch_prompts, samples, scores, engine,
+                                                           replace(sampling, seed=seed + HINT_SEED), reward, tool_use)
+            seconds, tokens = seconds + more.pop("seconds"), tokens + more.pop("tokens")
+            fraction = more.pop("fraction")
+            hints = {key: hints.get(key, 0.0) + value for key, value in more.items()} | {"fraction": fraction}
+        generate_s += seconds
+        generated_tokens += tokens
         flat = [s for row in samples for s in row]
-        generated_tokens += sum(len(s.completion_ids) for s in flat)
-        scores = reward.fn([p for p in batch_prompts for _ in range(k)], [s.text for s in flat]) if flat else []
-        if len(scores) != len(flat):
-            raise ValueError(f"the reward returned {len(scores)} scores for {len(flat)} completions")
         raw = torch.tensor(scores, dtype=torch.float32).view(len(batch_prompts), k)
         truncated = torch.tensor([s.finish_reason == "length" for s in flat],
                                  dtype=torch.float32).view(len(batch_prompts), k)
@@ -124,8 +127,60 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
     if tokenizer is not None:
         batch = rollout_batch(tokenizer, [p.text for p in kept_prompts], kept_samples,
                               add_special_tokens=engine.add_special_tokens)
+    if hints:
+        hints = hint_metrics(hints["groups"], hints["solved"], hints["fraction"], hints["chars"])
     return StepSamples(kept_prompts, kept_samples, local, raw, shaped, truncated, lengths, torch.cat(all_raw), tried,
-                       kept_at, generate_s, generated_tokens, batch, repeated=repeated)
+                       kept_at, generate_s, generated_tokens, batch, repeated=repeated, hints=hints)
+
+
+HINT_SEED = 1 << 42
+"""Added to a batch's sampling seed for its hinted groups (:mod:`rlft.rl.hints`): other draws, the same after a
+resume."""
+
+
+def _roll(engine, prompts: list[RLPrompt], params: SamplingParams, reward: Reward, tool_use: ToolUse | None
+          ) -> tuple[list[list[Sample]], list[float], float, int]:
+    """``params.k`` samples of each prompt (with tools, each prompt's ground truth their context), scored: ``(samples,
+    flat scores, seconds generating, generated tokens)``.
+
+    Raises:
+        ValueError: the reward returned another number of scores than completions."""
+    t0 = time.perf_counter()
+    texts = [p.text for p in prompts]
+    samples = engine.generate(texts, params) if tool_use is None else engine.generate(
+        texts, params, tool_use=tool_use, contexts=[p.ground_truth for p in prompts])
+    seconds = time.perf_counter() - t0
+    flat = [s for row in samples for s in row]
+    scores = reward.fn([p for p in prompts for _ in range(params.k)], [s.text for s in flat]) if flat else []
+    if len(scores) != len(flat):
+        raise ValueError(f"the reward returned {len(scores)} scores for {len(flat)} completions")
+    return samples, list(scores), seconds, sum(len(s.completion_ids) for s in flat)
+
+
+def _hinted(cfg: RLConfig, step: int, prompts: list[RLPrompt], samples: list[list[Sample]], scores: list[float],
+            engine, params: SamplingParams, reward: Reward, tool_use: ToolUse | None):
+    """The batch with each group that all failed sampled again from its prompt and a solver prefix
+    (:mod:`rlft.rl.hints`): ``(prompts, samples, scores, stats)``, ``stats`` the generation's seconds and tokens and
+    the step's hint sums (groups, solved, fraction, chars)."""
+    if distributed.active():
+        raise UsageError("--hint solver runs in one process (a rank's hinted groups would break collective sampling)")
+    k = params.k
+    failed = failed_groups([scores[b * k : (b + 1) * k] for b in range(len(prompts))])
+    fraction = step_fraction(cfg.hint_fraction, step, cfg.max_steps)
+    stats = {"seconds": 0.0, "tokens": 0, "groups": 0.0, "solved": 0.0, "fraction": fraction, "chars": 0.0}
+    if not failed or fraction <= 0:
+        return prompts, samples, scores, stats
+    style = "calc" if cfg.env == "countdown-calc" else "bounded"
+    hinted = [hinted_prompt(prompts[b], fraction, style) for b in failed]
+    again, again_scores, seconds, tokens = _roll(engine, [p for p, _ in hinted], params, reward, tool_use)
+    prompts, samples, scores = list(prompts), list(samples), list(scores)
+    for i, b in enumerate(failed):
+        prompts[b], samples[b] = hinted[i][0], again[i]
+        scores[b * k : (b + 1) * k] = again_scores[i * k : (i + 1) * k]
+    solved = len(failed) - len(failed_groups([again_scores[i * k : (i + 1) * k] for i in range(len(failed))]))
+    stats.update(seconds=seconds, tokens=tokens, groups=float(len(failed)), solved=float(solved),
+                 chars=float(sum(n for _, n in hinted)))
+    return prompts, samples, scores, stats
 
 
 def with_replayed(cfg: RLConfig, got: StepSamples, groups: Sequence[ReplayGroup], prompts: list[RLPrompt],

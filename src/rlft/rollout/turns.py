@@ -44,7 +44,7 @@ class ToolUse:
     tools: Mapping[str, Callable[..., object]] = field(default_factory=dict)
     """``name -> function(**arguments)`` returning text or a number; a function with a ``context`` parameter also gets
     the prompt's context (a task's ground truth)."""
-    max_turns: int = 4
+    max_turns: int = 8
     """Most model turns per rollout (so at most ``max_turns - 1`` observations)."""
     max_observation_tokens: int = 32
     """Most tokens of one observation (longer ones are cut)."""

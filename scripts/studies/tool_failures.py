@@ -18,12 +18,11 @@ Refused, one line and exit code 2 (:mod:`rlft.lab.script_io`): a missing file, a
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections import Counter
 
 from rlft.eval.countdown import read_eval_file
-from rlft.lab.script_io import fail, run_script
+from rlft.lab.script_io import ArgumentParser, fail, run_script
 from rlft.rewards.countdown import evaluate_expression, extract_solution
 from rlft.tasks.countdown.calc import trace_segments
 
@@ -90,7 +89,7 @@ def summarize(path: str) -> dict[str, Counter]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", help="LABEL=eval.json (rlft eval countdown --keep-completions --output)")
     args = parser.parse_args(argv)
     print("| model | numbers | n | " + " | ".join(CATEGORIES) + " |")

@@ -260,7 +260,7 @@ def test_an_evaluation_with_the_calculator_is_cached_apart_from_one_without(tmp_
         with_tools = evaluate(env="countdown-calc", tool_use=calc)
         assert ToolEngine.calls == [None, calc] and with_tools.task_tool_calls == [[0]]
         data = json.loads(path.read_text())
-        env = {"name": "countdown-calc", "tools": ["calc"], "max_turns": 8, "max_observation_tokens": 32,
+        env = {"name": "countdown-calc", "tools": ["calc"], "max_turns": 4, "max_observation_tokens": 32,
                "tool_timeout": 5.0}
         assert data["cache_key"]["env"] == env and data["config"]["env"] == env
         evaluate(env="countdown-calc", tool_use=calc)  # reused

@@ -103,3 +103,18 @@ def test_hint_options_that_cannot_act_are_refused(options, error):
 def test_hinted_prompt_needs_a_countdown_truth():
     with pytest.raises(ValueError, match="ground truth"):
         hinted_prompt(RLPrompt("x", None, {"messages": []}), 0.5)
+
+
+def test_a_run_with_hints_logs_them_and_trains(tiny_model_dir, tmp_path):
+    from rlft.checkpoint import read_metrics
+    from rlft.recipes.rl import train_rl
+
+    cfg = RLConfig(model=str(tiny_model_dir), preset="tiny", num_train=16, heldout_size=4, prompt_template="short",
+                   output_dir=str(tmp_path / "rl"), k=2, prompts_per_step=4, max_steps=2, max_new_tokens=4,
+                   micro_batch_size=8, save_every=0, device="cpu", dtype="float32", hint="solver", beta=0.0)
+    train_rl(cfg)
+    records = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r]
+    # a random model fails every task: every group is hinted, at the step's shrinking fraction
+    assert [r["hint/groups"] for r in records] == [4.0, 4.0]
+    assert [r["hint/fraction"] for r in records] == [0.5, 0.25] and all(r["hint/chars"] > 0 for r in records)
+    assert (tmp_path / "rl" / "model").is_dir()

@@ -44,7 +44,6 @@ class EvalEnvConfig(DeviceOptions, EnvOptions):
 
     def __post_init__(self) -> None:
         validate_options(self)
-        require(self.env is not None, "rlft eval env needs --env (path/to/file.py:ClassName)")
         self._check_env()
         require(self.env not in ("countdown", "countdown-calc", "chat"),
                 f"--env {self.env}: use `rlft eval countdown --env {self.env}` (Countdown) or `rlft eval winrate` "
@@ -52,7 +51,9 @@ class EvalEnvConfig(DeviceOptions, EnvOptions):
         require(self.mode == "sampled" or self.k == 1, f"--k {self.k} needs --mode sampled")
 
     def check_outputs(self) -> None:
-        """Refuse an --output that would replace a file (unless --overwrite) or name a folder; writes nothing."""
+        """Refuse a run without --env, and an --output that would replace a file (unless --overwrite) or name a
+        folder; writes nothing. Run at parse time (every config's defaults stay valid) and before any work."""
+        require(self.env is not None, "rlft eval env needs --env (path/to/file.py:ClassName)")
         if self.output is not None:
             from rlft.run_folder import check_output_file
 

@@ -48,7 +48,6 @@ class PairsEnvConfig(DeviceOptions, EnvOptions):
 
     def __post_init__(self) -> None:
         validate_options(self)
-        require(self.env is not None, "rlft pairs env needs --env (path/to/file.py:ClassName)")
         self._check_env()
         require(self.env not in ("countdown", "countdown-calc", "chat"),
                 f"--env {self.env}: use `rlft pairs countdown --env {self.env}`" if self.env != "chat" else
@@ -56,9 +55,11 @@ class PairsEnvConfig(DeviceOptions, EnvOptions):
         require(self.num_samples >= 2, f"--num-samples must be >= 2 to form a pair, got {self.num_samples}")
 
     def check_outputs(self) -> None:
-        """Refuse an --output or stats file that would be replaced (unless --overwrite); writes nothing."""
+        """Refuse a run without --env, and an --output or stats file that would be replaced (unless --overwrite);
+        writes nothing. Run at parse time (every config's defaults stay valid) and before any work."""
         from rlft.run_folder import check_outputs
 
+        require(self.env is not None, "rlft pairs env needs --env (path/to/file.py:ClassName)")
         check_outputs({"--output": self.output, "stats": str(_stats(self.output))}, overwrite=self.overwrite)
 
 

@@ -14,8 +14,10 @@ can succeed and carry signal, and lets the prefix shrink as the model improves. 
   last step boundary (after ``", "``, after a newline, or the reasoning's end) within ``fraction`` of its reasoning's
   characters (at least its first step): a partial expert search, never its ``</think>`` or answer line.
 - **How long**: ``fraction = --hint-fraction x (1 - step / --max-steps)``, shrinking linearly to 0 over the run.
-  BREAD instead searches, per problem, for the shortest anchor from which the model succeeds (its rollouts branch
-  from several anchors); rlft tries one prefix per failed group, no search: cheaper, and the same schedule for all.
+  BREAD instead adapts the prefix per problem (branched rollouts from expert anchors, a prefix inserted "adaptively"
+  so that each update holds at least one successful trace, per its abstract); rlft tries one prefix per failed group
+  on one schedule for all: cheaper, and a hinted group may still hold no success (``hint/solved`` counts those that
+  do).
 - **What is trained**: the prefix is part of the prompt (context): ``loss_mask`` 0, no log-probs of its own, no KL;
   the advantages come from the hinted group's rewards as from any group's.
 

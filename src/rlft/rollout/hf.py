@@ -248,12 +248,8 @@ class HFEngine:
         """One turn of the rows ``batch`` (prompt ids, left-padded here) with 'drop' (stopped early) or ``generate``
         / 'static' (generated to the longest budget, then each row cut at its EOS, its budget and its stop: the same
         ids, no time saved, no log-probs)."""
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, ids in enumerate(batch):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[i, width - len(ids) :] = 1
+        input_ids, attention_mask = _left_padded(batch, pad_id)
+        width = input_ids.shape[1]
         longest = replace(params, max_new_tokens=max(budgets))
         device = model.device
         decoder = self.decoder_for(model, params)
@@ -282,12 +278,8 @@ class HFEngine:
         """Left-pad ``batch`` (lists of prompt ids), generate with ``model`` (a sharded model: with ``synced_gpus``,
         every rank stepping until all are done), and split off the completions. ``loop_stop``: 'drop' stops looping
         rows early; ``generate`` cannot, so its rows are cut afterwards (same ids, no time saved)."""
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, ids in enumerate(batch):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[i, width - len(ids) :] = 1
+        input_ids, attention_mask = _left_padded(batch, pad_id)
+        width = input_ids.shape[1]
         if params.greedy:
             sampling = dict(do_sample=False)
         else:
@@ -352,6 +344,18 @@ class HFEngine:
         with Progress(transient=True) as progress:
             task = progress.add_task("generating", total=total)
             yield lambda n: progress.advance(task, n)
+
+
+def _left_padded(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)``, both ``(len(batch), longest)``: the rows of ``batch`` (prompt ids) left-padded
+    with ``pad_id``, the mask 1 on each row's own ids."""
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, ids in enumerate(batch):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[i, width - len(ids) :] = 1
+    return input_ids, attention_mask
 
 
 @contextlib.contextmanager

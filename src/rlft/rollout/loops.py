@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from rlft.rollout.base import Sample
 
-_NEWLINE_IDS: dict[int, tuple[object, frozenset[int]]] = {}  # id(tokenizer) -> (tokenizer, ids)
+_IDS_CONTAINING: dict[tuple[int, str], tuple[object, frozenset[int]]] = {}  # (id(tokenizer), text) -> (tokenizer, ids)
 
 
 def loop_cut(text: str, repeats: int) -> int | None:
@@ -52,15 +52,22 @@ def loop_cut(text: str, repeats: int) -> int | None:
     return None
 
 
-def newline_token_ids(tokenizer) -> frozenset[int]:
-    """The ids (of ``len(tokenizer)``) whose decoded text contains a newline; computed once per tokenizer object."""
-    cached = _NEWLINE_IDS.get(id(tokenizer))
+def token_ids_containing(tokenizer, text: str) -> frozenset[int]:
+    """The ids (of ``len(tokenizer)``) whose decoded text contains ``text``; computed once per tokenizer object and
+    text (the decoders' triggers: a newline for the loop stop, ``>`` for a tool call's end)."""
+    key = (id(tokenizer), text)
+    cached = _IDS_CONTAINING.get(key)
     if cached is not None and cached[0] is tokenizer:
         return cached[1]
     texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
-    ids = frozenset(i for i, text in enumerate(texts) if "\n" in text)
-    _NEWLINE_IDS[id(tokenizer)] = (tokenizer, ids)
+    ids = frozenset(i for i, decoded in enumerate(texts) if text in decoded)
+    _IDS_CONTAINING[key] = (tokenizer, ids)
     return ids
+
+
+def newline_token_ids(tokenizer) -> frozenset[int]:
+    """The ids (of ``len(tokenizer)``) whose decoded text contains a newline; computed once per tokenizer object."""
+    return token_ids_containing(tokenizer, "\n")
 
 
 class LoopStop:

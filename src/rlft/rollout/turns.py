@@ -30,11 +30,9 @@ from typing import Callable, Mapping, Protocol
 
 from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.decode import Decoded
-from rlft.rollout.loops import LoopStop
+from rlft.rollout.loops import LoopStop, token_ids_containing
 from rlft.rollout.refill import job_seed
 from rlft.rollout.tools import ends_with_call, format_observation, last_call, run_tool_call
-
-_CLOSE_IDS: dict[int, tuple[object, frozenset[int]]] = {}
 
 
 @dataclass(frozen=True)
@@ -59,13 +57,7 @@ class ToolUse:
 
 def close_token_ids(tokenizer) -> frozenset[int]:
     """The ids whose decoded text contains ``>``: only a step that emits one can complete ``</tool_call>``."""
-    cached = _CLOSE_IDS.get(id(tokenizer))
-    if cached is not None and cached[0] is tokenizer:
-        return cached[1]
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
-    ids = frozenset(i for i, text in enumerate(texts) if ">" in text)
-    _CLOSE_IDS[id(tokenizer)] = (tokenizer, ids)
-    return ids
+    return token_ids_containing(tokenizer, ">")
 
 
 class TurnStop:

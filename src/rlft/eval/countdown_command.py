@@ -28,7 +28,7 @@ from rlft.eval.countdown import (CountdownEvalResult, evaluate_countdown, other_
                                  read_eval_file)
 from rlft.options import MAX_NEW_TOKENS, MAX_NEW_TOKENS_CUDA, DeviceOptions, EnvOptions, RolloutOptions
 from rlft.rollout.base import SamplingParams
-from rlft.rollout.turns import ToolUse
+from rlft.rollout.turns import ToolUse, tool_use_for
 from rlft.tasks.countdown.options import DEFAULT_NUM_TRAIN, CountdownDataOptions, CountdownOptions
 from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
 from rlft.types import CountdownTask
@@ -310,7 +310,7 @@ def countdown_env(cfg) -> tuple[str, ToolUse | None]:
         return cfg.prompt_template, None
     from rlft.rewards.countdown_calc import CALC_TOOLS
 
-    return "calc", ToolUse(CALC_TOOLS, cfg.max_turns, cfg.max_observation_tokens, cfg.tool_timeout)
+    return "calc", tool_use_for(CALC_TOOLS, cfg)
 
 
 def run_eval_countdown(cfg: EvalCountdownConfig, *, on_test_look: TestLookCallback | None = None

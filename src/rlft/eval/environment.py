@@ -47,6 +47,17 @@ class EnvEvalResult:
         return out
 
 
+def row_prompt(row: dict, tokenizer) -> str:
+    """The text a row's ``prompt`` gives the policy: a string as it is, a list of messages through the tokenizer's own
+    chat template (:func:`rlft.data.chat.render_generation_prompt`; a tokenizer with none is refused, one line)."""
+    if isinstance(row["prompt"], str):
+        return row["prompt"]
+    from rlft.data.chat import ensure_chat_template, render_generation_prompt
+
+    ensure_chat_template(tokenizer, None)
+    return render_generation_prompt(tokenizer, row["prompt"])
+
+
 def evaluate_env(engine: GenerationEngine, env: Environment, rows: list[dict], prompts: list[str],
                  params: SamplingParams, tool_use: ToolUse | None = None, *, num_examples: int = 3) -> EnvEvalResult:
     """``params.k`` rollouts of each row's rendered prompt (``prompts[b]``, with ``tool_use``'s tools, each row its

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from rlft.eval.environment import EnvEvalResult, evaluate_env
+from rlft.eval.environment import EnvEvalResult, evaluate_env, row_prompt
 from rlft.options import MAX_NEW_TOKENS, DeviceOptions, EnvOptions
 from rlft.rollout.base import SamplingParams
 from rlft.validation import NON_NEGATIVE, POSITIVE, POSITIVE_INT, require, validate_options
@@ -79,7 +79,7 @@ def run_eval_env(cfg: EvalEnvConfig) -> EnvEvalResult:
     from rlft.fsio import atomic_write_json
     from rlft.models import load_tokenizer, pick_device
     from rlft.rollout.engines import make_engine
-    from rlft.rollout.turns import ToolUse
+    from rlft.rollout.turns import tool_use_for
 
     require_one_process("rlft eval env")
     cfg.check_outputs()
@@ -87,18 +87,9 @@ def run_eval_env(cfg: EvalEnvConfig) -> EnvEvalResult:
     rows = env_rows(env, cfg.split)[: cfg.limit]
     spec = pick_device(cfg.device, cfg.dtype)
     tokenizer = load_tokenizer(cfg.model)
-    prompts = []
-    for row in rows:
-        if isinstance(row["prompt"], str):
-            prompts.append(row["prompt"])
-        else:
-            from rlft.data.chat import ensure_chat_template, render_generation_prompt
-
-            ensure_chat_template(tokenizer, None)
-            prompts.append(render_generation_prompt(tokenizer, row["prompt"]))
+    prompts = [row_prompt(row, tokenizer) for row in rows]
     engine = make_engine("hf", cfg.model, tokenizer, spec, batch_size=cfg.batch_size, show_progress=True)
-    tool_use = ToolUse(dict(env.tools), env.max_turns or cfg.max_turns, cfg.max_observation_tokens,
-                       cfg.tool_timeout) if env.tools else None
+    tool_use = tool_use_for(env.tools, cfg, env.max_turns)
     greedy = cfg.mode == "greedy"
     params = SamplingParams(k=cfg.k, temperature=0.0 if greedy else cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                             seed=cfg.seed)

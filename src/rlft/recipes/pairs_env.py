@@ -83,7 +83,7 @@ def make_env_pairs(cfg: PairsEnvConfig) -> dict:
     from rlft.recipes.pairs import best_and_worst
     from rlft.rollout.base import SamplingParams
     from rlft.rollout.engines import make_engine
-    from rlft.rollout.turns import ToolUse
+    from rlft.rollout.turns import tool_use_for
 
     require_one_process("rlft pairs env")
     cfg.check_outputs()
@@ -97,8 +97,7 @@ def make_env_pairs(cfg: PairsEnvConfig) -> dict:
     tokenizer = load_tokenizer(cfg.model)
     engine = make_engine("hf", cfg.model, tokenizer, pick_device(cfg.device, cfg.dtype), batch_size=cfg.batch_size,
                          show_progress=True)
-    tool_use = ToolUse(dict(env.tools), env.max_turns or cfg.max_turns, cfg.max_observation_tokens,
-                       cfg.tool_timeout) if env.tools else None
+    tool_use = tool_use_for(env.tools, cfg, env.max_turns)
     params = SamplingParams(k=cfg.num_samples, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                             seed=cfg.seed)
     prompts = [row["prompt"] for row in rows]

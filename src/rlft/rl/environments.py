@@ -12,12 +12,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from rlft.environment import Environment, env_reward, env_rows, is_user_env, load_environment
-from rlft.eval.environment import evaluate_env
+from rlft.eval.environment import evaluate_env, row_prompt
 from rlft.options import EnvOptions
 from rlft.rl.prompts import PromptSource, evaluate_sharded
 from rlft.rl.records import Reward, RLPrompt
 from rlft.rollout.base import SamplingParams
-from rlft.rollout.turns import ToolUse
+from rlft.rollout.turns import tool_use_for
 
 if TYPE_CHECKING:
     from rlft.rl.config import RLConfig
@@ -42,27 +42,13 @@ def environment_reward(env: Environment) -> Reward:
     return Reward(fn, "rule")
 
 
-def environment_tool_use(env: Environment, options: EnvOptions) -> ToolUse | None:
-    """The environment's tools with ``--max-turns`` (or its own ``max_turns``), ``--max-observation-tokens`` and
-    ``--tool-timeout``; None when it has no tools."""
-    if not env.tools:
-        return None
-    return ToolUse(dict(env.tools), env.max_turns or options.max_turns, options.max_observation_tokens,
-                   options.tool_timeout)
-
-
 def rendered(env: Environment, split: str, tokenizer) -> list[RLPrompt]:
     """The rows of ``split`` as prompts: a text prompt as it is, a list of messages through the tokenizer's chat
     template (:func:`rlft.data.chat.render_generation_prompt`)."""
     prompts = []
     for row in env_rows(env, split):
         prompt = row["prompt"]
-        if isinstance(prompt, str):
-            prompts.append(RLPrompt(prompt, None, row))
-        else:
-            from rlft.data.chat import render_generation_prompt
-
-            prompts.append(RLPrompt(render_generation_prompt(tokenizer, prompt), prompt, row))
+        prompts.append(RLPrompt(row_prompt(row, tokenizer), None if isinstance(prompt, str) else prompt, row))
     return prompts
 
 
@@ -81,7 +67,7 @@ def environment_source(env: Environment, cfg: RLConfig, tokenizer, reward: Rewar
     held = rendered(env, cfg.eval_rows, tokenizer)[: cfg.eval_limit] if cfg.eval_every else []
     if cfg.eval_every and not held:
         log.warning("%s has no %s rows: no in-loop evaluation", name, cfg.eval_rows)
-    tool_use = environment_tool_use(env, cfg.environment)
+    tool_use = tool_use_for(env.tools, cfg.environment, env.max_turns)  # its own max_turns, else --max-turns
     log.info("environment %s: %d training rows, %d held-out %s rows, %s", name, len(train), len(held), cfg.eval_rows,
              f"tools {', '.join(tool_use.tools)} (at most {tool_use.max_turns} turns)" if tool_use else "no tools")
     params = SamplingParams(k=1, temperature=0.0, max_new_tokens=cfg.eval_max_new_tokens)

@@ -55,6 +55,15 @@ class ToolUse:
                              f"{self.max_turns}, {self.max_observation_tokens}, {self.timeout_s}")
 
 
+def tool_use_for(tools: Mapping[str, Callable[..., object]], bounds, max_turns: int | None = None) -> ToolUse | None:
+    """``tools`` with the bounds a command parsed (``bounds``: anything with ``max_turns``, ``max_observation_tokens``
+    and ``tool_timeout``, such as :class:`rlft.options.EnvOptions` or a config holding it) and ``max_turns`` instead of
+    ``bounds.max_turns`` when given (an environment's own); None when there are no tools."""
+    if not tools:
+        return None
+    return ToolUse(dict(tools), max_turns or bounds.max_turns, bounds.max_observation_tokens, bounds.tool_timeout)
+
+
 def close_token_ids(tokenizer) -> frozenset[int]:
     """The ids whose decoded text contains ``>``: only a step that emits one can complete ``</tool_call>``."""
     return token_ids_containing(tokenizer, ">")

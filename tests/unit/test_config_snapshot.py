@@ -50,6 +50,8 @@ HELP_REWORDED["sft"] |= {"--max-tokens-per-micro-batch"}  # one help text with r
 HELP_REWORDED["sft"] |= {"--trace-style"}  # names the 'calc' style (a calculator tool's calls) since 2026-12-06
 HELP_REWORDED["rl"] |= {"--gen-batch-size", "--micro-batch-size"}  # why 64; what to set on a GPU
 HELP_REWORDED["rloo"] |= {"--gen-batch-size", "--micro-batch-size"}
+for _command in ("rl", "rloo"):  # --curriculum pass-rate (rlft.rl.pass_rate) and the count_rank buckets, 2026-12-06
+    HELP_REWORDED[_command] |= {"--curriculum", "--curriculum-buckets", "--curriculum-alpha"}
 DEFAULT_CHANGED: dict[str, dict[str, str]] = {"demo": {"--sft-steps": "(default: 40)", "--passk": "(default: 0)",
                                                        "--pairs-prompts": "(default: 128)",
                                                        "--eval-batch-size": "(default: 256)"},
@@ -105,9 +107,11 @@ def _without_added(record: dict, key: str = "") -> dict:
 
 
 REGISTRY_FLAGS = {"--advantage", "--loss", "--loss-mode", "--is-correction", "--kl-mode", "--kl-estimator",
-                  "--curriculum-buckets", "--rl-advantage", "--rl-loss", "--rl-loss-mode", "--trace-style"}
+                  "--curriculum-buckets", "--rl-advantage", "--rl-loss", "--rl-loss-mode", "--trace-style",
+                  "--curriculum"}
 """Flags whose choices are a registry's keys (docs/design.md section 5): a new entry is a new choice, none may go
-(sft's --trace-style: rlft.tasks.countdown.traces.TRACE_STYLES, which gained 'calc')."""
+(sft's --trace-style: rlft.tasks.countdown.traces.TRACE_STYLES, which gained 'calc'; rl's --curriculum:
+rlft.recipes.rl.CURRICULA, which gained 'pass-rate')."""
 
 
 def _registry_choices(before: str, now: str) -> tuple[str, str]:

@@ -70,6 +70,7 @@ def test_hinted_group_prompt_mask_and_advantages(smol_tokenizer):
     assert got.all_raw.tolist() == got.raw.tolist()  # the step's groups as trained (the hinted one replaced)
     assert got.hints == {"hint/groups": 1.0, "hint/solved": 1.0, "hint/fraction": 0.375, "hint/chars": len(prefix)}
     assert got.generated_tokens == 2 * 2 * 2 + 2 * 2  # the failed samples were generated too
+    assert got.hinted == [0]  # its position in tried: --curriculum pass-rate counts its own pass rate, 0
     # the prefix is prompt: loss mask 0 on it, 1 on the sample's two tokens (and its EOS)
     batch = rollout_batch(smol_tokenizer, [p.text for p in got.prompts], got.samples)
     n = len(smol_tokenizer("Task A:" + prefix)["input_ids"])
@@ -87,6 +88,7 @@ def test_no_hint_when_every_group_has_a_success():
     cfg = RLConfig(k=2, prompts_per_step=1, hint="solver", max_steps=4)
     got = sample_step(cfg, 0, prompts, lambda v: batch_indices(v, 1, 1, 0), engine, reward)
     assert len(engine.calls) == 1 and got.prompts[0].text == "Task A:" and got.hints["hint/groups"] == 0.0
+    assert got.hinted == []
 
 
 @pytest.mark.parametrize("options,error", [

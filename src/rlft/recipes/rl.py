@@ -32,8 +32,10 @@ Each step:
 1-2. :func:`rlft.rl.sampling.sample_step` returns the step as one record (:class:`rlft.rl.records.StepSamples`):
    it takes ``prompts_per_step`` training prompts (a seeded order, so a resumed run sees the same prompts; with
    ``--curriculum sec`` drawn by SEC's bandit over difficulty buckets, :mod:`rlft.rl.curriculum`, whose values
-   follow each bucket's mean |advantage| after step 5), samples ``k`` completions for each at ``temperature``
-   (seeded from seed + step), scores them with the reward (``(B, k)`` raw rewards) and shapes them once
+   follow each bucket's mean |advantage| after step 5; with ``--curriculum pass-rate`` buckets drawn by the chance
+   that a group of k carries signal at their estimated pass rates, :mod:`rlft.rl.pass_rate`), samples ``k``
+   completions for each at ``temperature`` (seeded from seed + step), scores them with the reward (``(B, k)`` raw
+   rewards) and shapes them once
    (:mod:`rlft.rl.shaping`: with ``truncation_penalty`` set, samples that hit ``max_new_tokens`` without an EOS
    get it added, with ``--overlong-buffer`` DAPO's soft overlong punishment of long completions, and with
    ``--repetition-limit N`` a completion that writes one identical line N or more times scores as no answer (0) or,
@@ -104,8 +106,11 @@ Metrics (one ``metrics.jsonl`` line per step, :mod:`rlft.rl.metrics`; ``step`` c
   update (every replayed row when a no-grad pass ran, else the updated ones). With replay, the metrics of the trained
   samples (``reward/shaped_mean``, ``adv/*``, ``completion/*``, ``update/*``, ``entropy``, ``kl/mean``, the loss's)
   count replayed samples too; ``reward/mean``, ``groups/*``, ``samples/*`` and ``tokens/generated`` the fresh ones.
-- ``curriculum/p_<bucket>``, ``curriculum/q_<bucket>``, ``curriculum/n_<bucket>`` (``--curriculum sec``): the
-  probabilities the step's draws used, the values after its update, the prompts drawn from each bucket.
+- ``curriculum/p_<bucket>``, ``curriculum/q_<bucket>``, ``curriculum/n_<bucket>`` (``--curriculum sec`` or
+  ``pass-rate``): the probabilities the step's draws used, the values after its update (pass-rate: the bucket's
+  estimated pass rate), the prompts drawn from each bucket; with ``pass-rate`` also ``curriculum/signal_groups``,
+  ``curriculum/no_signal_uniform``, ``curriculum/no_signal_drawn``, ``curriculum/groups_saved`` and
+  ``curriculum/flops_saved`` (:mod:`rlft.rl.pass_rate`: the sampling the uniform order would have spent more).
 - ``eval/score``, ``eval/accuracy``, ``eval/format_rate`` (Countdown, greedy, first eval_limit held-out
   tasks) or ``eval/reward``, ``eval/truncated_frac`` (chat), every eval_every steps, at step 0 and at the end
   (:class:`rlft.rl.evaluation.InLoopEval`). With ``--eval-rows test`` each evaluation is a look at the test rows,
@@ -136,6 +141,7 @@ from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import LossContext, PassPlan, gradient_rows, policy_loss_backward, take_rows
 from rlft.rl.config import RLConfig
 from rlft.rl.curriculum import CurriculumSampler
+from rlft.rl.pass_rate import PassRateSampler
 from rlft.rl.environments import environment_reward, environment_source, load_user_env
 from rlft.rl.evaluation import InLoopEval, InLoopLookCallback
 from rlft.rl.logprobs import LogprobPasses, step_logprobs
@@ -266,7 +272,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None,
     generating = partial(eager_layers, model) if getattr(cfg, "compile", False) else contextlib.nullcontext
     history = read_metrics(run_dir / "metrics.jsonl") if start_step else []
     totals = RunTotals.restored(parameter_count(model), history)  # samples, tokens, FLOPs so far
-    order, curriculum = _prompt_order(cfg, prompts, history)
+    order, curriculum = _prompt_order(cfg, prompts, history, totals.params)
     evaluation = InLoopEval.for_run(cfg, source, on_test_look)  # on test rows, each evaluation is a counted look
     _log_start(cfg, len(prompts), spec, reward.kind)
     engine.sync_weights(model)  # vLLM after --resume: the checkpoint's weights
@@ -360,14 +366,19 @@ def _engine(cfg: RLConfig, tokenizer, spec, model):
                        copy_dtype=spec.compute_dtype)
 
 
-def _prompt_order(cfg: RLConfig, prompts: list[RLPrompt], history: list[dict]
+CURRICULA: dict[str, type[CurriculumSampler]] = {"sec": CurriculumSampler, "pass-rate": PassRateSampler}
+"""``--curriculum``'s samplers (each built by its ``for_config``)."""
+
+
+def _prompt_order(cfg: RLConfig, prompts: list[RLPrompt], history: list[dict], params: int
                   ) -> tuple[PromptOrder, CurriculumSampler | None]:
     """``(order, curriculum)``: a seeded permutation of the training prompts per epoch
-    (:func:`rlft.recipes.common.batch_indices`), or with ``--curriculum sec`` SEC's sampler, continued from the logged
+    (:func:`rlft.recipes.common.batch_indices`), or with ``--curriculum sec`` / ``pass-rate`` its sampler
+    (:data:`CURRICULA`; ``params``, the policy's parameter count, prices its saving), continued from the logged
     ``history`` of a resumed run (then also the second value; else None)."""
-    if cfg.curriculum != "sec":
+    if cfg.curriculum == "none":
         return (lambda virtual_step: batch_indices(virtual_step, len(prompts), cfg.prompts_per_step, cfg.seed)), None
-    curriculum = CurriculumSampler.for_config(cfg, prompts)
+    curriculum = CURRICULA[cfg.curriculum].for_config(cfg, prompts, params)
     curriculum.restore(history)  # a resumed run continues the bandit from its logged values
     return curriculum, curriculum
 

@@ -27,11 +27,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
 from rlft.rl.records import RLPrompt, StepSamples
+
+
+class Bandit(Protocol):
+    """What :class:`CurriculumSampler` asks of its bandit (:class:`SECBandit`, or
+    :class:`rlft.rl.pass_rate.PassRateBandit`): one value per bucket, draw probabilities, an update from the groups
+    of a step, and a copy with given values (a resumed run's)."""
+
+    q: tuple[float, ...]
+
+    def probabilities(self) -> list[float]: ...
+
+    def draw(self, n: int, generator: torch.Generator) -> list[int]: ...
+
+    def update(self, bucket_ids: Sequence[int], signals: Sequence[float]) -> Bandit: ...
+
+    def with_values(self, q: Sequence[float]) -> Bandit: ...
 
 
 @dataclass(frozen=True)
@@ -66,32 +82,54 @@ class SECBandit:
         return [w / total for w in weights]
 
     def draw(self, n: int, generator: torch.Generator) -> list[int]:
-        """``n`` bucket ids drawn independently from :meth:`probabilities` (with replacement) with ``generator``
-        (a seeded ``torch.Generator``: the same seed and values give the same draws)."""
-        if n <= 0:
-            return []
-        return torch.multinomial(torch.tensor(self.probabilities(), dtype=torch.float64), n, replacement=True,
-                                 generator=generator).tolist()
+        """``n`` bucket ids drawn from :meth:`probabilities` with ``generator`` (:func:`draw_buckets`)."""
+        return draw_buckets(self.probabilities(), n, generator)
 
     def update(self, bucket_ids: Sequence[int], abs_adv_means: Sequence[float]) -> SECBandit:
         """The bandit after one step: each bucket among ``bucket_ids`` gets ``r`` = the mean of the
         ``abs_adv_means`` listed with it (one per prompt group: the mean ``|A|`` of its k samples) and
-        ``Q <- alpha * r + (1 - alpha) * Q``; the other buckets keep their value.
+        ``Q <- alpha * r + (1 - alpha) * Q`` (:func:`moving_values`); the other buckets keep their value.
 
         Raises:
             ValueError: the lists differ in length, or a bucket id is out of range.
         """
-        if len(bucket_ids) != len(abs_adv_means):
-            raise ValueError(f"{len(bucket_ids)} bucket ids for {len(abs_adv_means)} advantage means")
-        sums: dict[int, list[float]] = {}
-        for b, r in zip(bucket_ids, abs_adv_means):
-            if not 0 <= b < len(self.q):
-                raise ValueError(f"bucket id {b} out of range 0..{len(self.q) - 1}")
-            sums.setdefault(int(b), []).append(float(r))
-        q = list(self.q)
-        for b, rs in sums.items():
-            q[b] = self.alpha * (sum(rs) / len(rs)) + (1.0 - self.alpha) * q[b]
+        return self.with_values(moving_values(self.q, self.alpha, bucket_ids, abs_adv_means, "advantage means"))
+
+    def with_values(self, q: Sequence[float]) -> SECBandit:
+        """The same bandit with the values ``q`` (a resumed run's logged ones)."""
         return SECBandit(tuple(q), self.tau, self.alpha)
+
+
+def draw_buckets(probabilities: Sequence[float], n: int, generator: torch.Generator) -> list[int]:
+    """``n`` bucket ids drawn independently from ``probabilities`` (with replacement) with ``generator`` (a seeded
+    ``torch.Generator``: the same seed and probabilities give the same draws)."""
+    if n <= 0:
+        return []
+    return torch.multinomial(torch.tensor(list(probabilities), dtype=torch.float64), n, replacement=True,
+                             generator=generator).tolist()
+
+
+def moving_values(q: Sequence[float], alpha: float, bucket_ids: Sequence[int], signals: Sequence[float],
+                  what: str = "values") -> tuple[float, ...]:
+    """Each bucket's value after one step, an exponential moving average: a bucket among ``bucket_ids`` gets ``r`` =
+    the mean of the ``signals`` listed with it (one per prompt group) and ``q <- alpha * r + (1 - alpha) * q``; the
+    other buckets keep theirs.
+
+    Raises:
+        ValueError: the lists differ in length (``what`` names the signals in the message), or a bucket id is out of
+            range.
+    """
+    if len(bucket_ids) != len(signals):
+        raise ValueError(f"{len(bucket_ids)} bucket ids for {len(signals)} {what}")
+    sums: dict[int, list[float]] = {}
+    for b, r in zip(bucket_ids, signals):
+        if not 0 <= b < len(q):
+            raise ValueError(f"bucket id {b} out of range 0..{len(q) - 1}")
+        sums.setdefault(int(b), []).append(float(r))
+    out = list(q)
+    for b, rs in sums.items():
+        out[b] = alpha * (sum(rs) / len(rs)) + (1.0 - alpha) * out[b]
+    return tuple(out)
 
 
 TARGET_BANDS = ((10, 39), (40, 69), (70, 100))
@@ -110,21 +148,62 @@ def count_target_buckets(prompts: Sequence[RLPrompt]) -> tuple[list[int], list[s
     """
     keys = []
     for i, p in enumerate(prompts):
-        truth = p.ground_truth or {}
-        if "target" not in truth or "numbers" not in truth:
-            raise ValueError(
-                f"--curriculum-buckets count_target needs Countdown prompts (a target and numbers); prompt {i} has "
-                "none (chat prompts cannot be bucketed by difficulty)")
-        band = next((j for j, (_, hi) in enumerate(TARGET_BANDS) if truth["target"] <= hi), len(TARGET_BANDS) - 1)
-        keys.append((len(truth["numbers"]), band))
+        target, numbers = _countdown_truth(p, i, "count_target")
+        band = next((j for j, (_, hi) in enumerate(TARGET_BANDS) if target <= hi), len(TARGET_BANDS) - 1)
+        keys.append((len(numbers), band))
+    names = {key: f"n{key[0]}_t{TARGET_BANDS[key[1]][0]}-{TARGET_BANDS[key[1]][1]}" for key in keys}
+    return _ordered(keys, names)
+
+
+RANK_BANDS = ((0, 0), (1, 2), (3, 6), (7, None))
+"""Bands of the solution's rank in the patient search (:func:`rlft.tasks.countdown.traces.solution_rank`: the dead
+ends before the solution) for :func:`count_rank_buckets`; a bounded trace with ``--max-tries 6`` never reaches 7."""
+
+
+def count_rank_buckets(prompts: Sequence[RLPrompt]) -> tuple[list[int], list[str]]:
+    """Countdown difficulty buckets by the solver's search: (number count, band of :data:`RANK_BANDS` of the
+    solution's rank among the ranked first steps), e.g. ``n4_r3-6``; unsolvable tasks go to ``n<count>_unsolvable``.
+    The rank is what a model imitating the patient search must get through before it reaches the answer.
+
+    Returns and raises as :func:`count_target_buckets`.
+    """
+    from rlft.tasks.countdown.traces import solution_rank
+
+    keys, names = [], {}
+    for i, p in enumerate(prompts):
+        target, numbers = _countdown_truth(p, i, "count_rank")
+        rank = solution_rank(numbers, target)
+        band = len(RANK_BANDS) if rank is None else next(
+            j for j, (lo, hi) in enumerate(RANK_BANDS) if rank >= lo and (hi is None or rank <= hi))
+        key = (len(numbers), band)
+        if key not in names:
+            lo, hi = RANK_BANDS[band] if band < len(RANK_BANDS) else (None, None)
+            names[key] = f"n{key[0]}_" + ("unsolvable" if lo is None else f"r{lo}" if hi == lo else
+                                          f"r{lo}+" if hi is None else f"r{lo}-{hi}")
+        keys.append(key)
+    return _ordered(keys, names)
+
+
+def _countdown_truth(prompt: RLPrompt, i: int, bucketing: str) -> tuple[int, list[int]]:
+    """``(target, numbers)`` of prompt ``i``; ValueError naming the bucketing when it has no Countdown ground truth."""
+    truth = prompt.ground_truth or {}
+    if "target" not in truth or "numbers" not in truth:
+        raise ValueError(
+            f"--curriculum-buckets {bucketing} needs Countdown prompts (a target and numbers); prompt {i} has "
+            "none (chat prompts cannot be bucketed by difficulty)")
+    return int(truth["target"]), [int(n) for n in truth["numbers"]]
+
+
+def _ordered(keys: list[tuple[int, int]], names: dict[tuple[int, int], str]) -> tuple[list[int], list[str]]:
+    """Bucket ids in sorted key order: ``(bucket_of, names)``."""
     order = sorted(set(keys))
     ids = {key: i for i, key in enumerate(order)}
-    names = [f"n{count}_t{TARGET_BANDS[band][0]}-{TARGET_BANDS[band][1]}" for count, band in order]
-    return [ids[key] for key in keys], names
+    return [ids[key] for key in keys], [names[key] for key in order]
 
 
 BUCKETINGS: dict[str, Callable[[Sequence[RLPrompt]], tuple[list[int],
-                                                           list[str]]]] = {"count_target": count_target_buckets}
+                                                           list[str]]]] = {"count_target": count_target_buckets,
+                                                                         "count_rank": count_rank_buckets}
 """Ways to bucket the training prompts (``--curriculum-buckets``): ``prompts -> (bucket_of, names)``."""
 
 
@@ -145,7 +224,7 @@ class CurriculumSampler:
     """
 
     def __init__(self, bucket_of: Sequence[int], names: Sequence[str], batch_size: int, seed: int, tau: float = 1.0,
-                 alpha: float = 0.5):
+                 alpha: float = 0.5, *, bandit: Bandit | None = None):
         self.names = list(names)
         self.members: list[list[int]] = [[] for _ in self.names]
         for i, b in enumerate(bucket_of):
@@ -155,7 +234,8 @@ class CurriculumSampler:
         self.bucket_of = list(bucket_of)
         self.batch_size = batch_size
         self.seed = seed
-        self.bandit = SECBandit.fresh(len(self.names), tau, alpha)
+        self.bandit: Bandit = bandit if bandit is not None else SECBandit.fresh(len(self.names), tau, alpha)
+        """SEC's (``tau``, ``alpha``), or the one given (:class:`rlft.rl.pass_rate.PassRateBandit`)."""
         self.given = [0] * len(self.names)
         """Prompts each bucket has given so far (all steps)."""
         self.step_given = [0] * len(self.names)
@@ -163,8 +243,9 @@ class CurriculumSampler:
         self._passes: dict[int, tuple[int, list[int]]] = {}  # bucket -> (pass, its permutation): a cache
 
     @classmethod
-    def for_config(cls, cfg, prompts: Sequence[RLPrompt]) -> CurriculumSampler:
-        """The sampler of ``cfg`` (an :class:`rlft.rl.config.RLConfig` with ``curriculum="sec"``) over ``prompts``."""
+    def for_config(cls, cfg, prompts: Sequence[RLPrompt], params: int = 0) -> CurriculumSampler:
+        """The sampler of ``cfg`` (an :class:`rlft.rl.config.RLConfig` with ``curriculum="sec"``) over ``prompts``
+        (``params``, the policy's parameter count, is read by :class:`rlft.rl.pass_rate.PassRateSampler` only)."""
         bucket_of, names = BUCKETINGS[cfg.curriculum_buckets](prompts)
         return cls(bucket_of, names, cfg.prompts_per_step, cfg.seed, cfg.curriculum_tau, cfg.curriculum_alpha)
 
@@ -223,8 +304,7 @@ class CurriculumSampler:
             if names != sorted(self.names):
                 raise ValueError(
                     f"--resume: the logged curriculum buckets {names} are not this run's {sorted(self.names)}")
-        self.bandit = SECBandit(tuple(float(logged[-1][f"curriculum/q_{name}"]) for name in self.names),
-                                self.bandit.tau, self.bandit.alpha)
+        self.bandit = self.bandit.with_values([float(logged[-1][f"curriculum/q_{name}"]) for name in self.names])
         self.given = [int(sum(r[f"curriculum/n_{name}"] for r in logged)) for name in self.names]
         self.step_given = [0] * len(self.names)
 

@@ -257,31 +257,37 @@ class GroupFilterOptions:
 class CurriculumOptions:
     """The prompt order: a seeded permutation, or the SEC bandit over difficulty buckets."""
 
-    curriculum: Literal["none", "sec"] = "none"
-    """Prompt order: 'none' (a seeded permutation of the training prompts per epoch) or 'sec' (Self-Evolving
+    curriculum: Literal["none", "sec", "pass-rate"] = "none"
+    """Prompt order: 'none' (a seeded permutation of the training prompts per epoch), 'pass-rate' (prompts the
+    model half-solves: buckets drawn by prompts x 1 - p^k - (1-p)^k, p the pass rate the step's groups measured;
+    logs the FLOPs saved, rlft.rl.pass_rate) or 'sec' (Self-Evolving
     Curriculum, Chen et al. 2025, arXiv 2505.14970: prompts bucketed by --curriculum-buckets, buckets drawn from
     softmax(Q / --curriculum-tau), each bucket's Q an exponential average (step --curriculum-alpha) of the mean
     |advantage| of its groups; within a bucket prompts come in a seeded order without replacement; logs
     curriculum/p_<bucket>, curriculum/q_<bucket>, curriculum/n_<bucket>). With --filter-groups every prompt batch
     of a step is drawn from the bandit, and a dropped group counts as |advantage| 0."""
     curriculum_buckets: BucketingName = "count_target"
-    """--curriculum sec: the buckets. 'count_target': Countdown tasks by (number count, target band 10-39 /
-    40-69 / 70-100); chat prompts cannot be bucketed."""
+    """--curriculum sec or pass-rate: the buckets. 'count_target': Countdown tasks by (number count, target band
+    10-39 / 40-69 / 70-100); 'count_rank': by (number count, dead ends the solver's patient search writes before
+    the solution: 0 / 1-2 / 3-6 / 7+); chat prompts cannot be bucketed."""
     curriculum_tau: float = 1.0
     """--curriculum sec: softmax temperature over the buckets' values (SEC's Countdown runs: 1.0; its math runs 0.4)."""
     curriculum_alpha: float = 0.5
-    """--curriculum sec: step size of the bucket values' update, Q <- alpha * r + (1 - alpha) * Q (SEC: 0.5)."""
+    """--curriculum sec or pass-rate: step size of the bucket values' update, Q <- alpha * r + (1 - alpha) * Q (SEC:
+    0.5; pass-rate: r the mean pass rate of the bucket's groups)."""
 
     def _check_curriculum(self, prompts_data: str | None) -> None:
         """``prompts_data``: ``--prompts-data`` (chat prompts have no difficulty)."""
         require(self.curriculum_tau > 0, f"--curriculum-tau must be > 0, got {self.curriculum_tau}")
         require(0 < self.curriculum_alpha <= 1, f"--curriculum-alpha must lie in (0, 1], got {self.curriculum_alpha}")
-        set_ = [name for name in ("curriculum_buckets", "curriculum_tau", "curriculum_alpha")
-                if getattr(self, name) != _default(CurriculumOptions, name)]
-        require(self.curriculum == "sec" or not set_,
-                f"--{set_[0].replace('_', '-') if set_ else ''} is only read with --curriculum sec")
+        read_by = {"curriculum_buckets": ("sec", "pass-rate"), "curriculum_tau": ("sec",),
+                   "curriculum_alpha": ("sec", "pass-rate")}
+        for name, curricula in read_by.items():
+            require(self.curriculum in curricula or getattr(self, name) == _default(CurriculumOptions, name),
+                    f"--{name.replace('_', '-')} is only read with --curriculum {' or '.join(curricula)}")
         require(self.curriculum == "none" or prompts_data is None,
-                "--curriculum sec buckets Countdown tasks by difficulty; chat prompts (--prompts-data) have none")
+                f"--curriculum {self.curriculum} buckets Countdown tasks by difficulty; chat prompts (--prompts-data) "
+                "have none")
 
 
 @dataclass(frozen=True)

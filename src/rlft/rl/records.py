@@ -92,6 +92,9 @@ class StepSamples:
     """``(B, k)`` 1.0 where a sample writes one identical line ``--repetition-limit`` times or more
     (:func:`rlft.rl.shaping.repeated_samples`; all 0 when the option is off); None: a record built without it."""
     hints: dict[str, float] = field(default_factory=dict)
+    hinted: list[int] = field(default_factory=list)
+    """``--hint solver``: positions in ``tried`` of the groups sampled again with a solver prefix (their own k samples
+    all failed; ``all_raw`` holds the hinted samples' rewards)."""
     """``--hint solver``: the step's ``hint/*`` metrics (:func:`rlft.rl.hints.hint_metrics`); empty without hints."""
 
     @property

@@ -81,6 +81,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
     generate_s = 0.0
     generated_tokens = 0
     hints: dict[str, float] = {}
+    hinted: list[int] = []  # positions in tried
     batches = cfg.max_prompt_batches if cfg.filter_groups else 1
     for j in range(batches):
         virtual = step * cfg.max_prompt_batches + j if cfg.filter_groups else step
@@ -96,6 +97,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
             batch_prompts, samples, scores, more = _hinted(cfg, step, batch_prompts, samples, scores, engine,
                                                            replace(sampling, seed=seed + HINT_SEED), reward, tool_use)
             seconds, tokens = seconds + more.pop("seconds"), tokens + more.pop("tokens")
+            hinted += [offset + mine[b] for b in more.pop("failed")]
             fraction = more.pop("fraction")
             hints = {key: hints.get(key, 0.0) + value for key, value in more.items()} | {"fraction": fraction}
         generate_s += seconds
@@ -130,7 +132,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
     if hints:
         hints = hint_metrics(hints["groups"], hints["solved"], hints["fraction"], hints["chars"])
     return StepSamples(kept_prompts, kept_samples, local, raw, shaped, truncated, lengths, torch.cat(all_raw), tried,
-                       kept_at, generate_s, generated_tokens, batch, repeated=repeated, hints=hints)
+                       kept_at, generate_s, generated_tokens, batch, repeated=repeated, hints=hints, hinted=hinted)
 
 
 HINT_SEED = 1 << 42
@@ -161,13 +163,15 @@ def _hinted(cfg: RLConfig, step: int, prompts: list[RLPrompt], samples: list[lis
             engine, params: SamplingParams, reward: Reward, tool_use: ToolUse | None):
     """The batch with each group that all failed sampled again from its prompt and a solver prefix
     (:mod:`rlft.rl.hints`): ``(prompts, samples, scores, stats)``, ``stats`` the generation's seconds and tokens and
-    the step's hint sums (groups, solved, fraction, chars)."""
+    the step's hint sums (groups, solved, fraction, chars) and ``failed``, the hinted groups' positions in
+    ``prompts``."""
     if distributed.active():
         raise UsageError("--hint solver runs in one process (a rank's hinted groups would break collective sampling)")
     k = params.k
     failed = failed_groups([scores[b * k : (b + 1) * k] for b in range(len(prompts))])
     fraction = step_fraction(cfg.hint_fraction, step, cfg.max_steps)
-    stats = {"seconds": 0.0, "tokens": 0, "groups": 0.0, "solved": 0.0, "fraction": fraction, "chars": 0.0}
+    stats = {"seconds": 0.0, "tokens": 0, "groups": 0.0, "solved": 0.0, "fraction": fraction, "chars": 0.0,
+             "failed": []}
     if not failed or fraction <= 0:
         return prompts, samples, scores, stats
     style = "calc" if cfg.env == "countdown-calc" else "bounded"
@@ -178,7 +182,7 @@ def _hinted(cfg: RLConfig, step: int, prompts: list[RLPrompt], samples: list[lis
         prompts[b], samples[b] = hinted[i][0], again[i]
         scores[b * k : (b + 1) * k] = again_scores[i * k : (i + 1) * k]
     solved = len(failed) - len(failed_groups([again_scores[i * k : (i + 1) * k] for i in range(len(failed))]))
-    stats.update(seconds=seconds, tokens=tokens, groups=float(len(failed)), solved=float(solved),
+    stats.update(seconds=seconds, tokens=tokens, groups=float(len(failed)), solved=float(solved), failed=failed,
                  chars=float(sum(n for _, n in hinted)))
     return prompts, samples, scores, stats
 

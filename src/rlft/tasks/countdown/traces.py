@@ -75,7 +75,7 @@ Every number written in a trace is computed exactly; every ``direct`` and ``sear
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import combinations
 from typing import Literal, get_args
 
@@ -122,6 +122,19 @@ def _solution_path(nums: State, target: int) -> list[Step]:
         step, nums = next((s, rest) for s, rest in _candidates(nums, target) if is_solvable(rest, target))
         path.append(step)
     return path
+
+
+def solution_rank(nums: Sequence[int], target: int) -> int | None:
+    """How many ranked first steps the patient search (``"bounded"``) tries and abandons before the solution's: the
+    dead ends a trace that never gives up writes (0: the best-ranked first step leads to the target). None for an
+    unsolvable task. ``solution_rank((3, 5, 7), 22) == 1`` (``3*7=21`` is tried first, then ``3*5=15``)."""
+    state = tuple(int(n) for n in nums)
+    if not is_solvable(state, target):
+        return None
+    if len(state) == 1:
+        return 0
+    first = _solution_path(state, target)[0]
+    return next(i for i, (step, _) in enumerate(_candidates(state, target)) if step == first)
 
 
 def _greedy_path(nums: State, target: int) -> list[Step]:

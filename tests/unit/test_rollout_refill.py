@@ -127,7 +127,7 @@ def test_greedy_equals_todays_decoder(tok_name, request):
 def test_long_rows_grow_the_cache_buffers(smol_tokenizer):
     """Rows longer than the cache buffers' spare columns (SPARE): greedy refill still equals decode(), and sampled
     jobs still do not depend on the batch size, with rows finishing, refilled and trimmed along the way."""
-    from rlft.rollout.refill import SPARE
+    from rlft.rollout.cache_rows import SPARE
 
     model = exact_model(smol_tokenizer)
     eos = many_eos(smol_tokenizer, share=0.01)
@@ -152,7 +152,7 @@ def test_freed_rows_are_refilled_in_place_and_wide_prompts_appended(smol_tokeniz
     import rlft.rollout.refill as refill
 
     calls = {"fill": 0, "append": 0}
-    fill, append_rows = refill._fill_row, refill._append_rows
+    fill, append_rows = refill.fill_row, refill.append_rows
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
@@ -160,8 +160,8 @@ def test_freed_rows_are_refilled_in_place_and_wide_prompts_appended(smol_tokeniz
             return fn(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(refill, "_fill_row", counted("fill", fill))
-    monkeypatch.setattr(refill, "_append_rows", counted("append", append_rows))
+    monkeypatch.setattr(refill, "fill_row", counted("fill", fill))
+    monkeypatch.setattr(refill, "append_rows", counted("append", append_rows))
     model = exact_model(smol_tokenizer)
     eos = many_eos(smol_tokenizer, share=0.3)
     params = SamplingParams(temperature=1.0, max_new_tokens=3, seed=5)

@@ -15,7 +15,8 @@ from rlft.rollout.base import SamplingParams
 from rlft.rollout.decode import Decoded
 from rlft.rollout.hf import HFEngine
 from rlft.rollout.tools import ends_with_call, format_observation, parse_tool_call, run_tool_call
-from rlft.rollout.turns import ToolUse, generate_turns
+from rlft.rollout.refill import decode_jobs
+from rlft.rollout.turns import ToolUse, generate_turns, generate_turns_inline
 from tests.tool_model import PROMPTS, add
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -155,3 +156,36 @@ def test_sampler_logprobs_equal_teacher_forcing_on_model_tokens(tool_model, smol
     assert torch.allclose(forced[mask], sampled[mask], atol=2e-3)
     assert (forced[mask] - sampled[mask]).abs().mean() < 2e-4
     assert (forced[~mask] == 0).all() and (sampled[~mask] == 0).all()  # observations: no log-prob, no loss term
+
+
+def test_inline_turns_equal_turn_by_turn_and_prefill_each_prompt_once(tool_model, smol_tokenizer):
+    # generate_turns_inline (one continuous batch, each row's cache kept across its calls, the observation fed one
+    # decoding step per id) against generate_turns (each turn t > 0 prefills its rows' whole contexts again) on the
+    # same decoder: the same samples, masks, calls and finish reasons (cached and prefilled contexts differ by float
+    # rounding only), while only the inline rollouts never prefill a context twice
+    tok, tools = smol_tokenizer, ToolUse({"add": add})
+    params = SamplingParams(k=4, temperature=0.7, max_new_tokens=48, seed=3)
+    prompt_ids = [ids_of(tok, p) for p in PROMPTS]
+    eos = [tok.eos_token_id]
+    widths = {"inline": [], "turns": []}
+
+    def decode_all(prompts, jobs, stop, resume):
+        return decode_jobs(tool_model, prompts, jobs, params, eos, batch_size=5, pad_id=eos[0], seed=params.seed,
+                           loop_stop=stop, resume=resume, on_forward=lambda n, w: widths["inline"].append((n, w)))
+
+    def decode_turn(prompts, jobs, seeds, budgets, stop):
+        return decode_jobs(tool_model, prompts, jobs, params, eos, batch_size=5, pad_id=eos[0], seed=params.seed,
+                           loop_stop=stop, seeds=seeds, budgets=budgets,
+                           on_forward=lambda n, w: widths["turns"].append((n, w)))
+
+    inline = generate_turns_inline(decode_all, tok, prompt_ids, params, tools, eos)
+    turns = generate_turns(decode_turn, tok, prompt_ids, params, tools, eos)
+    a = [(s.completion_ids, s.loss_mask, s.tool_calls, s.finish_reason) for row in inline for s in row]
+    b = [(s.completion_ids, s.loss_mask, s.tool_calls, s.finish_reason) for row in turns for s in row]
+    assert a == b
+    assert sum(s.tool_calls for row in inline for s in row) >= 4  # turns were exercised
+    for x, y in zip((s for row in inline for s in row), (s for row in turns for s in row)):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=2e-3)
+    prefilled = {mode: sum(n for n, w in calls if w > 1) for mode, calls in widths.items()}  # rows prefilled
+    assert prefilled["inline"] == len(prompt_ids)  # each prompt once, nothing else
+    assert prefilled["turns"] >= len(prompt_ids) + 4  # and each call's context again

@@ -14,7 +14,7 @@ from rlft.rollout.base import Sample, SamplingParams
 from rlft.rollout.decode import Decoded, decode
 from rlft.rollout.loops import LoopStop
 from rlft.rollout.refill import decode_jobs
-from rlft.rollout.turns import ToolUse, TurnStop, generate_turns
+from rlft.rollout.turns import ToolUse, TurnStop, generate_turns, generate_turns_inline
 
 Decoder = Literal["auto", "drop", "refill", "generate", "static"]
 """How :class:`HFEngine` decodes: 'drop' (:func:`rlft.rollout.decode.decode`, rows leave the batch as they
@@ -147,17 +147,18 @@ class HFEngine:
             self._sampler = mark(plain, None).eval().requires_grad_(True)
         return self._sampler
 
-    def decoder_for(self, model, params: SamplingParams | None = None) -> str:
+    def decoder_for(self, model, params: SamplingParams | None = None, tools: bool = False) -> str:
         """The decoder :meth:`generate` uses for ``model`` and ``params``: 'generate' when sharded, else ``decoder``
         with 'auto' resolved by the model's device ('static' on CUDA) and, elsewhere, by ``params`` ('refill' when
-        sampling, 'drop' when greedy or ``params`` is None)."""
+        sampling, 'drop' when greedy or ``params`` is None) or ``tools`` (rollouts with tool calls: 'refill', greedy
+        too, whose rows keep their cache across calls: :func:`rlft.rollout.turns.generate_turns_inline`)."""
         if distributed.sharded(model):
             return "generate"
         if self.decoder != "auto":
             return self.decoder
         if next(model.parameters()).device.type == "cuda":
             return "static"
-        return "refill" if params is not None and not params.greedy else "drop"
+        return "refill" if tools or (params is not None and not params.greedy) else "drop"
 
     def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         """The prompt ids :meth:`generate` conditions on (:func:`encode_prompts` with this engine's setting)."""
@@ -225,7 +226,13 @@ class HFEngine:
     def _generate_turns(self, model, prompt_ids: list[list[int]], params: SamplingParams, tool_use: ToolUse,
                         contexts, eos_ids: list[int], pad_id: int) -> list[list[Sample]]:
         """:func:`rlft.rollout.turns.generate_turns` with this engine's decoder for ``model`` and ``params``."""
-        decoder = self.decoder_for(model, params)
+        decoder = self.decoder_for(model, params, tools=True)
+        if decoder == "refill":  # one continuous batch: each row keeps its cache across its calls
+            def decode_all(prompts, jobs, stop: TurnStop, resume) -> list[Decoded]:
+                return decode_jobs(model, prompts, jobs, params, eos_ids, batch_size=self.batch_size, pad_id=pad_id,
+                                   seed=params.seed, loop_stop=stop, resume=resume)
+
+            return generate_turns_inline(decode_all, self.tokenizer, prompt_ids, params, tool_use, eos_ids, contexts)
 
         def decode_turn(prompts, jobs, seeds, budgets, stop: TurnStop) -> list[Decoded]:
             if decoder == "refill":

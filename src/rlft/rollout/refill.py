@@ -25,6 +25,9 @@ keeps the batch full until the queue is empty:
   falls within that difference, ~1e-7 in float32, of a boundary of the cumulative distribution: rare, but not
   never). ``torch.multinomial`` on a CPU costs ~1 ms a row over a 49k vocabulary (2 cores, 2026-11-27); the
   vectorised two-level inverse CDF of :func:`draw` well under 1 ms for the 64 rows of a step.
+- **Tool calls** (``resume``, :func:`rlft.rollout.turns.generate_turns_inline`). A job whose turn ends with a call
+  keeps its row and cache: the observation's ids are fed as its next inputs, one decoding step each (log-prob 0.0),
+  then its next turn draws from ``job_seed(seed, i, j, turn)``; the rows around it go on sampling.
 - **Statistics.** As in :func:`rlft.rollout.decode.decode`: each token's ``log softmax(logits / T)`` (the sampler
   log-probs the RL loss compares against) and the self-certainty sum (Kang et al. 2025, eq. 3).
 
@@ -33,7 +36,6 @@ Greedy decoding (temperature 0) takes the argmax and draws nothing.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 from collections import Counter
@@ -43,7 +45,12 @@ import torch
 
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.decode import Decoded, cache_keyword, logits_warpers
+from rlft.rollout.cache_rows import append_rows, fill_row, trim
 from rlft.rollout.loops import LoopStop
+
+
+Resume = Callable[[int, list[int], int], "list[int] | None"]
+"""``resume(job, token_ids, turn_start) -> observation ids or None`` (:func:`decode_jobs`'s tool calls)."""
 
 
 def job_seed(seed: int, prompt: int, sample: int, turn: int = 0) -> int:
@@ -151,7 +158,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
                 eos_ids: list[int], *, batch_size: int, pad_id: int, seed: int | None = None,
                 loop_stop: LoopStop | None = None, on_done: Callable[[int], None] | None = None,
                 on_forward: Callable[[int, int], None] | None = None, seeds: list[int] | None = None,
-                budgets: list[int] | None = None) -> list[Decoded]:
+                budgets: list[int] | None = None, resume: Resume | None = None) -> list[Decoded]:
     """Decode every job with continuous batching (see the module docstring); returns one :class:`Decoded` per job,
     in the order of ``jobs``.
 
@@ -173,6 +180,12 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         seeds: one generator seed per job, instead of :func:`job_seed` of ``seed`` and the job's pair (the later turns
             of a rollout with tool calls); None: :func:`job_seed`.
         budgets: most tokens of each job (>= 1), instead of ``params.max_new_tokens`` for all; None: that.
+        resume: rollouts with tool calls inside the batch (:func:`rlft.rollout.turns.generate_turns_inline`): when
+            ``loop_stop`` ends a job's turn, ``resume(job, token_ids, turn_start)`` gives the observation's ids to
+            feed (the job goes on in its row, its cache kept: each id is fed as the row's next input, recorded with
+            log-prob 0.0, one decoding step each; then the job's next turn draws from a generator seeded by
+            :func:`job_seed` ``(seed, i, j, turn)``, or ``seeds[job] + turn``), or None (the job ends, ``looped``).
+            The loop stop reads the current turn's ids only, and budgets count the model's own tokens only.
 
     Raises:
         ValueError: ``batch_size < 1``, an empty prompt, or a job naming no prompt.
@@ -196,6 +209,10 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
     warpers = logits_warpers(params)
     done_ids = set(eos_ids)
     completions = [Decoded() for _ in jobs]
+    forced: dict[int, list[int]] = {}  # with resume: job -> observation ids still to feed
+    turn_start = [0] * len(jobs)  # where each job's current turn starts in its ids
+    turns = [0] * len(jobs)
+    model_tokens = [0] * len(jobs)
     store = _Prompts(model, prompts, jobs, pad_id, on_forward)
     queue = list(range(len(jobs)))[::-1]  # pop() takes the next job
 
@@ -205,12 +222,34 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         d.token_ids.append(token)
         d.logprobs.append(logprob)
         d.certainty_sum += certainty
-        if token in done_ids or len(d.token_ids) >= limits[job]:
+        model_tokens[job] += 1
+        if token in done_ids or model_tokens[job] >= limits[job]:
             return True
-        if loop_stop is not None and token in loop_stop.trigger_ids and loop_stop.looped(d.token_ids):
-            d.looped = True
-            return True
+        if loop_stop is not None and token in loop_stop.trigger_ids and loop_stop.looped(
+                d.token_ids[turn_start[job]:] if turn_start[job] else d.token_ids):
+            observation = resume(job, d.token_ids, turn_start[job]) if resume is not None else None
+            if not observation:
+                d.looped = True
+                return True
+            forced[job] = list(observation)
         return False
+
+    def feed_forced(job: int) -> tuple[int, bool]:
+        """The job's next observation id, recorded; and True when it was the last (its next turn starts)."""
+        d, token = completions[job], forced[job].pop(0)
+        d.token_ids.append(token)
+        d.logprobs.append(0.0)
+        if forced[job]:
+            return token, False
+        del forced[job]
+        turns[job] += 1
+        turn_start[job] = len(d.token_ids)
+        return token, True
+
+    def turn_generator(job: int) -> torch.Generator:
+        """The generator of the job's current turn (after an observation)."""
+        own = job_seed(seed, *jobs[job], turns[job]) if seeds is None else seeds[job] + turns[job]
+        return torch.Generator().manual_seed(own)
 
     def admit(free: int):
         """Up to ``free`` waiting jobs, first token drawn from their prompt's logits; jobs finished by it are
@@ -245,7 +284,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         """Admitted jobs become new rows at the end of the batch (the cache widened on the left if a prompt is
         wider)."""
         nonlocal cache, mask, rows, gens, position, feed
-        cache, mask = _append_rows(cache, mask, kvs, lengths, device)
+        cache, mask = append_rows(cache, mask, kvs, lengths, device)
         rows, gens = rows + new, gens + new_gens
         new_position = torch.tensor(lengths, device=device)  # the first token sits right after its prompt
         new_feed = torch.tensor(firsts, device=device)
@@ -264,8 +303,20 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         on_forward(len(rows), 1)
         logits = out.logits[:, -1, :]
         tokens, logprobs, certainty = choose(logits, params, warpers, gens)
-        finished = [record(job, token, lp, c)
-                    for job, token, lp, c in zip(rows, tokens.tolist(), logprobs.tolist(), certainty.tolist())]
+        if forced and any(job in forced for job in rows):  # rows feeding an observation take its next id instead
+            chosen, finished = tokens.tolist(), []
+            for r, (job, lp, c) in enumerate(zip(rows, logprobs.tolist(), certainty.tolist())):
+                if job in forced:
+                    chosen[r], last = feed_forced(job)
+                    if last and gens[r] is not None:
+                        gens[r] = turn_generator(job)
+                    finished.append(False)
+                else:
+                    finished.append(record(job, chosen[r], lp, c))
+            tokens = torch.tensor(chosen, device=device)
+        else:
+            finished = [record(job, token, lp, c)
+                        for job, token, lp, c in zip(rows, tokens.tolist(), logprobs.tolist(), certainty.tolist())]
         feed, position = tokens, position + 1
         if not any(finished):
             continue
@@ -277,7 +328,7 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
         width = mask.shape[1]
         fits = [a for a, n in enumerate(lengths) if n <= width]
         for r, a in zip(free, fits):
-            _fill_row(cache, mask, r, kvs[a], lengths[a])
+            fill_row(cache, mask, r, kvs[a], lengths[a])
             rows[r], gens[r] = new[a], new_gens[a]
             position[r], feed[r] = lengths[a], firsts[a]
         if gone := set(free[len(fits):]):
@@ -293,115 +344,5 @@ def decode_jobs(model, prompts: list[list[int]], jobs: list[tuple[int, int]], pa
             append([new[a] for a in wide], [new_gens[a] for a in wide], [kvs[a] for a in wide],
                    [lengths[a] for a in wide], [firsts[a] for a in wide])
         if rows:
-            mask = _trim(cache, mask)
+            mask = trim(cache, mask)
     return completions
-
-
-SPARE = 64
-"""Free columns a cache buffer is (re)allocated with: a layer copies its cache once per SPARE steps."""
-
-
-@functools.cache
-def _layer_class():
-    """:class:`transformers.DynamicLayer` whose keys and values are views of buffers with :data:`SPARE` free columns at
-    the end: a step writes its token's key and value in place, where ``DynamicLayer`` concatenates (a copy of the
-    whole cache at every step, 13% of a 64-row CPU decoding step of SmolLM2-135M)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-            super().__init__()
-            self.set(keys, values)
-
-        def set(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-            """Hold ``keys``/``values`` ``(B, H, L, D)`` (copied into new buffers with SPARE free columns)."""
-            b, h, n, d = keys.shape
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-            self.k_buffer = keys.new_empty((b, h, n + SPARE, d))
-            self.v_buffer = values.new_empty((b, h, n + SPARE, values.shape[-1]))
-            self.k_buffer[:, :, :n], self.v_buffer[:, :, :n] = keys, values
-            self.view(n)
-
-        def view(self, n: int) -> None:
-            self.length = n
-            self.keys, self.values = self.k_buffer[:, :, :n], self.v_buffer[:, :, :n]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            n = key_states.shape[-2]
-            if self.length + n > self.k_buffer.shape[2]:
-                self.set(self.keys, self.values)
-            self.k_buffer[:, :, self.length : self.length + n] = key_states
-            self.v_buffer[:, :, self.length : self.length + n] = value_states
-            self.view(self.length + n)
-            return self.keys, self.values
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self.k_buffer, self.v_buffer = self.k_buffer[indices], self.v_buffer[indices]
-            self.view(self.length)
-
-        def trim(self, first: int) -> None:
-            """Drop the first ``first`` columns (views: no copy)."""
-            self.k_buffer, self.v_buffer = self.k_buffer[:, :, first:], self.v_buffer[:, :, first:]
-            self.view(self.length - first)
-
-    return GrowingLayer
-
-
-def _append_rows(cache, mask: torch.Tensor | None, kvs: list[list[tuple[torch.Tensor, torch.Tensor]]],
-                 lengths: list[int], device) -> tuple[object, torch.Tensor]:
-    """Append rows whose prompt KV (per layer ``(1, H, P, D)``) is ``kvs`` to ``cache`` (None: start one), left-padded
-    with zeros to the common width (the old rows are padded on the left when a new prompt is wider; padding holds
-    finite values, as masked attention multiplies them by 0). Returns the cache and the ``(B, L)`` mask of its
-    columns."""
-    from transformers import DynamicCache
-
-    old_width = 0 if mask is None else mask.shape[1]
-    width = max(old_width, *lengths)
-    new_mask = torch.zeros((len(kvs), width), dtype=torch.long, device=device)
-    for r, n in enumerate(lengths):
-        new_mask[r, width - n :] = 1
-    stacked = []
-    for layer in range(len(kvs[0])):
-        k0, v0 = kvs[0][layer]
-        keys = k0.new_zeros((len(kvs), k0.shape[1], width, k0.shape[3]))
-        values = v0.new_zeros((len(kvs), v0.shape[1], width, v0.shape[3]))
-        for r, n in enumerate(lengths):
-            keys[r, :, width - n :] = kvs[r][layer][0][0]
-            values[r, :, width - n :] = kvs[r][layer][1][0]
-        stacked.append((keys, values))
-    if cache is None:
-        cache = DynamicCache()
-        cache.layers = [_layer_class()(keys, values) for keys, values in stacked]
-        return cache, new_mask
-    grow = width - old_width
-    for layer, (keys, values) in zip(cache.layers, stacked):
-        old_k, old_v = layer.keys, layer.values
-        if grow:
-            old_k = torch.cat([old_k.new_zeros((*old_k.shape[:2], grow, old_k.shape[3])), old_k], dim=2)
-            old_v = torch.cat([old_v.new_zeros((*old_v.shape[:2], grow, old_v.shape[3])), old_v], dim=2)
-        layer.set(torch.cat([old_k, keys]), torch.cat([old_v, values]))
-    if grow:
-        mask = torch.cat([mask.new_zeros((mask.shape[0], grow)), mask], dim=1)
-    return cache, torch.cat([mask, new_mask])
-
-
-def _fill_row(cache, mask: torch.Tensor, row: int, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
-    """Write a prompt's KV (per layer ``(1, H, P, D)``, ``P = length`` <= the cache's width ``L``) into the last ``P``
-    columns of batch row ``row`` of ``cache``, in place, and make ``mask[row]`` ``(L,)`` 0 before them, 1 on them.
-    The columns left of the prompt keep the finished row's values: finite, and masked."""
-    width = mask.shape[1]
-    mask[row] = 0
-    mask[row, width - length :] = 1
-    for layer, (keys, values) in zip(cache.layers, kv):
-        layer.keys[row, :, width - length :] = keys[0]
-        layer.values[row, :, width - length :] = values[0]
-
-
-def _trim(cache, mask: torch.Tensor) -> torch.Tensor:
-    """Cut the leading cache columns that are padding in every row; returns the trimmed mask."""
-    first = int(mask.any(dim=0).int().argmax())
-    if first == 0:
-        return mask
-    for layer in cache.layers:
-        layer.trim(first)
-    return mask[:, first:]

@@ -18,9 +18,16 @@ to the row's context, and generation resumes (the protocol: :mod:`rlft.rollout.t
    at the loop stop, or at ``max_turns`` turns (a call in the last turn gets no observation; the row is then cut:
    ``finish_reason`` "length").
 
-Each turn t > 0 prefills its rows' whole contexts again (no KV cache is kept across a tool call): simple, and on a
-CPU cheaper than it looks, since a prefill is one batched forward. The FLOPs estimate counts every completion id
-(observations included) once, as processed tokens.
+Each turn t > 0 prefills its rows' whole contexts again (no KV cache is kept across a tool call): the way for
+decoders that only continue rows from token ids ('drop', 'generate', 'static').
+
+:func:`generate_turns_inline` runs the same rollouts inside one continuous batch ('refill',
+:func:`rlft.rollout.refill.decode_jobs` with ``resume``): a row that ends a turn with a call keeps its slot and its
+KV cache; the tool runs at once and the observation's ids are fed to the row one decoding step each (log-prob 0.0,
+``loss_mask`` 0), while the other rows go on sampling; then its next turn draws from the same
+``job_seed(seed, prompt, sample, t)`` as above. The samples are the turn-by-turn ones up to floating-point differences
+of the logits (a cached context against a prefilled one), and no context is prefilled twice. The FLOPs estimate counts
+every completion id (observations included) once, as processed tokens.
 """
 
 from __future__ import annotations
@@ -186,6 +193,65 @@ def generate_turns(decode_turn: DecodeTurn, tokenizer, prompt_ids: list[list[int
                logprobs=row.logprobs, self_certainty=row.certainty / max(row.model_tokens, 1), looped=row.looped,
                loss_mask=row.mask, tool_calls=row.calls, tool_errors=row.errors) for row in rows
     ]
+    return [samples[b * k : (b + 1) * k] for b in range(len(prompt_ids))]
+
+
+class DecodeAll(Protocol):
+    def __call__(self, prompts: list[list[int]], jobs: list[tuple[int, int]], stop: TurnStop,
+                 resume: Callable[[int, list[int], int], list[int] | None]) -> list[Decoded]:
+        """Decode every job ``(i, j)`` from ``prompts[i]`` with continuous batching, calling ``resume`` where ``stop``
+        ends a turn (:func:`rlft.rollout.refill.decode_jobs`)."""
+        ...
+
+
+def generate_turns_inline(decode_all: DecodeAll, tokenizer, prompt_ids: list[list[int]], params: SamplingParams,
+                          tool_use: ToolUse, eos_ids: list[int], contexts: list[dict | None] | None = None
+                          ) -> list[list[Sample]]:
+    """The rollouts of :func:`generate_turns` with each row's cache kept across its calls (see the module docstring):
+    the same arguments (``decode_all`` instead of a one-turn decoder) and the same samples, ``result[b][j]``."""
+    k, eos = params.k, set(eos_ids)
+    keys = [(b, j) for b in range(len(prompt_ids)) for j in range(k)]
+    rows = [_Row() for _ in keys]
+    observed: list[list[tuple[int, int]]] = [[] for _ in keys]  # per job: (start, length) of each observation
+    turns = [0] * len(keys)
+    stop = TurnStop(tokenizer, LoopStop(tokenizer, params.stop_repeats) if params.stop_repeats else None)
+
+    def resume(job: int, token_ids: list[int], turn_start: int) -> list[int] | None:
+        """The observation to feed after the job's turn ended with a call; None after a loop or the last turn."""
+        if not stop.called(token_ids[turn_start:]):
+            return None  # a repeated line: the row ends, looped
+        row = rows[job]
+        row.calls += 1
+        model_tokens = len(token_ids) - sum(n for _, n in observed[job])
+        if turns[job] + 1 == tool_use.max_turns or model_tokens >= params.max_new_tokens:
+            row.finish = "length"  # a call in the last turn gets no observation
+            return None
+        context = contexts[keys[job][0]] if contexts is not None else None
+        result, ok = run_tool_call(last_call(tokenizer.decode(token_ids[turn_start:], skip_special_tokens=True)),
+                                   tool_use.tools, context, timeout_s=tool_use.timeout_s)
+        row.errors += not ok
+        observation = tokenizer(format_observation(result), add_special_tokens=False)["input_ids"]
+        observation = list(observation)[: tool_use.max_observation_tokens]
+        observed[job].append((len(token_ids), len(observation)))
+        turns[job] += 1
+        return observation
+
+    decoded = decode_all(prompt_ids, keys, stop, resume)
+    samples = []
+    for job, (row, d) in enumerate(zip(rows, decoded)):
+        mask = [1] * len(d.token_ids)
+        for start, n in observed[job]:
+            mask[start : start + n] = [0] * n
+        row.model_tokens = sum(mask)
+        if row.finish is None:  # not a call in the last turn
+            row.finish = "stop" if d.token_ids and d.token_ids[-1] in eos and mask[-1] else "length"
+            row.looped = d.looped
+            last_turn = observed[job][-1][0] + observed[job][-1][1] if observed[job] else 0
+            if row.finish == "length" and not d.looped and stop.called(d.token_ids[last_turn:]):
+                row.calls += 1  # a call that used up the budget: counted, not run (as turn by turn)
+        samples.append(Sample(d.token_ids, tokenizer.decode(d.token_ids, skip_special_tokens=True), row.finish,
+                              logprobs=list(d.logprobs), self_certainty=d.certainty_sum / max(row.model_tokens, 1),
+                              looped=row.looped, loss_mask=mask, tool_calls=row.calls, tool_errors=row.errors))
     return [samples[b * k : (b + 1) * k] for b in range(len(prompt_ids))]
 
 

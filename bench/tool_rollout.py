@@ -16,8 +16,9 @@ precision as ``rlft`` samples. Candidates:
   ``generate`` does, as TRL's tool loop without vLLM).
 
 Each runs once after the others' warm-up-free first call (a call is minutes, the warm-up small against it); printed:
-wall seconds, model tokens/s, tool calls per sample, and whether its samples equal the first candidate's (the
-same rollouts up to float rounding of cached against prefilled contexts).
+wall seconds, model tokens/s, tool calls per sample, the mean Countdown score of its samples, and how many of its
+samples equal the first candidate's (the same rollouts up to float rounding of cached against prefilled contexts: in
+bfloat16 a greedy near-tie flips now and then, and the row goes its own way from there).
 
     OMP_NUM_THREADS=2 python bench/tool_rollout.py --model runs/sft_calc/model --rows 32 \\
         --output docs/results/speed/data/tool_rollout_cpu_<date>.txt
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--candidates", default="drop-turns,refill-turns,refill-inline")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32"],
+                        help="auto: bfloat16 compute where the CPU has it (as rlft samples); float32: no rounding")
     parser.add_argument("--output", default=None, help="also write the report here")
     args = parser.parse_args(argv)
     names = args.candidates.split(",")
@@ -80,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from rlft.eval.countdown_command import EvalCountdownConfig, countdown_env, load_eval_tasks
     from rlft.models import load_tokenizer, pick_device
+    from rlft.rewards.countdown import score_completions
     from rlft.rollout.base import SamplingParams
     from rlft.rollout.engines import make_engine
     from rlft.tasks.countdown.prompts import adds_special_tokens, render_prompt
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     # the tasks, prompts, tools and engine of `rlft eval countdown --env countdown-calc --split validation`
     cfg = EvalCountdownConfig(model=args.model, data=args.data, split="validation", limit=args.rows,
                               env="countdown-calc", max_turns=args.max_turns)
-    spec = pick_device("cpu", "auto")
+    spec = pick_device("cpu", args.dtype)
     tok = load_tokenizer(args.model)
     tasks = load_eval_tasks(cfg)
     template, tool_use = countdown_env(cfg)
@@ -98,17 +102,21 @@ def main(argv: list[str] | None = None) -> None:
     engine = make_engine("hf", args.model, tok, spec, batch_size=args.batch_size,
                          add_special_tokens=adds_special_tokens(template))
     lines, first = [f"tool rollouts: {args.rows} rows x k {args.k}, T {args.temperature}, {args.max_new_tokens} "
-                    f"tokens, {args.max_turns} turns, {torch.get_num_threads()} threads, {args.model}"], None
+                    f"tokens, {args.max_turns} turns, dtype {args.dtype}, {torch.get_num_threads()} threads, "
+                    f"{args.model}"], None
     for name in names:
         t0 = time.perf_counter()
         samples = [s for row in rollouts(name, engine, prompts, contexts, params, tool_use) for s in row]
         seconds = time.perf_counter() - t0
+        scores = score_completions([p for p in prompts for _ in range(args.k)], [s.text for s in samples],
+                                   [c for c in contexts for _ in range(args.k)])
         tokens = sum(s.model_tokens for s in samples)
         ids = [s.completion_ids for s in samples]
         first = first or (seconds, ids)
         same = sum(a == b for a, b in zip(first[1], ids))
         lines.append(f"{name:15s} {seconds:8.1f} s  {tokens / seconds:7.1f} model tok/s  x{first[0] / seconds:5.2f}  "
                      f"calls/sample {sum(s.tool_calls for s in samples) / len(samples):.2f}  "
+                     f"score {sum(scores) / len(scores):.3f}  "
                      f"same samples as {names[0]}: {same}/{len(ids)}")
         print(lines[-1], flush=True)
     if args.output:

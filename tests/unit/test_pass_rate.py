@@ -51,10 +51,13 @@ def test_bandit_weights_and_estimates_by_hand():
     # no signal expected: uniform 0.25 * 1 + 0.75 * 0.5 = 0.625; drawn 0.5/15.5 * 1 + 15/15.5 * 0.5
     assert b.no_signal_share(b.uniform()) == pytest.approx(0.625)
     assert b.no_signal_share(b.probabilities()) == pytest.approx(0.5 / 15.5 + 7.5 / 15.5)
-    # estimates: p <- 0.5 * mean + 0.5 * p; bucket 0 gets (1.0, 0.5) -> 0.375, bucket 1 none
+    # estimates: a bucket's first measurement replaces the prior: bucket 0 gets (1.0, 0.5) -> 0.75, bucket 1 none;
+    # later ones p <- 0.5 * mean + 0.5 * p: bucket 0 gets 0.25 -> 0.5, bucket 1 its first, 0.1
     after = fresh.update([0, 0], [1.0, 0.5])
-    assert after.q == pytest.approx((0.5 * 0.75 + 0.25, 0.5)) and fresh.q == (0.5, 0.5)
-    assert PassRateBandit((0.2, 0.4), (1, 1), k=4, alpha=0.25).update([1], [0.0]).q == pytest.approx((0.2, 0.3))
+    assert after.q == pytest.approx((0.75, 0.5)) and fresh.q == (0.5, 0.5) and after.seen == (True, False)
+    assert after.update([0, 1], [0.25, 0.1]).q == pytest.approx((0.5, 0.1))
+    measured = PassRateBandit((0.2, 0.4), (1, 1), k=4, alpha=0.25, seen=(True, True))
+    assert measured.update([1], [0.0]).q == pytest.approx((0.2, 0.3))
     with pytest.raises(ValueError, match="2 bucket ids for 1 pass rates"):
         fresh.update([0, 1], [0.5])
     with pytest.raises(ValueError, match="estimates must lie in"):
@@ -86,7 +89,7 @@ def test_the_saving_by_hand():
     rates = [0.5, 0.5, 0.5, 0.0]
     for name, bucket in (("a", 0), ("b", 1)):
         mine = [r for i, r in zip(batch, rates) if (i >= 3) == bucket]
-        expected = 0.5 * (sum(mine) / len(mine)) + 0.25 if mine else 0.5
+        expected = sum(mine) / len(mine) if mine else 0.5  # a first measurement replaces the prior
         assert record[f"curriculum/q_{name}"] == pytest.approx(expected)
 
 

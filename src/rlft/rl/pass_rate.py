@@ -10,8 +10,10 @@ samples (Reinforce-Rej, Xiong et al. 2025; DAPO's dynamic sampling, Yu et al. 20
 arXiv 2512.07783). This sampler keeps, per difficulty bucket (``--curriculum-buckets``, e.g. ``count_rank``: number
 count by the solver's search rank), an estimate ``p_b`` of the model's pass rate, from the step's own groups (no
 extra sampling): each tried group's share of samples that succeed (raw reward >= 1.0, the rule's full score; a group
-resampled by ``--hint solver`` counts its own samples, which all failed: 0), averaged per bucket and moved in by an
-exponential average, ``p_b <- alpha * mean + (1 - alpha) * p_b`` (``--curriculum-alpha``), from the prior 0.5.
+resampled by ``--hint solver`` counts its own samples, which all failed: 0), averaged per bucket; a bucket's first
+measurement replaces the prior 0.5, later ones move in by an exponential average,
+``p_b <- alpha * mean + (1 - alpha) * p_b`` (``--curriculum-alpha``: the estimate follows the model's recent pass rate;
+a bias-corrected average, so no step reads the prior of a bucket already measured).
 Buckets are then drawn with probability
 
     P(b) = n_b * max(s(p_b, k), FLOOR) / sum_c n_c * max(s(p_c, k), FLOOR)
@@ -90,8 +92,12 @@ class PassRateBandit:
     """Samples per group."""
     alpha: float = 0.5
     """Step size of the estimates' exponential average, in (0, 1]."""
+    seen: tuple[bool, ...] = ()
+    """Each bucket measured at least once (its estimate no longer the prior); empty: none yet."""
 
     def __post_init__(self) -> None:
+        if self.seen and len(self.seen) != len(self.q):
+            raise ValueError(f"{len(self.seen)} measured flags for {len(self.q)} buckets")
         if not self.q or len(self.q) != len(self.sizes):
             raise ValueError(f"{len(self.q)} estimates for {len(self.sizes)} buckets (need at least one)")
         if any(n <= 0 for n in self.sizes) or self.k < 1:
@@ -117,17 +123,21 @@ class PassRateBandit:
         return draw_buckets(self.probabilities(), n, generator)
 
     def update(self, bucket_ids: Sequence[int], pass_rates: Sequence[float]) -> PassRateBandit:
-        """The estimates after one step, each bucket moved towards the mean pass rate of its groups
-        (:func:`rlft.rl.curriculum.moving_values`).
+        """The estimates after one step: a bucket measured for the first time takes the mean pass rate of its groups,
+        one measured before moves towards it (:func:`rlft.rl.curriculum.moving_values`); the others keep theirs.
 
         Raises:
             ValueError: the lists differ in length, or a bucket id is out of range.
         """
-        return self.with_values(moving_values(self.q, self.alpha, bucket_ids, pass_rates, "pass rates"))
+        moved = moving_values(self.q, self.alpha, bucket_ids, pass_rates, "pass rates")
+        first = moving_values(self.q, 1.0, bucket_ids, pass_rates, "pass rates")
+        seen, touched = self.seen or (False,) * len(self.q), set(int(b) for b in bucket_ids)
+        q = tuple(first[b] if b in touched and not seen[b] else moved[b] for b in range(len(self.q)))
+        return PassRateBandit(q, self.sizes, self.k, self.alpha, tuple(s or b in touched for b, s in enumerate(seen)))
 
-    def with_values(self, q: Sequence[float]) -> PassRateBandit:
-        """The same bandit with the estimates ``q``."""
-        return PassRateBandit(tuple(q), self.sizes, self.k, self.alpha)
+    def with_values(self, q: Sequence[float], seen: Sequence[bool] | None = None) -> PassRateBandit:
+        """The same bandit with the estimates ``q`` (and the measured flags ``seen``; None: as they are)."""
+        return PassRateBandit(tuple(q), self.sizes, self.k, self.alpha, self.seen if seen is None else tuple(seen))
 
     def no_signal_share(self, probabilities: Sequence[float]) -> float:
         """The expected share of groups without signal when buckets are drawn with ``probabilities``:
@@ -157,6 +167,12 @@ class PassRateSampler(CurriculumSampler):
         """The sampler of ``cfg`` (``--curriculum pass-rate``) over ``prompts``; ``params``: the policy's parameters."""
         bucket_of, names = BUCKETINGS[cfg.curriculum_buckets](prompts)
         return cls(bucket_of, names, cfg.prompts_per_step, cfg.seed, cfg.k, cfg.curriculum_alpha, params)
+
+    def restore(self, history: Sequence[dict]) -> None:
+        """:meth:`CurriculumSampler.restore`, and each bucket counted as measured when it has given prompts."""
+        super().restore(history)
+        if any(self.given):
+            self.bandit = self.bandit.with_values(self.bandit.q, [n > 0 for n in self.given])
 
     def learn(self, got: StepSamples, advantages: torch.Tensor) -> dict[str, float]:
         """After the step ``got``: the estimates follow the pass rates of every group it tried (kept or dropped by

@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> None:
                      f"same samples as {names[0]}: {same}/{len(ids)}")
         print(lines[-1], flush=True)
     if args.output:
-        from pathlib import Path
+        from rlft.fsio import atomic_write_text
 
-        Path(args.output).write_text("\n".join(lines) + "\n")
+        atomic_write_text(args.output, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rlft.fsio import atomic_write_text
 from rlft.lab.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
 
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"{args.pass_rate} has no curriculum/q_<bucket> records (not a --curriculum pass-rate run)")
     rows = {name: summary(records[name], read_metrics(runs[name])) for name in runs}
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(table(rows))
+    atomic_write_text(args.markdown, table(rows))
 
     import matplotlib
 

@@ -40,7 +40,6 @@ the policy's parameters; the prompts' prefill left out). Also logged: ``curricul
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -129,10 +128,10 @@ class PassRateBandit:
         Raises:
             ValueError: the lists differ in length, or a bucket id is out of range.
         """
-        moved = moving_values(self.q, self.alpha, bucket_ids, pass_rates, "pass rates")
-        first = moving_values(self.q, 1.0, bucket_ids, pass_rates, "pass rates")
+        means = moving_values(self.q, 1.0, bucket_ids, pass_rates, "pass rates")  # a measured bucket's mean
         seen, touched = self.seen or (False,) * len(self.q), set(int(b) for b in bucket_ids)
-        q = tuple(first[b] if b in touched and not seen[b] else moved[b] for b in range(len(self.q)))
+        q = tuple(self.alpha * m + (1.0 - self.alpha) * p if b in touched and seen[b] else m
+                  for b, (m, p) in enumerate(zip(means, self.q)))
         return PassRateBandit(q, self.sizes, self.k, self.alpha, tuple(s or b in touched for b, s in enumerate(seen)))
 
     def with_values(self, q: Sequence[float], seen: Sequence[bool] | None = None) -> PassRateBandit:
@@ -156,9 +155,8 @@ class PassRateSampler(CurriculumSampler):
 
     def __init__(self, bucket_of: Sequence[int], names: Sequence[str], batch_size: int, seed: int, k: int,
                  alpha: float = 0.5, params: int = 0):
-        sizes = Counter(bucket_of)
-        bandit = PassRateBandit.fresh([sizes[b] for b in range(len(names))], k, alpha)
-        super().__init__(bucket_of, names, batch_size, seed, bandit=bandit)
+        super().__init__(bucket_of, names, batch_size, seed)
+        self.bandit = PassRateBandit.fresh([len(m) for m in self.members], k, alpha)
         self.params = params
         """The policy's parameter count ``N`` (0: ``curriculum/flops_saved`` is not logged)."""
 

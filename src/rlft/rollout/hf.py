@@ -225,7 +225,9 @@ class HFEngine:
 
     def _generate_turns(self, model, prompt_ids: list[list[int]], params: SamplingParams, tool_use: ToolUse,
                         contexts, eos_ids: list[int], pad_id: int) -> list[list[Sample]]:
-        """:func:`rlft.rollout.turns.generate_turns` with this engine's decoder for ``model`` and ``params``."""
+        """Rollouts with tool calls on this engine's decoder for ``model`` and ``params``: 'refill' in one continuous
+        batch (:func:`rlft.rollout.turns.generate_turns_inline`), the others turn by turn
+        (:func:`rlft.rollout.turns.generate_turns`)."""
         decoder = self.decoder_for(model, params, tools=True)
         if decoder == "refill":  # one continuous batch: each row keeps its cache across its calls
             def decode_all(prompts, jobs, stop: TurnStop, resume) -> list[Decoded]:
@@ -235,9 +237,6 @@ class HFEngine:
             return generate_turns_inline(decode_all, self.tokenizer, prompt_ids, params, tool_use, eos_ids, contexts)
 
         def decode_turn(prompts, jobs, seeds, budgets, stop: TurnStop) -> list[Decoded]:
-            if decoder == "refill":
-                return decode_jobs(model, prompts, jobs, params, eos_ids, batch_size=self.batch_size, pad_id=pad_id,
-                                   seed=params.seed, loop_stop=stop, seeds=seeds, budgets=budgets)
             out: list[Decoded | None] = [None] * len(jobs)
             order = sorted(range(len(jobs)), key=lambda r: -len(prompts[jobs[r][0]]))
             for start in range(0, len(order), self.batch_size):

@@ -213,7 +213,6 @@ def generate_turns_inline(decode_all: DecodeAll, tokenizer, prompt_ids: list[lis
     keys = [(b, j) for b in range(len(prompt_ids)) for j in range(k)]
     rows = [_Row() for _ in keys]
     observed: list[list[tuple[int, int]]] = [[] for _ in keys]  # per job: (start, length) of each observation
-    turns = [0] * len(keys)
     stop = TurnStop(tokenizer, LoopStop(tokenizer, params.stop_repeats) if params.stop_repeats else None)
 
     def resume(job: int, token_ids: list[int], turn_start: int) -> list[int] | None:
@@ -223,7 +222,7 @@ def generate_turns_inline(decode_all: DecodeAll, tokenizer, prompt_ids: list[lis
         row = rows[job]
         row.calls += 1
         model_tokens = len(token_ids) - sum(n for _, n in observed[job])
-        if turns[job] + 1 == tool_use.max_turns or model_tokens >= params.max_new_tokens:
+        if len(observed[job]) + 1 == tool_use.max_turns or model_tokens >= params.max_new_tokens:  # its last turn
             row.finish = "length"  # a call in the last turn gets no observation
             return None
         context = contexts[keys[job][0]] if contexts is not None else None
@@ -232,8 +231,7 @@ def generate_turns_inline(decode_all: DecodeAll, tokenizer, prompt_ids: list[lis
         row.errors += not ok
         observation = tokenizer(format_observation(result), add_special_tokens=False)["input_ids"]
         observation = list(observation)[: tool_use.max_observation_tokens]
-        observed[job].append((len(token_ids), len(observation)))
-        turns[job] += 1
+        observed[job].append((len(token_ids), len(observation)))  # one a turn: len(observed[job]) turns done
         return observation
 
     decoded = decode_all(prompt_ids, keys, stop, resume)

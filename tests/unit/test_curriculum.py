@@ -219,13 +219,19 @@ def test_sec_runs_with_group_filtering_and_resumes_to_the_same_run(tiny_model_di
     assert records[0]["curriculum/p_" + names[0]] == pytest.approx(1 / len(names))  # values start at 0
     assert any(r[f"curriculum/q_{n}"] > 0 for r in records for n in names)
 
-    with monkeypatch.context() as mp:  # the same run, interrupted after its step-2 checkpoint, then resumed
+    assert_resumes_to_the_same_run(cfg, records, tmp_path / "b", monkeypatch)
+
+
+def assert_resumes_to_the_same_run(cfg: RLConfig, records: list[dict], output_dir: Path, monkeypatch) -> None:
+    """``cfg`` (4 steps, a checkpoint every 2) run again in ``output_dir``, interrupted after its step-2 checkpoint,
+    then resumed, logs the curriculum, reward, group and loss metrics of ``records`` (the uninterrupted run's)."""
+    with monkeypatch.context() as mp:
         interrupt_after_checkpoints(mp, 1)
         with pytest.raises(KeyboardInterrupt):
-            train_rl(replace(cfg, output_dir=str(tmp_path / "b")))
-    assert latest_checkpoint(tmp_path / "b").name == "step-00000002"
-    train_rl(replace(cfg, output_dir=str(tmp_path / "b"), resume=True))
-    resumed = read_metrics(tmp_path / "b" / "metrics.jsonl")
+            train_rl(replace(cfg, output_dir=str(output_dir)))
+    assert latest_checkpoint(output_dir).name == "step-00000002"
+    train_rl(replace(cfg, output_dir=str(output_dir), resume=True))
+    resumed = read_metrics(output_dir / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for ra, rb in zip(records, resumed):
         for key in ra:

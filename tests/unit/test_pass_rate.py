@@ -5,12 +5,11 @@ and resumes to the same run with it."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 import torch
 
-from rlft.checkpoint import latest_checkpoint, read_metrics
+from rlft.checkpoint import read_metrics
 from rlft.compute import model_parameter_count
 from rlft.recipes.rl import train_rl
 from rlft.rl.config import RLConfig
@@ -20,8 +19,7 @@ from rlft.rl.prompts import RLPrompt
 from rlft.rl.records import StepSamples
 from rlft.tasks.countdown.traces import solution_rank
 
-from tests.conftest import interrupt_after_checkpoints
-from tests.unit.test_curriculum import make_cfg
+from tests.unit.test_curriculum import assert_resumes_to_the_same_run, make_cfg
 
 torch.set_num_threads(1)
 
@@ -149,15 +147,4 @@ def test_the_loop_runs_with_it_and_resumes_to_the_same_run(tiny_model_dir, tmp_p
         per_group = 2 * model_parameter_count(tiny_model_dir) * r["tokens/generated"] / r["groups/tried"]  # 2N/token
         assert r["curriculum/flops_saved"] == pytest.approx(r["curriculum/groups_saved"] * per_group)
         assert 0 <= r["curriculum/signal_groups"] <= r["groups/tried"]
-    with monkeypatch.context() as mp:  # the same run, interrupted after its step-2 checkpoint, then resumed
-        interrupt_after_checkpoints(mp, 1)
-        with pytest.raises(KeyboardInterrupt):
-            train_rl(replace(cfg, output_dir=str(tmp_path / "b")))
-    assert latest_checkpoint(tmp_path / "b").name == "step-00000002"
-    train_rl(replace(cfg, output_dir=str(tmp_path / "b"), resume=True))
-    resumed = read_metrics(tmp_path / "b" / "metrics.jsonl")
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    for ra, rb in zip(records, resumed):
-        for key in ra:
-            if key.startswith(("curriculum/", "reward/", "groups/", "loss/")):
-                assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
+    assert_resumes_to_the_same_run(cfg, records, tmp_path / "b", monkeypatch)

@@ -64,10 +64,12 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
 """Entries that make a folder hold a run (``metrics.jsonl`` only when not empty)."""
 LEFTOVERS = ("data_stats.json", "ref_logps.pt", "eval.json", "environment.jsonl")
 """Files a run writes before its first checkpoint: alone, they do not make a folder hold a run."""
-RUN_CONTROL = ("resume", "overwrite", "resume_override", "distributed", "output_dir")
+RUN_CONTROL = ("resume", "overwrite", "resume_override", "distributed", "output_dir", "time_limit",
+               "max_flops")
 """Fields that say how to start or run, not what to train: never compared on resume (``distributed``: the result
 does not depend on the strategy, and checkpoints resume under either; runs saved with the old default ``ddp``
-resume under the new ``auto``; ``output_dir``: the folder being resumed, wherever it is now)."""
+resume under the new ``auto``; ``output_dir``: the folder being resumed, wherever it is now; ``time_limit``,
+``max_flops``: where an invocation stops, as a longer ``max_steps`` may differ)."""
 
 
 class RunFolderError(UsageError):

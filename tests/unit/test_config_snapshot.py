@@ -65,12 +65,12 @@ prompts, 256 sequences decoded together; rl's sampler decodes a default step's 6
 ENV_ADDED = {"env": None, "max_turns": 8, "max_observation_tokens": 32, "tool_timeout": 5.0}
 """--env and the bounds of rollouts with tool calls (2026-12-06): one block, added to rl, rloo and eval countdown."""
 ENV_FLAGS = {"--env", "--max-turns", "--max-observation-tokens", "--tool-timeout"}
-HINT_FLAGS = {"--hint", "--hint-fraction"}  # solver-guided rollouts (2026-12-06)
+HINT_FLAGS = {"--hint", "--hint-fraction", "--time-limit", "--max-flops"}  # hints; time and compute stops (2026-12-06)
 ADDED = {
     "RLConfig": {
         "stop_repeats": 5, "compile": False, "repetition_limit": None, "repetition_penalty": None, "replay_size": 0,
         "max_staleness": 1, "max_tokens_per_micro_batch": None, "positive_weight": 1.0, **ENV_ADDED,
-        "hint": "none", "hint_fraction": 0.5
+        "hint": "none", "hint_fraction": 0.5, "time_limit": None, "max_flops": None
     }, "EvalCountdownConfig": {"ledger": None, "stop_repeats": None, "keep_completions": False, **ENV_ADDED},
     "PairsConfig": ENV_ADDED, "SFTConfig": {"max_tokens": None}
 }

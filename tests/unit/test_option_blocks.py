@@ -84,7 +84,7 @@ prompts_limit max_prompt_tokens chat_template eval_split eval_prompts reward rew
 api_key_env judge_timeout judge_max_retries distributed compile max_tokens_per_micro_batch report_to
 gradient_checkpointing logits_chunk_size lora_r lora_alpha lora_dropout lora_target_modules lr optimizer
 weight_decay warmup_ratio schedule max_grad_norm device dtype save_every keep_checkpoints resume overwrite
-resume_override model num_train output_dir max_steps micro_batch_size seed
+resume_override model num_train output_dir max_steps micro_batch_size seed time_limit max_flops
 env max_turns max_observation_tokens tool_timeout hint hint_fraction""".split()  # last line: --env, --hint (2026-12-06)
 
 

@@ -31,8 +31,8 @@ def test_rl_config_holds_its_blocks_as_fields():
     names = [f.name for f in option_fields(RLConfig)]
     # the 84 options of 2026-11-27, --compile, --repetition-limit/-penalty, --replay-size, --max-staleness,
     # --max-tokens-per-micro-batch, --positive-weight; --env, --max-turns, --max-observation-tokens, --tool-timeout,
-    # --hint, --hint-fraction (2026-12-06); each in one block
-    assert len(names) == len(set(names)) == 98
+    # --hint, --hint-fraction, --time-limit, --max-flops (2026-12-06); each in one block
+    assert len(names) == len(set(names)) == 100
     assert RLConfig().compile is False and RLConfig(compile=True).compile is True
     cfg = RLConfig(k=3, beta=0.2, lr=1e-4)  # flat keywords go to their blocks; flat names read through
     assert (cfg.sampling.k, cfg.kl.beta, cfg.optim.lr, cfg.k, cfg.beta) == (3, 0.2, 1e-4, 3, 0.2)

@@ -512,3 +512,28 @@ def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatc
     wa, wb = load_weights(out_a / "model"), load_weights(tmp_path / "b" / "model")
     for name in wa:
         assert torch.allclose(wa[name], wb[name], atol=1e-6, rtol=0), name
+
+
+@pytest.mark.parametrize("stop", ["time_limit", "max_flops"])
+def test_a_time_or_compute_limit_stops_the_run_and_resume_continues_it(uninterrupted, tmp_path, stop):
+    """--time-limit (here far below one step) stops the run after its first step, --max-flops (the uninterrupted
+    run's FLOPs after step 2) after its second, each with a checkpoint there (step 1's written by the stop, step 2's
+    by --save-every 2) and the model written; --resume without the limit then ends as the uninterrupted run did."""
+    cfg_a, out_a = uninterrupted
+    a = read_metrics(out_a / "metrics.jsonl")
+    limit, stopped = {"time_limit": (1e-9, 1), "max_flops": (a[2]["flops/estimated"], 2)}[stop]
+    out = tmp_path / "c"
+    cfg = replace(cfg_a, output_dir=str(out), **{stop: limit})
+    train_rl(cfg)
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(stopped + 1))
+    assert latest_checkpoint(out).name == f"step-{stopped:08d}"
+    assert (out / "model").is_dir()
+    train_rl(replace(cfg, resume=True, **{stop: None}))
+    b = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(0, RESUME_STEPS + 1))
+    for ra, rb in zip(a, b):
+        for key in ("reward/mean", "kl/mean", "loss/policy", "eval/score", "flops/estimated"):
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
+    wa, wb = load_weights(out_a / "model"), load_weights(out / "model")
+    assert all(torch.allclose(wa[name], wb[name], atol=1e-6, rtol=0) for name in wa)

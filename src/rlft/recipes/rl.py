@@ -128,6 +128,7 @@ from pathlib import Path
 
 import torch
 
+from rlft import distributed
 from rlft.checkpoint import read_metrics
 from rlft.compute import RunTotals, parameter_count
 from rlft.console import training_progress
@@ -135,7 +136,7 @@ from rlft.losses.advantages import advantage_function
 from rlft.losses.pg import PolicyObjective, make_objective
 from rlft.models import load_tokenizer, pick_device
 from rlft.recipes.common import (batch_indices, checkpoint_if_due, claim_run_dir, finish_run, optimizer_step,
-                                 start_training)
+                                 save_training_checkpoint, start_training)
 from rlft.recipes.memory import eager_layers
 from rlft.rewards.registry import RewardFunction
 from rlft.rl.batch import LossContext, PassPlan, gradient_rows, policy_loss_backward, take_rows
@@ -282,6 +283,7 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None,
 
     with training_progress("rl") as progress:
         bar = progress.add_task("rl", total=cfg.max_steps, completed=start_step, info="")
+        loop_start = time.perf_counter()  # --time-limit counts from here
         for step in range(start_step, cfg.max_steps):
             t0 = time.perf_counter()
             # 1-2. Sample, score and shape this step's groups (filtered and refilled with --filter-groups): B groups on
@@ -314,7 +316,31 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None,
             progress.update(bar, advance=1, info=progress_line(record, cfg.filter_groups))
             checkpoint_if_due(setup, run_dir, step + 1, cfg.max_steps, tokenizer, cfg,
                               extra_state=replay.checkpoint_state)
+            spent = cfg.max_flops is not None and totals.flops >= cfg.max_flops  # the same sums on every rank
+            if step + 1 < cfg.max_steps and (spent or _time_is_up(loop_start, cfg.time_limit)):
+                reason = f"--max-flops {cfg.max_flops:.4g} reached" if spent else "--time-limit passed"
+                _stop_early(setup, run_dir, step + 1, tokenizer, cfg, replay.checkpoint_state, reason)
+                break
     return finish_run(run_dir, model, tokenizer, cfg, tracker, "RL")
+
+
+def _time_is_up(loop_start: float, minutes: float | None) -> bool:
+    """Whether ``--time-limit`` minutes have passed since ``loop_start`` (``time.perf_counter()``) on any rank, so
+    that every rank stops after the same step. False when ``minutes`` is None."""
+    if minutes is None:
+        return False
+    return distributed.most(int(time.perf_counter() - loop_start >= 60.0 * minutes)) > 0
+
+
+def _stop_early(setup, run_dir: Path, step: int, tokenizer, cfg: RLConfig, extra_state, reason: str) -> None:
+    """``--time-limit`` passed or ``--max-flops`` reached after ``step`` (1-based) of ``cfg.max_steps``: a checkpoint
+    at ``step`` (unless ``--save-every`` just wrote it) so that ``--resume`` continues the run, and a line saying so."""
+    if not (cfg.save_every and step % cfg.save_every == 0):
+        save_training_checkpoint(setup, run_dir, step, tokenizer, keep=cfg.keep_checkpoints, config=cfg,
+                                 extra_state=extra_state() if extra_state is not None else None)
+    if distributed.is_main():
+        log.info("%s: stopped after step %d of %d (checkpoint written; --resume continues)", reason, step,
+                 cfg.max_steps)
 
 
 # --------------------------------------------------------------------------- the loop's start-up

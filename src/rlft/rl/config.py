@@ -72,6 +72,14 @@ class RLRunOptions(RunOptions):
     long ones)."""
     seed: int = 0
     """Seed of the prompt order and of sampling (step s samples with a seed derived from seed and s)."""
+    time_limit: Annotated[float | None, POSITIVE] = None
+    """Minutes of the training loop (from its first step; the start-up not counted) after which the run stops at the
+    end of the step that passes them: a checkpoint is written and the model saved, so --resume (with the same or
+    another limit) continues it. None: no limit. The learning-rate and hint schedules still count --max-steps."""
+    max_flops: Annotated[float | None, POSITIVE] = None
+    """Stop at the end of the step whose cumulative estimated FLOPs (``flops/estimated``, rlft.compute.RunTotals;
+    the resumed part counted) reach this, as --time-limit stops (checkpoint, model): a run given another's compute.
+    None: --max-steps alone."""
 
 
 FLAT = arg(name="")

@@ -73,7 +73,8 @@ def arm_row(paths: dict[str, Path]) -> dict:
 def table(rows: dict[tuple[str, int], dict]) -> str:
     """The Markdown table of :func:`arm_row` rows keyed by (arm, seed)."""
     lines = ["| arm | seed | SFT FLOPs | pipeline FLOPs | RL steps | after SFT: mixed / 3 / 4 "
-             "| after RL: mixed / 3 / 4 | RL - SFT, mixed | RL - SFT, 4 numbers |", "|---|---|---|---|---|---|---|---|---|"]
+             "| after RL: mixed / 3 / 4 | RL - SFT, mixed | RL - SFT, 4 numbers |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (arm, seed), r in rows.items():
         after = {stage: " / ".join(f"{r[f'{stage}_{size}'][0]:.3f}" for size in SIZES) for stage in ("sft", "rl")}
         gains = [f"{g['diff']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]" for g in (r["gain_all"], r["gain_4"])]

@@ -518,7 +518,8 @@ def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatc
 def test_a_time_or_compute_limit_stops_the_run_and_resume_continues_it(uninterrupted, tmp_path, stop):
     """--time-limit (here far below one step) stops the run after its first step, --max-flops (the uninterrupted
     run's FLOPs after step 2) after its second, each with a checkpoint there (step 1's written by the stop, step 2's
-    by --save-every 2) and the model written; --resume without the limit then ends as the uninterrupted run did."""
+    by --save-every 2) and the model written; resumed at a budget it already reached it runs no step, and --resume
+    without the limit then ends as the uninterrupted run did."""
     cfg_a, out_a = uninterrupted
     a = read_metrics(out_a / "metrics.jsonl")
     limit, stopped = {"time_limit": (1e-9, 1), "max_flops": (a[2]["flops/estimated"], 2)}[stop]
@@ -528,6 +529,9 @@ def test_a_time_or_compute_limit_stops_the_run_and_resume_continues_it(uninterru
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(stopped + 1))
     assert latest_checkpoint(out).name == f"step-{stopped:08d}"
     assert (out / "model").is_dir()
+    if stop == "max_flops":  # resumed with the budget it already reached: no step more
+        train_rl(replace(cfg, resume=True))
+        assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(stopped + 1))
     train_rl(replace(cfg, resume=True, **{stop: None}))
     b = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in b] == list(range(0, RESUME_STEPS + 1))

@@ -285,6 +285,12 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None,
         bar = progress.add_task("rl", total=cfg.max_steps, completed=start_step, info="")
         loop_start = time.perf_counter()  # --time-limit counts from here
         for step in range(start_step, cfg.max_steps):
+            spent = cfg.max_flops is not None and totals.flops >= cfg.max_flops  # the same sums on every rank
+            if spent or (step > start_step and _time_is_up(loop_start, cfg.time_limit)):
+                if step > start_step:  # a resumed run already at its budget stops as it is
+                    reason = f"--max-flops {cfg.max_flops:.4g} reached" if spent else "--time-limit passed"
+                    _stop_early(setup, run_dir, step, tokenizer, cfg, replay.checkpoint_state, reason)
+                break
             t0 = time.perf_counter()
             # 1-2. Sample, score and shape this step's groups (filtered and refilled with --filter-groups): B groups on
             # all ranks together, their (B, k) raw and shaped rewards; this rank's at positions got.local, with their
@@ -316,11 +322,6 @@ def train_rl(cfg: RLConfig, *, reward_fn: RewardFunction | None = None,
             progress.update(bar, advance=1, info=progress_line(record, cfg.filter_groups))
             checkpoint_if_due(setup, run_dir, step + 1, cfg.max_steps, tokenizer, cfg,
                               extra_state=replay.checkpoint_state)
-            spent = cfg.max_flops is not None and totals.flops >= cfg.max_flops  # the same sums on every rank
-            if step + 1 < cfg.max_steps and (spent or _time_is_up(loop_start, cfg.time_limit)):
-                reason = f"--max-flops {cfg.max_flops:.4g} reached" if spent else "--time-limit passed"
-                _stop_early(setup, run_dir, step + 1, tokenizer, cfg, replay.checkpoint_state, reason)
-                break
     return finish_run(run_dir, model, tokenizer, cfg, tracker, "RL")
 
 

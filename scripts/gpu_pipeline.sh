@@ -54,10 +54,11 @@ stash() {
 
 run() {
   local sft_batch=64 num_train=16000 calc_rl=(--k 8 --prompts-per-step 16 --max-new-tokens 256) split=test
+  local ledger=(--ledger "${WORK:-runs/gpu_pipeline}/test_looks.jsonl")  # a look at test rows is counted
   if [[ "${REHEARSAL:-0}" == 1 ]]; then  # every stage on the CPU at toy sizes: checks the script, not the model
     : "${SFT_TOKENS:=2000}" "${CALC_TOKENS:=2000}" "${RL_STEPS:=2}" "${PROMPTS:=2}" "${K:=2}" "${MAX_NEW_TOKENS:=16}"
     : "${TEST_LIMIT:=4}" "${CALC_LIMIT:=2}" "${EVAL_RESERVE_S:=0}" "${BUDGET_S:=1800}"
-    sft_batch=4 num_train=64 calc_rl=(--k 2 --prompts-per-step 2 --max-new-tokens 32) split=validation
+    sft_batch=4 num_train=64 calc_rl=(--k 2 --prompts-per-step 2 --max-new-tokens 32) split=validation ledger=()
   fi
   local out=${WORK:-runs/gpu_pipeline} budget=${BUDGET_S:-570} start
   start=$(date +%s)
@@ -76,7 +77,7 @@ run() {
   echo "| stage | ended at |" > "$out/times.md"; echo "|---|---|" >> "$out/times.md"
 
   sft=(--data countdown --preset standard --give-up 0 --max-tries 6 --heldout-data "$pool" --batch-size "$sft_batch"
-       --lr 1e-4 --seed 0 --save-every 0 --packing --overwrite)
+       --micro-batch-size "$sft_batch" --lr 1e-4 --seed 0 --save-every 0 --packing --overwrite)
   rlft sft "${sft[@]}" --num-train "$num_train" --max-tokens "${SFT_TOKENS:-2000000}" --trace-style bounded \
     --prompt-template base --output-dir "$out/sft_patient"
   stage "SFT, patient traces (${SFT_TOKENS:-2000000} tokens)"
@@ -98,8 +99,8 @@ run() {
     --time-limit "$(awk "BEGIN {print $left / 60}")" --overwrite --output-dir "$out/rl"
   stage "RL (--time-limit $left s)"
   rlft eval countdown --model "$out/rl/model" --data "$pool" --split "$split" --limit "${TEST_LIMIT:-1000}" \
-    --max-new-tokens "$tokens" --ledger "$out/test_looks.jsonl" --overwrite --output "$out/rl_test.json"
-  stage "test look (${TEST_LIMIT:-1000} fresh rows)"
+    --max-new-tokens "$tokens" "${ledger[@]}" --overwrite --output "$out/rl_test.json"
+  stage "look at ${TEST_LIMIT:-1000} fresh $split rows"
 
   "$PYTHON" - "$out" "$steps" "$prompts" "$k" "$tokens" "$budget" <<'PY'
 import json, sys
@@ -126,7 +127,8 @@ print("\n".join(lines))
 PY
   local back=${OUT:-$out/collected}  # at most 8 files come back from a device call's $OUT
   mkdir -p "$back"
-  cp "$out/summary.md" "$out/test_looks.jsonl" "$out/rl_test.json" "$out/calc_validation.json" "$back/"
+  cp "$out/summary.md" "$out/rl_test.json" "$out/calc_validation.json" "$back/"
+  if [[ -f "$out/test_looks.jsonl" ]]; then cp "$out/test_looks.jsonl" "$back/"; fi
   cp "$out/rl/metrics.jsonl" "$back/rl_metrics.jsonl"; cp "$out/rl_calc/metrics.jsonl" "$back/rl_calc_metrics.jsonl"
   cp "$out/sft_patient/metrics.jsonl" "$back/sft_patient_metrics.jsonl"
   cp "$out/rl/environment.jsonl" "$back/environment.jsonl"

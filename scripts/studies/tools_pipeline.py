@@ -3,7 +3,7 @@ pipeline used, SFT then RL, with and without the calculator.
 
 Reads a study folder laid out by ``docs/results/tools/run.sh``, ``test.sh`` and ``rl.sh`` (per arm ``patient`` /
 ``calc`` and seed S: ``sft_<arm>_sS/metrics.jsonl``, ``<arm>_sS_test.json``, ``rl_<arm>_sS/metrics.jsonl``,
-``rl_<arm>_sS_test.json``; seeds whose files are all there) and writes:
+``rl_<arm>_sS_test.json``; seeds whose files are all there), or the archive ``docs/results/tools/data``, and writes:
 
 - a Markdown table, one row per arm and seed: the SFT stage's and the whole pipeline's estimated FLOPs (the last
   ``flops/estimated`` of each run's metrics, SFT's plus RL's), the RL steps, the scores after SFT and after RL
@@ -33,11 +33,15 @@ SIZES = ("all", "3", "4")
 
 
 def files(study: Path, arm: str, seed: int) -> dict[str, Path]:
-    """The four files of ``arm`` and ``seed`` in ``study``."""
-    return {"sft_metrics": study / f"sft_{arm}_s{seed}" / "metrics.jsonl",
-            "sft_eval": study / f"{arm}_s{seed}_test.json",
-            "rl_metrics": study / f"rl_{arm}_s{seed}" / "metrics.jsonl",
-            "rl_eval": study / f"rl_{arm}_s{seed}_test.json"}
+    """The four files of ``arm`` and ``seed`` in ``study``: as the scripts write them, or as archived in
+    ``docs/results/tools/data`` (``<run>_metrics.jsonl``, gzipped evaluations), whichever exists (the first if none)."""
+    def first(*names: str) -> Path:
+        return next((study / n for n in names if (study / n).is_file()), study / names[0])
+
+    return {"sft_metrics": first(f"sft_{arm}_s{seed}/metrics.jsonl", f"sft_{arm}_s{seed}_metrics.jsonl"),
+            "sft_eval": first(f"{arm}_s{seed}_test.json", f"{arm}_s{seed}_test.json.gz"),
+            "rl_metrics": first(f"rl_{arm}_s{seed}/metrics.jsonl", f"rl_{arm}_s{seed}_metrics.jsonl"),
+            "rl_eval": first(f"rl_{arm}_s{seed}_test.json", f"rl_{arm}_s{seed}_test.json.gz")}
 
 
 def scores(task_scores: list[list[float]], tasks: list[dict], size: str) -> list[list[float]]:

@@ -3,6 +3,7 @@ the table and PNG, and its one-line refusals."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -65,3 +66,15 @@ def test_main_writes_the_table_and_png_and_refuses_bad_input(study, tmp_path, ca
         tp.main(["--study", str(study), "--markdown", str(md), "--out", str(png), "--overwrite"])
     with pytest.raises(ScriptError, match="no seed"):
         tp.main(["--study", str(tmp_path / "out"), "--markdown", str(md), "--out", str(png), "--overwrite"])
+
+
+def test_the_archive_layout_is_read_too(study, tmp_path):
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for arm in tp.ARMS:
+        for key, path in tp.files(study, arm, 0).items():
+            name = {"sft_metrics": f"sft_{arm}_s0_metrics.jsonl", "rl_metrics": f"rl_{arm}_s0_metrics.jsonl",
+                    "sft_eval": f"{arm}_s0_test.json.gz", "rl_eval": f"rl_{arm}_s0_test.json.gz"}[key]
+            data = path.read_bytes()
+            (archive / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    assert tp.arm_row(tp.files(archive, "calc", 0)) == tp.arm_row(tp.files(study, "calc", 0))

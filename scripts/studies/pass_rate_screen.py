@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rlft.eval.report import markdown_table
 from rlft.fsio import atomic_write_text
 from rlft.lab.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
 
@@ -44,14 +45,12 @@ def summary(records: list[dict], evals: list[dict]) -> dict[str, float]:
 
 def table(rows: dict[str, dict[str, float]]) -> str:
     """The Markdown table of :func:`summary` rows, one per run name."""
-    lines = ["| run | steps | groups tried | kept | tried per kept | generated tokens | FLOPs (est.) | "
-             "groups saved (logged) | FLOPs saved (logged) | eval/score first -> last |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, s in rows.items():
-        lines.append(f"| {name} | {s['steps']} | {s['tried']} | {s['kept']} | {s['per_kept']:.2f} | {s['tokens']:,} | "
-                     f"{s['flops']:.3g} | {s['groups_saved']:.1f} | {s['flops_saved']:.3g} | "
-                     f"{s['score_first']:.3f} -> {s['score_last']:.3f} |")
-    return "\n".join(lines) + "\n"
+    header = ["run", "steps", "groups tried", "kept", "tried per kept", "generated tokens", "FLOPs (est.)",
+              "groups saved (logged)", "FLOPs saved (logged)", "eval/score first -> last"]
+    cells = [[name, s["steps"], s["tried"], s["kept"], f"{s['per_kept']:.2f}", f"{s['tokens']:,}", f"{s['flops']:.3g}",
+              f"{s['groups_saved']:.1f}", f"{s['flops_saved']:.3g}", f"{s['score_first']:.3f} -> {s['score_last']:.3f}"]
+             for name, s in rows.items()]
+    return markdown_table(header, cells) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:

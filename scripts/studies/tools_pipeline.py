@@ -25,6 +25,8 @@ from pathlib import Path
 
 from rlft.compute import final_flops
 from rlft.eval.countdown import paired_difference, read_eval_file
+from rlft.eval.report import markdown_table
+from rlft.eval.stats import format_difference
 from rlft.fsio import atomic_write_text
 from rlft.lab.script_io import ArgumentParser, check_outputs, check_picture, fail, read_metrics, run_script
 
@@ -76,15 +78,12 @@ def arm_row(paths: dict[str, Path]) -> dict:
 
 def table(rows: dict[tuple[str, int], dict]) -> str:
     """The Markdown table of :func:`arm_row` rows keyed by (arm, seed)."""
-    lines = ["| arm | seed | SFT FLOPs | pipeline FLOPs | RL steps | after SFT: mixed / 3 / 4 "
-             "| after RL: mixed / 3 / 4 | RL - SFT, mixed | RL - SFT, 4 numbers |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for (arm, seed), r in rows.items():
-        after = {stage: " / ".join(f"{r[f'{stage}_{size}'][0]:.3f}" for size in SIZES) for stage in ("sft", "rl")}
-        gains = [f"{g['diff']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]" for g in (r["gain_all"], r["gain_4"])]
-        lines.append(f"| {arm} | {seed} | {r['sft_flops']:.3g} | {r['flops']:.3g} | {r['rl_steps']} | "
-                     f"{after['sft']} | {after['rl']} | {gains[0]} | {gains[1]} |")
-    return "\n".join(lines) + "\n"
+    header = ["arm", "seed", "SFT FLOPs", "pipeline FLOPs", "RL steps", "after SFT: mixed / 3 / 4",
+              "after RL: mixed / 3 / 4", "RL - SFT, mixed", "RL - SFT, 4 numbers"]
+    cells = [[arm, seed, f"{r['sft_flops']:.3g}", f"{r['flops']:.3g}", r["rl_steps"],
+              *(" / ".join(f"{r[f'{stage}_{size}'][0]:.3f}" for size in SIZES) for stage in ("sft", "rl")),
+              format_difference(r["gain_all"]), format_difference(r["gain_4"])] for (arm, seed), r in rows.items()]
+    return markdown_table(header, cells) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,10 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.markdown, table(rows))
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from rlft.eval.report import plt, save_panels
 
     fig, panels = plt.subplots(1, 2, figsize=(11, 4))
     for panel, size, title in zip(panels, ("all", "4"), ("mixed", "4 numbers")):
@@ -120,10 +116,7 @@ def main(argv: list[str] | None = None) -> None:
                            label=f"{arm}, seed {seed}")
         panel.set(xlabel="pipeline FLOPs (estimated): SFT, then SFT + RL", ylabel="score, fresh test rows",
                   title=f"{title}: SFT -> RL")
-        panel.legend(fontsize=7)
-    fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=120)
+    save_panels(fig, panels, args.out)
     print(args.markdown.read_text(), end="")
     print(args.out)
 

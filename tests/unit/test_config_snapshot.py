@@ -52,6 +52,7 @@ HELP_REWORDED["rl"] |= {"--gen-batch-size", "--micro-batch-size"}  # why 64; wha
 HELP_REWORDED["rloo"] |= {"--gen-batch-size", "--micro-batch-size"}
 for _command in ("rl", "rloo"):  # --curriculum pass-rate (rlft.rl.pass_rate) and the count_rank buckets, 2026-12-06
     HELP_REWORDED[_command] |= {"--curriculum", "--curriculum-buckets", "--curriculum-alpha"}
+    HELP_REWORDED[_command] |= {"--reward"}  # names 'countdown_accuracy' (no format credit), 2026-12-06
 DEFAULT_CHANGED: dict[str, dict[str, str]] = {"demo": {"--sft-steps": "(default: 40)", "--passk": "(default: 0)",
                                                        "--pairs-prompts": "(default: 128)",
                                                        "--eval-batch-size": "(default: 256)"},

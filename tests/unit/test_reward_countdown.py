@@ -280,6 +280,19 @@ def test_score_completions():
         score_completions(prompts, completions, gts[:2])
 
 
+def test_accuracy_reward_pays_no_format_credit():
+    from rlft.rewards.registry import get_reward_function
+
+    prompt = "Make 9 from 1 2 3."
+    completions = ["<answer>(1+2)*3</answer>", "<answer>1+2+3</answer>", "<answer>1+2</answer>", "no answer", ""]
+    # correct; uses every number but equals 6; misses a number; no tag; empty: only the first pays.
+    assert score_completions([prompt] * 5, completions, [GT] * 5) == [1.0, 0.1, 0.1, 0.0, 0.0]
+    reward = get_reward_function("countdown_accuracy")
+    assert reward([prompt] * 5, completions, [GT] * 5) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError):
+        reward([prompt], completions, [GT])
+
+
 def test_lenient_variant():
     assert compute_score(ans("(1+2)*3") + "\nThat is my answer.", GT) == 0
     assert compute_score_lenient(ans("(1+2)*3") + "\nThat is my answer.", GT) == 1.0

@@ -348,6 +348,16 @@ def score_completions(
             for prompt, completion, ground_truth in zip(prompts, completions, ground_truths)]
 
 
+def accuracy_completions(prompts: Sequence[str], completions: Sequence[str],
+                         ground_truths: Sequence[Mapping[str, Any]]) -> list[float]:
+    """:func:`score_completions` without the format credit (``format_score=0``): 1.0 for a correct answer, 0.0 for
+    anything else, a wrong or missing answer alike. A training reward (``--reward countdown_accuracy``) for runs that
+    must not be paid for finishing: with the 0.1 credit, a short RL run from the patient SFT model mostly learns to
+    end its answers inside the token budget (docs/results/tools). Evaluation keeps the spec's score. Raises
+    ValueError if the three sequences differ in length."""
+    return score_completions(prompts, completions, ground_truths, format_score=0.0)
+
+
 def _scored_text(prompt: str, completion: str) -> str:
     """The text :func:`score_completions` scores: ``prompt + completion`` when the prompt has an assistant marker,
     else ``"Assistant:" + completion``."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlft.rewards.countdown import score_completions
+from rlft.rewards.countdown import accuracy_completions, score_completions
 
 RewardFunction = Callable[[list[str], list[str], list[dict]], list[float]]
 
@@ -26,10 +26,12 @@ def uppercase_start(prompts: list[str], completions: list[str], ground_truths: l
 
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "countdown": score_completions,
+    "countdown_accuracy": accuracy_completions,
     "uppercase_start": uppercase_start,
 }
 """``countdown``: TinyZero's exact Countdown score (0 no answer / 0.1 wrong answer / 1 correct), see
-:mod:`rlft.rewards.countdown`. ``uppercase_start``: the toy reward above.
+:mod:`rlft.rewards.countdown`. ``countdown_accuracy``: the same without the format credit (0 / 1).
+``uppercase_start``: the toy reward above.
 
 Learned rewards are not functions of this registry: a local reward model
 (:class:`rlft.rewards.reward_model.RewardModelScorer`) and a remote judge

@@ -97,8 +97,9 @@ def step_counts(batch: TokenBatch, rows: torch.Tensor, old_logprobs: torch.Tenso
 
 def sample_metrics(got: StepSamples, counts: dict[str, float], reward_kind: str) -> dict[str, float]:
     """``reward/mean``, ``reward/std`` (raw scores of every sample generated this step, every tried group),
-    ``reward/accuracy`` (score == 1.0) and ``reward/format_rate`` (>= 0.1) for a rule reward, ``groups/tried``,
-    ``groups/kept`` (the fresh groups kept: replayed ones are not counted), ``samples/step`` and ``update/rows_frac``
+    ``reward/accuracy`` (score == 1.0) and ``reward/format_rate`` (>= 0.1; under ``countdown_accuracy``, which pays
+    no format credit, the same as the accuracy) for a rule reward, ``groups/tried``, ``groups/kept`` (the fresh
+    groups kept: replayed ones are not counted), ``samples/step`` and ``update/rows_frac``
     (updated rows over every trained sample, replayed included; ``counts`` summed over ranks)."""
     all_raw = got.all_raw  # (G, k)
     B, k = got.raw.shape  # fresh and replayed

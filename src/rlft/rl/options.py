@@ -417,7 +417,8 @@ class RewardOptions:
     (:func:`rlft.rl.rewards.make_reward`)."""
 
     reward: str = "countdown"
-    """Reward function name: 'countdown' (TinyZero's exact score: 0 / 0.1 / 1) or 'uppercase_start' (toy); or
+    """Reward function name: 'countdown' (TinyZero's exact score: 0 / 0.1 / 1), 'countdown_accuracy' (the same
+    without the format credit: 0 / 1; evaluation keeps the score) or 'uppercase_start' (toy); or
     'remote' (chat track): an OpenAI-compatible reward API (--base-url, --judge-model, --api-key-env).
     Ignored when --reward-model is set."""
     reward_model: str | None = None

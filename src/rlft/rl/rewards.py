@@ -52,7 +52,7 @@ def make_reward(scoring: RewardOptions, reward_fn: RewardFunction | None = None,
         return Reward(lambda prompts, completions: judge.score([p.messages for p in prompts], completions), "remote")
     if reward_fn is None:
         reward_fn = get_reward_function(scoring.reward, also=("remote",))
-        if chat_prompts and scoring.reward == "countdown":
+        if chat_prompts and scoring.reward.startswith("countdown"):
             raise ValueError("chat prompts (--prompts-data) have no Countdown answer: pass --reward-model, --reward "
                              "remote or a toy rule reward")
     fn = reward_fn

@@ -1,0 +1,78 @@
+"""scripts/studies/options_screen.py: the cost row, pass@k and the paired differences by hand, the Markdown and PNG,
+and its one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlft.eval.countdown import read_eval_file
+from rlft.lab.script_io import ScriptError
+from tests.conftest import load_script
+
+screen = load_script("options_screen")
+TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [1, 2, 3], "target": 5}, {"nums": [1, 2, 3, 4], "target": 24},
+         {"nums": [2, 3, 4, 5], "target": 7}]
+
+
+def _eval(path: Path, scores: list[list[float]], tasks: list[dict] = TASKS) -> Path:
+    n, k = len(scores), len(scores[0])
+    flat = [x for row in scores for x in row]
+    path.write_text(json.dumps({
+        "num_tasks": n, "k": k, "mode": "greedy" if k == 1 else "sampled", "mean_score": sum(flat) / len(flat),
+        "accuracy": 0.0, "format_rate": 1.0, "pass_at_k": {"1": 0.0}, "mean_completion_tokens": 100.0,
+        "truncated_rate": 0.0, "task_scores": scores, "tasks": tasks, "task_truncated": [[False] * k] * n,
+        "task_tokens": [[1] * k] * n, "task_values": [[None] * k] * n, "task_certainty": [[None] * k] * n}))
+    return path
+
+
+def _metrics(path: Path, hints: bool) -> Path:
+    path.write_text("".join(json.dumps({
+        "step": s, "groups/tried": 16, "groups/kept": 8, "tokens/generated": 1000 * s, "flops/estimated": 1e12 * s,
+        "reward/accuracy": 0.1 * s, **({"hint/groups": 3.0, "hint/solved": 1.0} if hints else {})}) + "\n"
+        for s in (1, 2)))
+    return path
+
+
+def test_cost_row_and_pass_at_k_by_hand(tmp_path):
+    records = [json.loads(line) for line in _metrics(tmp_path / "m.jsonl", True).read_text().splitlines()]
+    assert screen.cost(records) == [2, "32", "16", "3,000", "2e+12", "6", "2", "0.150"]
+    no_hints = [{k: v for k, v in records[0].items() if not k.startswith("hint")}]
+    assert screen.cost(no_hints) == [1, "16", "8", "1,000", "1e+12", "-", "-", "0.100"]
+    result = read_eval_file(_eval(tmp_path / "s.json", [[0.1, 1.0], [0.0, 0.1], [1.0, 1.0], [0.1, 0.1]]))[0]
+    assert screen.pass_at_all(result) == [[1.0], [0.0], [1.0], [0.0]]
+    assert screen.by_size(result, screen.pass_at_all(result), 4) == [[1.0], [0.0]]
+
+
+def test_main_writes_tables_and_png_and_names_bad_input(tmp_path, capsys):
+    start = _eval(tmp_path / "start.json", [[0.1], [0.0], [0.0], [0.0]])
+    uniform = _eval(tmp_path / "u.json", [[1.0], [0.1], [0.0], [0.1]])
+    hint = _eval(tmp_path / "h.json", [[1.0], [1.0], [1.0], [0.1]])
+    (tmp_path / "u").mkdir(), (tmp_path / "h").mkdir()
+    runs = ["--run", f"uniform={_metrics(tmp_path / 'u' / 'metrics.jsonl', False)},{uniform}",
+            "--run", f"hint={_metrics(tmp_path / 'h' / 'metrics.jsonl', True)},{hint}"]
+    passk = ["--passk", f"start={_eval(tmp_path / 'ps.json', [[0.0, 0.1]] * 4)}",
+             "--passk", f"hint={_eval(tmp_path / 'ph.json', [[1.0, 0.1], [0.1, 0.1], [0.0, 1.0], [0.0, 0.0]])}"]
+    md, png = tmp_path / "s.md", tmp_path / "s.png"
+    screen.main(["--start", str(start), *runs, *passk, "--markdown", str(md), "--out", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = md.read_text()
+    assert "| hint | 2 | 32 | 16 | 3,000 | 2e+12 | 6 | 2 | 0.150 |" in text
+    assert "| uniform | 2 | 32 | 16 | 3,000 | 2e+12 | - | - | 0.150 |" in text
+    # hint - uniform: per task +0, +0.9, +1, +0 -> mixed +0.475; 4 numbers: +1, +0 -> +0.5 (interval by hand below)
+    assert "| hint | 0.775 / 1.000 / 0.550 | 0.750 / 0.500 | 0% | 100 | +0.475 [" in text
+    assert "| start | 0.025 / 0.050 / 0.000 | 0.000 / 0.000 | 0% | 100 | -0.275 [" in text
+    # pass@2: hint passes tasks 1 and 3 (2 of 4), the start none; pass@1 = 2 correct of 8 samples
+    assert "| hint | 0.250 / 0.250 | 0.500 / 0.500 | +0.500 [-0.066, +1.066] | +0.500 [-0.480, +1.480] |" in text
+    with pytest.raises(ScriptError, match="--baseline nope: no --run has that label"):
+        screen.main(["--start", str(start), *runs, "--baseline", "nope", "--markdown", str(tmp_path / "a.md"),
+                     "--out", str(tmp_path / "a.png")])
+    other = _eval(tmp_path / "o.json", [[0.0]] * 4, TASKS[::-1])
+    with pytest.raises(ScriptError, match="scored different tasks"):
+        screen.main(["--start", str(other), *runs, "--markdown", str(tmp_path / "b.md"),
+                     "--out", str(tmp_path / "b.png")])
+    with pytest.raises(ScriptError, match="one file must be labelled start"):
+        screen.main(["--start", str(start), *runs, "--passk", f"hint={tmp_path / 'ph.json'}",
+                     "--markdown", str(tmp_path / "c.md"), "--out", str(tmp_path / "c.png")])

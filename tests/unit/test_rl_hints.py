@@ -38,6 +38,20 @@ def test_prefix_is_the_solvers_search_cut_at_a_step_boundary():
         hint_prefix(TASK, 0.0)
 
 
+def test_solution_prefix_is_the_solutions_steps_without_dead_ends():
+    task = CountdownTask((19, 36, 55, 7), 65)  # the patient search tries 3 dead ends before its solution line
+    reasoning = write_trace(task, "bounded", give_up=0.0, max_tries=10_000)
+    assert reasoning.count("no.\n") == 3 and hint_prefix(task, 0.5).endswith("no.\n")  # half: dead ends only
+    assert hint_prefix(task, 1e-6, solution=True) == " 55-7=48, "  # at least the first step
+    assert hint_prefix(task, 0.5, solution=True) == " 55-7=48, 48+36=84, "  # 20 of the line's 51 characters fit
+    assert hint_prefix(task, 1.0, solution=True) == " 55-7=48, 48+36=84, 84-19=65. Check: 55-7+36-19=65."
+    assert hint_prefix(TASK, 0.5, solution=True) == " 3*5=15, "  # no dead end: the line is the whole search
+    with pytest.raises(ValueError, match="plain text"):
+        hint_prefix(task, 0.5, "calc", solution=True)
+    prompt, chars = hinted_prompt(RLPrompt("Task:", None, task.ground_truth()), 0.5, solution=True)
+    assert (prompt.text, chars) == ("Task: 55-7=48, 48+36=84, ", 20)
+
+
 def test_schedule_and_failed_groups():
     assert [step_fraction(0.5, s, 10) for s in (0, 5, 9)] == [0.5, 0.25, pytest.approx(0.05)]
     assert failed_groups([[0.0, 0.1], [1.0, 0.0], [0.1, 0.1]]) == [0, 2]
@@ -96,6 +110,8 @@ def test_no_hint_when_every_group_has_a_success():
     ({"hint": "solver", "replay_size": 2}, "--replay-size"),
     ({"hint_fraction": 0.3}, "only read with --hint solver"),
     ({"hint": "solver", "hint_fraction": 1.5}, "(0, 1]"),
+    ({"hint": "solution", "env": "countdown-calc"}, "one call"),
+    ({"hint": "solution", "replay_size": 2, "loss": "ppo"}, "--hint solution with --replay-size"),
 ])
 def test_hint_options_that_cannot_act_are_refused(options, error):
     with pytest.raises(OptionError, match=error.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
@@ -107,13 +123,14 @@ def test_hinted_prompt_needs_a_countdown_truth():
         hinted_prompt(RLPrompt("x", None, {"messages": []}), 0.5)
 
 
-def test_a_run_with_hints_logs_them_and_trains(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("hint", ["solver", "solution"])
+def test_a_run_with_hints_logs_them_and_trains(tiny_model_dir, tmp_path, hint):
     from rlft.checkpoint import read_metrics
     from rlft.recipes.rl import train_rl
 
     cfg = RLConfig(model=str(tiny_model_dir), preset="tiny", num_train=16, heldout_size=4, prompt_template="short",
                    output_dir=str(tmp_path / "rl"), k=2, prompts_per_step=4, max_steps=2, max_new_tokens=4,
-                   micro_batch_size=8, save_every=0, device="cpu", dtype="float32", hint="solver", beta=0.0)
+                   micro_batch_size=8, save_every=0, device="cpu", dtype="float32", hint=hint, beta=0.0)
     train_rl(cfg)
     records = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r]
     # a random model fails every task: every group is hinted, at the step's shrinking fraction

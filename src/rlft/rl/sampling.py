@@ -93,7 +93,7 @@ def sample_step(cfg: RLConfig, step: int, prompts: list[RLPrompt], order: Prompt
         seed = generation_seed(cfg.seed, virtual, distributed.rank())
         # every rank calls generate, with no prompts too: a sharded model's generation is collective (HFEngine)
         samples, scores, seconds, tokens = _roll(engine, batch_prompts, replace(sampling, seed=seed), reward, tool_use)
-        if cfg.hint == "solver" and batch_prompts:  # groups that all failed: again, from a solver prefix
+        if cfg.hint != "none" and batch_prompts:  # groups that all failed: again, from a solver prefix
             batch_prompts, samples, scores, more = _hinted(cfg, step, batch_prompts, samples, scores, engine,
                                                            replace(sampling, seed=seed + HINT_SEED), reward, tool_use)
             seconds, tokens = seconds + more.pop("seconds"), tokens + more.pop("tokens")
@@ -166,7 +166,8 @@ def _hinted(cfg: RLConfig, step: int, prompts: list[RLPrompt], samples: list[lis
     the step's hint sums (groups, solved, fraction, chars) and ``failed``, the hinted groups' positions in
     ``prompts``."""
     if distributed.active():
-        raise UsageError("--hint solver runs in one process (a rank's hinted groups would break collective sampling)")
+        raise UsageError(f"--hint {cfg.hint} runs in one process (a rank's hinted groups would break collective "
+                         "sampling)")
     k = params.k
     failed = failed_groups([scores[b * k : (b + 1) * k] for b in range(len(prompts))])
     fraction = step_fraction(cfg.hint_fraction, step, cfg.max_steps)
@@ -175,7 +176,7 @@ def _hinted(cfg: RLConfig, step: int, prompts: list[RLPrompt], samples: list[lis
     if not failed or fraction <= 0:
         return prompts, samples, scores, stats
     style = "calc" if cfg.env == "countdown-calc" else "bounded"
-    hinted = [hinted_prompt(prompts[b], fraction, style) for b in failed]
+    hinted = [hinted_prompt(prompts[b], fraction, style, cfg.hint == "solution") for b in failed]
     again, again_scores, seconds, tokens = _roll(engine, [p for p, _ in hinted], params, reward, tool_use)
     prompts, samples, scores = list(prompts), list(samples), list(scores)
     for i, b in enumerate(failed):

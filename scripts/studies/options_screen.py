@@ -9,7 +9,8 @@ evaluations with k samples per task, one of them labelled ``start``), and writes
   hinted ones that held a success (``hint/groups``, ``hint/solved`` summed; ``-`` when not logged), and the samples'
   accuracy (the mean of ``reward/accuracy`` over the steps: score 1, whatever the training reward);
 - the greedy scores: mixed, 3 and 4 numbers, the accuracy (mixed, 4 numbers), the share of answers cut at the token
-  budget and each run minus the baseline on the same tasks with its paired 95% interval (mixed and 4 numbers);
+  budget and each run minus the baseline on the same tasks with its paired 95% interval (score: mixed and 4
+  numbers; accuracy: mixed);
 - pass@1 and pass@k (k samples: pass@k of a task is 1 when one of them scores 1), and each minus the start's pass@k
   with its paired interval;
 
@@ -72,16 +73,22 @@ def check_same_tasks(results: dict[str, CountdownEvalResult], what: str) -> None
 
 def greedy_table(greedy: dict[str, CountdownEvalResult], baseline: str) -> str:
     header = ["model", "score mixed / 3 / 4", "accuracy mixed / 4", "cut", "mean tokens",
-              f"- {baseline}, mixed", f"- {baseline}, 4 numbers"]
+              f"- {baseline}, mixed", f"- {baseline}, 4 numbers", f"accuracy - {baseline}, mixed"]
     rows = []
     for name, result in greedy.items():
         s = size_summary(result)
-        diff = {k: format_difference(paired_difference(subset(result, v), subset(greedy[baseline], v)))
-                for k, v in (("mixed", None), ("4", 4))} if name != baseline else {"mixed": "-", "4": "-"}
+        base = greedy[baseline]
+        diff = [format_difference(paired_difference(subset(result, v), subset(base, v))) for v in (None, 4)] + [
+            format_difference(paired_difference(solved(result.task_scores), solved(base.task_scores)))]
         rows.append([name, f"{s['all']['score']:.3f} / {s['3']['score']:.3f} / {s['4']['score']:.3f}",
                      f"{s['all']['accuracy']:.3f} / {s['4']['accuracy']:.3f}", f"{s['all']['truncated_rate']:.0%}",
-                     f"{result.mean_completion_tokens:.0f}", diff["mixed"], diff["4"]])
+                     f"{result.mean_completion_tokens:.0f}", *(diff if name != baseline else ["-"] * 3)])
     return markdown_table(header, rows)
+
+
+def solved(task_scores: list[list[float]]) -> list[list[float]]:
+    """Per task, 1.0 for each sample that scores 1 and 0.0 for any other: the accuracy's rows."""
+    return [[float(x == 1.0) for x in row] for row in task_scores]
 
 
 def passk_table(sampled: dict[str, CountdownEvalResult]) -> str:
@@ -92,8 +99,7 @@ def passk_table(sampled: dict[str, CountdownEvalResult]) -> str:
     for name, result in sampled.items():
         passed = pass_at_all(result)
         cells = [name]
-        for rows_of in (lambda r: r.task_scores, lambda r: passed):
-            values = [[float(x == 1.0) for x in row] for row in rows_of(result)]
+        for values in (solved(result.task_scores), passed):
             mixed, four = (by_size(result, values, size) for size in (None, 4))
             cells.append(" / ".join(f"{sum(map(sum, v)) / sum(map(len, v)):.3f}" for v in (mixed, four)))
         for size in (None, 4):

@@ -63,6 +63,8 @@ def test_main_writes_tables_and_png_and_names_bad_input(tmp_path, capsys):
     assert "| uniform | 2 | 32 | 16 | 3,000 | 2e+12 | - | - | 0.150 |" in text
     # hint - uniform: per task +0, +0.9, +1, +0 -> mixed +0.475; 4 numbers: +1, +0 -> +0.5 (interval by hand below)
     assert "| hint | 0.775 / 1.000 / 0.550 | 0.750 / 0.500 | 0% | 100 | +0.475 [" in text
+    # accuracy: hint solves tasks 0-2, uniform task 0: +0, +1, +1, +0 -> +0.5, sd 0.577 -> half-width 0.566
+    assert text.count("+0.500 [-0.066, +1.066]") == 2  # this and the pass@2 difference below
     assert "| start | 0.025 / 0.050 / 0.000 | 0.000 / 0.000 | 0% | 100 | -0.275 [" in text
     # pass@2: hint passes tasks 1 and 3 (2 of 4), the start none; pass@1 = 2 correct of 8 samples
     assert "| hint | 0.250 / 0.250 | 0.500 / 0.500 | +0.500 [-0.066, +1.066] | +0.500 [-0.480, +1.480] |" in text

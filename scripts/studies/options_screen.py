@@ -1,7 +1,7 @@
 """The options screen's report (docs/results/rl-edge/): RL runs with one option each against the uniform run, from
 their metrics and their evaluations on the same validation rows.
 
-Reads ``--start`` (the start's greedy evaluation), ``--run LABEL=METRICS.jsonl,EVAL.json`` per run (its greedy
+Reads ``--start`` (the start's greedy evaluation; optional), ``--run LABEL=METRICS.jsonl,EVAL.json`` per run (its greedy
 evaluation on the same tasks; one of them is ``--baseline``) and optionally ``--passk LABEL=EVAL.json`` (sampled
 evaluations with k samples per task, one of them labelled ``start``), and writes a Markdown file with three tables:
 
@@ -111,7 +111,7 @@ def passk_table(sampled: dict[str, CountdownEvalResult]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--start", type=Path, required=True, help="the start's greedy evaluation")
+    parser.add_argument("--start", type=Path, help="the start's greedy evaluation (optional: a row of its own)")
     parser.add_argument("--run", action="append", required=True, help="LABEL=METRICS.jsonl,EVAL.json (repeat)")
     parser.add_argument("--baseline", default="uniform", help="the label of the run the others are compared with")
     parser.add_argument("--passk", action="append", default=[], help="LABEL=EVAL.json, sampled (repeat; one 'start')")
@@ -125,11 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     if any(not label or not path for label, _, path in passk_specs):
         fail("--passk: expected LABEL=EVAL.json")
     check_outputs({"--out": args.out, "--markdown": args.markdown},
-                  [args.start, *(p for _, _, p in runs), *(Path(p) for _, _, p in passk_specs)],
+                  [*([args.start] if args.start else []), *(p for _, _, p in runs),
+                   *(Path(p) for _, _, p in passk_specs)],
                   overwrite=args.overwrite)
     if args.baseline not in [label for label, _, _ in runs]:
         fail(f"--baseline {args.baseline}: no --run has that label")
-    greedy = {"start": read_eval_file(args.start)[0], **{label: read_eval_file(p)[0] for label, _, p in runs}}
+    greedy = {**({"start": read_eval_file(args.start)[0]} if args.start else {}),
+              **{label: read_eval_file(p)[0] for label, _, p in runs}}
     check_same_tasks(greedy, "greedy evaluations")
     text = ["## Cost\n", markdown_table(
         ["run", "steps", "groups tried", "kept", "generated tokens", "FLOPs (est.)", "hinted groups",

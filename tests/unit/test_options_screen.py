@@ -68,6 +68,8 @@ def test_main_writes_tables_and_png_and_names_bad_input(tmp_path, capsys):
     assert "| start | 0.025 / 0.050 / 0.000 | 0.000 / 0.000 | 0% | 100 | -0.275 [" in text
     # pass@2: hint passes tasks 1 and 3 (2 of 4), the start none; pass@1 = 2 correct of 8 samples
     assert "| hint | 0.250 / 0.250 | 0.500 / 0.500 | +0.500 [-0.066, +1.066] | +0.500 [-0.480, +1.480] |" in text
+    screen.main([*runs, "--markdown", str(tmp_path / "n.md"), "--out", str(tmp_path / "n.png")])  # no start
+    assert "| start |" not in (tmp_path / "n.md").read_text() and "| hint | 0.775" in (tmp_path / "n.md").read_text()
     with pytest.raises(ScriptError, match="--baseline nope: no --run has that label"):
         screen.main(["--start", str(start), *runs, "--baseline", "nope", "--markdown", str(tmp_path / "a.md"),
                      "--out", str(tmp_path / "a.png")])

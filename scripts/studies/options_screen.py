@@ -29,8 +29,10 @@ without a ``start`` or with one sample per task, an existing output without ``--
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
+from rlft.eval.compare import check_same_tasks
 from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file, size_summary, subset
 from rlft.eval.report import markdown_table, save_panels
 from rlft.eval.stats import format_difference
@@ -59,30 +61,31 @@ def pass_at_all(result: CountdownEvalResult) -> list[list[float]]:
 
 
 def by_size(result: CountdownEvalResult, rows: list[list[float]], size: int | None) -> list[list[float]]:
-    """The rows (one per task of ``result``) of the tasks with ``size`` numbers (None: all)."""
-    return rows if size is None else [r for task, r in zip(result.tasks, rows) if len(task["nums"]) == size]
+    """The rows (one per task of ``result``) of the tasks with ``size`` numbers (None: all): :func:`subset` of
+    ``result`` with ``rows`` as its scores."""
+    return subset(replace(result, task_scores=rows), size)
 
 
-def check_same_tasks(results: dict[str, CountdownEvalResult], what: str) -> None:
-    """ScriptError unless every result of ``results`` scored the same tasks in the same order."""
-    first_name, first = next(iter(results.items()))
-    for name, result in results.items():
-        if result.tasks != first.tasks:
-            fail(f"{what}: {name} and {first_name} scored different tasks")
+def check_all_same_tasks(results: dict[str, CountdownEvalResult]) -> None:
+    """UsageError (:func:`rlft.eval.compare.check_same_tasks`, naming the labels) unless every result of ``results``
+    scored the tasks of the first, in the same order."""
+    (first_name, first), *rest = results.items()
+    for name, result in rest:
+        check_same_tasks(first, result, first_name, name)
 
 
 def greedy_table(greedy: dict[str, CountdownEvalResult], baseline: str) -> str:
     header = ["model", "score mixed / 3 / 4", "accuracy mixed / 4", "cut", "mean tokens",
               f"- {baseline}, mixed", f"- {baseline}, 4 numbers", f"accuracy - {baseline}, mixed"]
-    rows = []
+    base, rows = greedy[baseline], []
     for name, result in greedy.items():
         s = size_summary(result)
-        base = greedy[baseline]
-        diff = [format_difference(paired_difference(subset(result, v), subset(base, v))) for v in (None, 4)] + [
+        diff = ["-"] * 3 if name == baseline else [
+            *(format_difference(paired_difference(subset(result, v), subset(base, v))) for v in (None, 4)),
             format_difference(paired_difference(solved(result.task_scores), solved(base.task_scores)))]
         rows.append([name, f"{s['all']['score']:.3f} / {s['3']['score']:.3f} / {s['4']['score']:.3f}",
                      f"{s['all']['accuracy']:.3f} / {s['4']['accuracy']:.3f}", f"{s['all']['truncated_rate']:.0%}",
-                     f"{result.mean_completion_tokens:.0f}", *(diff if name != baseline else ["-"] * 3)])
+                     f"{result.mean_completion_tokens:.0f}", *diff])
     return markdown_table(header, rows)
 
 
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"--baseline {args.baseline}: no --run has that label")
     greedy = {**({"start": read_eval_file(args.start)[0]} if args.start else {}),
               **{label: read_eval_file(p)[0] for label, _, p in runs}}
-    check_same_tasks(greedy, "greedy evaluations")
+    check_all_same_tasks(greedy)
     text = ["## Cost\n", markdown_table(
         ["run", "steps", "groups tried", "kept", "generated tokens", "FLOPs (est.)", "hinted groups",
          "hinted, solved", "sample accuracy"], [[label, *cost(records)] for label, records, _ in runs]),
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
             fail("--passk: one file must be labelled start")
         if any(r.k < 2 for r in sampled.values()):
             fail("--passk: sampled evaluations with k >= 2 samples per task are needed")
-        check_same_tasks(sampled, "--passk evaluations")
+        check_all_same_tasks(sampled)
         text += ["\n## pass@k (sampled, temperature 1)\n", passk_table(sampled)]
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.markdown, "\n".join(text) + "\n")

@@ -10,6 +10,7 @@ import pytest
 
 from rlft.eval.countdown import read_eval_file
 from rlft.lab.script_io import ScriptError
+from rlft.validation import UsageError
 from tests.conftest import load_script
 
 screen = load_script("options_screen")
@@ -74,7 +75,7 @@ def test_main_writes_tables_and_png_and_names_bad_input(tmp_path, capsys):
         screen.main(["--start", str(start), *runs, "--baseline", "nope", "--markdown", str(tmp_path / "a.md"),
                      "--out", str(tmp_path / "a.png")])
     other = _eval(tmp_path / "o.json", [[0.0]] * 4, TASKS[::-1])
-    with pytest.raises(ScriptError, match="scored different tasks"):
+    with pytest.raises(UsageError, match="are evaluations of different tasks"):
         screen.main(["--start", str(other), *runs, "--markdown", str(tmp_path / "b.md"),
                      "--out", str(tmp_path / "b.png")])
     with pytest.raises(ScriptError, match="one file must be labelled start"):

@@ -1,8 +1,9 @@
 #!/bin/bash
-# One more option's screen (docs/results/rl-edge/README.md), as screen_options.sh runs each: 4 RL steps from the
-# same start with the uniform run's flags plus the option's, then its model scored greedily on the same first 100
-# fresh validation rows (per-task file OUT_DIR/screen_rl_opt_NAME.json, paired against screen_rl_order_none.json by
-# scripts/studies/options_screen.py). Usage: screen_option.sh NAME SFT_MODEL OUT_DIR POOL FLAG...
+# One option's screen (docs/results/rl-edge/README.md; screen_options.sh and screen_reward.sh run theirs with it):
+# 4 RL steps from the same start with the uniform run's flags plus the option's, then its model scored greedily on
+# the same first 100 fresh validation rows (per-task file OUT_DIR/screen_rl_opt_NAME.json, paired against
+# screen_rl_order_none.json by scripts/studies/options_screen.py). Usage: screen_option.sh NAME SFT_MODEL OUT_DIR POOL
+# FLAG...
 # e.g. screen_option.sh hint_solution MODEL OUT POOL --hint solution. An --env among the flags is the evaluation's too
 # (screen_option.sh calc_hint SFT_CALC OUT POOL --env countdown-calc --hint solver: its baseline is the calculator
 # study's rl_calc_s0, the same recipe from the same start, docs/results/tools/rl.sh).

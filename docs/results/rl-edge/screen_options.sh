@@ -5,16 +5,12 @@
 # run and both options scored greedily on the first 100 fresh validation rows (per-task files), and the paired
 # differences against the baseline. Usage: screen_options.sh SFT_MODEL OUT_DIR POOL (after screen.sh)
 set -euo pipefail
-model=$1; out=$2; pool=$3
-for arm in hint wreinforce; do
-  extra=(--hint solver); [ "$arm" = wreinforce ] && extra=(--positive-weight 0.1)
-  rlft rl --model "$model" --data "$pool" --advantage grpo --loss ppo --loss-mode seq_mean \
-    --filter-groups --lora-r 16 --lora-alpha 32 --lr 2e-4 --k 8 --prompts-per-step 8 --max-steps 4 --max-new-tokens 256 \
-    --eval-every 4 --eval-limit 100 --save-every 2 "${extra[@]}" --output-dir "$out/rl_opt_$arm"
-done
+model=$1; out=$2; pool=$3; here=$(dirname "$0")
+bash "$here/screen_option.sh" hint "$model" "$out" "$pool" --hint solver  # run and score: rl_opt_hint
+bash "$here/screen_option.sh" wreinforce "$model" "$out" "$pool" --positive-weight 0.1
 eval=(--data "$pool" --split validation --limit 100 --max-new-tokens 256)
 rlft eval countdown --model "$model" "${eval[@]}" --output "$out/screen_start.json"
-for run in rl_order_none rl_order_pass-rate rl_opt_hint rl_opt_wreinforce; do
+for run in rl_order_none rl_order_pass-rate; do
   rlft eval countdown --model "$out/$run/model" "${eval[@]}" --output "$out/screen_$run.json"
 done
 rlft eval compare "$out/screen_start.json" "$out/screen_rl_order_none.json" --json "$out/screen_start_vs_uniform.json"

@@ -5,12 +5,9 @@
 # compared with the uniform run's (OUT_DIR/screen_rl_order_none.json, written by screen_options.sh). pass@8: 8 samples
 # at temperature 1 on the first 60 of those rows, per-task files. Usage: screen_reward.sh SFT_MODEL OUT_DIR POOL
 set -euo pipefail
-model=$1; out=$2; pool=$3
-rlft rl --model "$model" --data "$pool" --advantage grpo --loss ppo --loss-mode seq_mean \
-  --filter-groups --lora-r 16 --lora-alpha 32 --lr 2e-4 --k 8 --prompts-per-step 8 --max-steps 4 --max-new-tokens 256 \
-  --eval-every 4 --eval-limit 100 --save-every 2 --reward countdown_accuracy --output-dir "$out/rl_opt_accuracy"
+model=$1; out=$2; pool=$3; here=$(dirname "$0")
+bash "$here/screen_option.sh" accuracy "$model" "$out" "$pool" --reward countdown_accuracy  # rl_opt_accuracy, scored
 eval=(--data "$pool" --split validation --max-new-tokens 256)
-rlft eval countdown --model "$out/rl_opt_accuracy/model" "${eval[@]}" --limit 100 --output "$out/screen_rl_opt_accuracy.json"
 rlft eval compare "$out/screen_rl_order_none.json" "$out/screen_rl_opt_accuracy.json" --json "$out/screen_accuracy_vs_uniform.json"
 rlft eval countdown --model "$model" "${eval[@]}" --limit 60 --mode sampled --k 8 --output "$out/passk_start.json"
 for run in rl_order_none rl_opt_wreinforce rl_opt_accuracy; do

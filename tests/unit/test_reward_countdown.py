@@ -476,3 +476,22 @@ def test_module_never_calls_eval_or_exec(monkeypatch):
     assert compute_score(ans("(1+2)*3"), GT) == 1.0
     assert compute_score(ans("1/(3-3)+2"), GT) == 0.1
     assert score_completions(["p"], ["<answer>3*(2+1)</answer>"], [GT]) == [1.0]
+
+
+def test_rewards_needing_a_countdown_task_are_marked_and_refused_on_chat_prompts():
+    """The registry's mark matches what each reward does with a chat prompt's empty ground truth: the marked ones
+    cannot score it (and make_reward refuses them for chat prompts), the others score it."""
+    from rlft.rewards.registry import NEEDS_COUNTDOWN_TASK, REWARD_FUNCTIONS
+    from rlft.rl.options import RewardOptions
+    from rlft.rl.rewards import make_reward
+
+    assert NEEDS_COUNTDOWN_TASK <= set(REWARD_FUNCTIONS)
+    for name, fn in REWARD_FUNCTIONS.items():
+        if name in NEEDS_COUNTDOWN_TASK:
+            with pytest.raises((KeyError, TypeError, ValueError)):
+                fn(["p"], ["<answer>1+2</answer>"], [{}])
+            with pytest.raises(ValueError, match="no Countdown answer"):
+                make_reward(RewardOptions(reward=name), chat_prompts=True)
+        else:
+            assert len(fn(["p"], ["Yes"], [{}])) == 1
+            make_reward(RewardOptions(reward=name), chat_prompts=True)

@@ -39,6 +39,11 @@ Learned rewards are not functions of this registry: a local reward model
 ``score(prompts, responses) -> list[float]``; recipes wrap them (e.g. ``rlft.rl.rewards.make_reward``)."""
 
 
+NEEDS_COUNTDOWN_TASK: frozenset[str] = frozenset({"countdown", "countdown_accuracy"})
+"""The registry's rewards that read a Countdown task's ground truth (``target``, ``nums``): chat prompts
+(``--prompts-data``) carry none, so recipes refuse these names there (``rlft.rl.rewards.make_reward``)."""
+
+
 def get_reward_function(name: str, *, also: tuple[str, ...] = ()) -> RewardFunction:
     """``REWARD_FUNCTIONS[name]``; ValueError naming the choices (plus ``also``, the names a caller
     handles itself, such as ``"remote"``) for an unknown name."""

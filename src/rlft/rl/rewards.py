@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from rlft.rewards.registry import RewardFunction, get_reward_function
+from rlft.rewards.registry import NEEDS_COUNTDOWN_TASK, RewardFunction, get_reward_function
 from rlft.rl.records import Reward, RolloutReward
 
 __all__ = ["Reward", "RolloutReward", "make_reward"]
@@ -34,7 +34,8 @@ def make_reward(scoring: RewardOptions, reward_fn: RewardFunction | None = None,
     completions)``.
 
     Raises:
-        ValueError: the Countdown rule reward for ``chat_prompts`` (``--prompts-data``: no Countdown answer).
+        ValueError: a reward of :data:`~rlft.rewards.registry.NEEDS_COUNTDOWN_TASK` for ``chat_prompts``
+            (``--prompts-data``: no Countdown answer).
     """
     if reward_fn is None and scoring.reward_model is not None:
         from rlft.rewards.reward_model import RewardModelScorer
@@ -52,7 +53,7 @@ def make_reward(scoring: RewardOptions, reward_fn: RewardFunction | None = None,
         return Reward(lambda prompts, completions: judge.score([p.messages for p in prompts], completions), "remote")
     if reward_fn is None:
         reward_fn = get_reward_function(scoring.reward, also=("remote",))
-        if chat_prompts and scoring.reward.startswith("countdown"):
+        if chat_prompts and scoring.reward in NEEDS_COUNTDOWN_TASK:
             raise ValueError("chat prompts (--prompts-data) have no Countdown answer: pass --reward-model, --reward "
                              "remote or a toy rule reward")
     fn = reward_fn

@@ -2,12 +2,15 @@
 their metrics and their evaluations on the same validation rows.
 
 Reads ``--start`` (the start's greedy evaluation; optional), ``--run LABEL=METRICS.jsonl,EVAL.json`` per run (its greedy
-evaluation on the same tasks; one of them is ``--baseline``) and optionally ``--passk LABEL=EVAL.json`` (sampled
-evaluations with k samples per task, one of them labelled ``start``), and writes a Markdown file with three tables:
+evaluation on the same tasks), optionally ``--control LABEL=METRICS.jsonl,EVAL.json`` per control run (an SFT run
+continued from the same start, given an RL run's FLOPs: no groups or samples of its own), one of the runs or controls
+being ``--baseline``, and optionally ``--passk LABEL=EVAL.json`` (sampled evaluations with k samples per task, one of
+them labelled ``start``), and writes a Markdown file with three tables:
 
 - the runs' cost: steps, groups tried and kept, generated tokens, the last ``flops/estimated``, hinted groups and the
-  hinted ones that held a success (``hint/groups``, ``hint/solved`` summed; ``-`` when not logged), and the samples'
-  accuracy (the mean of ``reward/accuracy`` over the steps: score 1, whatever the training reward);
+  hinted ones that held a success (``hint/groups``, ``hint/solved`` summed; ``-`` when not logged, as for a control's
+  groups and generated tokens), and the samples' accuracy (the mean of ``reward/accuracy`` over the steps: score 1,
+  whatever the training reward);
 - the greedy scores: mixed, 3 and 4 numbers, the accuracy (mixed, 4 numbers), the share of answers cut at the token
   budget and each run minus the baseline on the same tasks with its paired 95% interval (score: mixed and 4
   numbers; accuracy: mixed);
@@ -21,9 +24,10 @@ and a PNG: each run minus the baseline, mixed, 3 and 4 numbers, with the paired 
         --run hint=rl_opt_hint/metrics.jsonl,screen_rl_opt_hint.json --passk start=passk_start.json \\
         --markdown screen.md --out screen.png
 
-Refused, one line and exit code 2 (:mod:`rlft.lab.script_io`): a malformed ``--run``, metrics without step records,
-an unreadable evaluation, evaluations of different tasks, a ``--baseline`` that is no run's label, ``--passk`` files
-without a ``start`` or with one sample per task, an existing output without ``--overwrite``.
+Refused, one line and exit code 2 (:mod:`rlft.lab.script_io`): a malformed ``--run`` or ``--control``, metrics
+without step records, an unreadable evaluation, evaluations of different tasks, a ``--baseline`` that is no run's
+label, a label given twice, ``--passk`` files without a ``start`` or with one sample per task, an existing output
+without ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ def cost(records: list[dict]) -> list[object]:
         return f"{sum(r[key] for r in records if key in r):g}" if any(key in r for r in records) else "-"
 
     accuracy = [r["reward/accuracy"] for r in records if "reward/accuracy" in r]
-    return [len(records), f"{sum(r['groups/tried'] for r in records):g}", f"{sum(r['groups/kept'] for r in records):g}",
-            f"{sum(r.get('tokens/generated', 0) for r in records):,.0f}",
+    generated = total("tokens/generated")
+    return [len(records), total("groups/tried"), total("groups/kept"),
+            generated if generated == "-" else f"{float(generated):,.0f}",
             f"{max(r.get('flops/estimated', 0.0) for r in records):.3g}", total("hint/groups"), total("hint/solved"),
             f"{sum(accuracy) / len(accuracy):.3f}" if accuracy else "-"]
 
@@ -116,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--start", type=Path, help="the start's greedy evaluation (optional: a row of its own)")
     parser.add_argument("--run", action="append", required=True, help="LABEL=METRICS.jsonl,EVAL.json (repeat)")
+    parser.add_argument("--control", action="append", default=[],
+                        help="LABEL=METRICS.jsonl,EVAL.json: an SFT run given an RL run's FLOPs (repeat)")
     parser.add_argument("--baseline", default="uniform", help="the label of the run the others are compared with")
     parser.add_argument("--passk", action="append", default=[], help="LABEL=EVAL.json, sampled (repeat; one 'start')")
     parser.add_argument("--markdown", type=Path, required=True, help="the tables to write (a new file)")
@@ -124,6 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     check_picture("--out", args.out)
     runs = [read_labelled_run(spec, "groups/tried") for spec in args.run]
+    runs += [read_labelled_run(spec, "flops/estimated") for spec in args.control]
+    labels = [label for label, _, _ in runs]
+    if len(set(labels)) < len(labels) or (args.start and "start" in labels):
+        fail(f"--run / --control: a label given twice among {labels}")
     passk_specs = [spec.partition("=") for spec in args.passk]
     if any(not label or not path for label, _, path in passk_specs):
         fail("--passk: expected LABEL=EVAL.json")
@@ -132,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
                    *(Path(p) for _, _, p in passk_specs)],
                   overwrite=args.overwrite)
     if args.baseline not in [label for label, _, _ in runs]:
-        fail(f"--baseline {args.baseline}: no --run has that label")
+        fail(f"--baseline {args.baseline}: no --run or --control has that label")
     greedy = {**({"start": read_eval_file(args.start)[0]} if args.start else {}),
               **{label: read_eval_file(p)[0] for label, _, p in runs}}
     check_all_same_tasks(greedy)

@@ -71,7 +71,7 @@ def test_main_writes_tables_and_png_and_names_bad_input(tmp_path, capsys):
     assert "| hint | 0.250 / 0.250 | 0.500 / 0.500 | +0.500 [-0.066, +1.066] | +0.500 [-0.480, +1.480] |" in text
     screen.main([*runs, "--markdown", str(tmp_path / "n.md"), "--out", str(tmp_path / "n.png")])  # no start
     assert "| start |" not in (tmp_path / "n.md").read_text() and "| hint | 0.775" in (tmp_path / "n.md").read_text()
-    with pytest.raises(ScriptError, match="--baseline nope: no --run has that label"):
+    with pytest.raises(ScriptError, match="--baseline nope: no --run or --control has that label"):
         screen.main(["--start", str(start), *runs, "--baseline", "nope", "--markdown", str(tmp_path / "a.md"),
                      "--out", str(tmp_path / "a.png")])
     other = _eval(tmp_path / "o.json", [[0.0]] * 4, TASKS[::-1])
@@ -81,3 +81,28 @@ def test_main_writes_tables_and_png_and_names_bad_input(tmp_path, capsys):
     with pytest.raises(ScriptError, match="one file must be labelled start"):
         screen.main(["--start", str(start), *runs, "--passk", f"hint={tmp_path / 'ph.json'}",
                      "--markdown", str(tmp_path / "c.md"), "--out", str(tmp_path / "c.png")])
+
+
+def test_a_control_run_is_costed_compared_and_can_be_the_baseline(tmp_path):
+    """An SFT control (no groups, no samples) gets '-' for them, its FLOPs, and its row in the greedy table; as the
+    baseline, the RL run minus it, by hand."""
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"step": s, "loss/sft": 1.0, "flops/estimated": 1.5e12 * s}) + "\n"
+                           for s in (1, 2, 3)))
+    records = [json.loads(line) for line in sft.read_text().splitlines()]
+    assert screen.cost(records) == [3, "-", "-", "-", "4.5e+12", "-", "-", "-"]
+    rl = _eval(tmp_path / "rl.json", [[1.0], [0.1], [0.0], [0.1]])
+    control = _eval(tmp_path / "c.json", [[0.1], [0.1], [1.0], [0.0]])
+    (tmp_path / "r").mkdir()
+    rl_metrics = _metrics(tmp_path / "r" / "metrics.jsonl", False)
+    args = ["--run", f"rl={rl_metrics},{rl}", "--control", f"sft={sft},{control}",
+            "--baseline", "sft", "--markdown", str(tmp_path / "s.md"), "--out", str(tmp_path / "s.png")]
+    screen.main(args)
+    text = (tmp_path / "s.md").read_text()
+    assert "| sft | 3 | - | - | - | 4.5e+12 | - | - | - |" in text
+    # rl - sft: per task +0.9, 0, -1, +0.1 -> mixed 0.000; 4 numbers: -1, +0.1 -> -0.450
+    assert "| rl | 0.300 / 0.550 / 0.050 | 0.250 / 0.000 | 0% | 100 | +0.000 [" in text
+    assert "| -0.450 [" in text
+    with pytest.raises(ScriptError, match="a label given twice"):
+        screen.main([*args[:4], "--control", f"rl={sft},{control}", *args[4:6], "--markdown", str(tmp_path / "t.md"),
+                     "--out", str(tmp_path / "t.png")])

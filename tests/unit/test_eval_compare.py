@@ -138,6 +138,20 @@ def test_refuses_bad_files_and_other_settings(tmp_path, capsys):
                                        stop_repeats=None)])["comparisons"][0]["notes"] == []
 
 
+def test_turn_budgets_are_checked_between_files_of_one_environment(tmp_path, capsys):
+    """Two calculator evaluations at 4 and 8 turns are refused (the tools study's first validation file scored at 4);
+    a file without tools records the defaults, which bound nothing, so a tools-vs-plain comparison passes."""
+    four = eval_file(tmp_path / "four.json", A_SCORES, env="countdown-calc", max_turns=4, max_observation_tokens=32)
+    eight = eval_file(tmp_path / "eight.json", B_SCORES, env="countdown-calc", max_turns=8, max_observation_tokens=32)
+    assert "different max_turns (4 and 8)" in refused(capsys, four, eight)
+    notes = compare_files([four, eight], allow_setting=("max_turns",))["comparisons"][0]["notes"]
+    assert notes == [f"max_turns differs (allowed): 4 in {four}, 8 in {eight}"]
+    plain = eval_file(tmp_path / "plain.json", B_SCORES, env=None, max_turns=8, max_observation_tokens=32)
+    assert compare_files([four, plain])["comparisons"][0]["notes"] == []
+    obs = eval_file(tmp_path / "obs.json", B_SCORES, env="countdown-calc", max_turns=4, max_observation_tokens=64)
+    assert "different max_observation_tokens (32 and 64)" in refused(capsys, four, obs)
+
+
 def test_unset_max_new_tokens_is_read_from_a_cut_answer(tmp_path, capsys):
     a = eval_file(tmp_path / "a.json", A_SCORES, A_CUT, max_new_tokens=None)  # cut samples have 256 tokens
     b = eval_file(tmp_path / "b.json", B_SCORES, B_CUT, max_new_tokens=512)

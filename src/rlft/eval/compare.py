@@ -38,7 +38,8 @@ score that is not a finite number in [0, 1] (named by file, task and sample: ``t
 different task lists (the ``tasks`` lists themselves, nums and target in order, are compared, not only their count); a
 file without a task list (an older evaluation) unless ``--allow-unrecorded-tasks``, which pairs by position; and files
 whose evaluation settings differ (:data:`SETTINGS`: mode, k, temperature and top_p when both are sampled,
-max_new_tokens, prompt_template) unless each differing setting is named in ``--allow-setting``: a difference is then the
+max_new_tokens, prompt_template, and a tool environment's max_turns and max_observation_tokens between files of that
+environment) unless each differing setting is named in ``--allow-setting``: a difference is then the
 model's only when everything else is held fixed. A setting a file does not record is not checked (the output says so).
 """
 
@@ -59,12 +60,17 @@ from rlft.validation import OptionError, UsageError, validate_options
 
 SIGN = "B - A: the later file minus the first (BASE); positive means B scores higher"
 """The sign convention, written into every printed table and JSON."""
-Setting = Literal["mode", "k", "temperature", "top_p", "stop_repeats", "max_new_tokens", "prompt_template"]
-SETTINGS: tuple[str, ...] = ("mode", "k", "temperature", "top_p", "stop_repeats", *PAIRED_SETTINGS)
+Setting = Literal["mode", "k", "temperature", "top_p", "stop_repeats", "max_new_tokens", "prompt_template", "max_turns",
+                  "max_observation_tokens"]
+TURN_SETTINGS: tuple[str, ...] = ("max_turns", "max_observation_tokens")
+"""A tool environment's budgets (``--max-turns``, ``--max-observation-tokens``): checked only between two files of the
+same ``env`` (a file without tools records their defaults, which bound nothing; a file with tools against one without
+is a comparison of pipelines, as in the calculator study)."""
+SETTINGS: tuple[str, ...] = ("mode", "k", "temperature", "top_p", "stop_repeats", *PAIRED_SETTINGS, *TURN_SETTINGS)
 """The evaluation settings that must be equal for a difference to be the model's (``--allow-setting`` accepts one):
 the sampling (``stop_repeats``: the loop stop, "off" when a file does not record it: no evaluation had it before it
-was recorded), and :data:`rlft.eval.countdown.PAIRED_SETTINGS` (the prompt template and the token budget, which a
-``--greedy-from`` baseline must share too)."""
+was recorded), :data:`rlft.eval.countdown.PAIRED_SETTINGS` (the prompt template and the token budget, which a
+``--greedy-from`` baseline must share too) and :data:`TURN_SETTINGS` between files of one environment."""
 SLICE_NAMES = {"all": "mixed", "3": "3 numbers", "4": "4 numbers"}
 MIN_SLICE_TASKS = 10
 """The fewest tasks a count-of-numbers slice needs for an interval, p-value and Holm entry (below: "n too small", null
@@ -88,7 +94,8 @@ class EvalCompareConfig:
     ones (--no-holm: raw only)."""
     allow_setting: tuple[Setting, ...] = ()
     """Evaluation settings allowed to differ between the files (refused otherwise): mode, k, temperature, top_p,
-    stop_repeats, max_new_tokens, prompt_template. An allowed difference is named in the output."""
+    stop_repeats, max_new_tokens, prompt_template, and between files of one tool environment max_turns and
+    max_observation_tokens. An allowed difference is named in the output."""
     allow_unrecorded_tasks: bool = False
     """Pair files that record no task list (older evaluations) by position, checking only their number of tasks."""
     seeds: int = 1
@@ -204,7 +211,8 @@ def settings(result: CountdownEvalResult, config: dict) -> dict:
     return {"mode": result.mode, "k": result.k, "temperature": config.get("temperature") if sampled else None,
             "top_p": config.get("top_p") if sampled else None, "stop_repeats": config.get("stop_repeats") or "off",
             "max_new_tokens": resolved_max_new_tokens(result, config),
-            "prompt_template": config.get("prompt_template")}
+            "prompt_template": config.get("prompt_template"), "env": config.get("env"),
+            **{name: config.get(name) if config.get("env") else None for name in TURN_SETTINGS}}
 
 
 def check_settings(a: tuple[CountdownEvalResult, dict], b: tuple[CountdownEvalResult, dict], name_a: str, name_b: str,
@@ -219,6 +227,8 @@ def check_settings(a: tuple[CountdownEvalResult, dict], b: tuple[CountdownEvalRe
     notes = []
     for name in SETTINGS:
         x, y = sa[name], sb[name]
+        if name in TURN_SETTINGS and sa["env"] != sb["env"]:
+            continue
         if x is None or y is None:
             if name in PAIRED_SETTINGS or sa["mode"] == sb["mode"] == "sampled":  # greedy has no temperature
                 unknown = [n for n, v in ((name_a, x), (name_b, y)) if v is None]

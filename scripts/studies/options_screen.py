@@ -53,9 +53,8 @@ def cost(records: list[dict]) -> list[object]:
         return f"{sum(r[key] for r in records if key in r):g}" if any(key in r for r in records) else "-"
 
     accuracy = [r["reward/accuracy"] for r in records if "reward/accuracy" in r]
-    generated = total("tokens/generated")
-    return [len(records), total("groups/tried"), total("groups/kept"),
-            generated if generated == "-" else f"{float(generated):,.0f}",
+    generated = [r["tokens/generated"] for r in records if "tokens/generated" in r]
+    return [len(records), total("groups/tried"), total("groups/kept"), f"{sum(generated):,.0f}" if generated else "-",
             f"{max(r.get('flops/estimated', 0.0) for r in records):.3g}", total("hint/groups"), total("hint/solved"),
             f"{sum(accuracy) / len(accuracy):.3f}" if accuracy else "-"]
 
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                   [*([args.start] if args.start else []), *(p for _, _, p in runs),
                    *(Path(p) for _, _, p in passk_specs)],
                   overwrite=args.overwrite)
-    if args.baseline not in [label for label, _, _ in runs]:
+    if args.baseline not in labels:
         fail(f"--baseline {args.baseline}: no --run or --control has that label")
     greedy = {**({"start": read_eval_file(args.start)[0]} if args.start else {}),
               **{label: read_eval_file(p)[0] for label, _, p in runs}}

@@ -150,6 +150,14 @@ def test_turn_budgets_are_checked_between_files_of_one_environment(tmp_path, cap
     assert compare_files([four, plain])["comparisons"][0]["notes"] == []
     obs = eval_file(tmp_path / "obs.json", B_SCORES, env="countdown-calc", max_turns=4, max_observation_tokens=64)
     assert "different max_observation_tokens (32 and 64)" in refused(capsys, four, obs)
+    # sampled files without tools: nothing to say of turn budgets they do not record
+    from types import SimpleNamespace
+
+    from rlft.eval.compare import check_settings
+
+    sampled = SimpleNamespace(mode="sampled", k=4)
+    config = {"max_new_tokens": 256, "prompt_template": "base", "temperature": 1.0, "top_p": 1.0}
+    assert check_settings((sampled, config), (sampled, dict(config)), "a", "b") == []
 
 
 def test_unset_max_new_tokens_is_read_from_a_cut_answer(tmp_path, capsys):

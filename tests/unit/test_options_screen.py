@@ -42,6 +42,8 @@ def test_cost_row_and_pass_at_k_by_hand(tmp_path):
     assert screen.cost(records) == [2, "32", "16", "3,000", "2e+12", "6", "2", "0.150"]
     no_hints = [{k: v for k, v in records[0].items() if not k.startswith("hint")}]
     assert screen.cost(no_hints) == [1, "16", "8", "1,000", "1e+12", "-", "-", "0.100"]
+    big = [{**records[0], "tokens/generated": 1_234_567}]  # summed exactly, not through a 6-digit format
+    assert screen.cost(big)[3] == "1,234,567"
     result = read_eval_file(_eval(tmp_path / "s.json", [[0.1, 1.0], [0.0, 0.1], [1.0, 1.0], [0.1, 0.1]]))[0]
     assert screen.pass_at_all(result) == [[1.0], [0.0], [1.0], [0.0]]
     assert screen.by_size(result, screen.pass_at_all(result), 4) == [[1.0], [0.0]]

@@ -212,7 +212,7 @@ def settings(result: CountdownEvalResult, config: dict) -> dict:
             "top_p": config.get("top_p") if sampled else None, "stop_repeats": config.get("stop_repeats") or "off",
             "max_new_tokens": resolved_max_new_tokens(result, config),
             "prompt_template": config.get("prompt_template"), "env": config.get("env"),
-            **{name: config.get(name) if config.get("env") else None for name in TURN_SETTINGS}}
+            **{name: config.get(name) for name in TURN_SETTINGS}}
 
 
 def check_settings(a: tuple[CountdownEvalResult, dict], b: tuple[CountdownEvalResult, dict], name_a: str, name_b: str,
@@ -227,8 +227,8 @@ def check_settings(a: tuple[CountdownEvalResult, dict], b: tuple[CountdownEvalRe
     notes = []
     for name in SETTINGS:
         x, y = sa[name], sb[name]
-        if name in TURN_SETTINGS and sa["env"] != sb["env"]:
-            continue
+        if name in TURN_SETTINGS and (sa["env"] is None or sa["env"] != sb["env"]):
+            continue  # TURN_SETTINGS: only between files of one tool environment
         if x is None or y is None:
             if name in PAIRED_SETTINGS or sa["mode"] == sb["mode"] == "sampled":  # greedy has no temperature
                 unknown = [n for n, v in ((name_a, x), (name_b, y)) if v is None]

@@ -3,11 +3,10 @@ estimated FLOPs (the compute-matched baselines of the Countdown studies)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Protocol
 
-from rlft.compute import final_flops, model_parameter_count, summed_step_seconds
+from rlft.compute import sft_max_tokens, summed_step_seconds
 from rlft.lab.script_io import read_json
 
 
@@ -25,8 +24,9 @@ def sft_budget(ab: Ablation, name: str, seed: int, start: Path) -> dict:
     """The length of continued-SFT variant ``name``, the compute of an RL run: ``--budget-from`` (an archived metrics
     file), else the ``budget_of`` variant's finished run of ``seed``, else (wall time only) the median of the
     finished RL variants of ``seed``. ``budget: wall`` (the default): ``{"max_steps": summed step seconds /
-    --sft-step-s}``; ``budget: flops``: ``{"max_tokens": ceil(F / 6 N)}``, F the RL run's ``flops/estimated`` and N
-    the parameter count of ``start``, so the SFT run's estimate (``6 N`` per trained token) matches it."""
+    --sft-step-s}``; ``budget: flops``: ``{"max_tokens": ceil(F / 6 N)}`` (:func:`rlft.compute.sft_max_tokens`), F
+    the RL run's ``flops/estimated`` and N the parameter count of ``start``, so the SFT run's estimate (``6 N`` per
+    trained token) matches it."""
     spec, kind = ab.variants[name], ab.variants[name].get("budget", "wall")
     if kind not in ("wall", "flops"):
         raise SystemExit(f"variant {name!r}: budget {kind!r}: must be wall or flops")
@@ -40,7 +40,7 @@ def sft_budget(ab: Ablation, name: str, seed: int, start: Path) -> dict:
     if kind == "flops" and metrics is None:
         raise SystemExit(f"variant {name!r}: budget: flops needs budget_of (or --budget-from)")
     if kind == "flops":
-        return {"max_tokens": math.ceil(final_flops(metrics) / (6 * model_parameter_count(start)))}
+        return {"max_tokens": sft_max_tokens(metrics, start)}
     budget = summed_step_seconds(metrics) if metrics is not None else rl_wallclock(ab, seed)
     return {"max_steps": max(1, round(budget / ab.sft_step_s))}
 

@@ -57,6 +57,15 @@ def final_flops(metrics: Path) -> float:
                                "a run from before rlft counted FLOPs")[-1])
 
 
+def sft_max_tokens(metrics: Path, model_dir: str | Path) -> int:
+    """The ``--max-tokens`` of an SFT run from ``model_dir`` given the compute of the run logged in ``metrics``:
+    ``ceil(F / 6 N)``, F its :func:`final_flops` and N :func:`model_parameter_count` of ``model_dir``, so that the SFT
+    run's own estimate (``6 N`` per trained token) reaches F. Raises UsageError as :func:`final_flops`."""
+    import math
+
+    return math.ceil(final_flops(metrics) / (6 * model_parameter_count(model_dir)))
+
+
 @dataclass
 class RunTotals:
     """The run's cumulative counts, logged every step and continued on ``--resume`` from the last logged values

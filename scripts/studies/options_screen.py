@@ -25,7 +25,9 @@ and a PNG: each run minus the baseline, mixed, 3 and 4 numbers, with the paired 
         --markdown screen.md --out screen.png
 
 Refused, one line and exit code 2 (:mod:`rlft.lab.script_io`): a malformed ``--run`` or ``--control``, metrics
-without step records, an unreadable evaluation, evaluations of different tasks, a ``--baseline`` that is no run's
+without step records, an unreadable evaluation, evaluations of different tasks or with different settings
+(:func:`rlft.eval.compare.check_settings`: token budget, prompt template, environment, turn budgets, mode; each
+``--allow-setting NAME`` accepts one, as ``rlft eval compare`` does), a ``--baseline`` that is no run's
 label, a label given twice, ``--passk`` files without a ``start`` or with one sample per task, an existing output
 without ``--overwrite``.
 """
@@ -36,7 +38,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from rlft.eval.compare import check_same_tasks
+from rlft.eval.compare import check_same_tasks, check_settings
 from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file, size_summary, subset
 from rlft.eval.report import markdown_table, save_panels
 from rlft.eval.stats import format_difference
@@ -70,12 +72,16 @@ def by_size(result: CountdownEvalResult, rows: list[list[float]], size: int | No
     return subset(replace(result, task_scores=rows), size)
 
 
-def check_all_same_tasks(results: dict[str, CountdownEvalResult]) -> None:
-    """UsageError (:func:`rlft.eval.compare.check_same_tasks`, naming the labels) unless every result of ``results``
-    scored the tasks of the first, in the same order."""
-    (first_name, first), *rest = results.items()
-    for name, result in rest:
-        check_same_tasks(first, result, first_name, name)
+def check_all_comparable(files: dict[str, tuple[CountdownEvalResult, dict]], allowed: tuple[str, ...] = ()) -> None:
+    """UsageError (:func:`rlft.eval.compare.check_same_tasks` and :func:`~rlft.eval.compare.check_settings`, naming
+    the labels) unless every evaluation of ``files`` (label -> (result, config)) scored the tasks of the first, in the
+    same order, with its settings but for the names in ``allowed``; the notes (allowed differences, settings a file
+    does not record) are printed."""
+    (first_name, first), *rest = files.items()
+    for name, other in rest:
+        check_same_tasks(first[0], other[0], first_name, name)
+        for note in check_settings(first, other, first_name, name, allowed):
+            print(f"note: {note}")
 
 
 def greedy_table(greedy: dict[str, CountdownEvalResult], baseline: str) -> str:
@@ -126,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--passk", action="append", default=[], help="LABEL=EVAL.json, sampled (repeat; one 'start')")
     parser.add_argument("--markdown", type=Path, required=True, help="the tables to write (a new file)")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write (a new file)")
+    parser.add_argument("--allow-setting", action="append", default=[],
+                        help="an evaluation setting allowed to differ between the files (repeat; as eval compare)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     args = parser.parse_args(argv)
     check_picture("--out", args.out)
@@ -143,20 +151,23 @@ def main(argv: list[str] | None = None) -> None:
                   overwrite=args.overwrite)
     if args.baseline not in labels:
         fail(f"--baseline {args.baseline}: no --run or --control has that label")
-    greedy = {**({"start": read_eval_file(args.start)[0]} if args.start else {}),
-              **{label: read_eval_file(p)[0] for label, _, p in runs}}
-    check_all_same_tasks(greedy)
+    greedy_files = {**({"start": read_eval_file(args.start)} if args.start else {}),
+                    **{label: read_eval_file(p) for label, _, p in runs}}
+    allowed = tuple(args.allow_setting)
+    check_all_comparable(greedy_files, allowed)
+    greedy = {label: result for label, (result, _) in greedy_files.items()}
     text = ["## Cost\n", markdown_table(
         ["run", "steps", "groups tried", "kept", "generated tokens", "FLOPs (est.)", "hinted groups",
          "hinted, solved", "sample accuracy"], [[label, *cost(records)] for label, records, _ in runs]),
         "\n## Greedy scores\n", greedy_table(greedy, args.baseline)]
     if passk_specs:
-        sampled = {label: read_eval_file(path)[0] for label, _, path in passk_specs}
+        sampled_files = {label: read_eval_file(path) for label, _, path in passk_specs}
+        sampled = {label: result for label, (result, _) in sampled_files.items()}
         if "start" not in sampled:
             fail("--passk: one file must be labelled start")
         if any(r.k < 2 for r in sampled.values()):
             fail("--passk: sampled evaluations with k >= 2 samples per task are needed")
-        check_all_same_tasks(sampled)
+        check_all_comparable(sampled_files, allowed)
         text += ["\n## pass@k (sampled, temperature 1)\n", passk_table(sampled)]
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.markdown, "\n".join(text) + "\n")

@@ -18,14 +18,15 @@ TASKS = [{"nums": [1, 2, 3], "target": 6}, {"nums": [1, 2, 3], "target": 5}, {"n
          {"nums": [2, 3, 4, 5], "target": 7}]
 
 
-def _eval(path: Path, scores: list[list[float]], tasks: list[dict] = TASKS) -> Path:
+def _eval(path: Path, scores: list[list[float]], tasks: list[dict] = TASKS, config: dict | None = None) -> Path:
     n, k = len(scores), len(scores[0])
     flat = [x for row in scores for x in row]
     path.write_text(json.dumps({
         "num_tasks": n, "k": k, "mode": "greedy" if k == 1 else "sampled", "mean_score": sum(flat) / len(flat),
         "accuracy": 0.0, "format_rate": 1.0, "pass_at_k": {"1": 0.0}, "mean_completion_tokens": 100.0,
         "truncated_rate": 0.0, "task_scores": scores, "tasks": tasks, "task_truncated": [[False] * k] * n,
-        "task_tokens": [[1] * k] * n, "task_values": [[None] * k] * n, "task_certainty": [[None] * k] * n}))
+        "task_tokens": [[1] * k] * n, "task_values": [[None] * k] * n, "task_certainty": [[None] * k] * n,
+        **({"config": config} if config else {})}))
     return path
 
 
@@ -108,3 +109,26 @@ def test_a_control_run_is_costed_compared_and_can_be_the_baseline(tmp_path):
     with pytest.raises(ScriptError, match="a label given twice"):
         screen.main([*args[:4], "--control", f"rl={sft},{control}", *args[4:6], "--markdown", str(tmp_path / "t.md"),
                      "--out", str(tmp_path / "t.png")])
+
+
+def test_evaluations_with_different_settings_are_refused_unless_allowed(tmp_path, capsys):
+    """The same check as `rlft eval compare`: a run scored at another token budget, or with the calculator at another
+    turn budget, is refused naming both labels; --allow-setting accepts it with a note."""
+    cfg = {"max_new_tokens": 256, "prompt_template": "base", "env": None}
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    base = _eval(tmp_path / "a.json", [[0.1]] * 4, config=cfg)
+    runs = ["--run", f"a={_metrics(tmp_path / 'a' / 'metrics.jsonl', False)},{base}", "--baseline", "a"]
+    short = _eval(tmp_path / "b.json", [[1.0]] * 4, config={**cfg, "max_new_tokens": 128})
+    other = ["--run", f"b={_metrics(tmp_path / 'b' / 'metrics.jsonl', False)},{short}"]
+    with pytest.raises(UsageError, match=r"a and b were evaluated with different max_new_tokens \(256 and 128\)"):
+        screen.main([*runs, *other, "--markdown", str(tmp_path / "x.md"), "--out", str(tmp_path / "x.png")])
+    screen.main([*runs, *other, "--allow-setting", "max_new_tokens", "--markdown", str(tmp_path / "y.md"),
+                 "--out", str(tmp_path / "y.png")])
+    assert "note: max_new_tokens differs (allowed): 256 in a, 128 in b" in capsys.readouterr().out
+    calc = {**cfg, "prompt_template": "calc", "env": "countdown-calc", "max_observation_tokens": 32}
+    start = _eval(tmp_path / "s.json", [[0.0]] * 4, config={**calc, "max_turns": 4})
+    run = _eval(tmp_path / "c.json", [[0.1]] * 4, config={**calc, "max_turns": 8})
+    calc_runs = ["--run", f"a={tmp_path / 'a' / 'metrics.jsonl'},{run}", "--baseline", "a"]
+    with pytest.raises(UsageError, match="start and a were evaluated with different max_turns"):
+        screen.main(["--start", str(start), *calc_runs, "--markdown", str(tmp_path / "z.md"),
+                     "--out", str(tmp_path / "z.png")])

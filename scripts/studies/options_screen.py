@@ -38,7 +38,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from rlft.eval.compare import check_same_tasks, check_settings
+from rlft.eval.compare import check_comparable
 from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file, size_summary, subset
 from rlft.eval.report import markdown_table, save_panels
 from rlft.eval.stats import format_difference
@@ -70,18 +70,6 @@ def by_size(result: CountdownEvalResult, rows: list[list[float]], size: int | No
     """The rows (one per task of ``result``) of the tasks with ``size`` numbers (None: all): :func:`subset` of
     ``result`` with ``rows`` as its scores."""
     return subset(replace(result, task_scores=rows), size)
-
-
-def check_all_comparable(files: dict[str, tuple[CountdownEvalResult, dict]], allowed: tuple[str, ...] = ()) -> None:
-    """UsageError (:func:`rlft.eval.compare.check_same_tasks` and :func:`~rlft.eval.compare.check_settings`, naming
-    the labels) unless every evaluation of ``files`` (label -> (result, config)) scored the tasks of the first, in the
-    same order, with its settings but for the names in ``allowed``; the notes (allowed differences, settings a file
-    does not record) are printed."""
-    (first_name, first), *rest = files.items()
-    for name, other in rest:
-        check_same_tasks(first[0], other[0], first_name, name)
-        for note in check_settings(first, other, first_name, name, allowed):
-            print(f"note: {note}")
 
 
 def greedy_table(greedy: dict[str, CountdownEvalResult], baseline: str) -> str:
@@ -154,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     greedy_files = {**({"start": read_eval_file(args.start)} if args.start else {}),
                     **{label: read_eval_file(p) for label, _, p in runs}}
     allowed = tuple(args.allow_setting)
-    check_all_comparable(greedy_files, allowed)
+    notes = check_comparable(greedy_files, allowed)
     greedy = {label: result for label, (result, _) in greedy_files.items()}
     text = ["## Cost\n", markdown_table(
         ["run", "steps", "groups tried", "kept", "generated tokens", "FLOPs (est.)", "hinted groups",
@@ -167,8 +155,10 @@ def main(argv: list[str] | None = None) -> None:
             fail("--passk: one file must be labelled start")
         if any(r.k < 2 for r in sampled.values()):
             fail("--passk: sampled evaluations with k >= 2 samples per task are needed")
-        check_all_comparable(sampled_files, allowed)
+        notes += check_comparable(sampled_files, allowed)
         text += ["\n## pass@k (sampled, temperature 1)\n", passk_table(sampled)]
+    for note in notes:
+        print(f"note: {note}")
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.markdown, "\n".join(text) + "\n")
 

@@ -244,6 +244,23 @@ def check_settings(a: tuple[CountdownEvalResult, dict], b: tuple[CountdownEvalRe
     return notes
 
 
+def check_comparable(files: dict[str, tuple[CountdownEvalResult, dict]], allowed: tuple[str, ...] = ()) -> list[str]:
+    """Refuse a set of evaluations (label -> ``(result, config)``, as :func:`rlft.eval.countdown.read_eval_file`
+    gives) unless each scored the first one's tasks in the same order (:func:`check_same_tasks`) with its settings
+    but for the names in ``allowed`` (:func:`check_settings`); the study scripts' check before they pair files.
+    Returns the notes (allowed differences, settings a file does not record).
+
+    Raises:
+        UsageError: naming the two labels (see :func:`check_same_tasks`, :func:`check_settings`).
+    """
+    (first_name, first), *rest = files.items()
+    notes = []
+    for name, other in rest:
+        check_same_tasks(first[0], other[0], first_name, name)
+        notes += check_settings(first, other, first_name, name, allowed)
+    return notes
+
+
 def slice_rows(a: CountdownEvalResult, b: CountdownEvalResult) -> dict[str, list[int]]:
     """Task indices of each slice of a comparison: ``"all"``, then per count of numbers (``"3"``, ``"4"``, ...) of A's
     tasks when both files record their tasks (else ``"all"`` only)."""

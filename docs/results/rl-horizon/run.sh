@@ -31,7 +31,8 @@ case $stage in
       "$out/sft_s$seed/metrics.jsonl")  # the final model/ (no checkpoint is written at the last step)
     f="$out/val200_sft_s${seed}_$last.json"; [ -f "$f" ] || val "$out/sft_s$seed/model" "$f" ;;
   rl) pool=$4
-    rlft rl --model "$out/start_s$seed" --data "$pool" --advantage grpo --loss ppo \
+    # --num-train 8000: 240 steps try up to 3,840 prompts, none twice (the default 2,000 would repeat them)
+    rlft rl --model "$out/start_s$seed" --data "$pool" --num-train 8000 --advantage grpo --loss ppo \
       --loss-mode seq_mean --filter-groups --lora-r 16 --lora-alpha 32 --lr 2e-4 --k 8 --prompts-per-step 8 \
       --max-steps 240 --max-new-tokens 256 --compile --save-every 20 --keep-checkpoints 12 --seed "$seed" \
       --time-limit "$5" --resume --output-dir "$out/rl_s$seed" ;;

@@ -43,7 +43,10 @@ case $stage in
       [ -f "$m/config.json" ] || python -c "import sys; from rlft.lora import merge_adapter as m; m(*sys.argv[1:])" \
         "$out/start_s$seed" "$ck" "$m"
       val "$m" "$f"
-    done ;;
+    done
+    if [ -f "$out/rl_s$seed/model/config.json" ]; then  # the finished run's model/ (merged; no checkpoint at the end)
+      f="$out/val200_rl_s${seed}_240.json"; [ -f "$f" ] || val "$out/rl_s$seed/model" "$f"
+    fi ;;
   curves) md=$4; png=$5; args=(--curve "sft=$out/sft_s$seed/metrics.jsonl")
     for f in "$out"/val200_sft_s"${seed}"_*.json; do s=${f##*_}; args+=(--point "sft:${s%.json}=$f"); done
     if [ -f "$out/rl_s$seed/metrics.jsonl" ]; then

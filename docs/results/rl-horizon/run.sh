@@ -44,8 +44,10 @@ case $stage in
         "$out/start_s$seed" "$ck" "$m"
       val "$m" "$f"
     done
-    if [ -f "$out/rl_s$seed/model/config.json" ]; then  # the finished run's model/ (merged; no checkpoint at the end)
-      f="$out/val200_rl_s${seed}_240.json"; [ -f "$f" ] || val "$out/rl_s$seed/model" "$f"
+    if [ -f "$out/rl_s$seed/model/config.json" ]; then  # model/ (merged) is the last logged step's, time-limited too
+      last=$(python -c "import sys; from rlft.lab.script_io import read_metrics as r; print(r(sys.argv[1])[-1]['step'])" \
+        "$out/rl_s$seed/metrics.jsonl")
+      f="$out/val200_rl_s${seed}_$last.json"; [ -f "$f" ] || val "$out/rl_s$seed/model" "$f"
     fi ;;
   curves) md=$4; png=$5; args=(--curve "sft=$out/sft_s$seed/metrics.jsonl")
     for f in "$out"/val200_sft_s"${seed}"_*.json; do s=${f##*_}; args+=(--point "sft:${s%.json}=$f"); done

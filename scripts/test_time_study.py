@@ -35,7 +35,8 @@ from pathlib import Path
 
 from rlft.eval.best_of_n import (LABELS, available_selectors, check_same_tasks, equal_cost_comparison, selection_row,
                                  tokens_per_task)
-from rlft.eval.countdown import CountdownEvalResult, other_settings, other_weights, paired_difference, read_eval_file
+from rlft.eval.countdown import (CountdownEvalResult, mean_interval, other_settings, other_weights, paired_difference,
+                                 read_eval_file)
 from rlft.eval.report import markdown_table, plt
 from rlft.eval.select import SELECTORS, selected_scores
 from rlft.eval.stats import format_difference
@@ -81,8 +82,7 @@ def parse_specs(args) -> tuple[list[tuple[str, list[str], bool]], list[tuple[str
 
 def mean_ci(scores: list[float]) -> tuple[float, float]:
     """``(mean, half width of its 95% interval)`` over tasks (normal approximation)."""
-    d = paired_difference([[x] for x in scores], [[0.0]] * len(scores))
-    return d["diff"], d["ci_high"] - d["diff"]
+    return mean_interval([[x] for x in scores])
 
 
 def curves(result: CountdownEvalResult, greedy: list[list[float]] | None, selectors, sizes) -> dict[str, list[dict]]:

@@ -28,7 +28,8 @@ import argparse
 from pathlib import Path
 
 from rlft.eval.compare import check_comparable
-from rlft.eval.countdown import CountdownEvalResult, paired_difference, read_eval_file, size_summary, subset
+from rlft.eval.countdown import (CountdownEvalResult, mean_interval, paired_difference, read_eval_file, size_summary,
+                                 subset)
 from rlft.eval.report import markdown_table, save_panels
 from rlft.eval.stats import format_difference
 from rlft.fsio import atomic_write_text
@@ -166,11 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     for ax, (name, size) in zip(axes, SLICES.items()):
         for i, (label, by_step) in enumerate(points.items()):
             steps = sorted(by_step)
-            means = [paired_difference(subset(by_step[s], size), [[0.0]] * len(subset(by_step[s], size)))
-                     for s in steps]
-            ax.errorbar([x[label, s] for s in steps], [m["diff"] for m in means],
-                        yerr=[[m["diff"] - m["ci_low"] for m in means], [m["ci_high"] - m["diff"] for m in means]],
-                        fmt="o-", capsize=3, color=f"C{i}", label=label)
+            means, halves = zip(*(mean_interval(subset(by_step[s], size)) for s in steps))
+            ax.errorbar([x[label, s] for s in steps], means, yerr=halves, fmt="o-", capsize=3, color=f"C{i}",
+                        label=label)
         ax.set(title=f"{name}", xlabel="estimated training FLOPs from the base model",
                ylabel="greedy score (95% interval of the mean)")
     save_panels(fig, axes, args.out)

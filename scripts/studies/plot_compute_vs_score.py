@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlft.checkpoint import read_metrics
 from rlft.compute import summed_step_seconds  # the continued-SFT budget's own sum
-from rlft.eval.countdown import paired_difference
+from rlft.eval.countdown import mean_interval
 from rlft.lab.script_io import ArgumentParser, check_outputs, check_picture, fail, read_json, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +43,7 @@ def mean_ci(path: Path) -> tuple[float, float]:
     data = load(path)
     if not isinstance(data, dict) or not data.get("task_scores"):
         fail(f"{path}: no task_scores (not an `rlft eval countdown` JSON)")
-    d = paired_difference(data["task_scores"], [[0.0]] * len(data["task_scores"]))
-    return d["diff"], d["ci_high"] - d["diff"]
+    return mean_interval(data["task_scores"])
 
 
 def sft_steps(metrics: Path) -> int:

@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 
 from rlft.compute import final_flops
-from rlft.eval.countdown import paired_difference, read_eval_file
+from rlft.eval.countdown import mean_interval, paired_difference, read_eval_file
 from rlft.eval.report import markdown_table
 from rlft.eval.stats import format_difference
 from rlft.fsio import atomic_write_text
@@ -49,13 +49,6 @@ def files(study: Path, arm: str, seed: int) -> dict[str, Path]:
 def scores(task_scores: list[list[float]], tasks: list[dict], size: str) -> list[list[float]]:
     """The rows of ``task_scores`` whose task has ``size`` numbers ('all': every row)."""
     return [s for s, t in zip(task_scores, tasks) if size == "all" or len(t["nums"]) == int(size)]
-
-
-def mean_interval(rows: list[list[float]]) -> tuple[float, float]:
-    """Mean of the per-task means of ``rows`` and the half-width of its 95% interval (unpaired: the paired
-    difference against a score of 0, as scripts/studies/plot_compute_vs_score.py)."""
-    d = paired_difference(rows, [[0.0]] * len(rows))
-    return d["diff"], d["ci_high"] - d["diff"]
 
 
 def arm_row(paths: dict[str, Path]) -> dict:

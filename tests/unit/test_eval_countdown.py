@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from rlft.eval.countdown import CountdownEvalResult, evaluate_countdown, paired_difference, pass_at_k_sizes
+from rlft.eval.countdown import (CountdownEvalResult, evaluate_countdown, mean_interval, paired_difference,
+                                 pass_at_k_sizes)
 from rlft.eval.countdown_command import EvalCountdownConfig, run_eval_countdown
 from rlft.lab.test_looks import run_eval_countdown_counted
 from rlft.rollout import GenerationEngine, Sample, SamplingParams
@@ -112,6 +113,15 @@ def test_errors():
         evaluate_countdown(engine, [], [], SamplingParams(temperature=0.0))
     with pytest.raises(ValueError):  # the engine returns 1 sample where 2 were asked for
         evaluate_countdown(engine, tasks, prompts, SamplingParams(k=2))
+
+
+def test_mean_interval_hand_computed():
+    """Per-task means [0.5, 0.1, 0.1, 0] (k=2): mean 0.7/4 = 0.175; squared deviations .105625 + .005625 + .005625 +
+    .030625 = 0.1475, / 3 sample variance; half width 1.96 * sqrt(0.1475/3) / 2."""
+    mean, half = mean_interval([[1.0, 0.0], [0.1, 0.1], [0.1, 0.1], [0.0, 0.0]])
+    assert mean == pytest.approx(0.175, abs=1e-12)
+    assert half == pytest.approx(1.959963984540054 * (0.1475 / 3) ** 0.5 / 2, abs=1e-12)
+    assert mean_interval([[0.1]]) == (pytest.approx(0.1), 0.0)
 
 
 def test_paired_difference_hand_computed():

@@ -362,6 +362,14 @@ def paired_difference(a: list[list[float]], b: list[list[float]], *, z: float = 
             "better": sum(x > 0 for x in d), "worse": sum(x < 0 for x in d)}
 
 
+def mean_interval(task_scores: list[list[float]], *, z: float = Z_95) -> tuple[float, float]:
+    """``(mean, half-width of its 95% interval)`` of one model's score over N tasks (``task_scores``: shape (N, k), the
+    per-task means averaged), unpaired: :func:`paired_difference` against a score of 0 on every task. Raises
+    ValueError as it does."""
+    d = paired_difference(task_scores, [[0.0]] * len(task_scores), z=z)
+    return d["diff"], d["ci_high"] - d["diff"]
+
+
 def print_result(result: CountdownEvalResult, title: str = "Countdown eval") -> None:
     """Print the metrics as a rich table, then the per-size table when the tasks have several sizes."""
     from rich.console import Console

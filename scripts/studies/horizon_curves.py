@@ -48,20 +48,32 @@ def step_flops(records: list[dict]) -> dict[int, float]:
     return flops
 
 
-def parse(spec: str, option: str, form: str) -> tuple[str, str, str]:
-    """``LABEL:STEP=PATH`` (``form`` "label:step=path") -> (label, step, path), or ``LABEL=OTHER:STEP``
-    ("label=other:step") -> (label, other, step); ScriptError naming the option if malformed (the step must be a
-    whole number)."""
-    left, sep, right = spec.partition("=")
-    if form == "label:step=path":
-        a, colon, step = left.rpartition(":")
-        parts = (a, step, right)
-    else:
-        a, colon, step = right.rpartition(":")
-        parts = (left, a, step)
-    if not sep or not colon or not all(x.strip() for x in parts) or not step.strip().isdigit():
-        fail(f"{option} {spec!r}: expected {form.upper()}")
-    return tuple(x.strip() for x in parts)
+def labelled_step(text: str, usage: str) -> tuple[str, int]:
+    """``LABEL:STEP`` -> (label, step); ScriptError ``usage`` unless the label is not empty and the step is a whole
+    number."""
+    label, colon, step = text.rpartition(":")
+    if not colon or not label.strip() or not step.strip().isdigit():
+        fail(usage)
+    return label.strip(), int(step)
+
+
+def parse_point(spec: str) -> tuple[str, int, str]:
+    """``--point LABEL:STEP=PATH`` -> (label, step, path); ScriptError if malformed."""
+    usage = f"--point {spec!r}: expected LABEL:STEP=PATH"
+    left, _, path = spec.partition("=")
+    label, step = labelled_step(left, usage)
+    if not path.strip():
+        fail(usage)
+    return label, step, path.strip()
+
+
+def parse_from(spec: str) -> tuple[str, str, int]:
+    """``--from LABEL=OTHER:STEP`` -> (label, other, step); ScriptError if malformed."""
+    usage = f"--from {spec!r}: expected LABEL=OTHER:STEP"
+    label, _, right = spec.partition("=")
+    if not label.strip():
+        fail(usage)
+    return (label.strip(), *labelled_step(right, usage))
 
 
 def offsets(curves: dict[str, dict[int, float]], starts: dict[str, tuple[str, int]]) -> dict[str, float]:
@@ -126,22 +138,21 @@ def main(argv: list[str] | None = None) -> None:
     labels = [label.strip() for label, _, _ in specs]
     if len(set(labels)) < len(labels):
         fail(f"--curve: a label given twice among {labels}")
-    point_specs = [parse(spec, "--point", "label:step=path") for spec in args.point]
+    point_specs = [parse_point(spec) for spec in args.point]
     check_outputs({"--out": args.out, "--markdown": args.markdown},
                   [*(Path(p.strip()) for _, _, p in specs), *(Path(p) for _, _, p in point_specs)],
                   overwrite=args.overwrite)
     flops = {label.strip(): step_flops(read_metrics(path.strip())) for label, _, path in specs}
     starts = {}
     for spec in args.starts:
-        label, other, step = parse(spec, "--from", "label=other:step")
+        label, other, step = parse_from(spec)
         if label not in flops:
             fail(f"--from {spec}: no --curve is labelled {label}")
-        starts[label] = (other, int(step))
+        starts[label] = (other, step)
     before = offsets(flops, starts)
     points: dict[str, dict[int, CountdownEvalResult]] = {label: {} for label in labels}
     files, x = {}, {}
     for label, step, path in point_specs:
-        step = int(step)
         if label not in flops:
             fail(f"--point {label}:{step}: no --curve is labelled {label}")
         if step not in flops[label]:

@@ -67,6 +67,8 @@ def test_bad_input_is_named_in_one_line(tmp_path):
         curves.main(["--curve", f"sft={sft}", "--point", f"sft:3={s1}", *out])
     with pytest.raises(ScriptError, match="expected LABEL:STEP=PATH"):
         curves.main(["--curve", f"sft={sft}", "--point", f"sft:two={s1}", *out])
+    with pytest.raises(ScriptError, match="expected LABEL=OTHER:STEP"):
+        curves.main(["--curve", f"sft={sft}", "--from", "sft=other", "--point", f"sft:1={s1}", *out])
     with pytest.raises(ScriptError, match="a cycle through a -> b -> a"):
         curves.main(["--curve", f"a={sft}", "--curve", f"b={sft}", "--from", "a=b:1", "--from", "b=a:1",
                      "--point", f"a:1={s1}", *out])

@@ -11,11 +11,13 @@
 #   run.sh rl-evals SEED OUT POOL       each RL checkpoint (every 20 steps) merged into the start and scored as above
 #   run.sh sftc SEED OUT POOL STEPS     the control: the same SFT run continued (same traces, same lr) to STEPS steps
 #   run.sh curves SEED OUT MD PNG       scripts/studies/horizon_curves.py over every scored point
-set -euo pipefail
+set -euo pipefail; shopt -s nullglob  # a stage with nothing to score yet loops over nothing
 stage=$1; seed=$2; out=$3
 sft=(--data countdown --preset standard --give-up 0 --max-tries 6 --num-train 50000 --trace-style bounded
      --prompt-template base --batch-size 16 --lr 1e-4 --schedule constant --warmup-ratio 0.03 --save-every 50
      --keep-checkpoints 16 --seed "$seed" --output-dir "$out/sft_s$seed")
+last_step() {  # the last step a run's metrics.jsonl logs: its model/ (no checkpoint is written at a run's end)
+  python -c "import sys; from rlft.lab.script_io import read_metrics as r; print(r(sys.argv[1])[-1]['step'])" "$1"; }
 val() { rlft eval countdown --model "$1" --data "$pool" --split validation --limit 200 --max-new-tokens 256 --output "$2"; }
 case $stage in
   sft) pool=$4; rlft sft "${sft[@]}" --heldout-data "$pool" --max-steps 300
@@ -27,9 +29,8 @@ case $stage in
       step=$((10#${ck##*step-})); f="$out/val200_sft_s${seed}_$step.json"
       [ -f "$f" ] || val "$ck" "$f"
     done
-    last=$(python -c "import sys; from rlft.lab.script_io import read_metrics as r; print(r(sys.argv[1])[-1]['step'])" \
-      "$out/sft_s$seed/metrics.jsonl")  # the final model/ (no checkpoint is written at the last step)
-    f="$out/val200_sft_s${seed}_$last.json"; [ -f "$f" ] || val "$out/sft_s$seed/model" "$f" ;;
+    f="$out/val200_sft_s${seed}_$(last_step "$out/sft_s$seed/metrics.jsonl").json"
+    [ -f "$f" ] || val "$out/sft_s$seed/model" "$f" ;;
   rl) pool=$4
     # --num-train 8000: 240 steps try up to 3,840 prompts, none twice (the default 2,000 would repeat them)
     rlft rl --model "$out/start_s$seed" --data "$pool" --num-train 8000 --advantage grpo --loss ppo \
@@ -45,9 +46,8 @@ case $stage in
       val "$m" "$f"
     done
     if [ -f "$out/rl_s$seed/model/config.json" ]; then  # model/ (merged) is the last logged step's, time-limited too
-      last=$(python -c "import sys; from rlft.lab.script_io import read_metrics as r; print(r(sys.argv[1])[-1]['step'])" \
-        "$out/rl_s$seed/metrics.jsonl")
-      f="$out/val200_rl_s${seed}_$last.json"; [ -f "$f" ] || val "$out/rl_s$seed/model" "$f"
+      f="$out/val200_rl_s${seed}_$(last_step "$out/rl_s$seed/metrics.jsonl").json"
+      [ -f "$f" ] || val "$out/rl_s$seed/model" "$f"
     fi ;;
   curves) md=$4; png=$5; args=(--curve "sft=$out/sft_s$seed/metrics.jsonl")
     for f in "$out"/val200_sft_s"${seed}"_*.json; do s=${f##*_}; args+=(--point "sft:${s%.json}=$f"); done

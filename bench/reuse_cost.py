@@ -82,7 +82,7 @@ def main(argv=None) -> dict:
     from rlft.lora import apply_lora
     from rlft.losses.pg import make_objective
     from rlft.models import pick_device
-    from rlft.recipes.common import optimizer_kernels
+    from rlft.recipes.optim import optimizer_kernels
     from rlft.rl.batch import PassPlan, policy_loss_backward, rollout_batch
     from rlft.rl.config import RLConfig
     from rlft.rollout.base import SamplingParams

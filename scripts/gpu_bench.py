@@ -12,7 +12,7 @@ compile (``--compile``: rlft.recipes.memory.compile_layers) and compile+packing 
 by ``--max-tokens-per-micro-batch``. MFU = 6 x parameters x real tokens / step seconds / ``--peak-tflops``
 (attention FLOPs not counted; tied embeddings counted once, as the LM head). ``--variants``: ``new`` (today's
 kernels) and ``old`` (those of 2026-11-27: right-padded batches keep their attention mask, AdamW its foreach
-kernels; :data:`rlft.ops.CAUSAL_RIGHT_PADDING_DEVICES`, :data:`rlft.recipes.common.FUSED_ADAMW_DEVICES` emptied).
+kernels; :data:`rlft.ops.CAUSAL_RIGHT_PADDING_DEVICES`, :data:`rlft.recipes.optim.FUSED_ADAMW_DEVICES` emptied).
 
 No run starts after ``--time-budget`` seconds (240: the whole script within 5 minutes on an H100; skipped runs
 are listed). Order: decoding, then eager, compile, compile+packing training (the first compiled step of each
@@ -45,7 +45,7 @@ from rlft.data.tokenize import TokenizedExample  # noqa: E402
 from rlft.models import pick_device  # noqa: E402
 from rlft.precision import mark  # noqa: E402
 import rlft.ops as ops  # noqa: E402
-import rlft.recipes.common as common  # noqa: E402
+import rlft.recipes.optim as optim  # noqa: E402
 from rlft.recipes.common import optimizer_step, prepare_training, step_micro_batches, step_order  # noqa: E402
 from rlft.recipes.dpo import DPOConfig, build_preference_loss, pair_batch_tokens, preference_backward  # noqa: E402
 from rlft.recipes.dpo_data import TokenizedPair  # noqa: E402
@@ -66,7 +66,7 @@ SHAPES = {
 }
 DECODERS = {"drop": "rlft drop", "static": "rlft static", "generate": "hf generate (dynamic)"}
 MODES = ("eager", "compile", "compile+packing")
-TODAYS_DEVICES = (ops.CAUSAL_RIGHT_PADDING_DEVICES, common.FUSED_ADAMW_DEVICES)  # what --variants new restores
+TODAYS_DEVICES = (ops.CAUSAL_RIGHT_PADDING_DEVICES, optim.FUSED_ADAMW_DEVICES)  # what --variants new restores
 
 
 class IdTokenizer:
@@ -132,7 +132,7 @@ def random_sequences(n: int, length: int, vocab: int, rng: random.Random,
 def bench_train(task: str, mode: str, rows: int, length: int, model, spec, args, n_params: int, run_dir: Path,
                 variant: str = "new") -> dict:
     old = variant == "old"  # the kernels of 2026-11-27 (module docstring); new: rlft's own defaults
-    ops.CAUSAL_RIGHT_PADDING_DEVICES, common.FUSED_ADAMW_DEVICES = ((), ()) if old else TODAYS_DEVICES
+    ops.CAUSAL_RIGHT_PADDING_DEVICES, optim.FUSED_ADAMW_DEVICES = ((), ()) if old else TODAYS_DEVICES
     vocab = model.config.vocab_size
     rng = random.Random(rows * 100_003 + length)
     options = dict(model="random-init", device=str(spec.device), lr=1e-5, save_every=0,

@@ -50,7 +50,8 @@ class RunOptions(DeviceOptions):
     """A training run's folder: checkpoints, resuming, replacing (and ``--device``, ``--dtype``)."""
 
     save_every: Annotated[int, NON_NEGATIVE] = 50
-    """Write a resumable checkpoint every this many steps (0: only the final model)."""
+    """Write a resumable checkpoint every this many steps and after the last one, which --resume with a longer
+    --max-steps continues (0: only the final model)."""
     keep_checkpoints: Annotated[int, POSITIVE_INT] = 2
     """How many recent checkpoints to keep."""
     resume: bool = False

@@ -150,6 +150,7 @@ def test_a_moved_demo_resumes_its_unfinished_stage(demo_model_dir, tmp_path):
     run_demo(cfg)
     shutil.rmtree(old / "rl" / "model")  # as if killed after RL's step-1 checkpoint
     shutil.rmtree(old / "rl" / "adapter", ignore_errors=True)
+    shutil.rmtree(old / "rl" / "checkpoints" / "step-00000002")  # the last step's, written beside model/
     assert [c.name for c in checkpoint_folders(old / "rl")] == ["step-00000001"]
     new = tmp_path / "archive" / "demo-moved"
     new.parent.mkdir()

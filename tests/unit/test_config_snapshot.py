@@ -53,6 +53,8 @@ HELP_REWORDED["rloo"] |= {"--gen-batch-size", "--micro-batch-size"}
 for _command in ("rl", "rloo"):  # --curriculum pass-rate (rlft.rl.pass_rate) and the count_rank buckets, 2026-12-06
     HELP_REWORDED[_command] |= {"--curriculum", "--curriculum-buckets", "--curriculum-alpha"}
     HELP_REWORDED[_command] |= {"--reward"}  # names 'countdown_accuracy' (no format credit), 2026-12-06
+for _command in ("sft", "rl", "rloo"):  # a checkpoint after the last step too, which a longer run resumes (2026-12-07)
+    HELP_REWORDED[_command] |= {"--save-every"}
 DEFAULT_CHANGED: dict[str, dict[str, str]] = {"demo": {"--sft-steps": "(default: 40)", "--passk": "(default: 0)",
                                                        "--pairs-prompts": "(default: 128)",
                                                        "--eval-batch-size": "(default: 256)"},

@@ -16,8 +16,8 @@ from rlft.cli import main
 from rlft.models import DeviceSpec
 from rlft.options import OptimizerOptions
 from rlft.precision import NonFiniteError, check_training_dtype, non_finite_tensors
-from rlft.recipes.common import (TrainingSetup, check_finite_weights, make_scheduler, optimizer_step, prepare_training,
-                                 save_final)
+from rlft.recipes.common import TrainingSetup, check_finite_weights, optimizer_step, prepare_training, save_final
+from rlft.recipes.optim import make_scheduler
 from rlft.validation import OptionError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

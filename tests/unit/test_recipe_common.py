@@ -39,14 +39,14 @@ def test_adamw_is_the_default_and_unknown_optimizers_fail(tiny_model_dir, tmp_pa
 
 
 def test_fused_adamw_only_for_adamw_on_listed_devices_unsharded(monkeypatch):
-    import rlft.recipes.common as common
+    import rlft.recipes.optim as optim
 
     cpu = [torch.nn.Parameter(torch.zeros(2))]
-    assert common.optimizer_kernels("adamw", cpu, sharded=False) == {}  # CPU keeps torch's default kernels
-    monkeypatch.setattr(common, "FUSED_ADAMW_DEVICES", ("cpu",))
-    assert common.optimizer_kernels("adamw", cpu, sharded=False) == {"fused": True}
-    assert common.optimizer_kernels("adamw", [{"params": cpu, "lr": 1.0}], sharded=False) == {"fused": True}
-    assert common.optimizer_kernels("adamw", cpu, sharded=True) == {}
-    assert common.optimizer_kernels("sgd", cpu, sharded=False) == {}
-    assert common.optimizer_kernels("adamw", [], sharded=False) == {}
-    torch.optim.AdamW(cpu, lr=1e-3, **common.optimizer_kernels("adamw", cpu, sharded=False))  # torch accepts it
+    assert optim.optimizer_kernels("adamw", cpu, sharded=False) == {}  # CPU keeps torch's default kernels
+    monkeypatch.setattr(optim, "FUSED_ADAMW_DEVICES", ("cpu",))
+    assert optim.optimizer_kernels("adamw", cpu, sharded=False) == {"fused": True}
+    assert optim.optimizer_kernels("adamw", [{"params": cpu, "lr": 1.0}], sharded=False) == {"fused": True}
+    assert optim.optimizer_kernels("adamw", cpu, sharded=True) == {}
+    assert optim.optimizer_kernels("sgd", cpu, sharded=False) == {}
+    assert optim.optimizer_kernels("adamw", [], sharded=False) == {}
+    torch.optim.AdamW(cpu, lr=1e-3, **optim.optimizer_kernels("adamw", cpu, sharded=False))  # torch accepts it

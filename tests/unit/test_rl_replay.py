@@ -185,7 +185,7 @@ def test_without_engine_log_probs_the_buffer_keeps_the_trainers(tiny_model_dir, 
     assert not any("mismatch/abs_logp_mean" in r for r in records)  # nothing to compare with
     assert [r["replay/share"] for r in records] == pytest.approx([0.0, 0.5, 0.5])
     assert all(r["replay/abs_log_ratio_mean"] > 0 for r in records[1:])
-    state = read_trainer_state(latest_checkpoint(tmp_path / "nolp"))["replay"]
+    state = read_trainer_state(tmp_path / "nolp" / "checkpoints" / "step-00000002")["replay"]  # after step 2
     assert [g["step"] for g in state["groups"]] == [1] * 4
     assert all(s["logprobs"] is not None and len(s["logprobs"]) == len(s["completion_ids"])
                for g in state["groups"] for s in g["samples"])
@@ -220,7 +220,7 @@ def same_buffer(a: dict, b: dict) -> None:
 def test_a_killed_and_resumed_replay_run_keeps_the_buffer_and_draws(tiny_model_dir, tmp_path, monkeypatch):
     # draws sample from 12 stored groups, 6 at a time; the KL in the reward makes replayed rows need the pre-update pass
     cfg = make_cfg(tiny_model_dir, tmp_path / "a", replay_size=6, max_staleness=3, prompts_per_step=4, max_steps=6,
-                   save_every=2, beta=0.05, max_new_tokens=3)
+                   save_every=2, keep_checkpoints=3, beta=0.05, max_new_tokens=3)  # kept: steps 2, 4 and 6
     draws_a = recording_draws(monkeypatch)
     train_rl(cfg)
     a = read_metrics(tmp_path / "a" / "metrics.jsonl")

@@ -32,7 +32,7 @@ def tree(folder: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def finished(tiny_model_dir, tmp_path_factory):
-    """An uninterrupted 8-step run with checkpoints at steps 2, 4, 6 (kept: 3)."""
+    """An uninterrupted 8-step run with checkpoints at steps 2, 4, 6 and 8 (kept: 3)."""
     out = tmp_path_factory.mktemp("finished") / "run"
     cfg = make_cfg(tiny_model_dir, out, keep_checkpoints=3)
     train_sft(cfg)
@@ -183,7 +183,7 @@ def test_partial_saves_are_removed_and_torn_metrics_lines_dropped(finished, tmp_
 
 def test_keep_checkpoints_and_manifest(finished):
     folders = checkpoint_folders(finished["dir"])
-    assert [f.name for f in folders] == ["step-00000006", "step-00000004", "step-00000002"]
+    assert [f.name for f in folders] == ["step-00000008", "step-00000006", "step-00000004"]
     manifest = json.loads((folders[0] / "manifest.json").read_text())["files"]
     assert {"model.safetensors", "trainer_state.pt", "config.json"} <= set(manifest)
     assert all(checkpoint_problem(f) is None for f in folders)

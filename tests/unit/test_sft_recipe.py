@@ -87,9 +87,9 @@ def test_run_writes_expected_layout(run_a):
     assert (out / "model" / "config.json").is_file()
     assert (out / "model" / "tokenizer_config.json").is_file()
     assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == STEPS
-    # save_every=2 over 8 steps: checkpoints at 2, 4, 6 (the end is the final model), 2 kept.
-    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-00000004", "step-00000006"]
-    assert latest_checkpoint(out).name == "step-00000006"
+    # save_every=2 over 8 steps: checkpoints at 2, 4, 6 and 8 (the last step, beside the final model), 2 kept.
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-00000006", "step-00000008"]
+    assert latest_checkpoint(out).name == "step-00000008"
 
 
 def test_loss_falls(run_a):
@@ -216,6 +216,45 @@ def test_resume_reproduces_uninterrupted_run(run_a, tiny_model_dir, tmp_path, in
     for ra, rb in zip(a_metrics, b_metrics):
         for key in ("loss/sft", "lr", "grad_norm", "tokens", "epoch", "tokens/trained_total", "flops/estimated"):
             assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
+
+
+def test_resume_with_longer_max_steps_goes_on_from_the_last_step(tiny_model_dir, tmp_path, rlft_log):
+    """A finished 8-step run (constant rate) resumed with --max-steps 11 starts at its step-8 checkpoint, not at step 6
+    (the last multiple of save_every=2), and ends with the weights and metrics of an 11-step run from the start; its
+    last step, 11, no multiple of save_every, is checkpointed all the same."""
+    constant = {"schedule": "constant"}
+    extended = tmp_path / "extended"
+    train_sft(make_cfg(tiny_model_dir, extended, **constant))
+    train_sft(make_cfg(tiny_model_dir, extended, max_steps=11, resume=True, **constant))
+    assert f"resuming from {extended / 'checkpoints' / 'step-00000008'} at step 8" in rlft_log.text
+    assert "schedule is redrawn" not in rlft_log.text  # a constant rate is the same over 8 steps or 11
+    assert latest_checkpoint(extended).name == "step-00000011"
+    straight = train_sft(make_cfg(tiny_model_dir, tmp_path / "straight", max_steps=11, **constant))
+    a_weights, b_weights = load_weights(straight), load_weights(extended / "model")
+    for name in a_weights:
+        assert torch.allclose(a_weights[name], b_weights[name], atol=1e-6, rtol=0), name
+    a_metrics = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    b_metrics = read_metrics(extended / "metrics.jsonl")
+    assert [r["step"] for r in b_metrics] == list(range(1, 12))
+    for ra, rb in zip(a_metrics, b_metrics):
+        assert rb["loss/sft"] == pytest.approx(ra["loss/sft"], abs=1e-6), ra["step"]
+        assert rb["lr"] == ra["lr"] == 3e-3
+
+
+def test_resume_with_longer_max_steps_redraws_a_cosine_schedule(run_a, tiny_model_dir, tmp_path, rlft_log):
+    """run_a's cosine rate reaches 0 after its 8 steps; resumed to 11, steps 9-11 apply the cosine over 11 steps
+    (3e-3 x (1 + cos(pi x s / 11)) / 2 at s = 8, 9, 10: by hand), not the checkpoint's 0, with a warning saying so."""
+    import math
+    import shutil
+
+    extended = tmp_path / "extended"
+    shutil.copytree(run_a["dir"], extended)  # a moved run folder resumes
+    train_sft(make_cfg(tiny_model_dir, extended, max_steps=11, resume=True))
+    rates = [r["lr"] for r in read_metrics(extended / "metrics.jsonl")]
+    assert rates[7] == pytest.approx(3e-3 * (1 + math.cos(math.pi * 7 / 8)) / 2, rel=1e-9)  # the 8-step cosine
+    assert rates[8:] == pytest.approx([3e-3 * (1 + math.cos(math.pi * s / 11)) / 2 for s in (8, 9, 10)], rel=1e-9)
+    assert "--resume: the learning-rate schedule is redrawn over 11 steps; step 9 applies 0.0005177, not the " \
+           "checkpoint's 0" in rlft_log.text
 
 
 def test_resume_without_checkpoint_starts_from_scratch(tiny_model_dir, tmp_path, rlft_log):

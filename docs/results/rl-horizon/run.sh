@@ -16,7 +16,7 @@ stage=$1; seed=$2; out=$3
 sft=(--data countdown --preset standard --give-up 0 --max-tries 6 --num-train 50000 --trace-style bounded
      --prompt-template base --batch-size 16 --lr 1e-4 --schedule constant --warmup-ratio 0.03 --save-every 50
      --keep-checkpoints 16 --seed "$seed" --output-dir "$out/sft_s$seed")
-last_step() {  # the last step a run's metrics.jsonl logs: its model/ (no checkpoint is written at a run's end)
+last_step() {  # the last step a run's metrics.jsonl logs: its model/ (rlft before 2026-12-07 wrote no checkpoint then)
   python -c "import sys; from rlft.lab.script_io import read_metrics as r; print(r(sys.argv[1])[-1]['step'])" "$1"; }
 val() { rlft eval countdown --model "$1" --data "$pool" --split validation --limit 200 --max-new-tokens 256 --output "$2"; }
 case $stage in

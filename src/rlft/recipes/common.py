@@ -37,6 +37,7 @@ from rlft.fsio import atomic_write_json
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.options import resolved_strategy
 from rlft.precision import NonFiniteError, check_training_dtype, is_finite, non_finite_tensors
+from rlft.recipes.optim import OPTIMIZERS, make_scheduler, optimizer_kernels, rate_of_this_schedule
 from rlft.recipes.memory import check_scale_options, compile_layers, cut_by_tokens, enable_gradient_checkpointing
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
 from rlft.tracking import Tracker, attach_tracker
@@ -88,14 +89,6 @@ def step_plan(num_examples: int, cfg) -> tuple[int, int]:
         return steps_per_epoch, cfg.max_steps
     check_step_count(cfg.epochs * steps_per_epoch, f"--epochs {cfg.epochs:g} ({steps_per_epoch:,} steps an epoch)")
     return steps_per_epoch, max(1, math.ceil(cfg.epochs * steps_per_epoch))
-
-
-def make_scheduler(name: str, optimizer, warmup_steps: int, total_steps: int):
-    """``cosine`` / ``linear`` decay or ``constant`` after linear warmup (transformers' schedulers)."""
-    from transformers import get_scheduler
-
-    hf_name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[name]
-    return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
 
 def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> list[int]:
@@ -151,26 +144,6 @@ def step_micro_batches(items: list, cfg, size: Callable[[list], int], pad: bool)
     if pad and items:
         chunks += [(items[:1], False)] * (distributed.most(len(chunks)) - len(chunks))
     return chunks
-
-
-OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-"""The optimizers ``prepare_training`` builds, by name (SGD: plain, no momentum)."""
-
-
-
-FUSED_ADAMW_DEVICES: tuple[str, ...] = ("cuda",)
-"""Device types whose AdamW runs torch's fused kernel (one launch for every parameter, instead of the ``foreach``
-kernels' several per group); not on CPU, where it would change every recorded run's rounding."""
-
-
-def optimizer_kernels(name: str, params: list, sharded: bool) -> dict[str, bool]:
-    """Extra keyword arguments of optimizer ``name`` for ``params`` (tensors or parameter-group dicts):
-    ``{"fused": True}`` for AdamW when every parameter lies on a device type of :data:`FUSED_ADAMW_DEVICES` and
-    the model is not sharded (FSDP2's DTensors keep the default), as transformers' Trainer does with its default
-    ``adamw_torch_fused``; else ``{}`` (torch's default kernels). The update is AdamW's either way."""
-    tensors = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
-    on_device = bool(tensors) and all(p.device.type in FUSED_ADAMW_DEVICES for p in tensors)
-    return {"fused": True} if name == "adamw" and on_device and not sharded else {}
 
 
 @dataclass
@@ -263,6 +236,7 @@ def prepare_training(
         restore_trainer_state(state, optim, scheduler, model)
         start_step = state["step"]
         log.info("resuming from %s at step %d", ckpt, start_step)
+        rate_of_this_schedule(optim, scheduler, start_step, total_steps)
     if distributed.is_main():
         metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
     else:
@@ -352,7 +326,7 @@ def optimizer_step(setup: TrainingSetup, max_grad_norm: float, *, loss: float | 
     if not is_finite(grad_norm):
         setup.optimizer.zero_grad(set_to_none=True)
         _stop(setup, f"gradient norm is {float(grad_norm)}")
-    lr = setup.scheduler.get_last_lr()[0]  # the rate this step applies
+    lr = setup.optimizer.param_groups[0]["lr"]  # the rate this step applies (set by the scheduler, or on resume)
     setup.optimizer.step()
     setup.scheduler.step()
     setup.optimizer.zero_grad(set_to_none=True)
@@ -407,12 +381,13 @@ def save_training_checkpoint(setup: TrainingSetup, run_dir: Path, step: int, tok
 def checkpoint_if_due(setup: TrainingSetup, run_dir: Path, step: int, total_steps: int, tokenizer, cfg,
                       extra_state: Callable[[], dict] | None = None) -> None:
     """After optimizer step ``step`` (1-based) of ``total_steps``: :func:`save_training_checkpoint` every
-    ``cfg.save_every`` steps (0: never), except after the last step (the final model is written instead), keeping
-    ``cfg.keep_checkpoints``. Call it on every rank. Records ``step`` as ``setup.step`` (the steps finished, named by
-    :func:`optimizer_step`'s errors). ``extra_state()``: the recipe's own keys of ``trainer_state.pt``, called only
-    when a checkpoint is written."""
+    ``cfg.save_every`` steps and after the last step (0: never), keeping ``cfg.keep_checkpoints``. The last step's
+    checkpoint (as Hugging Face's Trainer saves at the end) lets ``--resume`` with a longer ``--max-steps`` go on
+    from where the run ended instead of redoing the steps after the last multiple of ``save_every``. Call it on every
+    rank. Records ``step`` as ``setup.step`` (the steps finished, named by :func:`optimizer_step`'s errors).
+    ``extra_state()``: the recipe's own keys of ``trainer_state.pt``, called only when a checkpoint is written."""
     setup.step = step
-    if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
+    if cfg.save_every and (step % cfg.save_every == 0 or step == total_steps):
         save_training_checkpoint(setup, run_dir, step, tokenizer, keep=cfg.keep_checkpoints, config=cfg,
                                  extra_state=extra_state() if extra_state is not None else None)
 

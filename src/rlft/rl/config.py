@@ -57,7 +57,8 @@ class RLRunOptions(RunOptions):
     device)."""
 
     save_every: Annotated[int, NON_NEGATIVE] = 25
-    """Write a resumable checkpoint every this many steps (0: only the final model)."""
+    """Write a resumable checkpoint every this many steps and after the last one, which --resume with a longer
+    --max-steps continues (0: only the final model)."""
     model: str = DEFAULT_MODEL
     """Initial policy: built-in name, local HF folder (e.g. an SFT run's model/), or Hub id."""
     num_train: Annotated[int, POSITIVE_INT] = DEFAULT_NUM_TRAIN

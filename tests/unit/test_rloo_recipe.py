@@ -514,6 +514,28 @@ def test_resume_reproduces_uninterrupted_run(uninterrupted, tmp_path, monkeypatc
         assert torch.allclose(wa[name], wb[name], atol=1e-6, rtol=0), name
 
 
+def test_a_finished_run_resumed_with_a_longer_max_steps_goes_on_from_its_last_step(uninterrupted, tmp_path, rlft_log):
+    """A 4-step run (save_every=2, so its last checkpoint is the one after step 4, written as the run ends) resumed
+    with --max-steps 6 starts at step 4 and ends as the uninterrupted 6-step run: the same sampled rewards, losses
+    and weights (the evaluation it ran at its end, step 4, draws nothing from the sampler's generator)."""
+    cfg_a, out_a = uninterrupted
+    cfg = replace(cfg_a, output_dir=str(tmp_path / "b"), max_steps=4)
+    train_rl(cfg)
+    assert latest_checkpoint(tmp_path / "b").name == "step-00000004"
+    train_rl(replace(cfg, max_steps=RESUME_STEPS, resume=True))
+    assert f"resuming from {tmp_path / 'b' / 'checkpoints' / 'step-00000004'} at step 4" in rlft_log.text
+    a, b = read_metrics(out_a / "metrics.jsonl"), read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(0, RESUME_STEPS + 1))
+    assert [r["step"] for r in b if "eval/score" in r] == [0, 3, 4, 6]  # the 4-step run's last step was evaluated
+    for ra, rb in zip(a, b):
+        for key in ("reward/mean", "kl/mean", "loss/policy", "grad_norm", "lr", "samples/total", "flops/estimated"):
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], abs=1e-6), (ra["step"], key)
+    wa, wb = load_weights(out_a / "model"), load_weights(tmp_path / "b" / "model")
+    for name in wa:
+        assert torch.allclose(wa[name], wb[name], atol=1e-6, rtol=0), name
+
+
 @pytest.mark.parametrize("stop", ["time_limit", "max_flops"])
 def test_a_time_or_compute_limit_stops_the_run_and_resume_continues_it(uninterrupted, tmp_path, stop):
     """--time-limit (here far below one step) stops the run after its first step, --max-flops (the uninterrupted

@@ -37,8 +37,8 @@ from rlft.fsio import atomic_write_json
 from rlft.models import DeviceSpec, load_model, load_tokenizer, pick_device
 from rlft.options import resolved_strategy
 from rlft.precision import NonFiniteError, check_training_dtype, is_finite, non_finite_tensors
-from rlft.recipes.optim import OPTIMIZERS, make_scheduler, optimizer_kernels, rate_of_this_schedule
 from rlft.recipes.memory import check_scale_options, compile_layers, cut_by_tokens, enable_gradient_checkpointing
+from rlft.recipes.optim import OPTIMIZERS, make_scheduler, optimizer_kernels, set_rate_on_resume
 from rlft.run_folder import RunFolder, RunFolderError, claim_run_dir, write_run_config  # noqa: F401 (re-exported)
 from rlft.tracking import Tracker, attach_tracker
 from rlft.validation import check_step_count
@@ -236,7 +236,7 @@ def prepare_training(
         restore_trainer_state(state, optim, scheduler, model)
         start_step = state["step"]
         log.info("resuming from %s at step %d", ckpt, start_step)
-        rate_of_this_schedule(optim, scheduler, start_step, total_steps)
+        set_rate_on_resume(optim, scheduler, start_step, total_steps)
     if distributed.is_main():
         metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if ckpt else None)
     else:

@@ -38,7 +38,7 @@ def make_scheduler(name: str, optimizer, warmup_steps: int, total_steps: int):
     return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
 
-def rate_of_this_schedule(optimizer, scheduler, start_step: int, total_steps: int) -> None:
+def set_rate_on_resume(optimizer, scheduler, start_step: int, total_steps: int) -> None:
     """After a resume: each parameter group's learning rate set to this run's schedule at the resumed step (the
     scheduler's ``base_lrs`` times its ``lr_lambdas`` at ``last_epoch``). The checkpoint holds the rate of the schedule
     it was saved under; with the same ``--max-steps`` the two are the same number, but a longer one redraws a cosine
